@@ -1,0 +1,365 @@
+"""Conversations: the frozen record every later stage reads, and the readers.
+
+Why this module exists: training data arrives in several shapes (OpenAI/TRL
+``messages``, ShareGPT ``conversations``, the paper's re-upload
+``interactions``) and with reasoning in several places (``reasoning_content``,
+``reasoning``, ``thinking``, or inline ``<think>...</think>``). Everything after
+this module sees one shape, :class:`Conversation`, and every defect in the
+input is reported here with the file, record and message it came from.
+
+Worked example::
+
+    >>> rec = {"messages": [{"role": "user", "content": "2+2?"},
+    ...                     {"role": "assistant", "content": "<think>2+2=4</think>4"}]}
+    >>> c = parse_record(rec, source="x.jsonl", index=0)
+    >>> c.messages[1].reasoning, c.messages[1].content
+    ('2+2=4', '4')
+
+No torch here: this is pure data.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROLES = ("system", "user", "assistant", "tool")
+REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "model": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "function": "tool",
+    "observation": "tool",
+}
+
+
+class ConversationError(ValueError):
+    """A record that cannot be used; the message names file, record and message."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ToolCall:
+    """One function call made by the assistant. ``arguments`` is always a dict."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str | None = None
+
+    def to_template(self) -> dict[str, Any]:
+        call: dict[str, Any] = {
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+        if self.id is not None:
+            call["id"] = self.id
+        return call
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Message:
+    """One message. Assistant messages carry ``reasoning`` (None = absent, "" = empty)."""
+
+    role: str
+    content: str
+    reasoning: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    name: str | None = None
+    tool_call_id: str | None = None
+
+    def to_template(self) -> dict[str, Any]:
+        """The dict a HF chat template expects (``reasoning_content`` as Qwen3/DeepSeek name it)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.role == "assistant":
+            if self.reasoning is not None:
+                out["reasoning_content"] = self.reasoning
+            if self.tool_calls:
+                out["tool_calls"] = [t.to_template() for t in self.tool_calls]
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Conversation:
+    """A validated multi-turn conversation.
+
+    ``messages`` never holds the system prompt: it is in ``system``. ``source``
+    names where the record came from (``file.jsonl record 12``) for errors.
+    """
+
+    messages: tuple[Message, ...]
+    system: str | None = None
+    tools: tuple[dict[str, Any], ...] = ()
+    source: str = "<memory>"
+    id: str | None = None
+
+    @property
+    def num_assistant_turns(self) -> int:
+        return sum(m.role == "assistant" for m in self.messages)
+
+    def template_messages(self, upto: int | None = None) -> list[dict[str, Any]]:
+        """Messages as template dicts, system first, ``messages[:upto]``."""
+        head = [{"role": "system", "content": self.system}] if self.system is not None else []
+        return head + [m.to_template() for m in self.messages[:upto]]
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        return list(self.tools) if self.tools else None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Where:
+    source: str
+    index: int
+    unit: str = "record"
+
+    def __call__(self, msg: str, message: int | None = None) -> ConversationError:
+        at = f"{self.source} {self.unit} {self.index}"
+        if message is not None:
+            at += f", message {message}"
+        return ConversationError(f"{at}: {msg}")
+
+
+def split_inline_reasoning(content: str) -> tuple[str | None, str]:
+    """Split ``<think>r</think>c`` into (r, c); (None, content) when there is no ``</think>``.
+
+    Mirrors the Qwen3 template's own parsing: reasoning is what lies between the
+    last ``<think>`` before ``</think>`` and it, newlines trimmed at its ends.
+    """
+    if "</think>" not in content:
+        return None, content
+    head, _, tail = content.partition("</think>")
+    reasoning = head.split("<think>")[-1].strip("\n")
+    return reasoning, tail.lstrip("\n")
+
+
+def _text(value: Any, what: str, where: _Where, i: int, *, allow_none: bool = False) -> str:
+    if value is None and allow_none:
+        return ""
+    if not isinstance(value, str):
+        raise where(f"{what} must be a string, got {type(value).__name__}", i)
+    return value
+
+
+def _tool_calls(raw: Any, where: _Where, i: int) -> tuple[ToolCall, ...]:
+    if raw in (None, []):
+        return ()
+    if not isinstance(raw, list):
+        raise where(f"tool_calls must be a list, got {type(raw).__name__}", i)
+    calls = []
+    for j, call in enumerate(raw):
+        if not isinstance(call, Mapping):
+            raise where(f"tool_calls[{j}] must be an object", i)
+        fn = call.get("function", call)
+        name = fn.get("name") if isinstance(fn, Mapping) else None
+        if not isinstance(name, str) or not name:
+            raise where(f"tool_calls[{j}] has no function name", i)
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError as e:
+                raise where(f"tool_calls[{j}].function.arguments is not valid JSON ({e})", i) from None
+        if not isinstance(args, Mapping):
+            raise where(f"tool_calls[{j}].function.arguments must be an object or a JSON string", i)
+        call_id = call.get("id")
+        calls.append(ToolCall(name=name, arguments=dict(args), id=call_id if isinstance(call_id, str) else None))
+    return tuple(calls)
+
+
+def _message(raw: Any, where: _Where, i: int) -> Message:
+    if not isinstance(raw, Mapping):
+        raise where(f"a message must be an object, got {type(raw).__name__}", i)
+    role = raw.get("role")
+    if role not in ROLES:
+        raise where(f"unknown role {role!r}; expected one of {', '.join(ROLES)}", i)
+    calls = _tool_calls(raw.get("tool_calls"), where, i) if role == "assistant" else ()
+    content = _text(raw.get("content"), "content", where, i, allow_none=role == "assistant" and bool(calls))
+    reasoning = None
+    if role == "assistant":
+        for key in REASONING_KEYS:
+            if raw.get(key) is not None:
+                reasoning = _text(raw[key], key, where, i)
+                break
+        inline, rest = split_inline_reasoning(content)
+        if inline is not None:
+            if reasoning is not None and inline.strip():
+                raise where("reasoning given both as a field and inline in <think>...</think>", i)
+            reasoning = inline if reasoning is None else reasoning
+            content = rest
+    name = raw.get("name") if isinstance(raw.get("name"), str) else None
+    call_id = raw.get("tool_call_id") if isinstance(raw.get("tool_call_id"), str) else None
+    return Message(role=role, content=content, reasoning=reasoning, tool_calls=calls,
+                   name=name, tool_call_id=call_id)
+
+
+def validate(messages: tuple[Message, ...], where: _Where) -> None:
+    """Role order: starts with a user turn; tool results follow a call; has an assistant turn."""
+    if not messages:
+        raise where("the conversation is empty")
+    if messages[0].role != "user":
+        raise where(f"the first message must be from the user, got {messages[0].role!r}", 0)
+    for i, m in enumerate(messages):
+        prev = messages[i - 1] if i else None
+        if m.role == "system":
+            raise where("a system message is only allowed first", i)
+        if m.role == "tool" and not (prev is not None and (prev.role == "tool" or prev.tool_calls)):
+            raise where("tool message without a preceding assistant tool call", i)
+        if m.role == "assistant" and prev is not None and prev.role == "assistant" and not prev.tool_calls:
+            raise where("two assistant messages in a row (roles out of order)", i)
+    if not any(m.role == "assistant" for m in messages):
+        raise where("no assistant turn: nothing to train")
+
+
+def _from_messages(raw: list[Any], where: _Where) -> tuple[str | None, list[Message]]:
+    msgs = [_message(m, where, i) for i, m in enumerate(raw)]
+    system = None
+    if msgs and msgs[0].role == "system":
+        system, msgs = msgs[0].content, msgs[1:]
+    return system, msgs
+
+
+def _sharegpt(raw: list[Any], where: _Where) -> list[dict[str, Any]]:
+    out = []
+    for i, turn in enumerate(raw):
+        if not isinstance(turn, Mapping):
+            raise where(f"a turn must be an object, got {type(turn).__name__}", i)
+        who = turn.get("from", turn.get("role"))
+        if who not in SHAREGPT_ROLES:
+            raise where(f"unknown speaker {who!r}; expected one of {', '.join(SHAREGPT_ROLES)}", i)
+        msg = {"role": SHAREGPT_ROLES[who], "content": turn.get("value", turn.get("content"))}
+        for key in REASONING_KEYS:
+            if key in turn:
+                msg[key] = turn[key]
+        out.append(msg)
+    return out
+
+
+def _interactions(raw: list[Any], where: _Where) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i, turn in enumerate(raw):
+        if not isinstance(turn, Mapping) or "query" not in turn or "answer" not in turn:
+            raise where("an interaction must be an object with 'query', 'answer' (and 'think')", i)
+        out.append({"role": "user", "content": turn["query"]})
+        out.append({"role": "assistant", "content": turn["answer"], "reasoning": turn.get("think", "")})
+    return out
+
+
+def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
+                 unit: str = "record") -> Conversation:
+    """One raw record (any supported shape) -> a validated :class:`Conversation`.
+
+    ``unit`` says what ``index`` counts in error messages ("record" or "line").
+    """
+    where = _Where(source=source, index=index, unit=unit)
+    if not isinstance(record, Mapping):
+        raise where(f"a record must be a JSON object, got {type(record).__name__}")
+    system = record.get("system") if isinstance(record.get("system"), str) else None
+    if "messages" in record:
+        raw = record["messages"]
+    elif "conversations" in record:
+        raw = record["conversations"]
+        if isinstance(raw, list):
+            raw = _sharegpt(raw, where)
+    elif "interactions" in record:
+        raw = record["interactions"]
+        if isinstance(raw, list):
+            raw = _interactions(raw, where)
+    else:
+        raise where("no 'messages', 'conversations' or 'interactions' field; keys are "
+                    + ", ".join(sorted(map(str, record))))
+    if not isinstance(raw, list):
+        raise where(f"the messages must be a list, got {type(raw).__name__}")
+    inline_system, msgs = _from_messages(raw, where)
+    if inline_system is not None:
+        if system is not None:
+            raise where("system prompt given both as a field and as the first message")
+        system = inline_system
+    messages = tuple(msgs)
+    validate(messages, where)
+    tools = record.get("tools") or ()
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as e:
+            raise where(f"'tools' is a string that is not valid JSON ({e})") from None
+    if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
+        raise where("'tools' must be a list of objects")
+    rid = record.get("id")
+    return Conversation(messages=messages, system=system, tools=tuple(dict(t) for t in tools),
+                        source=f"{source} {unit} {index}", id=str(rid) if rid is not None else None)
+
+
+def iter_records(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """Yield ``(record_index, raw_record)`` from .jsonl, .json or .parquet, streaming where possible."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"data file not found: {path}")
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        with path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield lineno, json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ConversationError(f"{path} line {lineno}: not valid JSON ({e.msg})") from None
+    elif suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ConversationError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        if isinstance(data, Mapping):
+            data = [data]
+        if not isinstance(data, list):
+            raise ConversationError(f"{path}: expected a list of records or one record")
+        yield from enumerate(data)
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        index = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+            for row in batch.to_pylist():
+                yield index, row
+                index += 1
+    else:
+        raise ConversationError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .json or .parquet")
+
+
+@dataclass(kw_only=True, slots=True)
+class ReadReport:
+    """What a lenient read kept and what it skipped (with reasons)."""
+
+    conversations: list[Conversation] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def read_conversations(path: str | Path, *, strict: bool = True, limit: int | None = None) -> ReadReport:
+    """Read and validate every record of ``path``.
+
+    ``strict`` raises on the first bad record; otherwise bad records are counted
+    in ``ReadReport.skipped`` with their error (never silently dropped).
+    A .jsonl record is numbered by its line, other formats by their index.
+    """
+    report = ReadReport()
+    unit = "line" if Path(path).suffix.lower() in (".jsonl", ".ndjson") else "record"
+    for index, raw in iter_records(path):
+        if limit is not None and len(report.conversations) >= limit:
+            break
+        try:
+            report.conversations.append(parse_record(raw, source=str(path), index=index, unit=unit))
+        except ConversationError as e:
+            if strict:
+                raise
+            report.skipped.append(str(e))
+    return report

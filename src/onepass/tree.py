@@ -1,0 +1,198 @@
+"""Views merged into a prefix tree, laid out depth-first: the one-pass layout.
+
+Why this module exists: it is the whole method. A shared prefix of several
+views is stored once; where they diverge the tree branches. In depth-first
+order every subtree is a contiguous range, so the attention mask is one rule::
+
+    query q may attend to key k   <=>   k <= q < kv_end[k]
+
+Worked example: views A = [h a1 a2] (trains a1 a2) and B = [h b1] (trains b1)
+share ``h``. Layout (targets are already shifted: node p predicts targets[p])::
+
+    p  token pos kv_end target      mask (row q, col k)   h a1 a2 b1
+    0  h     0   4      a1                             h  x
+    1  a1    1   3      a2                             a1 x x
+    2  a2    2   3      -                              a2 x x  x
+    3  b1    1   4      -                              b1 x        x
+
+Node ``h`` carries the target ``a1`` for view A; the first token of B's
+completion would need a second target at ``h`` (it predicts ``b1`` there).
+Two views that train *different* next tokens at the same node cannot share
+it, so the tree duplicates that node (a sibling with the same token); two
+views that train the *same* target there share it and their weights add, as
+their two N-pass loss terms would.
+
+No torch here: numpy only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .render import View
+
+IGNORE = -100
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Layout:
+    """The canonical row format. All arrays have the same length L.
+
+    input_ids     token of node p
+    position_ids  depth of p (its index inside every view that holds it)
+    kv_end        one past the last node of p's subtree (row coordinates)
+    targets       the next token a view trains at p (already shifted), else -100
+    weights       loss weight of that target (0 where targets == -100)
+    """
+
+    input_ids: np.ndarray
+    position_ids: np.ndarray
+    kv_end: np.ndarray
+    targets: np.ndarray
+    weights: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_targets(self) -> int:
+        return int((self.targets != IGNORE).sum())
+
+    def to_dict(self) -> dict[str, np.ndarray]:
+        return {k: getattr(self, k) for k in COLUMNS}
+
+
+COLUMNS = ("input_ids", "position_ids", "kv_end", "targets", "weights")
+
+
+def concat(layouts: Sequence[Layout]) -> Layout:
+    """Pack layouts into one row: kv_end is offset, so documents never see each other."""
+    offsets = np.cumsum([0] + [len(x) for x in layouts[:-1]])
+    return Layout(
+        input_ids=np.concatenate([x.input_ids for x in layouts]),
+        position_ids=np.concatenate([x.position_ids for x in layouts]),
+        kv_end=np.concatenate([x.kv_end + o for x, o in zip(layouts, offsets)]),
+        targets=np.concatenate([x.targets for x in layouts]),
+        weights=np.concatenate([x.weights for x in layouts]),
+    )
+
+
+def view_targets(view: View) -> np.ndarray:
+    """Per-position shifted targets of one view: tokens[i+1] where i+1 is a completion token."""
+    n = len(view.tokens)
+    targets = np.full(n, IGNORE, dtype=np.int64)
+    first = max(view.num_prompt, 1)  # a completion token at position 0 has nothing to predict it from
+    targets[first - 1:n - 1] = view.tokens[first:]
+    return targets
+
+
+class PrefixTree:
+    """A trie of views. Insert views, then :meth:`layout` flattens it depth-first."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.targets: list[int] = []
+        self.weights: list[float] = []
+        self.children: list[dict[int, list[int]]] = []
+        self.roots: dict[int, list[int]] = {}
+        self.num_views = 0
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def _match(self, siblings: dict[int, list[int]], token: int, target: int) -> int | None:
+        for node in siblings.get(token, ()):
+            t = self.targets[node]
+            if t == IGNORE or target == IGNORE or t == target:
+                return node
+        return None
+
+    def count_new(self, view: View) -> int:
+        """How many nodes inserting ``view`` would add (the tree is unchanged)."""
+        targets = view_targets(view)
+        siblings = self.roots
+        for i, token in enumerate(view.tokens.tolist()):
+            node = self._match(siblings, token, int(targets[i]))
+            if node is None:
+                return len(view.tokens) - i
+            siblings = self.children[node]
+        return 0
+
+    def insert(self, view: View, weight: float = 1.0) -> int:
+        """Add ``view``; its trained targets get ``weight`` each. Returns the nodes added."""
+        targets = view_targets(view).tolist()
+        siblings = self.roots
+        added = 0
+        for token, target in zip(view.tokens.tolist(), targets):
+            node = self._match(siblings, token, target)
+            if node is None:
+                node = len(self.tokens)
+                self.tokens.append(token)
+                self.targets.append(IGNORE)
+                self.weights.append(0.0)
+                self.children.append({})
+                siblings.setdefault(token, []).append(node)
+                added += 1
+            if target != IGNORE:
+                self.targets[node] = target
+                self.weights[node] += weight
+            siblings = self.children[node]
+        self.num_views += 1
+        return added
+
+    def layout(self) -> Layout:
+        """Depth-first (pre-order, children in insertion order) flattening."""
+        n = len(self.tokens)
+        order = np.empty(n, dtype=np.int64)
+        depth = np.empty(n, dtype=np.int64)
+        end = np.empty(n, dtype=np.int64)  # indexed by node id
+        pos = 0
+        # Iterative DFS; a node's subtree ends where the next sibling (or ancestor's sibling) starts.
+        stack: list[tuple[int, int, bool]] = [(r, 0, False) for r in _ordered(self.roots)[::-1]]
+        while stack:
+            node, d, done = stack.pop()
+            if done:
+                end[node] = pos
+                continue
+            order[pos], depth[pos] = node, d
+            pos += 1
+            stack.append((node, d, True))
+            stack.extend((c, d + 1, False) for c in _ordered(self.children[node])[::-1])
+        assert pos == n
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n)
+        tokens = np.asarray(self.tokens, dtype=np.int64)
+        targets = np.asarray(self.targets, dtype=np.int64)
+        weights = np.asarray(self.weights, dtype=np.float64)
+        return Layout(input_ids=tokens[order], position_ids=depth, kv_end=end[order],
+                      targets=targets[order], weights=weights[order])
+
+
+def _ordered(siblings: dict[int, list[int]]) -> list[int]:
+    """Sibling node ids in insertion order (node ids grow with insertion)."""
+    return sorted(node for nodes in siblings.values() for node in nodes)
+
+
+def build_layout(views: Sequence[View], weights: Sequence[float] | None = None) -> Layout:
+    """Merge ``views`` into one prefix tree and lay it out. ``weights[i]`` per target of view i."""
+    tree = PrefixTree()
+    for i, view in enumerate(views):
+        tree.insert(view, 1.0 if weights is None else float(weights[i]))
+    return tree.layout()
+
+
+def ancestors_reference(layout: Layout, q: int) -> list[int]:
+    """Slow reference: keys visible to query q, by walking parents (from position ids)."""
+    # The parent of p is the nearest earlier node one level up whose subtree holds p.
+    out = [q]
+    p = q
+    while layout.position_ids[p] > 0:
+        k = p - 1
+        while not (layout.position_ids[k] == layout.position_ids[p] - 1 and layout.kv_end[k] > p):
+            k -= 1
+        out.append(k)
+        p = k
+    return out[::-1]
