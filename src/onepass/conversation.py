@@ -190,6 +190,8 @@ def _message(raw: Any, where: _Where, i: int) -> Message:
             if raw.get(key) is not None:
                 reasoning = _text(raw[key], key, where, i)
                 break
+        if "<think>" in content and "</think>" not in content:
+            raise where("unclosed <think> in the content (a cut-off generation?)", i)
         inline, rest = split_inline_reasoning(content)
         if inline is not None:
             if reasoning is not None and inline.strip():
@@ -202,16 +204,22 @@ def _message(raw: Any, where: _Where, i: int) -> Message:
                    name=name, tool_call_id=call_id)
 
 
-def validate(messages: tuple[Message, ...], where: _Where) -> None:
-    """Role order: starts with a user turn; tool results follow a call; has an assistant turn."""
+def validate(messages: tuple[Message, ...], where: _Where, *, offset: int = 0) -> None:
+    """Role order: starts with a user turn; tool results follow a call; has an assistant turn.
+
+    ``offset`` is added to message numbers in errors (1 when a leading system
+    message was taken out), so they match the record's own list.
+    """
     if not messages:
         raise where("the conversation is empty")
+    for i, m in enumerate(messages):
+        if m.role == "system":
+            raise where("a system message is only allowed first", i + offset)
     if messages[0].role != "user":
-        raise where(f"the first message must be from the user, got {messages[0].role!r}", 0)
+        raise where(f"the first message must be from the user, got {messages[0].role!r}", offset)
     for i, m in enumerate(messages):
         prev = messages[i - 1] if i else None
-        if m.role == "system":
-            raise where("a system message is only allowed first", i)
+        i += offset
         if m.role == "tool" and not (prev is not None and (prev.role == "tool" or prev.tool_calls)):
             raise where("tool message without a preceding assistant tool call", i)
         if m.role == "assistant" and prev is not None and prev.role == "assistant" and not prev.tool_calls:
@@ -250,7 +258,7 @@ def _interactions(raw: list[Any], where: _Where) -> list[dict[str, Any]]:
         if not isinstance(turn, Mapping) or "query" not in turn or "answer" not in turn:
             raise where("an interaction must be an object with 'query', 'answer' (and 'think')", i)
         out.append({"role": "user", "content": turn["query"]})
-        out.append({"role": "assistant", "content": turn["answer"], "reasoning": turn.get("think", "")})
+        out.append({"role": "assistant", "content": turn["answer"], "reasoning": turn.get("think")})
     return out
 
 
@@ -280,12 +288,13 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
     if not isinstance(raw, list):
         raise where(f"the messages must be a list, got {type(raw).__name__}")
     inline_system, msgs = _from_messages(raw, where)
+    offset = 1 if inline_system is not None else 0
     if inline_system is not None:
         if system is not None:
             raise where("system prompt given both as a field and as the first message")
         system = inline_system
     messages = tuple(msgs)
-    validate(messages, where)
+    validate(messages, where, offset=offset)
     tools = record.get("tools") or ()
     if isinstance(tools, str):
         try:
@@ -295,12 +304,18 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
     if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
         raise where("'tools' must be a list of objects")
     rid = record.get("id")
+    if system is not None and not system.strip():
+        system = None  # an empty system field (common in parquet columns) means none
     return Conversation(messages=messages, system=system, tools=tuple(dict(t) for t in tools),
                         source=f"{source} {unit} {index}", id=str(rid) if rid is not None else None)
 
 
 def iter_records(path: str | Path) -> Iterator[tuple[int, Any]]:
-    """Yield ``(record_index, raw_record)`` from .jsonl, .json or .parquet, streaming where possible."""
+    """Yield ``(record_index, raw_record)`` from .jsonl, .json or .parquet, streaming where possible.
+
+    A .jsonl line that is not valid JSON is yielded as a :class:`ConversationError`
+    value (not raised), so a lenient reader can count it and go on.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data file not found: {path}")
@@ -311,9 +326,10 @@ def iter_records(path: str | Path) -> Iterator[tuple[int, Any]]:
                 if not line.strip():
                     continue
                 try:
-                    yield lineno, json.loads(line)
+                    record = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ConversationError(f"{path} line {lineno}: not valid JSON ({e.msg})") from None
+                    record = ConversationError(f"{path} line {lineno}: not valid JSON ({e.msg})")
+                yield lineno, record
     elif suffix == ".json":
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -353,13 +369,17 @@ def read_conversations(path: str | Path, *, strict: bool = True, limit: int | No
     """
     report = ReadReport()
     unit = "line" if Path(path).suffix.lower() in (".jsonl", ".ndjson") else "record"
+    if limit is not None and limit <= 0:
+        return report
     for index, raw in iter_records(path):
-        if limit is not None and len(report.conversations) >= limit:
-            break
         try:
+            if isinstance(raw, ConversationError):
+                raise raw
             report.conversations.append(parse_record(raw, source=str(path), index=index, unit=unit))
         except ConversationError as e:
             if strict:
                 raise
             report.skipped.append(str(e))
+        if limit is not None and len(report.conversations) >= limit:
+            break
     return report

@@ -167,6 +167,9 @@ def render_views(conv: Conversation, tokenizer: Any, config: RenderConfig = Rend
     for (turn, _, _), p, c, w in zip(texts, prompts, completions, wholes):
         if not c:
             raise RenderError(f"{conv.source}, message {turn}: the completion has no tokens")
+        if not p:
+            raise RenderError(f"{conv.source}, message {turn}: the prompt has no tokens, so the "
+                              "first completion token has nothing to be predicted from")
         tokens = np.asarray(p + c, dtype=np.int64)
         views.append(View(tokens=tokens, num_prompt=len(p), turn=turn, source=conv.source,
                           boundary_merge=(p + c) != w))

@@ -6,21 +6,22 @@ order every subtree is a contiguous range, so the attention mask is one rule::
 
     query q may attend to key k   <=>   k <= q < kv_end[k]
 
-Worked example: views A = [h a1 a2] (trains a1 a2) and B = [h b1] (trains b1)
-share ``h``. Layout (targets are already shifted: node p predicts targets[p])::
+Worked example (the paper's shape in miniature): view A = [h | t r] (prompt
+h; trains reasoning t and response r) and view B = [h r | s] (the answer r
+is history in B's prompt; trains s). ``h`` is shared; targets are already
+shifted (node p predicts targets[p])::
 
-    p  token pos kv_end target      mask (row q, col k)   h a1 a2 b1
-    0  h     0   4      a1                             h  x
-    1  a1    1   3      a2                             a1 x x
-    2  a2    2   3      -                              a2 x x  x
-    3  b1    1   4      -                              b1 x        x
+    p  token pos kv_end target      mask (row q, col k)   h  t  r  r  s
+    0  h     0   5      t                              h  x
+    1  t     1   3      r                              t  x  x
+    2  r     2   3      -                              r  x  x  x
+    3  r     1   5      s                              r  x        x
+    4  s     2   5      -                              s  x        x  x
 
-Node ``h`` carries the target ``a1`` for view A; the first token of B's
-completion would need a second target at ``h`` (it predicts ``b1`` there).
 Two views that train *different* next tokens at the same node cannot share
-it, so the tree duplicates that node (a sibling with the same token); two
-views that train the *same* target there share it and their weights add, as
-their two N-pass loss terms would.
+it (a node holds one target), so the tree duplicates that node (a sibling
+with the same token); two views that train the *same* target there share it
+and their weights add, as their two N-pass loss terms would.
 
 No torch here: numpy only.
 """
@@ -70,6 +71,7 @@ COLUMNS = ("input_ids", "position_ids", "kv_end", "targets", "weights")
 
 def concat(layouts: Sequence[Layout]) -> Layout:
     """Pack layouts into one row: kv_end is offset, so documents never see each other."""
+    assert layouts, "concat needs at least one layout"
     offsets = np.cumsum([0] + [len(x) for x in layouts[:-1]])
     return Layout(
         input_ids=np.concatenate([x.input_ids for x in layouts]),
@@ -103,19 +105,34 @@ class PrefixTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def _match(self, siblings: dict[int, list[int]], token: int, target: int) -> int | None:
+    def _match(self, siblings: dict[int, list[int]], token: int, target: int, following: int | None
+               ) -> int | None:
+        """A sibling holding ``token`` whose target does not conflict with ``target``.
+
+        Among several, prefer one that already has a child ``following`` (the
+        view's next token), so a view reuses the branch it continues.
+        """
+        found = None
         for node in siblings.get(token, ()):
             t = self.targets[node]
             if t == IGNORE or target == IGNORE or t == target:
-                return node
-        return None
+                if following is None or following in self.children[node]:
+                    return node
+                found = node if found is None else found
+        return found
+
+    @staticmethod
+    def _walk(view: View) -> list[tuple[int, int, int | None]]:
+        tokens = view.tokens.tolist()
+        targets = view_targets(view).tolist()
+        nexts: list[int | None] = tokens[1:] + [None]
+        return list(zip(tokens, targets, nexts))
 
     def count_new(self, view: View) -> int:
         """How many nodes inserting ``view`` would add (the tree is unchanged)."""
-        targets = view_targets(view)
         siblings = self.roots
-        for i, token in enumerate(view.tokens.tolist()):
-            node = self._match(siblings, token, int(targets[i]))
+        for i, (token, target, following) in enumerate(self._walk(view)):
+            node = self._match(siblings, token, target, following)
             if node is None:
                 return len(view.tokens) - i
             siblings = self.children[node]
@@ -123,11 +140,10 @@ class PrefixTree:
 
     def insert(self, view: View, weight: float = 1.0) -> int:
         """Add ``view``; its trained targets get ``weight`` each. Returns the nodes added."""
-        targets = view_targets(view).tolist()
         siblings = self.roots
         added = 0
-        for token, target in zip(view.tokens.tolist(), targets):
-            node = self._match(siblings, token, target)
+        for token, target, following in self._walk(view):
+            node = self._match(siblings, token, target, following)
             if node is None:
                 node = len(self.tokens)
                 self.tokens.append(token)
@@ -162,8 +178,6 @@ class PrefixTree:
             stack.append((node, d, True))
             stack.extend((c, d + 1, False) for c in _ordered(self.children[node])[::-1])
         assert pos == n
-        rank = np.empty(n, dtype=np.int64)
-        rank[order] = np.arange(n)
         tokens = np.asarray(self.tokens, dtype=np.int64)
         targets = np.asarray(self.targets, dtype=np.int64)
         weights = np.asarray(self.weights, dtype=np.float64)

@@ -1,0 +1,271 @@
+"""Attention masks derived from ``kv_end``, and the seed paper's role-id mask as a reference.
+
+Why this module exists: a row stores its whole attention pattern in one O(L)
+column, ``kv_end``, under one rule::
+
+    query q may attend to key k   <=>   k <= q < kv_end[k]
+
+Every backend needs that rule in its own shape: a dense bool mask for SDPA, an
+additive float mask for eager attention, a ``mask_mod``/``BlockMask`` for
+FlexAttention. This module builds them all from ``kv_end`` on a device the
+caller names, next to a slow double-loop reference the tests compare against.
+
+Worked example: the paper's two-turn case as a tree. View 1 = [h1 | t1 r1],
+view 2 = [h1 r1 h2 | t2 r2] (``|`` ends the prompt; t = reasoning, r = response).
+The two copies of r1 are the trained one (``r1``, after t1) and the history one
+(``r1'``, after h1)::
+
+    p  token pos kv_end      q \\ k  h1 t1 r1 r1' h2 t2 r2
+    0  h1    0   7           h1     x
+    1  t1    1   3           t1     x  x
+    2  r1    2   3           r1     x  x  x
+    3  r1'   1   7           r1'    x          x
+    4  h2    2   7           h2     x          x  x
+    5  t2    3   7           t2     x          x  x  x
+    6  r2    4   7           r2     x          x  x  x  x
+
+Padding convention: rows of a batch are padded to a common length with
+``kv_end[p] = p + 1`` (:func:`pad_kv_end`): a pad sees only itself and nothing
+sees a pad, so no row of the mask is ever fully masked (SDPA would return NaN).
+
+The paper's mask (:func:`paper_layout`, :func:`paper_role_mask`) is kept as a
+reference on the paper's own token order, ported from its published code
+(https://github.com/devrev/One-Pass-to-Reason, ``one-pass-to-reason.patch``:
+``ConversationalReasoningSupervisedDatasetProcessor._encode_data_example``,
+``get_turn_ids``, ``prepare_conversational_reasoning_4d_attention_mask``).
+From that code, not derived:
+
+- roles: 0 pad, 1 human (the whole prompt segment of a turn), 2 reasoning,
+  3 response-in (the *first*, untrained copy, used as history), 4 response-out
+  (the *second*, trained copy, placed after the reasoning);
+- order per turn: ``h t r_in r_out``; ``r_in`` is emitted for every turn,
+  the last one included; a turn without reasoning is not duplicated: its
+  response appears once, as role 3, with no labels (it is never trained);
+- positions: h continues from the previous turn; t and r_in both start right
+  after h; r_out starts after t; the next turn starts after r_in;
+- turn ids: a counter that steps at every run of role-1 tokens;
+- mask = causal & not-pad & (human_k | out_k & same_turn | in_k & q!=out |
+  in_k & !same_turn | think_k & same_turn & q!=in).
+  The boolean expression is the published one verbatim; the paper's own
+  Karnaugh-map derivation was not available to check against. The expression
+  relies on ``r_in`` preceding ``r_out``: causality, not the expression, keeps
+  ``r_in`` from seeing its own turn's ``r_out``.
+
+Shape suffixes: B batch, H heads, L row length, Q queries, K keys,
+NQ/NK numbers of query/key blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
+
+IGNORE = -100
+
+ROLE_PAD, ROLE_HUMAN, ROLE_THINK, ROLE_RESPONSE_IN, ROLE_RESPONSE_OUT = 0, 1, 2, 3, 4
+
+ArrayLike = np.ndarray | torch.Tensor | Sequence[int]
+
+
+# ---------------------------------------------------------------------------------------------
+# kv_end -> masks
+
+
+def _as_kv_end(kv_end: ArrayLike, device: torch.device | str | None) -> torch.Tensor:
+    if isinstance(kv_end, torch.Tensor):
+        return kv_end.to(device=device or kv_end.device, dtype=torch.long)
+    return torch.as_tensor(np.asarray(kv_end), dtype=torch.long, device=device)
+
+
+def dense_mask(kv_end: ArrayLike, *, device: torch.device | str | None = None) -> torch.Tensor:
+    """Bool mask, True = may attend: ``[L] -> [Q=L, K=L]`` or ``[B, L] -> [B, Q, K]``, one broadcast.
+
+    ``device`` defaults to ``kv_end``'s device (CPU for numpy input).
+    """
+    kv_end_BL = _as_kv_end(kv_end, device)
+    L = kv_end_BL.shape[-1]
+    idx = torch.arange(L, device=kv_end_BL.device)
+    q_Q1, k_1K = idx[:, None], idx[None, :]
+    return (k_1K <= q_Q1) & (q_Q1 < kv_end_BL[..., None, :])
+
+
+def dense_mask_reference(kv_end: ArrayLike) -> np.ndarray:
+    """Slow, obviously correct: ``mask[q, k] = k <= q < kv_end[k]``, one pair at a time. 1-D only."""
+    kv_end = np.asarray(kv_end).tolist()
+    L = len(kv_end)
+    mask = np.zeros((L, L), dtype=bool)
+    for q in range(L):
+        for k in range(L):
+            mask[q, k] = k <= q < kv_end[k]
+    return mask
+
+
+def _as_B1QK(mask: torch.Tensor) -> torch.Tensor:
+    if mask.dtype != torch.bool:
+        raise ValueError(f"expected a bool mask (True = may attend), got {mask.dtype}")
+    if mask.ndim == 2:
+        return mask[None, None]
+    if mask.ndim == 3:
+        return mask[:, None]
+    if mask.ndim == 4:
+        return mask
+    raise ValueError(f"expected a mask of shape [Q, K], [B, Q, K] or [B, 1, Q, K], got {tuple(mask.shape)}")
+
+
+def sdpa_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Bool ``[B, 1, Q, K]`` for ``scaled_dot_product_attention`` (True = attend) from a bool mask."""
+    return _as_B1QK(mask)
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Float ``[B, 1, Q, K]`` for HF eager attention: 0 where visible, ``finfo(dtype).min`` where hidden."""
+    mask_B1QK = _as_B1QK(mask)
+    out_B1QK = torch.zeros(mask_B1QK.shape, dtype=dtype, device=mask_B1QK.device)
+    return out_B1QK.masked_fill_(~mask_B1QK, torch.finfo(dtype).min)
+
+
+def pad_kv_end(kv_ends: Sequence[ArrayLike], length: int) -> np.ndarray:
+    """Stack rows into ``[B, length]``; padded positions get ``kv_end = p + 1`` (they see only themselves)."""
+    out_BL = np.tile(np.arange(1, length + 1, dtype=np.int64), (len(kv_ends), 1))
+    for b, kv_end in enumerate(kv_ends):
+        kv_end = np.asarray(kv_end.cpu() if isinstance(kv_end, torch.Tensor) else kv_end, dtype=np.int64)
+        if kv_end.ndim != 1 or len(kv_end) > length:
+            raise ValueError(f"row {b}: kv_end of shape {kv_end.shape} does not fit a padded length of "
+                             f"{length}; pass a length >= the longest row")
+        out_BL[b, :len(kv_end)] = kv_end
+    return out_BL
+
+
+def block_any(mask: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Block-level view of a bool mask: ``[.., Q, K] -> [.., NQ, NK]``, True where any pair is visible.
+
+    The last partial block is padded with False (what FlexAttention does).
+    """
+    Q, K = mask.shape[-2:]
+    NQ, NK = -(-Q // block_size), -(-K // block_size)
+    padded = torch.nn.functional.pad(mask, (0, NK * block_size - K, 0, NQ * block_size - Q))
+    blocks = padded.reshape(*mask.shape[:-2], NQ, block_size, NK, block_size)
+    return blocks.any(dim=-1).any(dim=-2)
+
+
+# ---------------------------------------------------------------------------------------------
+# FlexAttention
+
+
+def generate_tree_mask_mod(kv_end_BL: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """A FlexAttention ``mask_mod`` for rows ``kv_end_BL`` (a ``[B, L]`` tensor on the attention's device)."""
+    if kv_end_BL.ndim != 2:
+        raise ValueError(f"kv_end_BL must be [B, L], got shape {tuple(kv_end_BL.shape)}")
+
+    def tree_mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor,
+                      kv_idx: torch.Tensor) -> torch.Tensor:
+        return (kv_idx <= q_idx) & (q_idx < kv_end_BL[b, kv_idx])
+
+    return tree_mask_mod
+
+
+def tree_block_mask(kv_end: ArrayLike, *, block_size: int = 128,
+                    device: torch.device | str | None = None) -> BlockMask:
+    """A FlexAttention ``BlockMask`` for ``kv_end`` (``[L]`` or ``[B, L]``), shared by all heads.
+
+    Blocks with no visible pair are skipped by the kernel; fully visible blocks skip the
+    ``mask_mod``. ``device`` defaults to ``kv_end``'s device. Nothing is compiled here.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    kv_end_BL = _as_kv_end(kv_end, device)
+    if kv_end_BL.ndim == 1:
+        kv_end_BL = kv_end_BL[None]
+    B, L = kv_end_BL.shape
+    return create_block_mask(generate_tree_mask_mod(kv_end_BL), B, None, L, L,
+                             device=kv_end_BL.device, BLOCK_SIZE=block_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# The paper's layout and role-id mask (reference; see the module docstring for the source)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PaperLayout:
+    """One conversation in the paper's published format. All arrays have length L.
+
+    labels are *unshifted*, as the published processor writes them: the trainer's
+    standard shift makes position p predict ``labels[p + 1]``.
+    """
+
+    input_ids: np.ndarray
+    position_ids: np.ndarray
+    role_ids: np.ndarray
+    turn_ids: np.ndarray
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def paper_layout(turns: Sequence[tuple[Sequence[int], Sequence[int], Sequence[int]]]) -> PaperLayout:
+    """The paper's sequence for ``turns`` = [(human, reasoning, response), ...] token lists.
+
+    Per turn: ``h t r_in r_out`` (``r_out`` only when ``t`` is non-empty), every ``r_in`` kept.
+    """
+    ids: list[int] = []
+    pos: list[int] = []
+    roles: list[int] = []
+    turn_ids: list[int] = []
+    labels: list[int] = []
+    cur = 0
+    for i, (h, t, r) in enumerate(turns, start=1):
+        h, t, r = list(h), list(t), list(r)
+        if not h or not r:
+            raise ValueError(f"turn {i}: the human and response segments must be non-empty "
+                             f"(got {len(h)} and {len(r)} tokens); turn ids are counted from human runs")
+        ids += h + t + r
+        roles += [ROLE_HUMAN] * len(h) + [ROLE_THINK] * len(t) + [ROLE_RESPONSE_IN] * len(r)
+        pos += range(cur, cur + len(h))
+        cur += len(h)
+        pos += list(range(cur, cur + len(t))) + list(range(cur, cur + len(r)))
+        labels += [IGNORE] * len(h) + t + [IGNORE] * len(r)
+        if t:  # published code: `duplicate = len(reasoning_ids) != 0`
+            ids += r
+            roles += [ROLE_RESPONSE_OUT] * len(r)
+            pos += range(cur + len(t), cur + len(t) + len(r))
+            labels += r
+        cur += len(r)
+        turn_ids += [i] * (len(ids) - len(turn_ids))
+    ids_, pos_, roles_, turns_, labels_ = (np.asarray(x, dtype=np.int64)
+                                           for x in (ids, pos, roles, turn_ids, labels))
+    return PaperLayout(input_ids=ids_, position_ids=pos_, role_ids=roles_, turn_ids=turns_,
+                       labels=labels_)
+
+
+def paper_turn_ids(role_ids: ArrayLike) -> np.ndarray:
+    """The published ``get_turn_ids``: a counter that steps at the first token of each human run."""
+    role = np.asarray(role_ids)
+    prev = np.zeros_like(role)
+    prev[..., 1:] = role[..., :-1]
+    step = (role == ROLE_HUMAN) & (prev != ROLE_HUMAN)
+    return np.where(role != ROLE_PAD, np.cumsum(step, axis=-1), 0)
+
+
+def paper_role_mask(role_ids: ArrayLike, turn_ids: ArrayLike | None = None) -> np.ndarray:
+    """The published role-id mask, bool ``[.., Q, K]`` (True = may attend). Valid on the paper's order only."""
+    role = np.asarray(role_ids)
+    turn = paper_turn_ids(role) if turn_ids is None else np.asarray(turn_ids)
+    idx = np.arange(role.shape[-1])
+    causal = idx[:, None] >= idx[None, :]
+    not_pad = role != ROLE_PAD
+    same_turn = turn[..., :, None] == turn[..., None, :]
+    role_q, role_k = role[..., :, None], role[..., None, :]
+    human_k, think_k = role_k == ROLE_HUMAN, role_k == ROLE_THINK
+    in_k, out_k = role_k == ROLE_RESPONSE_IN, role_k == ROLE_RESPONSE_OUT
+    q_not_in, q_not_out = role_q != ROLE_RESPONSE_IN, role_q != ROLE_RESPONSE_OUT
+    allowed = (human_k | (out_k & same_turn) | (in_k & q_not_out) | (in_k & ~same_turn)
+               | (think_k & same_turn & q_not_in))
+    return causal & not_pad[..., :, None] & not_pad[..., None, :] & allowed

@@ -1,0 +1,190 @@
+"""Prepare: conversations -> views -> scheduled trees -> rows, with honest statistics.
+
+Why this module exists: it is the data flow of DESIGN.md in one function, and
+the place where nothing is lost silently. Every record that cannot be used
+(bad record, template that cannot split a turn, a view over the budget) is
+counted with its reason in :class:`PrepareStats`, printed, and written to
+``stats.json`` next to the rows.
+
+On disk (``write_dataset``): a HF ``datasets`` Arrow dataset with exactly the
+columns ``input_ids, position_ids, kv_end, targets, weights`` (one row per
+packed row, or per tree when not packing) and ``stats.json``. The directory
+is written under a temporary name and renamed when complete, so a crash never
+leaves a half-written dataset behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .conversation import Conversation
+from .pack import pack_layouts
+from .render import RenderConfig, RenderError, render_views
+from .schedule import Schedule, parse_schedule, schedule_views
+from .tree import COLUMNS, Layout, build_layout
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrepareConfig:
+    schedule: str = "one-pass"
+    max_tokens: int | None = None
+    pack: bool = False
+    weighting: str = "token"
+    render: RenderConfig = field(default_factory=RenderConfig)
+
+    def __post_init__(self) -> None:
+        parse_schedule(self.schedule)
+        if self.pack and self.max_tokens is None:
+            raise ValueError("packing needs a row budget: pass --max-tokens")
+        if self.max_tokens is not None and self.max_tokens < 2:
+            raise ValueError(f"max_tokens must be >= 2, got {self.max_tokens}")
+
+
+@dataclass(kw_only=True)
+class PrepareStats:
+    """Counts a user checks before training. Token counts are over kept views."""
+
+    schedule: str = ""
+    weighting: str = ""
+    max_tokens: int | None = None
+    packed: bool = False
+    conversations: int = 0  # read and valid
+    conversations_used: int = 0  # at least one view trained
+    views: int = 0
+    views_trained: int = 0
+    views_skipped: int = 0
+    boundary_merge_views: int = 0  # prompt|completion tokenized apart differs from tokenized whole
+    n_pass_tokens: int = 0  # sum of view lengths
+    one_pass_tokens: int = 0  # one tree per conversation
+    scheduled_tokens: int = 0  # tokens of this schedule's trees
+    token_ratio: float = 0.0  # n_pass_tokens / one_pass_tokens
+    target_tokens: int = 0
+    trees: int = 0
+    rows: int = 0
+    row_tokens: int = 0
+    padding_tokens: int = 0  # rows * max_tokens - row_tokens when packing
+    padding_fraction: float = 0.0
+    skipped: list[str] = field(default_factory=list)  # one line per skip: where and why
+    skipped_by_reason: dict[str, int] = field(default_factory=dict)
+
+    def skip(self, reason: str, message: str) -> None:
+        self.skipped.append(message)
+        self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        lines = [
+            f"conversations {self.conversations} (used {self.conversations_used}), views {self.views} "
+            f"(trained {self.views_trained}, skipped {self.views_skipped})",
+            f"tokens: N-pass {self.n_pass_tokens:,}  one-pass {self.one_pass_tokens:,}  "
+            f"ratio {self.token_ratio:.2f}x  ({self.schedule}: {self.scheduled_tokens:,} in {self.trees} trees)",
+            f"rows {self.rows}, row tokens {self.row_tokens:,}, padding {self.padding_tokens:,} "
+            f"({self.padding_fraction:.1%}), targets {self.target_tokens:,}",
+        ]
+        if self.boundary_merge_views:
+            lines.append(f"{self.boundary_merge_views} views tokenize differently when prompt and "
+                         "completion are joined (a BPE merge across the boundary); trained as at inference")
+        if self.skipped:
+            reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.skipped_by_reason.items()))
+            lines.append(f"SKIPPED {len(self.skipped)} ({reasons}); first: {self.skipped[0]}")
+        return "\n".join(lines)
+
+
+def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: PrepareConfig = PrepareConfig(),
+            *, stats: PrepareStats | None = None, progress: bool = False,
+            total: int | None = None) -> tuple[list[Layout], PrepareStats]:
+    """Rows (packed or one per tree) for ``conversations`` and their statistics."""
+    schedule: Schedule = parse_schedule(config.schedule)
+    stats = stats or PrepareStats()
+    stats.schedule, stats.weighting = str(schedule), config.weighting
+    stats.max_tokens, stats.packed = config.max_tokens, config.pack
+    layouts: list[Layout] = []
+    items: Iterable[Conversation] = conversations
+    if progress:
+        from tqdm.auto import tqdm
+
+        items = tqdm(conversations, total=total, desc="prepare", unit="conv")
+    for conv in items:
+        stats.conversations += 1
+        try:
+            views = render_views(conv, tokenizer, config.render)
+        except RenderError as e:
+            stats.skip("template", str(e))
+            stats.views += conv.num_assistant_turns
+            stats.views_skipped += conv.num_assistant_turns
+            continue
+        stats.views += len(views)
+        scheduled = schedule_views(views, schedule, weighting=config.weighting, max_tokens=config.max_tokens)
+        for message in scheduled.skipped:
+            stats.skip("over max_tokens", message)
+        stats.views_skipped += scheduled.num_views_skipped
+        trained = sorted(i for g in scheduled.groups for i in g)
+        if not trained:
+            continue
+        stats.conversations_used += 1
+        stats.views_trained += len(trained)
+        stats.boundary_merge_views += sum(views[i].boundary_merge for i in trained)
+        stats.n_pass_tokens += sum(len(views[i]) for i in trained)
+        stats.one_pass_tokens += len(build_layout([views[i] for i in trained]))
+        for layout in scheduled.layouts:
+            stats.scheduled_tokens += len(layout)
+            stats.target_tokens += layout.num_targets
+        layouts.extend(scheduled.layouts)
+    stats.trees = len(layouts)
+    rows = pack_layouts(layouts, config.max_tokens) if config.pack else layouts
+    stats.rows = len(rows)
+    stats.row_tokens = sum(len(r) for r in rows)
+    if config.pack and config.max_tokens:
+        stats.padding_tokens = stats.rows * config.max_tokens - stats.row_tokens
+        stats.padding_fraction = stats.padding_tokens / max(1, stats.rows * config.max_tokens)
+    stats.token_ratio = stats.n_pass_tokens / stats.one_pass_tokens if stats.one_pass_tokens else 0.0
+    return rows, stats
+
+
+def rows_to_columns(rows: list[Layout]) -> dict[str, list[np.ndarray]]:
+    return {c: [getattr(r, c) for r in rows] for c in COLUMNS}
+
+
+def write_dataset(rows: list[Layout], stats: PrepareStats, out_dir: str | Path) -> Path:
+    """Write the Arrow dataset and ``stats.json`` atomically (temp dir, then rename)."""
+    import datasets
+
+    out = Path(out_dir)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    features = datasets.Features({
+        "input_ids": datasets.Sequence(datasets.Value("int32")),
+        "position_ids": datasets.Sequence(datasets.Value("int32")),
+        "kv_end": datasets.Sequence(datasets.Value("int32")),
+        "targets": datasets.Sequence(datasets.Value("int32")),
+        "weights": datasets.Sequence(datasets.Value("float32")),
+    })
+    ds = datasets.Dataset.from_dict(rows_to_columns(rows), features=features)
+    ds.save_to_disk(str(tmp))
+    (tmp / "stats.json").write_text(json.dumps(stats.to_dict(), indent=2) + "\n", encoding="utf-8")
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def load_rows(path: str | Path) -> list[Layout]:
+    """Rows of a prepared dataset directory, as :class:`Layout` records."""
+    import datasets
+
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"prepared dataset not found: {path}")
+    ds = datasets.load_from_disk(str(path)).with_format("numpy")
+    return [Layout(input_ids=r["input_ids"].astype(np.int64), position_ids=r["position_ids"].astype(np.int64),
+                   kv_end=r["kv_end"].astype(np.int64), targets=r["targets"].astype(np.int64),
+                   weights=r["weights"].astype(np.float64)) for r in ds]
