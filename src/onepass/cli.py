@@ -191,6 +191,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
         views, vocab = compact_vocab(views)
         model = tiny_model(args.tiny, vocab, dtype=dtype, seed=args.seed, attn_implementation=args.attn)
         label = f"tiny {args.tiny} (random, vocabulary compacted to {vocab} ids)"
+    if dtype == torch.float64:
+        from .precision import float64_norms
+
+        patched, left = float64_norms(model)
+        print(f"float64: {patched} RMSNorm modules run in float64 (transformers upcasts them to float32)"
+              + (f"; left alone: {', '.join(left[:3])}" if left else ""))
     result = run_verify(views, model, schedule=args.schedule, weighting=args.weighting)
     tol = args.tolerance if args.tolerance is not None else _default_tolerance(args.dtype)
     ok = result.rel_loss_diff <= tol and result.max_rel_grad_diff <= tol

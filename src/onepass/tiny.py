@@ -33,7 +33,7 @@ def tiny_config(arch: str, vocab_size: int, **overrides: Any) -> Any:
         kwargs["head_dim"] = 16
     if arch == "mistral":
         kwargs["sliding_window"] = None
-    if arch == "phi3":
+    if arch in ("phi3", "olmo2"):
         kwargs.update(pad_token_id=0, bos_token_id=0, eos_token_id=0)
     kwargs.update(overrides)
     return getattr(tf, classes[arch])(**kwargs)

@@ -140,8 +140,14 @@ class PrefixTree:
 
     def insert(self, view: View, weight: float = 1.0) -> int:
         """Add ``view``; its trained targets get ``weight`` each. Returns the nodes added."""
+        before = len(self.tokens)
+        self.insert_path(view, weight)
+        return len(self.tokens) - before
+
+    def insert_path(self, view: View, weight: float = 1.0) -> list[int]:
+        """Add ``view``; returns the node id of each of its positions (root first)."""
         siblings = self.roots
-        added = 0
+        path = []
         for token, target, following in self._walk(view):
             node = self._match(siblings, token, target, following)
             if node is None:
@@ -151,37 +157,44 @@ class PrefixTree:
                 self.weights.append(0.0)
                 self.children.append({})
                 siblings.setdefault(token, []).append(node)
-                added += 1
             if target != IGNORE:
                 self.targets[node] = target
                 self.weights[node] += weight
             siblings = self.children[node]
+            path.append(node)
         self.num_views += 1
-        return added
+        return path
+
+    def dfs_order(self) -> np.ndarray:
+        """Node ids in layout order: depth-first pre-order, children in insertion order."""
+        order = []
+        stack = _ordered(self.roots)[::-1]
+        while stack:
+            node = stack.pop()
+            order.append(node)
+            stack.extend(_ordered(self.children[node])[::-1])
+        return np.asarray(order, dtype=np.int64)
 
     def layout(self) -> Layout:
-        """Depth-first (pre-order, children in insertion order) flattening."""
+        """Depth-first flattening (see :meth:`dfs_order`)."""
         n = len(self.tokens)
-        order = np.empty(n, dtype=np.int64)
-        depth = np.empty(n, dtype=np.int64)
-        end = np.empty(n, dtype=np.int64)  # indexed by node id
-        pos = 0
-        # Iterative DFS; a node's subtree ends where the next sibling (or ancestor's sibling) starts.
-        stack: list[tuple[int, int, bool]] = [(r, 0, False) for r in _ordered(self.roots)[::-1]]
-        while stack:
-            node, d, done = stack.pop()
-            if done:
-                end[node] = pos
-                continue
-            order[pos], depth[pos] = node, d
-            pos += 1
-            stack.append((node, d, True))
-            stack.extend((c, d + 1, False) for c in _ordered(self.children[node])[::-1])
-        assert pos == n
+        order = self.dfs_order()
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n)
+        depth = np.zeros(n, dtype=np.int64)  # by row position; parents precede children
+        end = np.arange(1, n + 1, dtype=np.int64)  # by row position
+        for node in order:  # pre-order: a parent's depth is set before its children's
+            p = rank[node]
+            for c in _ordered(self.children[node]):
+                depth[rank[c]] = depth[p] + 1
+        for node in order[::-1]:  # reverse pre-order: children's ends are final first
+            p = rank[node]
+            for c in _ordered(self.children[node]):
+                end[p] = max(end[p], end[rank[c]])
         tokens = np.asarray(self.tokens, dtype=np.int64)
         targets = np.asarray(self.targets, dtype=np.int64)
         weights = np.asarray(self.weights, dtype=np.float64)
-        return Layout(input_ids=tokens[order], position_ids=depth, kv_end=end[order],
+        return Layout(input_ids=tokens[order], position_ids=depth, kv_end=end,
                       targets=targets[order], weights=weights[order])
 
 

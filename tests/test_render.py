@@ -1,0 +1,156 @@
+"""Views equal the template's own rendering, with the real Qwen3 template and vocabulary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from onepass.conversation import Conversation, Message, ToolCall, parse_record
+from onepass.prepare import PrepareConfig, prepare
+from onepass.render import RenderConfig, RenderError, render_texts, render_views
+from onepass.tokenizer import builtin_template, load_tokenizer
+
+SHARED_TEMPLATE = Path(__file__).resolve().parents[1] / ".." / "shared" / "fixtures" / "chat_templates" / "qwen3.jinja"
+
+CHAIN = Conversation(messages=(
+    Message(role="user", content="17*23?"),
+    Message(role="assistant", content="", reasoning="call the tool",
+            tool_calls=(ToolCall(name="calc", arguments={"expr": "17*23"}),)),
+    Message(role="tool", content="391"),
+    Message(role="assistant", content="391", reasoning="tool says 391"),
+    Message(role="user", content="plus 9?"),
+    Message(role="assistant", content="400", reasoning="391+9"),
+))
+
+# DeepSeek-R1 style: reasoning is never rendered, the generation prompt opens <think>.
+R1_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'user' %}<｜User｜>{{ m.content }}"
+    "{% else %}<｜Assistant｜>{{ m.content }}<｜end▁of▁sentence｜>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<｜Assistant｜><think>\n{% endif %}")
+# Never renders reasoning, but the generation prompt is a prefix.
+NO_REASONING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def encode(tok, text):
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def test_shipped_template_is_the_original(qwen3_tokenizer):
+    if not SHARED_TEMPLATE.is_file():
+        pytest.skip("shared fixtures not present")
+    assert builtin_template("qwen3") == SHARED_TEMPLATE.read_text(encoding="utf-8")
+    assert qwen3_tokenizer.convert_tokens_to_ids("<think>") == 151667
+
+
+def test_every_view_equals_the_templates_own_rendering(qwen3_tokenizer):
+    tok = qwen3_tokenizer
+    views = render_views(CHAIN, tok)
+    assert [v.turn for v in views] == [1, 3, 5]
+    for v in views:
+        msgs = CHAIN.template_messages(v.turn)
+        prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        full = tok.apply_chat_template(CHAIN.template_messages(v.turn + 1), tokenize=False)
+        assert full.startswith(prompt)
+        assert v.tokens.tolist() == encode(tok, prompt) + encode(tok, full[len(prompt):])
+        assert v.num_prompt == len(encode(tok, prompt))
+
+
+def test_qwen3_keeps_reasoning_inside_the_tool_chain_and_drops_it_after(qwen3_tokenizer):
+    texts = {turn: (p, c) for turn, p, c in render_texts(CHAIN, qwen3_tokenizer)}
+    # turn 3 follows a tool result: the chain's earlier reasoning is in its prompt
+    assert "call the tool" in texts[3][0]
+    assert texts[1][1].startswith("<think>\ncall the tool\n</think>\n\n<tool_call>")
+    # turn 5 follows a new user query: earlier reasoning is dropped
+    assert "call the tool" not in texts[5][0] and "tool says 391" not in texts[5][0]
+    assert texts[5][1] == "<think>\n391+9\n</think>\n\n400<|im_end|>\n"
+
+
+def test_empty_reasoning_renders_an_empty_think_block_that_is_trained(qwen3_tokenizer):
+    conv = parse_record({"messages": [{"role": "user", "content": "hi"},
+                                      {"role": "assistant", "content": "hello", "reasoning_content": ""}]})
+    (_, _, completion), = render_texts(conv, qwen3_tokenizer)
+    assert completion == "<think>\n\n</think>\n\nhello<|im_end|>\n"
+    (view,) = render_views(conv, qwen3_tokenizer)
+    assert qwen3_tokenizer.decode(view.tokens[view.num_prompt:]) == completion
+
+
+def test_enable_thinking_false_puts_the_empty_block_in_the_prompt(qwen3_tokenizer):
+    conv = parse_record({"messages": [{"role": "user", "content": "hi"},
+                                      {"role": "assistant", "content": "hello", "reasoning_content": ""}]})
+    cfg = RenderConfig(template_kwargs={"enable_thinking": False})
+    ((_, prompt, completion),) = render_texts(conv, qwen3_tokenizer, cfg)
+    assert prompt.endswith("<think>\n\n</think>\n\n") and completion == "hello<|im_end|>\n"
+
+
+def test_template_that_does_not_start_with_its_generation_prompt_is_an_error(qwen3_tokenizer):
+    tok = load_tokenizer("builtin:qwen3")
+    tok.chat_template = R1_TEMPLATE
+    conv = parse_record({"messages": [{"role": "user", "content": "q"},
+                                      {"role": "assistant", "content": "a", "reasoning": "r"}]},
+                        source="r1.jsonl", index=7)
+    with pytest.raises(RenderError, match=r"r1.jsonl record 7, message 1: .*--completion-format deepseek-r1"):
+        render_views(conv, tok)
+    # with the documented completion format it works: prompt as rendered, completion from the format
+    (view,) = render_views(conv, tok, RenderConfig(completion_format="deepseek-r1"))
+    assert tok.decode(view.tokens[:view.num_prompt]).endswith("<think>\n")
+    assert tok.decode(view.tokens[view.num_prompt:]) == f"r\n</think>\n\na{tok.eos_token}"
+
+
+def test_template_that_never_renders_reasoning_is_an_error(qwen3_tokenizer):
+    tok = load_tokenizer("builtin:qwen3")
+    tok.chat_template = NO_REASONING_TEMPLATE
+    conv = parse_record({"messages": [{"role": "user", "content": "q"},
+                                      {"role": "assistant", "content": "a", "reasoning": "why"}]})
+    with pytest.raises(RenderError, match="does not render this turn's reasoning"):
+        render_views(conv, tok)
+    (view,) = render_views(conv, tok, RenderConfig(completion_format="think-tags"))
+    assert tok.decode(view.tokens[view.num_prompt:]).startswith("<think>\nwhy\n</think>")
+
+
+def test_bpe_merge_across_the_boundary_is_counted(qwen3_tokenizer):
+    # R1 prompt ends "<think>\n"; an empty reasoning completion starts "\n</think>": "\n"+"\n" merge
+    tok = load_tokenizer("builtin:qwen3")
+    tok.chat_template = R1_TEMPLATE
+    conv = parse_record({"messages": [{"role": "user", "content": "q"},
+                                      {"role": "assistant", "content": "a", "reasoning": ""}]})
+    cfg = RenderConfig(completion_format="deepseek-r1")
+    (view,) = render_views(conv, tok, cfg)
+    assert view.boundary_merge
+    _, stats = prepare([conv], tok, PrepareConfig(render=cfg))
+    assert stats.boundary_merge_views == 1
+
+
+def test_bad_completion_format_is_an_error(qwen3_tokenizer):
+    conv = parse_record({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})
+    with pytest.raises(RenderError, match="bad completion format"):
+        render_views(conv, qwen3_tokenizer, RenderConfig(completion_format="{answer}"))
+
+
+def test_tokenizer_without_template_gets_the_builtin_chatml(qwen3_tokenizer, tmp_path):
+    qwen3_tokenizer.save_pretrained(tmp_path)
+    for name in ("chat_template.jinja", "chat_template.json"):
+        (tmp_path / name).unlink(missing_ok=True)
+    import json
+
+    cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = load_tokenizer(str(tmp_path))
+    assert tok.chat_template == builtin_template("chatml_reasoning")
+    conv = parse_record({"messages": [{"role": "user", "content": "q"},
+                                      {"role": "assistant", "content": "a", "reasoning": "r"},
+                                      {"role": "user", "content": "q2"},
+                                      {"role": "assistant", "content": "b", "reasoning": "s"}]})
+    texts = render_texts(conv, tok)
+    assert texts[0][2] == "<think>\nr\n</think>\n\na<|im_end|>\n"
+    assert "<think>" not in texts[1][1]  # the built-in template drops earlier reasoning
+
+
+def test_missing_tokenizer_path_is_a_clear_error():
+    from onepass.tokenizer import TokenizerError
+
+    with pytest.raises(TokenizerError, match="not a local path and the hub is offline"):
+        load_tokenizer("no/such-model-here")
