@@ -154,10 +154,15 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     stats = PrepareStats()
     for line in report.skipped:
         stats.skip("invalid record", line)
-    rows, stats = prepare(report.conversations, tokenizer, config, stats=stats,
+    rows, stats = prepare(report.conversations, tokenizer, config, stats=stats, strict=args.strict,
                           progress=not args.no_progress, total=len(report.conversations))
-    out = write_dataset(rows, stats, args.out)
     print(stats.summary())
+    if not rows:
+        first = stats.skipped[0] if stats.skipped else "the data has no conversations"
+        print(f"onepass: error: nothing to write, every conversation was skipped; first: {first}",
+              file=sys.stderr)
+        return 1
+    out = write_dataset(rows, stats, args.out)
     print(f"wrote {stats.rows} rows to {out} (stats in {out / 'stats.json'})")
     return 0
 

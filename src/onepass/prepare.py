@@ -102,8 +102,12 @@ class PrepareStats:
 
 def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: PrepareConfig = PrepareConfig(),
             *, stats: PrepareStats | None = None, progress: bool = False,
-            total: int | None = None) -> tuple[list[Layout], PrepareStats]:
-    """Rows (packed or one per tree) for ``conversations`` and their statistics."""
+            total: int | None = None, strict: bool = False) -> tuple[list[Layout], PrepareStats]:
+    """Rows (packed or one per tree) for ``conversations`` and their statistics.
+
+    A conversation the template cannot split is counted and skipped, or with
+    ``strict`` raises :class:`~onepass.render.RenderError`.
+    """
     schedule: Schedule = parse_schedule(config.schedule)
     stats = stats or PrepareStats()
     stats.schedule, stats.weighting = str(schedule), config.weighting
@@ -119,6 +123,8 @@ def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: Prepa
         try:
             views = render_views(conv, tokenizer, config.render)
         except RenderError as e:
+            if strict:
+                raise
             stats.skip("template", str(e))
             stats.views += conv.num_assistant_turns
             stats.views_skipped += conv.num_assistant_turns
@@ -170,7 +176,13 @@ def write_dataset(rows: list[Layout], stats: PrepareStats, out_dir: str | Path) 
         "weights": datasets.Sequence(datasets.Value("float32")),
     })
     ds = datasets.Dataset.from_dict(rows_to_columns(rows), features=features)
-    ds.save_to_disk(str(tmp))
+    quiet = datasets.utils.logging.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        ds.save_to_disk(str(tmp))
+    finally:
+        if quiet:
+            datasets.enable_progress_bars()
     (tmp / "stats.json").write_text(json.dumps(stats.to_dict(), indent=2) + "\n", encoding="utf-8")
     if out.exists():
         shutil.rmtree(out)

@@ -1,0 +1,7 @@
+"""``python -m onepass`` is the ``onepass`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
