@@ -154,3 +154,16 @@ def test_missing_tokenizer_path_is_a_clear_error():
 
     with pytest.raises(TokenizerError, match="not a local path and the hub is offline"):
         load_tokenizer("no/such-model-here")
+
+
+def test_bundled_sample_views_equal_the_template_rendering(qwen3_tokenizer):
+    from onepass.data.mathchat import load_sample
+
+    tok = qwen3_tokenizer
+    for conv in load_sample(limit=20):
+        for v in render_views(conv, tok):
+            prompt = tok.apply_chat_template(conv.template_messages(v.turn), tokenize=False,
+                                             add_generation_prompt=True)
+            full = tok.apply_chat_template(conv.template_messages(v.turn + 1), tokenize=False)
+            assert v.tokens.tolist() == encode(tok, prompt) + encode(tok, full[len(prompt):])
+            assert not v.boundary_merge

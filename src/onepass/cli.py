@@ -9,22 +9,23 @@ Subcommands::
 
 ``--data builtin:mathchat`` is the bundled MathChat sample; ``--tokenizer
 builtin:qwen3`` is the real Qwen3 vocabulary and template, offline. Errors a
-user can cause print one line (``onepass: error: ...``) and exit 2.
+user can cause print one line (``onepass: error: ...``) and exit 2; set
+``ONEPASS_DEBUG=1`` to see the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .conversation import ConversationError, read_conversations
-from .render import COMPLETION_FORMATS, RenderConfig, RenderError
+from .conversation import read_conversations
+from .render import COMPLETION_FORMATS, RenderConfig
 from .schedule import WEIGHTINGS, parse_schedule
-from .tokenizer import TokenizerError
 
 DTYPES = ("float64", "float32", "bfloat16")
 
@@ -185,7 +186,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.model:
         from transformers import AutoModelForCausalLM
 
-        if not Path(args.model).exists() and __import__("os").environ.get("HF_HUB_OFFLINE") == "1":
+        if not Path(args.model).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
             raise UsageError(f"model {args.model!r} is not a local path and the hub is offline")
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation=args.attn)
         model.eval()
@@ -240,20 +241,20 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
-USER_ERRORS = (ConversationError, RenderError, TokenizerError, UsageError, FileNotFoundError)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"prepare": cmd_prepare, "verify": cmd_verify, "show": cmd_show, "data": cmd_data}[args.command]
-    from .attention import BackendError
 
     try:
         return handler(args)
-    except (*USER_ERRORS, BackendError) as e:
+    except ValueError as e:  # our errors are ValueErrors (ConversationError, RenderError, ...)
+        if os.environ.get("ONEPASS_DEBUG"):
+            raise
         print(f"onepass: error: {e}", file=sys.stderr)
         return 2
-    except ValueError as e:  # bad option combinations raised by configs (e.g. --pack without --max-tokens)
+    except FileNotFoundError as e:
+        if os.environ.get("ONEPASS_DEBUG"):
+            raise
         print(f"onepass: error: {e}", file=sys.stderr)
         return 2
 

@@ -176,12 +176,12 @@ def write_dataset(rows: list[Layout], stats: PrepareStats, out_dir: str | Path) 
         "weights": datasets.Sequence(datasets.Value("float32")),
     })
     ds = datasets.Dataset.from_dict(rows_to_columns(rows), features=features)
-    quiet = datasets.utils.logging.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
+    bars_were_on = datasets.utils.logging.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # prepare has its own progress bar
     try:
         ds.save_to_disk(str(tmp))
     finally:
-        if quiet:
+        if bars_were_on:
             datasets.enable_progress_bars()
     (tmp / "stats.json").write_text(json.dumps(stats.to_dict(), indent=2) + "\n", encoding="utf-8")
     if out.exists():

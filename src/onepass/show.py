@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from .conversation import Conversation, Message
-from .render import RenderConfig, View, render_texts, render_views
+from .render import RenderConfig, render_texts, render_views
 from .schedule import parse_schedule, schedule_views
 from .tree import Layout, PrefixTree, concat
 

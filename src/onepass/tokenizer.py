@@ -15,6 +15,7 @@ Specs understood by :func:`load_tokenizer`:
 from __future__ import annotations
 
 import os
+import shutil
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,10 @@ def build_qwen3_tokenizer(out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     tok.save_pretrained(tmp)
-    os.replace(tmp, out_dir) if not out_dir.exists() else None
+    if out_dir.exists():  # another process finished first: keep its copy
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        os.replace(tmp, out_dir)
     return out_dir
 
 
