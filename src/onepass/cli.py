@@ -5,7 +5,8 @@ Subcommands::
     onepass prepare --data FILE --tokenizer SPEC --out DIR [--schedule ...] [--max-tokens N] [--pack]
     onepass verify  --data FILE --tokenizer SPEC [--model PATH | --tiny ARCH] [--dtype float64]
     onepass show    --data FILE --tokenizer SPEC --index I --out mask.png
-    onepass data convert-mathchat --input FILE [FILE ...] --out FILE.jsonl
+    onepass data convert-mathchat|sample|augment|stats ...   (see onepass.data.cli)
+    onepass bench --quick --out DIR                                  (see onepass.bench_cli)
 
 ``--data builtin:mathchat`` is the bundled MathChat sample; ``--tokenizer
 builtin:qwen3`` is the real Qwen3 vocabulary and template, offline. Errors a
@@ -16,6 +17,7 @@ user can cause print one line (``onepass: error: ...``) and exit 2; set
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -23,11 +25,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .conversation import read_conversations
 from .render import COMPLETION_FORMATS, RenderConfig
 from .schedule import WEIGHTINGS, parse_schedule
 
 DTYPES = ("float64", "float32", "bfloat16")
+EXTENSIONS = ("onepass.bench_cli", "onepass.data.cli")
 
 
 class UsageError(ValueError):
@@ -92,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pack", action="store_true", help="pack trees into rows of <= --max-tokens")
     p.add_argument("--weighting", choices=WEIGHTINGS, default="token")
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--num-proc", type=int, default=1,
+                   help="render and tokenise on N processes (datasets.map); same rows and stats")
     p.add_argument("--no-progress", action="store_true")
 
     p = sub.add_parser("verify", help="one-pass vs N-pass loss and gradients on the same conversations")
@@ -115,13 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", type=_schedule, default="one-pass")
     p.add_argument("--out", required=True, help="output .png")
 
-    p = sub.add_parser("data", help="dataset tools")
-    dsub = p.add_subparsers(dest="data_command", required=True)
-    c = dsub.add_parser("convert-mathchat", help="MathChat benchmark jsonl -> reasoning conversations jsonl")
-    c.add_argument("--input", nargs="+", required=True, help="follow_up.jsonl and/or error_correction.jsonl")
-    c.add_argument("--out", required=True)
-    c.add_argument("--limit", type=int, help="at most N conversations per input file")
-    c.add_argument("--strict", action="store_true")
+
+    for module in EXTENSIONS:  # subcommands that live beside their code: add_parser(sub) sets func
+        importlib.import_module(module).add_parser(sub)
     return parser
 
 
@@ -131,7 +131,9 @@ def _render_config(args: argparse.Namespace) -> RenderConfig:
 
 
 def _read(args: argparse.Namespace):
-    report = read_conversations(resolve_data(args.data), strict=args.strict, limit=args.limit)
+    from .data.load import load_conversations
+
+    report = load_conversations(args.data, strict=args.strict, limit=args.limit)
     for line in report.skipped[:5]:
         print(f"skipped: {line}", file=sys.stderr)
     if len(report.skipped) > 5:
@@ -150,13 +152,19 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
     config = PrepareConfig(schedule=args.schedule, max_tokens=args.max_tokens, pack=args.pack,
                            weighting=args.weighting, render=_render_config(args))
-    report = _read(args)
-    tokenizer = _tokenizer(args)
-    stats = PrepareStats()
-    for line in report.skipped:
-        stats.skip("invalid record", line)
-    rows, stats = prepare(report.conversations, tokenizer, config, stats=stats, strict=args.strict,
-                          progress=not args.no_progress, total=len(report.conversations))
+    if args.num_proc > 1:
+        from .data.parallel import prepare_parallel
+
+        rows, stats = prepare_parallel(args.data, _tokenizer(args), config, num_proc=args.num_proc,
+                                       limit=args.limit, strict=args.strict, progress=not args.no_progress)
+    else:
+        report = _read(args)
+        tokenizer = _tokenizer(args)
+        stats = PrepareStats()
+        for line in report.skipped:
+            stats.skip("invalid record", line)
+        rows, stats = prepare(report.conversations, tokenizer, config, stats=stats, strict=args.strict,
+                              progress=not args.no_progress, total=len(report.conversations))
     print(stats.summary())
     if not rows:
         first = stats.skipped[0] if stats.skipped else "the data has no conversations"
@@ -230,20 +238,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_data(args: argparse.Namespace) -> int:
-    from .data.mathchat import convert_mathchat, write_jsonl
-
-    records, skipped = convert_mathchat([Path(p) for p in args.input], strict=args.strict, limit=args.limit)
-    write_jsonl(records, args.out)
-    for line in skipped[:5]:
-        print(f"skipped: {line}", file=sys.stderr)
-    print(f"wrote {len(records)} conversations to {args.out}; skipped {len(skipped)}")
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {"prepare": cmd_prepare, "verify": cmd_verify, "show": cmd_show, "data": cmd_data}[args.command]
+    handler = getattr(args, "func", None) or {"prepare": cmd_prepare, "verify": cmd_verify,
+                                              "show": cmd_show}[args.command]
 
     try:
         return handler(args)

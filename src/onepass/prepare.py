@@ -146,6 +146,12 @@ def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: Prepa
             stats.scheduled_tokens += len(layout)
             stats.target_tokens += layout.num_targets
         layouts.extend(scheduled.layouts)
+    return finalize(layouts, stats, config)
+
+
+def finalize(layouts: list[Layout], stats: PrepareStats, config: PrepareConfig
+             ) -> tuple[list[Layout], PrepareStats]:
+    """After the per-conversation loop: pack, count rows and padding, the token ratio."""
     stats.trees = len(layouts)
     rows = pack_layouts(layouts, config.max_tokens) if config.pack else layouts
     stats.rows = len(rows)

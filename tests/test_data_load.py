@@ -1,0 +1,143 @@
+"""Loading any --data spec: files in every shape, HF dataset directories, hub ids offline, streaming."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from onepass.conversation import ConversationError, parse_record
+from onepass.data.load import (
+    data_files,
+    iter_conversation_records,
+    load_conversations,
+    to_record,
+    write_records,
+)
+
+MESSAGES = {"id": "m1", "messages": [{"role": "user", "content": "2+2?"},
+                                     {"role": "assistant", "content": "4", "reasoning_content": "add"},
+                                     {"role": "user", "content": "and 3+3?"},
+                                     {"role": "assistant", "content": "6", "reasoning_content": ""}]}
+SHAREGPT = {"id": "s1", "conversations": [{"from": "human", "value": "2+2?"},
+                                          {"from": "gpt", "value": "4", "reasoning": "add"},
+                                          {"from": "human", "value": "and 3+3?"},
+                                          {"from": "gpt", "value": "6", "reasoning": ""}]}
+INTERACTIONS = {"id": "i1", "interactions": [{"query": "2+2?", "think": "add", "answer": "4"},
+                                             {"query": "and 3+3?", "think": "", "answer": "6"}]}
+SHAPES = [MESSAGES, SHAREGPT, INTERACTIONS]
+
+
+def _strip(conv):
+    return dataclasses.replace(conv, source="", id=None)
+
+
+def _write(path, records):
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    elif path.suffix == ".json":
+        path.write_text(json.dumps(records))
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(records), path)
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".parquet"])
+@pytest.mark.parametrize("record", SHAPES, ids=["messages", "sharegpt", "interactions"])
+def test_every_shape_in_every_file_type_reads_to_the_same_conversation(tmp_path, suffix, record):
+    path = _write(tmp_path / f"d{suffix}", [record, record])
+    report = load_conversations(path)
+    assert report.skipped == [] and len(report.conversations) == 2
+    expected = _strip(parse_record(MESSAGES))
+    assert all(_strip(c) == expected for c in report.conversations)
+    assert report.conversations[1].id == record["id"]
+
+
+def test_saved_dataset_and_dataset_dict(tmp_path):
+    import datasets
+
+    rows = [MESSAGES, dict(MESSAGES, id="m2")]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
+    report = load_conversations(tmp_path / "ds")
+    assert [c.id for c in report.conversations] == ["m1", "m2"]
+    assert report.conversations[0].source == f"{tmp_path / 'ds'} record 0"
+    assert _strip(report.conversations[0]) == _strip(parse_record(MESSAGES))
+
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(rows),
+                               "test": datasets.Dataset.from_list(rows[:1])})
+    dd.save_to_disk(str(tmp_path / "dd"))
+    assert len(load_conversations(tmp_path / "dd").conversations) == 2  # train by default
+    assert len(load_conversations(tmp_path / "dd", split="test").conversations) == 1
+    with pytest.raises(ConversationError, match="no split 'dev'; have train, test"):
+        load_conversations(tmp_path / "dd", split="dev")
+
+
+def test_directory_of_data_files_with_splits(tmp_path):
+    (tmp_path / "data").mkdir()
+    _write(tmp_path / "data" / "train-00000-of-00002.parquet", [MESSAGES])
+    _write(tmp_path / "data" / "train-00001-of-00002.jsonl", [SHAREGPT, SHAREGPT])
+    _write(tmp_path / "data" / "test-00000-of-00001.json", [INTERACTIONS])
+    (tmp_path / ".cache").mkdir()
+    _write(tmp_path / ".cache" / "junk.jsonl", [MESSAGES])  # hidden: ignored
+    assert [p.name for p in data_files(tmp_path, "train")] == ["train-00000-of-00002.parquet",
+                                                               "train-00001-of-00002.jsonl"]
+    assert len(load_conversations(tmp_path).conversations) == 4
+    assert [c.id for c in load_conversations(tmp_path, split="train").conversations] == ["m1", "s1", "s1"]
+    with pytest.raises(ConversationError, match="no data files for split 'dev'"):
+        load_conversations(tmp_path, split="dev")
+
+
+def test_errors_name_file_and_line(tmp_path):
+    bad = {"messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "yo"}]}
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(json.dumps(MESSAGES) + "\n\n" + json.dumps(bad) + "\n{not json\n")
+    with pytest.raises(ConversationError, match=r"mixed\.jsonl line 3, message 1: unknown role 'bot'"):
+        load_conversations(path)
+    report = load_conversations(path, strict=False)
+    assert len(report.conversations) == 1
+    assert "line 3, message 1" in report.skipped[0] and "line 4: not valid JSON" in report.skipped[1]
+
+
+def test_streaming_reads_only_what_is_asked(tmp_path):
+    path = tmp_path / "big.jsonl"
+    path.write_text(json.dumps(MESSAGES) + "\n{broken\n")
+    first = next(iter_conversation_records(path))
+    assert first.index == 1 and first.parse().id == "m1"
+    report = load_conversations(path, limit=1)  # stops before the broken line
+    assert report.skipped == [] and len(report.conversations) == 1
+
+
+def test_hub_id_offline_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="hub is offline"):
+        load_conversations("devrev-research/MathChatSync-reasoning")
+    with pytest.raises(FileNotFoundError, match="data file not found: nope.jsonl"):
+        load_conversations("nope.jsonl")
+
+
+def test_builtin_and_synthetic_specs():
+    assert [c.id for c in load_conversations("builtin:mathchat", limit=2).conversations] == \
+        ["mathchat-followup-1", "mathchat-followup-2"]
+    synth = load_conversations("synthetic:mathchat-sync", limit=3).conversations
+    assert [c.id for c in synth] == ["synthetic-0-0", "synthetic-0-1", "synthetic-0-2"]
+    with pytest.raises(ValueError, match="unknown synthetic workload"):
+        load_conversations("synthetic:nope")
+
+
+def test_to_record_round_trips(tmp_path):
+    tool = {"id": "t", "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"},
+                         {"role": "assistant", "content": "", "reasoning_content": "call",
+                          "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+                         {"role": "tool", "content": "1", "tool_call_id": "c"},
+                         {"role": "assistant", "content": "done", "reasoning_content": "ok"}]}
+    for record in (MESSAGES, SHAREGPT, INTERACTIONS, tool):
+        conv = parse_record(record)
+        assert parse_record(to_record(conv)) == conv
+    path = tmp_path / "out.jsonl"
+    assert write_records([to_record(parse_record(tool))], path) == 1
+    assert parse_record(json.loads(path.read_text())) == parse_record(tool)
