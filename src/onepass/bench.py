@@ -1,0 +1,271 @@
+"""Training throughput and memory of every schedule, side by side in one run.
+
+Why this module exists: users choose by the numbers, and a speed ratio is only
+honest when both sides run on the same model, data, backend and machine in
+the same process. For each setting (a schedule, packed or not) this renders
+the workload's views once, lays them out, and times full training steps
+(forward, backward, optimizer step) over every row, repeated after a warm-up.
+
+FLOP accounting: forward + backward = 3 x the forward FLOPs of
+:mod:`onepass.data.stats` (linear per token, attention per visible pair
+``sum(kv_end - k)``, LM head per target), the same formula the ``data stats``
+ideal speedup uses.
+
+The *ideal speedup* is N-pass FLOPs / one-pass FLOPs for the workload: what
+one-pass would gain if time followed useful work exactly. *Useful-FLOP
+utilisation* is a setting's useful FLOPs per second over a matmul peak
+measured in the same run (a dense backend computes masked pairs too, which
+count as work done but not as useful work).
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .loss import batch_loss, layouts_to_batch
+from .pack import pack_layouts
+from .render import View
+from .schedule import parse_schedule, schedule_views
+from .data.stats import MODEL_SHAPES as STATS_SHAPES
+from .data.stats import ModelShape
+from .tree import Layout
+
+SETTINGS: dict[str, tuple[str, bool]] = {
+    "n-pass": ("n-pass", False),
+    "n-pass-packed": ("n-pass", True),
+    "one-pass": ("one-pass", False),
+    "one-pass-packed": ("one-pass", True),
+    "k-pass-2-packed": ("k-pass:2", True),
+    "k-pass-4-packed": ("k-pass:4", True),
+    "k-pass-6-packed": ("k-pass:6", True),
+    "budget-packed": ("budget", True),
+}
+DEPTH_GROUPS = {"G1": (1, 5), "G2": (6, 7), "G3": (8, 16)}
+TINY = ModelShape(name="tiny", num_layers=4, hidden=256, num_heads=4, num_kv_heads=2, head_dim=64,
+                  ffn=768, vocab=0)
+MODEL_SHAPES = {"tiny": TINY, **STATS_SHAPES}
+
+
+def model_kwargs(shape: ModelShape) -> dict[str, int]:
+    """Config sizes of a Qwen3 model of ``shape`` (vocabulary set separately)."""
+    return dict(hidden_size=shape.hidden, intermediate_size=shape.ffn, num_hidden_layers=shape.num_layers,
+                num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads,
+                head_dim=shape.head_dim)
+
+
+def visible_pairs(layout: Layout) -> int:
+    return int((layout.kv_end - np.arange(len(layout))).sum())
+
+
+def train_flops(rows: Sequence[Layout], shape: ModelShape, *, dense: bool = False) -> float:
+    """Forward+backward FLOPs of ``rows`` (the formula of :mod:`onepass.data.stats`, x3).
+
+    ``dense`` counts every causal pair of a row as computed (what a dense mask costs).
+    """
+    tokens = sum(len(r) for r in rows)
+    targets = sum(r.num_targets for r in rows)
+    pairs = sum(len(r) * (len(r) + 1) // 2 if dense else visible_pairs(r) for r in rows)
+    forward = (shape.linear_flops_per_token * tokens + shape.attention_flops_per_pair * pairs
+               + shape.head_flops_per_target * targets)
+    return 3.0 * forward
+
+
+def peak_rss_reset() -> None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def _status_kb(field_name: str) -> int | None:
+    try:
+        m = re.search(rf"{field_name}:\s+(\d+) kB", Path("/proc/self/status").read_text())
+    except OSError:
+        return None
+    return int(m.group(1)) * 1024 if m else None
+
+
+def peak_rss() -> int | None:
+    """Peak resident set size since the last :func:`peak_rss_reset` (Linux), else None."""
+    return _status_kb("VmHWM")
+
+
+def current_rss() -> int | None:
+    return _status_kb("VmRSS")
+
+
+def matmul_peak_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+    """Best observed FLOP/s of an n x n matmul: the machine's practical peak for this dtype."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best = 0.0
+    for _ in range(repeats + 1):
+        _sync(device)
+        t0 = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = max(best, 2 * n**3 / (time.perf_counter() - t0))
+    return best
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def layout_setting(views: Sequence[Sequence[View]], setting: str, max_tokens: int) -> list[Layout]:
+    """Rows of ``setting`` for the workload; a tree over ``max_tokens`` is an error (no silent drop)."""
+    schedule_name, packed = SETTINGS[setting]
+    schedule = parse_schedule(schedule_name)
+    trees: list[Layout] = []
+    for conv_views in views:
+        out = schedule_views(conv_views, schedule, max_tokens=max_tokens)
+        if out.skipped:
+            raise ValueError(f"{setting}: {out.skipped[0]}; raise --max-tokens or drop that conversation")
+        trees.extend(out.layouts)
+    return pack_layouts(trees, max_tokens) if packed else trees
+
+
+@dataclass(kw_only=True)
+class Timing:
+    epoch_seconds: list[float] = field(default_factory=list)
+    peak_memory_bytes: int | None = None  # CUDA: max allocated; CPU: peak RSS above the loaded model
+    mask_seconds: float = 0.0  # building the attention mask objects, summed over one epoch
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """Everything a fresh process needs to time one setting (picklable)."""
+
+    rows: list[Layout]
+    vocab: int
+    shape_kwargs: dict[str, int]  # config sizes (bench.model_kwargs)
+    dtype: str
+    backend: str
+    device: str
+    seed: int
+    repeats: int
+    threads: int
+    warmup: int = 2
+    lr: float = 1e-4
+
+
+def time_training(job: Job) -> Timing:
+    """Time full training steps (one row per step) over ``job.rows``, after warm-up.
+
+    Runs in the calling process; :func:`time_in_subprocess` gives each setting a
+    fresh process so allocator state never carries over between settings and
+    the CPU peak RSS is this setting's own.
+    """
+    from .attention import attention_mask_for
+    from .tiny import tiny_model
+
+    torch.set_num_threads(job.threads)
+    device = torch.device(job.device)
+    model = tiny_model("qwen3", job.vocab, dtype=getattr(torch, job.dtype), seed=job.seed,
+                       attn_implementation=job.backend, device=device, **job.shape_kwargs)
+    model.train()
+    before = current_rss()
+    peak_rss_reset()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=job.lr)
+    order = sorted(range(len(job.rows)), key=lambda i: -len(job.rows[i]))
+    batches = [layouts_to_batch([job.rows[i]], device=device) for i in order]
+
+    def step(batch: dict[str, torch.Tensor]) -> None:
+        loss = batch_loss(model, batch) / batch["weights"].sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for batch in batches[:job.warmup]:  # the longest rows first
+        step(batch)
+    timing = Timing()
+    for _ in range(job.repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        for batch in batches:
+            step(batch)
+        _sync(device)
+        timing.epoch_seconds.append(time.perf_counter() - t0)
+    if device.type == "cuda":
+        timing.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
+    else:
+        peak = peak_rss()
+        timing.peak_memory_bytes = peak - before if peak is not None and before is not None else None
+    t0 = time.perf_counter()
+    for batch in batches:
+        attention_mask_for(model, batch["kv_end"])
+    timing.mask_seconds = time.perf_counter() - t0
+    return timing
+
+
+def time_in_subprocess(job: Job) -> Timing:
+    """:func:`time_training` in a fresh spawned process (CUDA jobs run in this process)."""
+    if job.device.startswith("cuda"):
+        return time_training(job)
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(time_training, (job,))
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        m = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
+        cpu = m.group(1).strip() if m else cpu
+    except OSError:
+        pass
+    info = {"device": str(device), "cpu": cpu, "threads": torch.get_num_threads(),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                "transformers": transformers.__version__, "numpy": np.__version__}
+    return {"device": info, "versions": versions}
+
+
+def summarise(name: str, backend: str, group: str, rows: Sequence[Layout], timing: Timing,
+              num_conversations: int, useful: float, peak: float) -> dict[str, Any]:
+    med = statistics.median(timing.epoch_seconds)
+    spread = (max(timing.epoch_seconds) - min(timing.epoch_seconds)) / med if med else 0.0
+    step_seconds = med
+    return {
+        "setting": name, "backend": backend, "depth_group": group, "rows": len(rows),
+        "tokens": sum(len(r) for r in rows), "target_tokens": sum(r.num_targets for r in rows),
+        "epoch_seconds_median": med, "epoch_seconds_spread": spread, "epochs": len(timing.epoch_seconds),
+        "conversations_per_s": num_conversations / med, "tokens_per_s": sum(len(r) for r in rows) / med,
+        "target_tokens_per_s": sum(r.num_targets for r in rows) / med,
+        "peak_memory_bytes": timing.peak_memory_bytes,
+        "mask_fraction_of_step": timing.mask_seconds / step_seconds if step_seconds else None,
+        "useful_flops": useful, "useful_flop_utilisation": useful / med / peak if peak else None,
+    }
+
+
+def add_ratios(settings: list[dict[str, Any]], ideal: dict[str, float]) -> None:
+    """Speed and memory vs N-pass packed (same backend and depth group), and for one-pass
+    settings the fraction of the ideal bound reached against N-pass *with the same packing*."""
+    by_key = {(s["backend"], s["depth_group"], s["setting"]): s for s in settings}
+    for s in settings:
+        b = by_key.get((s["backend"], s["depth_group"], "n-pass-packed"))
+        s["speedup_vs_n_pass_packed"] = s["conversations_per_s"] / b["conversations_per_s"] if b else None
+        mem, bmem = s["peak_memory_bytes"], b["peak_memory_bytes"] if b else None
+        s["memory_vs_n_pass_packed"] = mem / bmem if mem and bmem else None
+        s["fraction_of_ideal"] = None
+        if s["setting"] in ("one-pass", "one-pass-packed"):
+            same = by_key.get((s["backend"], s["depth_group"], s["setting"].replace("one-pass", "n-pass")))
+            bound = ideal.get(s["depth_group"])
+            if same and bound:
+                s["fraction_of_ideal"] = s["conversations_per_s"] / same["conversations_per_s"] / bound

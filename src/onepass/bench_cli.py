@@ -1,0 +1,136 @@
+"""``onepass bench``: run every setting on one workload and write JSON, Markdown and PNGs.
+
+Why this module exists: it is the orchestration around ``bench.py`` (workload,
+model, backends, depth groups) and the command line for it. ``--quick`` is
+sized to finish in a few minutes on 2 CPU cores.
+
+    onepass bench --quick --out runs/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+WORKLOADS = ("mathchat", "synthetic")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("bench", help="training throughput and memory of every schedule, side by side")
+    p.add_argument("--out", required=True, help="output directory (summary.json, table.md, *.png)")
+    p.add_argument("--quick", action="store_true", help="small workload and few repeats (minutes on CPU)")
+    p.add_argument("--workload", choices=WORKLOADS, default="mathchat")
+    p.add_argument("--conversations", type=int, help="how many conversations (default: 48 quick, 300 full)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer", default="builtin:qwen3")
+    p.add_argument("--model-shape", default="tiny", help="tiny | qwen3-0.6b | qwen3-4b | qwen3-8b")
+    p.add_argument("--full-vocab", action="store_true",
+                   help="keep the tokenizer's whole vocabulary (default: compact it to the ids that occur)")
+    p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--backends", default=None, help="comma-separated attention backends (default: sdpa)")
+    p.add_argument("--settings", default=None, help="comma-separated settings (default: all)")
+    p.add_argument("--max-tokens", type=int, default=None, help="row budget (default 4096)")
+    p.add_argument("--repeats", type=int, default=None, help="timed epochs per setting (default 3 quick, 5 full)")
+    p.add_argument("--depth-groups", action="store_true", help="also time G1/G2/G3 separately")
+    p.set_defaults(func=run)
+
+
+def load_workload(name: str, n: int, seed: int) -> list[Any]:
+    if name == "mathchat":
+        from .data.mathchat import load_sample
+
+        return load_sample(limit=n)
+    from .data.synthetic import generate_conversations
+
+    return generate_conversations(n, seed=seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from . import bench
+    from .bench_report import markdown, plots
+    from .render import render_views
+    from .tokenizer import load_tokenizer
+    from .verify import compact_vocab
+
+    if args.model_shape not in bench.MODEL_SHAPES:
+        raise ValueError(f"unknown --model-shape {args.model_shape!r}; use one of {', '.join(bench.MODEL_SHAPES)}")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    backends = (args.backends or "sdpa").split(",")
+    settings = (args.settings or ",".join(bench.SETTINGS)).split(",")
+    unknown = [s for s in settings if s not in bench.SETTINGS]
+    if unknown:
+        raise ValueError(f"unknown setting {unknown[0]!r}; use any of {', '.join(bench.SETTINGS)}")
+    n = args.conversations or (48 if args.quick else 300)
+    repeats = args.repeats or (3 if args.quick else 5)
+    max_tokens = args.max_tokens or 4096
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    env = bench.environment(device)
+    print(f"device: {env['device']}  versions: {env['versions']}", flush=True)
+    convs = load_workload(args.workload, n, args.seed)
+    tok = load_tokenizer(args.tokenizer)
+    views = [render_views(c, tok) for c in convs]
+    vocab = len(tok)
+    if not args.full_vocab:
+        views, vocab = compact_vocab(views)
+    depth = [len(v) for v in views]
+    shape = dataclasses.replace(bench.MODEL_SHAPES[args.model_shape], vocab=vocab)
+    shape_kwargs = bench.model_kwargs(shape)
+    peak = bench.matmul_peak_flops(device, dtype)
+    print(f"workload {args.workload}: {len(convs)} conversations, {sum(depth)} views; model "
+          f"{args.model_shape} {shape_kwargs}, vocab {vocab}, {dtype}; matmul peak {peak / 1e9:.1f} GFLOP/s",
+          flush=True)
+
+    groups: dict[str, list[int]] = {"all": list(range(len(views)))}
+    if args.depth_groups:
+        for g, (lo, hi) in bench.DEPTH_GROUPS.items():
+            members = [i for i, d in enumerate(depth) if lo <= d <= hi]
+            if members:
+                groups[g] = members
+
+    results: list[dict[str, Any]] = []
+    ideal: dict[str, float] = {}
+    for backend in backends:
+        for group, members in groups.items():
+            group_views = [views[i] for i in members]
+            if group not in ideal:
+                n_rows = bench.layout_setting(group_views, "n-pass", max_tokens)
+                one_rows = bench.layout_setting(group_views, "one-pass", max_tokens)
+                ideal[group] = bench.train_flops(n_rows, shape) / bench.train_flops(one_rows, shape)
+            names = settings if group == "all" else ["n-pass-packed", "one-pass-packed"]
+            for name in names:
+                rows = bench.layout_setting(group_views, name, max_tokens)
+                job = bench.Job(rows=rows, vocab=vocab, shape_kwargs=shape_kwargs,
+                                dtype=str(dtype).replace("torch.", ""), backend=backend, device=str(device),
+                                seed=args.seed, repeats=repeats, threads=torch.get_num_threads())
+                timing = bench.time_in_subprocess(job)
+                useful = bench.train_flops(rows, shape)
+                results.append(bench.summarise(name, backend, group, rows, timing, len(members), useful, peak))
+                r = results[-1]
+                print(f"{backend:>12} {group:>3} {name:>16}: {r['conversations_per_s']:7.2f} conv/s "
+                      f"{r['tokens_per_s']:9,.0f} tok/s  peak {(r['peak_memory_bytes'] or 0) / 2**20:7.0f} MiB",
+                      flush=True)
+    bench.add_ratios(results, ideal)
+    summary = {
+        **env, "workload": {"name": args.workload, "conversations": len(convs), "views": sum(depth),
+                            "seed": args.seed, "model_shape": args.model_shape, "vocab": vocab,
+                            "dtype": str(dtype).replace("torch.", ""), "max_tokens": max_tokens,
+                            "repeats": repeats, "depth_histogram": {d: depth.count(d) for d in sorted(set(depth))}},
+        "ideal_speedup": ideal, "matmul_peak_flops": peak, "settings": results,
+        "command": "onepass " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("onepass") else None,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "table.md").write_text(markdown(summary))
+    pngs = plots(summary, out)
+    print(markdown(summary))
+    print(f"wrote {out / 'summary.json'}, {out / 'table.md'}, " + ", ".join(str(p) for p in pngs))
+    return 0

@@ -1,0 +1,121 @@
+"""The benchmark's outputs: a Markdown table laid out like the paper's, and PNG plots.
+
+Why this module exists: measuring (``bench.py``) and presenting are separate
+concerns; this turns ``summary.json`` into what a reader compares with the
+paper: speed and memory relative to packed N-pass, beside the paper's figures.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+# The paper (Goru, Mehta, Jain 2025): Qwen3 4B/8B/32B, QLoRA, one H100, FlexAttention.
+PAPER = {
+    "one-pass-packed": {"speedup": "1.44-1.54x", "memory": "1.29-1.34x"},
+    "n-pass-packed": {"speedup": "1.00x", "memory": "1.00x"},
+}
+
+
+def _fmt(x: Any, spec: str, suffix: str = "") -> str:
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    dev, ver, wl = summary["device"], summary["versions"], summary["workload"]
+    lines = [
+        f"Device: {dev['device']} ({dev['gpu'] or dev['cpu']}, {dev['threads']} threads); "
+        f"torch {ver['torch']}, transformers {ver['transformers']}",
+        f"Workload: {wl['name']}: {wl['conversations']} conversations, {wl['views']} views, "
+        f"model {wl['model_shape']} ({wl['dtype']}), max_tokens {wl['max_tokens']}, "
+        f"{wl['repeats']} timed epochs after warm-up; ideal speedup "
+        + ", ".join(f"{g} {v:.2f}x" for g, v in summary["ideal_speedup"].items()),
+        f"Matmul peak measured in this run: {summary['matmul_peak_flops'] / 1e9:.1f} GFLOP/s",
+        "",
+        "| setting | backend | depth | conv/s | tokens/s | speedup vs N-pass packed | paper | "
+        "peak memory (MiB) | memory vs N-pass packed | paper | fraction of ideal | useful-FLOP util. | spread |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summary["settings"]:
+        paper = PAPER.get(s["setting"], {}) if s["depth_group"] == "all" else {}
+        mem = s["peak_memory_bytes"]
+        lines.append(" | ".join([
+            f"| {s['setting']}", s["backend"], s["depth_group"], _fmt(s["conversations_per_s"], ".2f"),
+            _fmt(s["tokens_per_s"], ",.0f"), _fmt(s["speedup_vs_n_pass_packed"], ".2f", "x"),
+            paper.get("speedup", "-"), _fmt(mem / 2**20 if mem else None, ",.0f"),
+            _fmt(s["memory_vs_n_pass_packed"], ".2f", "x"), paper.get("memory", "-"),
+            _fmt(s["fraction_of_ideal"], ".0%"), _fmt(s["useful_flop_utilisation"], ".0%"),
+            _fmt(s["epoch_seconds_spread"], ".1%") + " |"]))
+    return "\n".join(lines) + "\n"
+
+
+def plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
+    """speed per setting (figure 3 style), the K-pass trade-off, and speedup by depth group."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    out = []
+    settings = [s for s in summary["settings"] if s["depth_group"] == "all"]
+    backends = sorted({s["backend"] for s in settings})
+
+    fig = Figure(figsize=(9, 4.5))
+    ax = fig.add_subplot()
+    names = list(dict.fromkeys(s["setting"] for s in settings))
+    width = 0.8 / max(1, len(backends))
+    for j, b in enumerate(backends):
+        vals = {s["setting"]: s["speedup_vs_n_pass_packed"] or 0 for s in settings if s["backend"] == b}
+        ax.bar([i + j * width for i in range(len(names))], [vals.get(n, 0) for n in names], width, label=b)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks([i + width * (len(backends) - 1) / 2 for i in range(len(names))], names, rotation=30, ha="right")
+    ax.set_ylabel("training speed vs N-pass packed")
+    ax.set_title(f"{summary['workload']['name']}: conversations/s relative to N-pass packed")
+    ax.legend()
+    fig.tight_layout()
+    out.append(out_dir / "speedup.png")
+    fig.savefig(out[-1], dpi=120)
+
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    for b in backends:
+        ks, sp, mem = [], [], []
+        for s in settings:
+            if s["backend"] != b:
+                continue
+            k = {"n-pass-packed": None, "one-pass-packed": 1}.get(s["setting"])
+            if s["setting"].startswith("k-pass-"):
+                k = int(s["setting"].split("-")[2])
+            if k is not None:
+                ks.append(k)
+                sp.append(s["speedup_vs_n_pass_packed"] or 0)
+                mem.append(s["memory_vs_n_pass_packed"] or 0)
+        order = sorted(range(len(ks)), key=ks.__getitem__)
+        ax.plot([ks[i] for i in order], [sp[i] for i in order], "o-", label=f"speed ({b})")
+        ax.plot([ks[i] for i in order], [mem[i] for i in order], "s--", label=f"memory ({b})")
+    ax.set_xlabel("K (passes per conversation; 1 = one-pass)")
+    ax.set_ylabel("relative to N-pass packed")
+    ax.set_title("K-pass trade-off")
+    ax.legend()
+    fig.tight_layout()
+    out.append(out_dir / "k_pass.png")
+    fig.savefig(out[-1], dpi=120)
+
+    groups = [s for s in summary["settings"] if s["depth_group"] != "all" and s["setting"] == "one-pass-packed"]
+    if groups:
+        fig = Figure(figsize=(6, 4))
+        ax = fig.add_subplot()
+        for b in backends:
+            g = [s for s in groups if s["backend"] == b]
+            ax.bar([s["depth_group"] for s in g], [s["speedup_vs_n_pass_packed"] or 0 for s in g],
+                   alpha=0.7, label=b)
+        ideal = summary["ideal_speedup"]
+        ax.plot([s["depth_group"] for s in groups[: len(ideal)]],
+                [ideal.get(s["depth_group"], 0) for s in groups[: len(ideal)]], "k_", ms=30, label="ideal")
+        ax.set_ylabel("one-pass packed vs N-pass packed")
+        ax.set_title("speedup by conversation depth (G1 1-5, G2 6-7, G3 8-16 turns)")
+        ax.legend()
+        fig.tight_layout()
+        out.append(out_dir / "depth_groups.png")
+        fig.savefig(out[-1], dpi=120)
+    return out

@@ -1,0 +1,62 @@
+"""The benchmark harness: its FLOP accounting by hand, its ratios, and a tiny end-to-end run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from onepass import bench
+from onepass.cli import main
+from onepass.render import View
+from onepass.tree import build_layout
+
+
+def V(tokens, num_prompt):
+    return View(tokens=np.asarray(tokens), num_prompt=num_prompt, turn=0)
+
+
+def test_visible_pairs_and_flops_by_hand():
+    views = [V([1, 2, 3], 1), V([1, 4], 1)]  # tree: h t r | h' s  (h duplicated: targets differ)
+    layout = build_layout(views)
+    assert bench.visible_pairs(layout) == 1 + 2 + 3 + 1 + 2
+    shape = bench.ModelShape(name="x", num_layers=1, hidden=2, num_heads=1, num_kv_heads=1, head_dim=2,
+                             ffn=2, vocab=5)
+    per_token, per_pair, per_target = (shape.linear_flops_per_token, shape.attention_flops_per_pair,
+                                       shape.head_flops_per_target)
+    expected = 3 * (per_token * 5 + per_pair * 9 + per_target * 3)
+    assert bench.train_flops([layout], shape) == expected
+    assert bench.train_flops([layout], shape, dense=True) == 3 * (per_token * 5 + per_pair * 15 + per_target * 3)
+
+
+def test_ratios_use_the_same_backend_group_and_packing():
+    def row(setting, conv_s, mem):
+        return {"setting": setting, "backend": "sdpa", "depth_group": "all", "conversations_per_s": conv_s,
+                "peak_memory_bytes": mem}
+
+    rows = [row("n-pass", 1.0, 10), row("n-pass-packed", 2.0, 20), row("one-pass", 1.5, 8),
+            row("one-pass-packed", 3.0, 21)]
+    bench.add_ratios(rows, {"all": 2.0})
+    by = {r["setting"]: r for r in rows}
+    assert by["one-pass-packed"]["speedup_vs_n_pass_packed"] == 1.5
+    assert by["one-pass-packed"]["memory_vs_n_pass_packed"] == 21 / 20
+    assert by["one-pass-packed"]["fraction_of_ideal"] == 1.5 / 2.0
+    assert by["one-pass"]["fraction_of_ideal"] == 1.5 / 2.0  # against unpacked N-pass
+    assert by["n-pass"]["fraction_of_ideal"] is None
+
+
+def test_bench_writes_summary_table_and_plots(tmp_path):
+    out = tmp_path / "bench"
+    assert main(["bench", "--out", str(out), "--conversations", "4", "--repeats", "1",
+                 "--settings", "n-pass-packed,one-pass-packed", "--max-tokens", "2048"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("device", "versions", "workload", "ideal_speedup", "settings"):
+        assert key in summary
+    assert summary["ideal_speedup"]["all"] > 1
+    required = {"setting", "backend", "depth_group", "conversations_per_s", "tokens_per_s", "peak_memory_bytes",
+                "speedup_vs_n_pass_packed", "memory_vs_n_pass_packed", "fraction_of_ideal",
+                "useful_flop_utilisation"}
+    assert [s["setting"] for s in summary["settings"]] == ["n-pass-packed", "one-pass-packed"]
+    assert all(required <= set(s) for s in summary["settings"])
+    assert (out / "table.md").read_text().count("| one-pass-packed |") == 1
+    assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"
