@@ -5,6 +5,7 @@ Subcommands::
     onepass prepare --data FILE --tokenizer SPEC --out DIR [--schedule ...] [--max-tokens N] [--pack]
     onepass verify  --data FILE --tokenizer SPEC [--model PATH | --tiny ARCH] [--dtype float64]
     onepass show    --data FILE --tokenizer SPEC --index I --out mask.png
+    onepass train   --config FILE.yaml [--model ID|PATH | --tiny ARCH] [--data ...] [--resume] [flags]
     onepass data convert-mathchat|sample|augment|stats ...   (see onepass.data.cli)
     onepass bench --quick --out DIR                                  (see onepass.bench_cli)
 
@@ -29,7 +30,7 @@ from .render import COMPLETION_FORMATS, RenderConfig
 from .schedule import WEIGHTINGS, parse_schedule
 
 DTYPES = ("float64", "float32", "bfloat16")
-EXTENSIONS = ("onepass.bench_cli", "onepass.data.cli")
+EXTENSIONS = ("onepass.train_cli", "onepass.data.cli", "onepass.bench_cli")
 
 
 class UsageError(ValueError):

@@ -1,0 +1,394 @@
+"""Fine-tune a HF causal LM on one-pass rows: an accelerate loop whose steps equal N-pass steps.
+
+Why this module exists: the one-pass loss equals the N-pass loss for a set of
+conversations (:mod:`onepass.loss`), so a training run is equivalent when each
+optimizer step (1) covers the same conversations and (2) divides the summed
+weighted cross entropy by the same number. (1) is the data order of
+:mod:`onepass.train_data`; (2) is the *global* sum of target weights of the
+step, over every micro-batch and every process (for token weighting: the
+N-pass number of trained tokens). Each process adds ``loss_sum * world / W``
+to its gradients, because DDP averages gradients over processes:
+
+    grad = (1/world) * sum_ranks d(loss_sum_r * world / W) = d(sum_r loss_sum_r) / W
+
+So ``schedule: one-pass`` and ``schedule: n-pass`` with one seed take the same
+steps (tests: 20 float64 steps, same loss at every step, same final weights),
+and 2 processes equal 1 process on the same global batch.
+
+A plain loop over :class:`accelerate.Accelerator` rather than a Trainer
+subclass: the step is a set of conversations whose row count varies by
+schedule, which a Trainer's row-based sampler and loss scaling would fight.
+accelerate still gives DDP / FSDP from ``accelerate launch`` (and torchrun),
+bf16 autocast and the device; everything else (accumulation, normalisation,
+checkpoints, resume) is here in plain sight.
+
+    >>> from onepass.train import train
+    >>> from onepass.train_config import load_config
+    >>> result = train(load_config("configs/tiny-cpu.yaml", {"max_steps": 5}))   # doctest: +SKIP
+    >>> result.losses[-1] < result.losses[0]                                      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .loss import batch_loss
+from .train_config import TrainConfig, TrainConfigError, write_yaml
+from .train_data import (
+    TrainData,
+    check_data,
+    collate,
+    compact_vocab,
+    empty_row,
+    forward_groups,
+    load_train_data,
+    micro_batch_rows,
+    rank_slots,
+    step_units,
+    total_steps,
+    units_per_step,
+)
+from .tree import Layout
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainResult:
+    output_dir: Path
+    steps: int
+    losses: list[float]  # one per optimizer step, this run's and resumed ones
+    eval_loss: float | None
+    final_dir: Path | None
+    metrics_path: Path
+    plot_path: Path | None
+    seconds: float  # wall time of the optimizer steps run by this call
+    tokens: int  # real (unpadded) row tokens processed by this call, all processes
+
+
+def visible_pairs(row: Layout) -> int:
+    """(query, key) pairs the tree mask lets attend: what a block-skipping kernel must compute at least.
+
+    Key k is visible to queries k .. kv_end[k]-1, so the count is sum(kv_end - k). A dense
+    kernel computes L * L pairs per row whatever the mask.
+    """
+    return int((row.kv_end - np.arange(len(row))).sum())
+
+
+class _ForwardView:
+    """What :func:`onepass.loss.batch_loss` needs of a model: the wrapped forward (DDP / autocast)
+    with the unwrapped model's ``config`` and ``dtype`` (the mask depends on them)."""
+
+    def __init__(self, wrapped: Any, unwrapped: Any) -> None:
+        self._wrapped = wrapped
+        self.config = unwrapped.config
+        self.dtype = unwrapped.dtype
+
+    def __call__(self, **kwargs: Any) -> Any:
+        return self._wrapped(**kwargs)
+
+
+def make_accelerator(config: TrainConfig, device: torch.device) -> Any:
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        AcceleratorState._reset_state(True)  # a second train() in one process may change precision
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)
+    return Accelerator(cpu=device.type == "cpu", mixed_precision=config.mixed_precision)
+
+
+def _rank_passes(data: TrainData, units: Sequence[int], config: TrainConfig, *, rank: int, world: int
+                 ) -> list[list[Layout]]:
+    """Forward passes (lists of rows) of ``rank`` for the step holding ``units``."""
+    passes: list[list[Layout]] = []
+    for slot in rank_slots(units, rank=rank, world=world, batch_size=config.batch_size,
+                           grad_accum=config.grad_accum):
+        rows = micro_batch_rows(data, slot, pack=config.pack, max_tokens=config.max_tokens)
+        passes.extend(forward_groups(rows, config.max_batch_tokens))
+    return passes
+
+
+def _micro_passes(data: TrainData, units: Sequence[int], config: TrainConfig, *, rank: int, world: int,
+                  even: bool = False) -> tuple[list[list[Layout]], int]:
+    """This rank's forward passes for one step, and how many of them hold data (they come first).
+
+    A rank without data (the last step of an epoch) runs one zero-weight row, so every
+    process joins the gradient all-reduce. ``even`` (FSDP / DeepSpeed, which gather
+    parameters in every forward): every rank runs as many passes as the busiest one.
+    """
+    passes = _rank_passes(data, units, config, rank=rank, world=world)
+    most = max(len(_rank_passes(data, units, config, rank=r, world=world)) for r in range(world)) if even else 1
+    return passes + [[empty_row()] for _ in range(most - len(passes))], len(passes)
+
+
+def evaluate(accelerator: Any, model: Any, data: TrainData, config: TrainConfig) -> float:
+    """Weighted mean loss of ``data``: every process takes every world-th unit; sums are reduced.
+
+    Under DDP the unwrapped module runs (a DDP forward may broadcast buffers, a collective
+    that processes with different numbers of passes would not match); sharded models run
+    wrapped, with every process padded to the same number of passes.
+    """
+    from .train_checkpoint import is_sharded
+
+    world, rank, sharded = accelerator.num_processes, accelerator.process_index, is_sharded(accelerator)
+    unwrapped = accelerator.unwrap_model(model)
+    view = _ForwardView(model if sharded else unwrapped, unwrapped)
+
+    def passes(r: int) -> list[list[Layout]]:
+        mine = list(range(r, data.num_units, world))
+        out: list[list[Layout]] = []
+        for start in range(0, len(mine), config.batch_size):
+            rows = micro_batch_rows(data, mine[start:start + config.batch_size], pack=config.pack,
+                                    max_tokens=config.max_tokens)
+            out.extend(forward_groups(rows, config.max_batch_tokens))
+        return out
+
+    todo = passes(rank)
+    if sharded:
+        todo += [[empty_row()]] * (max(len(passes(r)) for r in range(world)) - len(todo))
+    was_training = unwrapped.training
+    unwrapped.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
+    with torch.no_grad():
+        for group in todo:
+            batch = collate(group, accelerator.device)
+            total[0] += batch_loss(view, batch).double()
+            total[1] += batch["weights"].sum()
+    total = accelerator.reduce(total, reduction="sum")
+    unwrapped.train(was_training)
+    return float(total[0] / total[1]) if total[1] > 0 else float("nan")
+
+
+def eval_loss(model: Any, rows: Sequence[Layout], *, batch_size: int = 1) -> float:
+    """Weighted mean loss of ``rows`` for any HF causal LM (or peft model), one process, no grad."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    num, den = 0.0, 0.0
+    with torch.no_grad():
+        for start in range(0, len(rows), batch_size):
+            batch = collate(rows[start:start + batch_size], device)
+            num += float(batch_loss(model, batch))
+            den += float(batch["weights"].sum())
+    model.train(was_training)
+    return num / den
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Loaded:
+    data: TrainData
+    eval_data: TrainData | None
+    tokenizer: Any | None
+    used_ids: np.ndarray | None  # original ids of a compacted vocabulary
+    vocab_size: int | None  # for a tiny model
+
+
+def _load_data(config: TrainConfig, *, main: bool, say: Callable[[str], None]) -> _Loaded:
+    """Train (and eval) units; a tiny model's vocabulary is compacted to the ids that occur."""
+    from .train_model import load_tokenizer_for
+
+    raw = [s for s in (config.data, config.eval_data) if s is not None and not Path(s).is_dir()]
+    tokenizer = load_tokenizer_for(config) if config.model is not None or raw else None
+    data = load_train_data(config.data, config, tokenizer, progress=config.progress and main, log=say)
+    eval_data = (load_train_data(config.eval_data, config, tokenizer, log=say)
+                 if config.eval_data is not None else None)
+    used_ids, vocab_size = None, None
+    if config.tiny is not None and config.compact_vocab:
+        compacted, used_ids = compact_vocab(*[d for d in (data, eval_data) if d is not None])
+        data, eval_data = compacted[0], (compacted[1] if eval_data is not None else None)
+        vocab_size = len(used_ids)
+    elif config.tiny is not None:
+        vocab_size = len(tokenizer) if tokenizer is not None else 1 + max(
+            int(x.input_ids.max()) for u in data.units for x in u)
+    return _Loaded(data=data, eval_data=eval_data, tokenizer=tokenizer, used_ids=used_ids, vocab_size=vocab_size)
+
+
+class _Stepper:
+    """One optimizer step: this process's passes, scaled backward, clip, update, reduced metrics."""
+
+    def __init__(self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any, data: TrainData,
+                 config: TrainConfig) -> None:
+        from .train_checkpoint import is_sharded
+
+        self.accelerator, self.model, self.optimizer, self.scheduler = accelerator, model, optimizer, scheduler
+        self.data, self.config = data, config
+        self.view = _ForwardView(model, accelerator.unwrap_model(model))
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.world, self.rank = accelerator.num_processes, accelerator.process_index
+        self.per_step = units_per_step(config, self.world)
+        self.even = is_sharded(accelerator)
+        self.updating = False  # True inside the parameter update: no checkpoint may be taken then
+
+    def __call__(self, step: int) -> dict[str, Any]:
+        """Run step ``step`` (0-based); returns its record (``step`` in the record counts from 1)."""
+        acc, config, data, device = self.accelerator, self.config, self.data, self.accelerator.device
+        t0 = time.perf_counter()
+        units = step_units(data.num_units, step, seed=config.seed, per_step=self.per_step)
+        weight = data.weight_sum(units)  # the same on every process: all hold the whole unit list
+        scale = self.world / weight if weight > 0 else 0.0
+        passes, num_real = _micro_passes(data, units, config, rank=self.rank, world=self.world, even=self.even)
+        # loss sum, tokens, padded tokens, attention pairs a dense kernel computes, visible pairs
+        sums = torch.zeros(5, dtype=torch.float64, device=device)
+        for i, rows in enumerate(passes):
+            batch = collate(rows, device)
+            with acc.no_sync(self.model) if i < len(passes) - 1 else contextlib.nullcontext():
+                loss_sum = batch_loss(self.view, batch)
+                acc.backward(loss_sum * scale)
+            sums[0] += loss_sum.detach().double()
+            if i < num_real:
+                B, L = batch["input_ids"].shape
+                sums[1:] += torch.tensor([sum(len(r) for r in rows), B * L, B * L * L,
+                                          sum(visible_pairs(r) for r in rows)], dtype=torch.float64, device=device)
+        self.updating = True
+        grad_norm = acc.clip_grad_norm_(self.params, config.max_grad_norm or float("inf"))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.updating = False
+        sums = acc.reduce(sums, reduction="sum")
+        seconds = time.perf_counter() - t0
+        return {"step": step + 1, "epoch": (step + 1) * self.per_step / data.num_units,
+                "loss": float(sums[0]) / weight if weight > 0 else 0.0, "grad_norm": float(grad_norm),
+                "lr": self.scheduler.get_last_lr()[0], "target_weight": weight, "tokens": int(sums[1]),
+                "padded_tokens": int(sums[2]), "dense_pairs": int(sums[3]), "visible_pairs": int(sums[4]),
+                "seconds": seconds, "tokens_per_s": float(sums[1]) / seconds if seconds > 0 else 0.0}
+
+
+def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callable[[str], None] = print
+          ) -> TrainResult:
+    """Run ``config``; with ``resume`` (True = latest checkpoint, or a checkpoint path) continue a run."""
+    from .train_checkpoint import (
+        check_compatible,
+        find_checkpoint,
+        is_sharded,
+        load_checkpoint,
+        read_state,
+        save_checkpoint,
+    )
+    from .train_model import (
+        check_environment,
+        count_parameters,
+        load_model,
+        make_optimizer,
+        make_scheduler,
+        resolve_attention,
+        resolve_device,
+        save_final,
+    )
+    from .train_report import Reporter
+
+    device = resolve_device(config.device)  # everything that can fail on this machine fails here, in a second
+    check_environment(config, device)
+    attention = resolve_attention(config.attention, device)
+    for spec in (config.data, config.eval_data):
+        if spec is not None:
+            check_data(spec)
+    out = Path(config.output_dir)
+    ckpt = find_checkpoint(out, resume) if resume else None
+    if ckpt is not None:
+        check_compatible(read_state(ckpt)["config"], config, ckpt)
+
+    accelerator = make_accelerator(config, device)
+    device, world, main = accelerator.device, accelerator.num_processes, accelerator.is_main_process
+    say: Callable[[str], None] = log if main else (lambda _msg: None)
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        write_yaml(config, out / "train_config.yaml")
+    loaded = _load_data(config, main=main, say=say)
+    data, eval_data = loaded.data, loaded.eval_data
+    total = total_steps(config, data.num_units, world)
+    model = load_model(config, device=device, attention=attention, vocab_size=loaded.vocab_size)
+    trainable, params = count_parameters(model)
+    optimizer = make_optimizer(model, config)
+    scheduler = make_scheduler(optimizer, config, total)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    stepper = _Stepper(accelerator, model, optimizer, scheduler, data, config)
+
+    start, history, evals = 0, [], []
+    if ckpt is not None:
+        state = load_checkpoint(accelerator, model, optimizer, scheduler, ckpt)
+        start, history, evals = state["step"], state["history"], state.get("evals", [])
+        say(f"resumed from {ckpt} at step {start}")
+    stats = data.stats
+    header = {"config": config.to_dict(), "world_size": world, "device": str(device), "attention": attention,
+              "dtype": config.dtype, "mixed_precision": config.mixed_precision, "schedule": config.schedule,
+              "parameters": params, "trainable_parameters": trainable, "units": data.num_units,
+              "unit": data.kind, "units_per_step": stepper.per_step, "total_steps": total,
+              "data_stats": {k: v for k, v in stats.items() if k != "skipped"}, "vocab_size": loaded.vocab_size}
+    say(f"training {config.model or f'tiny {config.tiny} (random)'}: {params:,} parameters, {trainable:,} "
+        f"trainable ({config.finetune}), {config.dtype}, attention {attention}, {device}, {world} process(es)")
+    say(f"data {config.data}: {data.num_units} {data.kind}s, {stepper.per_step} per step, {total} steps; "
+        f"schedule {config.schedule}" + (f", {stats.get('n_pass_tokens', 0):,} N-pass tokens -> "
+                                         f"{stats.get('scheduled_tokens', 0):,} in trees"
+                                         if data.kind == "conversation" else ""))
+    reporter = Reporter(out, main=main, report_to=config.report_to, progress=config.progress, total=total,
+                        initial=start, header=header, history=history, evals=evals, log=say)
+
+    def save(at: int, *, plot: bool = True) -> None:
+        state = {"config": config.to_dict(), "history": reporter.history, "evals": reporter.evals,
+                 "world_size": world, "total_steps": total}
+        path = save_checkpoint(accelerator, model, optimizer, scheduler, output_dir=out, step=at, state=state,
+                               keep=config.save_total_limit)
+        if plot:
+            reporter.plot()
+        if reporter.bar is None:
+            say(f"saved checkpoint {path}")
+
+    step, run_tokens, run_seconds = start, 0, 0.0
+    try:
+        model.train()
+        while step < total:
+            record = stepper(step)
+            step += 1
+            run_seconds += record["seconds"]
+            run_tokens += record["tokens"]
+            reporter.log_step(record, write=step % config.logging_steps == 0 or step == total)
+            if eval_data is not None and config.eval_steps and step % config.eval_steps == 0 and step < total:
+                reporter.log_eval(step, evaluate(accelerator, model, eval_data, config))
+            if config.save_steps and step % config.save_steps == 0 and step < total:
+                save(step)
+    except BaseException:  # Ctrl-C or an error between updates: keep what was trained (one process only)
+        if world == 1 and not stepper.updating and step > start:
+            reporter.close()
+            say(f"interrupted after step {step}: saving a checkpoint to resume from")
+            save(step)
+        raise
+    finally:
+        reporter.close()
+        reporter.write(status="finished" if step >= total else f"stopped at step {step}")
+
+    final_eval = evaluate(accelerator, model, eval_data, config) if eval_data is not None else None
+    if final_eval is not None:
+        reporter.log_eval(step, final_eval)
+    if start < total or ckpt is None:
+        save(step, plot=False)
+    final_dir = None
+    if config.save_model:
+        state_dict = accelerator.get_state_dict(model) if is_sharded(accelerator) else None
+        if main:
+            final_dir = save_final(accelerator.unwrap_model(model), loaded.tokenizer, out / "final",
+                                   used_ids=loaded.used_ids, state_dict=state_dict)
+            say(f"saved the {'adapter' if config.finetune != 'full' else 'model'} to {final_dir}")
+        accelerator.wait_for_everyone()
+    plot = reporter.plot()
+    summary = {"status": "finished", "steps": step, "final_loss": reporter.history[-1]["loss"],
+               "eval_loss": final_eval, "train_seconds": run_seconds, "train_tokens": run_tokens}
+    reporter.write(**summary)
+    say(f"done: {step} steps, final loss {summary['final_loss']:.4f}"
+        + (f", eval loss {final_eval:.4f}" if final_eval is not None else "")
+        + f"; metrics {reporter.metrics_path}" + (f", curve {plot}" if plot else ""))
+    return TrainResult(output_dir=out, steps=step, losses=[r["loss"] for r in reporter.history],
+                       eval_loss=final_eval, final_dir=final_dir, metrics_path=reporter.metrics_path,
+                       plot_path=plot, seconds=run_seconds, tokens=run_tokens)
+
+
+__all__ = ["TrainConfig", "TrainConfigError", "TrainResult", "eval_loss", "evaluate", "train"]

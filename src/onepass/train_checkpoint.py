@@ -1,0 +1,154 @@
+"""Checkpoints that resume a run exactly: trainable weights, optimizer, scheduler, RNG, history.
+
+Why this module exists: "resume continues the identical loss sequence" needs
+every piece of state that the next step reads. The data order is a function
+of (seed, step) (:mod:`onepass.train_data`), so a checkpoint holds only:
+
+    checkpoints/step-000012/
+      trainable.safetensors   trainable parameters by name (the adapter for LoRA)
+      optimizer.pt            optimizer state
+      scheduler.pt            learning-rate scheduler state
+      rng-rank{r}.pt          every process's torch / CUDA / numpy / python RNG
+      state.json              step, the config, the loss history so far
+
+A checkpoint is written under a temporary name and renamed when complete, so
+a crash while saving leaves the previous checkpoint as the latest. Sharded
+runs (FSDP, DeepSpeed through ``accelerate launch``) save through
+``accelerator.save_state`` into ``accelerate/`` instead of the first three files.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .train_config import RESUME_KEYS, TrainConfig, TrainConfigError
+
+PREFIX = "step-"
+
+
+def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
+    return Path(output_dir) / "checkpoints" / f"{PREFIX}{step:06d}"
+
+
+def list_checkpoints(output_dir: str | Path) -> list[Path]:
+    root = Path(output_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    done = [p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / "state.json").is_file()]
+    return sorted(done, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def find_checkpoint(output_dir: str | Path, resume: str | bool) -> Path:
+    """``True``: the latest checkpoint of ``output_dir``; a path: that checkpoint."""
+    if resume is True or resume == "latest":
+        found = list_checkpoints(output_dir)
+        if not found:
+            raise TrainConfigError(f"nothing to resume: no checkpoint in {Path(output_dir) / 'checkpoints'}")
+        return found[-1]
+    path = Path(str(resume))
+    if not (path / "state.json").is_file():
+        raise TrainConfigError(f"not a onepass checkpoint (no state.json): {resume}")
+    return path
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    return json.loads((path / "state.json").read_text(encoding="utf-8"))
+
+
+def check_compatible(saved: dict[str, Any], config: TrainConfig, path: Path) -> None:
+    now = config.to_dict()
+    diffs = [f"{k} was {saved[k]!r}, now {now[k]!r}" for k in RESUME_KEYS
+             if k in saved and _norm(saved[k]) != _norm(now[k])]
+    if diffs:
+        raise TrainConfigError(f"cannot resume from {path} with different settings: " + "; ".join(diffs))
+
+
+def _norm(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def is_sharded(accelerator: Any) -> bool:
+    return str(accelerator.distributed_type).split(".")[-1] in ("FSDP", "DEEPSPEED")
+
+
+def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, *, output_dir: str | Path,
+                    step: int, state: dict[str, Any], keep: int | None) -> Path:
+    """Write the checkpoint of ``step`` on every process (collective); returns its directory."""
+    from safetensors.torch import save_file
+
+    from .train_model import trainable_state
+
+    final = checkpoint_dir(output_dir, step)
+    tmp = final.with_name(f".{final.name}.tmp")
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    if is_sharded(accelerator):
+        accelerator.save_state(str(tmp / "accelerate"))
+    elif accelerator.is_main_process:
+        weights = {n: t.contiguous() for n, t in trainable_state(accelerator.unwrap_model(model)).items()}
+        save_file(weights, str(tmp / "trainable.safetensors"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    if accelerator.is_main_process:
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    torch.save(_rng_state(), tmp / f"rng-rank{accelerator.process_index}.pt")
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=1) + "\n", encoding="utf-8")
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        if keep is not None:
+            for old in list_checkpoints(output_dir)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, path: Path) -> dict[str, Any]:
+    """Restore everything :func:`save_checkpoint` wrote; returns the saved ``state.json``."""
+    from safetensors.torch import load_file
+
+    if is_sharded(accelerator):
+        accelerator.load_state(str(path / "accelerate"))
+    else:
+        saved = load_file(str(path / "trainable.safetensors"))
+        params = dict(accelerator.unwrap_model(model).named_parameters())
+        names = {n for n, p in params.items() if p.requires_grad}
+        if names != set(saved):
+            missing, extra = sorted(names - set(saved)), sorted(set(saved) - names)
+            raise TrainConfigError(f"checkpoint {path} does not fit this model: missing {missing[:3]}, "
+                                   f"unexpected {extra[:3]}")
+        with torch.no_grad():
+            for n in names:
+                params[n].copy_(saved[n])
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False))
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", map_location="cpu", weights_only=False))
+    rng = path / f"rng-rank{accelerator.process_index}.pt"
+    if rng.is_file():
+        _set_rng_state(torch.load(rng, map_location="cpu", weights_only=False))
+    elif accelerator.is_main_process:
+        print(f"note: {rng.name} not in {path} (another number of processes?): dropout will differ")
+    return read_state(path)

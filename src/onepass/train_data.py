@@ -1,0 +1,262 @@
+"""Training data: units, the order of optimizer steps, micro-batches and their rows.
+
+Why this module exists: one-pass and N-pass take the *same* optimizer steps
+only if each step covers the same conversations and is normalised by the
+same number (the sum of target weights, which for token weighting is the
+N-pass count of trained tokens). So the order is defined over *units*, not
+rows: a unit is one conversation (raw data: all the trees its schedule made)
+or one prepared row (a prepared directory, where conversations are no longer
+known). An epoch is a seeded shuffle of the units; a step takes the next
+``batch_size * grad_accum * world`` of them; slot ``s = micro * world + rank``
+takes ``batch_size`` units; the rows of a slot are its units' trees, packed
+into rows of ``max_tokens`` when asked. Every unit lands on exactly one rank,
+and the order depends only on (seed, epoch), so a resumed run recomputes it.
+
+Example: 5 conversations, batch_size 1, grad_accum 2, 1 process, shuffle
+[3 0 4 1 2] -> steps [[3 0] [4 1] [2]]; step 0 = micro-batch 0 holds
+conversation 3 (one tree under one-pass, one tree per turn under n-pass),
+micro-batch 1 holds conversation 0. With 2 processes and grad_accum 1, step
+0 is the same two conversations, one per rank.
+
+No torch here, except :func:`collate` at the edge to the device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .pack import pack_layouts
+from .prepare import PrepareConfig, PrepareStats, load_rows, prepare
+from .train_config import TrainConfig, TrainConfigError
+from .tree import IGNORE, Layout
+
+Unit = list[Layout]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainData:
+    units: list[Unit]
+    kind: str  # "conversation" | "row"
+    source: str
+    stats: dict[str, Any]
+
+    @property
+    def num_units(self) -> int:
+        return len(self.units)
+
+    def weight_sum(self, indices: Sequence[int]) -> float:
+        return float(sum(float(x.weights.sum()) for i in indices for x in self.units[i]))
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+def is_prepared_dir(spec: str) -> bool:
+    return Path(spec).is_dir()
+
+
+def _resolve_raw(spec: str) -> Path:
+    from .cli import resolve_data
+
+    try:
+        return resolve_data(spec)
+    except FileNotFoundError:
+        raise TrainConfigError(f"data not found: {spec} (a .jsonl/.json/.parquet file, builtin:mathchat "
+                               "or a directory written by onepass prepare)") from None
+
+
+def check_data(spec: str) -> None:
+    """Fail early, with one line, when ``spec`` names nothing."""
+    if not is_prepared_dir(spec):
+        _resolve_raw(spec)
+
+
+def prepare_config(config: TrainConfig) -> PrepareConfig:
+    """How raw conversations become trees. Packing happens per micro-batch (see module docstring)."""
+    from .render import RenderConfig
+
+    return PrepareConfig(schedule=config.schedule, max_tokens=config.max_tokens, pack=False,
+                         weighting=config.weighting,
+                         render=RenderConfig(template_kwargs=dict(config.template_kwargs),
+                                             completion_format=config.completion_format))
+
+
+def conversation_units(conversations: Sequence[Any], tokenizer: Any, config: PrepareConfig, *,
+                       stats: PrepareStats | None = None, progress: bool = False) -> tuple[list[Unit], PrepareStats]:
+    """One unit per conversation that keeps at least one view: the trees ``config.schedule`` makes.
+
+    Runs :func:`onepass.prepare.prepare` one conversation at a time so each tree keeps its
+    conversation; the running totals of ``stats`` add up, the whole-set ones are set at the end.
+    """
+    stats = stats or PrepareStats()
+    units: list[Unit] = []
+    items: Any = conversations
+    if progress:
+        from tqdm.auto import tqdm
+
+        items = tqdm(conversations, desc="prepare", unit="conv")
+    for conv in items:
+        layouts, stats = prepare([conv], tokenizer, config, stats=stats)
+        if layouts:
+            units.append(layouts)
+    trees = [x for u in units for x in u]
+    stats.trees = stats.rows = len(trees)
+    stats.row_tokens = sum(len(x) for x in trees)
+    stats.padding_tokens, stats.padding_fraction = 0, 0.0
+    stats.token_ratio = stats.n_pass_tokens / stats.one_pass_tokens if stats.one_pass_tokens else 0.0
+    return units, stats
+
+
+def load_train_data(spec: str, config: TrainConfig, tokenizer: Any | None, *, progress: bool = False,
+                    log: Any = print) -> TrainData:
+    """Units of ``spec``: a prepared directory (one unit per row) or raw conversations (one per conversation)."""
+    if is_prepared_dir(spec):
+        rows = load_rows(spec)
+        if config.limit is not None:
+            rows = rows[:config.limit]
+        stats_path = Path(spec) / "stats.json"
+        import json
+
+        stats = json.loads(stats_path.read_text()) if stats_path.is_file() else {}
+        if not rows:
+            raise TrainConfigError(f"prepared dataset {spec} has no rows")
+        if config.pack:
+            too_long = max(len(r) for r in rows)
+            if config.max_tokens is not None and too_long > config.max_tokens:
+                raise TrainConfigError(f"prepared dataset {spec} has a row of {too_long} tokens, more than "
+                                       f"max_tokens={config.max_tokens}; raise max_tokens or prepare again")
+        return TrainData(units=[[r] for r in rows], kind="row", source=spec, stats=stats)
+
+    from .conversation import read_conversations
+
+    path = _resolve_raw(spec)
+    report = read_conversations(path, strict=False, limit=config.limit)
+    stats = PrepareStats()
+    for line in report.skipped:
+        stats.skip("invalid record", line)
+    if tokenizer is None:
+        raise TrainConfigError("raw conversations need a tokenizer: set tokenizer")
+    units, stats = conversation_units(report.conversations, tokenizer, prepare_config(config), stats=stats,
+                                      progress=progress)
+    if stats.skipped:
+        log(f"skipped {len(stats.skipped)} (" + ", ".join(f"{k}: {v}" for k, v in
+                                                         sorted(stats.skipped_by_reason.items()))
+            + f"); first: {stats.skipped[0]}")
+    if not units:
+        first = stats.skipped[0] if stats.skipped else "the data has no conversations"
+        raise TrainConfigError(f"no trainable conversations in {spec}; first skip: {first}")
+    return TrainData(units=units, kind="conversation", source=spec, stats=stats.to_dict())
+
+
+def compact_vocab(*datas: TrainData) -> tuple[list[TrainData], np.ndarray]:
+    """Renumber the token ids that occur (inputs and targets, all datasets) to 0..V-1.
+
+    The same map for every dataset, so one tiny model serves train and eval;
+    ``used[i]`` is the original id of new id ``i``.
+    """
+    ids = [x.input_ids for d in datas for u in d.units for x in u]
+    ids += [x.targets[x.targets != IGNORE] for d in datas for u in d.units for x in u]
+    used = np.unique(np.concatenate(ids))
+
+    def remap(x: Layout) -> Layout:
+        targets = np.where(x.targets == IGNORE, IGNORE, np.searchsorted(used, x.targets)).astype(np.int64)
+        return Layout(input_ids=np.searchsorted(used, x.input_ids).astype(np.int64),
+                      position_ids=x.position_ids, kv_end=x.kv_end, targets=targets, weights=x.weights)
+
+    out = [TrainData(units=[[remap(x) for x in u] for u in d.units], kind=d.kind, source=d.source,
+                     stats=d.stats) for d in datas]
+    return out, used
+
+
+# ---------------------------------------------------------------------------------------------
+# order
+
+
+def units_per_step(config: TrainConfig, world: int) -> int:
+    return config.batch_size * config.grad_accum * world
+
+
+def steps_per_epoch(num_units: int, per_step: int) -> int:
+    return math.ceil(num_units / per_step)
+
+
+def total_steps(config: TrainConfig, num_units: int, world: int) -> int:
+    if config.max_steps is not None:
+        return config.max_steps
+    return max(1, math.ceil(config.epochs * steps_per_epoch(num_units, units_per_step(config, world))))
+
+
+def epoch_order(num_units: int, *, seed: int, epoch: int) -> np.ndarray:
+    """The seeded shuffle of epoch ``epoch``: a function of (seed, epoch) only."""
+    return np.random.default_rng([seed, epoch]).permutation(num_units)
+
+
+def step_units(num_units: int, step: int, *, seed: int, per_step: int) -> np.ndarray:
+    """Unit indices of optimizer step ``step`` (0-based, counting across epochs)."""
+    per_epoch = steps_per_epoch(num_units, per_step)
+    epoch, i = divmod(step, per_epoch)
+    return epoch_order(num_units, seed=seed, epoch=epoch)[i * per_step:(i + 1) * per_step]
+
+
+def rank_slots(units: np.ndarray, *, rank: int, world: int, batch_size: int, grad_accum: int
+               ) -> list[np.ndarray]:
+    """This rank's ``grad_accum`` micro-batches of a step's units (some may be empty at the end)."""
+    out = []
+    for micro in range(grad_accum):
+        slot = micro * world + rank
+        out.append(units[slot * batch_size:(slot + 1) * batch_size])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# rows and batches
+
+
+def micro_batch_rows(data: TrainData, indices: Sequence[int], *, pack: bool, max_tokens: int | None
+                     ) -> list[Layout]:
+    """The rows of one micro-batch: its units' trees, packed into rows of ``max_tokens`` if ``pack``."""
+    layouts = [x for i in indices for x in data.units[int(i)]]
+    if pack and layouts:
+        assert max_tokens is not None
+        return pack_layouts(layouts, max_tokens)
+    return layouts
+
+
+def forward_groups(rows: Sequence[Layout], max_batch_tokens: int | None) -> list[list[Layout]]:
+    """Rows grouped into forward passes of at most ``max_batch_tokens`` padded tokens (B * L_max).
+
+    Longest first, so rows of similar length share a pass (little padding). A row
+    longer than the budget gets a pass of its own. ``None``: one pass for all rows.
+    """
+    if not rows:
+        return []
+    if max_batch_tokens is None:
+        return [list(rows)]
+    groups: list[list[Layout]] = []
+    for row in sorted(rows, key=len, reverse=True):
+        if groups and (len(groups[-1]) + 1) * len(groups[-1][0]) <= max_batch_tokens:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    return groups
+
+
+def empty_row() -> Layout:
+    """A one-token row with nothing to train (weight 0): keeps a rank in step when it has no data."""
+    return Layout(input_ids=np.zeros(1, dtype=np.int64), position_ids=np.zeros(1, dtype=np.int64),
+                  kv_end=np.ones(1, dtype=np.int64), targets=np.zeros(1, dtype=np.int64),
+                  weights=np.zeros(1, dtype=np.float64))
+
+
+def collate(rows: Sequence[Layout], device: Any) -> dict[str, Any]:
+    """[B, L] tensors on ``device`` (pads see only themselves, train nothing): the model's inputs."""
+    from .loss import layouts_to_batch
+
+    return layouts_to_batch(rows, device=device)

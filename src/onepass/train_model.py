@@ -1,0 +1,270 @@
+"""The model a run trains: device, attention backend, full / LoRA / QLoRA, and how it is saved.
+
+Why this module exists: everything that depends on the hardware or on optional
+packages (peft, bitsandbytes) is decided here, once, before any data is
+touched, so a run that cannot work stops in its first second with one line
+(:class:`~onepass.train_config.TrainConfigError`), not after an hour of
+preparing data.
+
+    full    every parameter trains; save_pretrained writes the whole model
+    lora    peft LoRA adapters (r, alpha, dropout, target modules); the adapter is saved
+    qlora   the base model in 4-bit NF4 (bitsandbytes, CUDA only) + LoRA adapters
+
+    >>> device = resolve_device("cpu"); resolve_attention("auto", device)   # doctest: +SKIP
+    'sdpa'
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .train_config import QLORA_ON_CPU, TrainConfig, TrainConfigError
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[name]
+
+
+def resolve_device(spec: str) -> torch.device:
+    """``auto``: CUDA when available, else CPU. Refuses a CUDA device that is not there."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise TrainConfigError(f"unknown device {spec!r}; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise TrainConfigError(f"device {spec} was asked for but no CUDA GPU is available; use device: auto or cpu")
+    return device
+
+
+def resolve_attention(spec: str, device: torch.device) -> str:
+    """The attention backend name HF gets. ``auto``: flex_attention on CUDA, sdpa elsewhere.
+
+    Any name :func:`onepass.attention.check_backend` accepts passes through, so a backend
+    registered there later (e.g. a block-skipping CPU kernel) is one config string away.
+    """
+    from .attention import check_backend
+
+    backend = spec
+    if spec == "auto":
+        backend = "flex_attention" if device.type == "cuda" and _has_flex() else "sdpa"
+    check_backend(backend, device)
+    return backend
+
+
+def _has_flex() -> bool:
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def check_environment(config: TrainConfig, device: torch.device) -> None:
+    """Everything about ``config`` that depends on this machine, checked before any work."""
+    _require("accelerate", "onepass train", "pip install accelerate")
+    if config.finetune == "qlora":
+        if device.type != "cuda":
+            raise TrainConfigError(QLORA_ON_CPU)
+        _require("bitsandbytes", "qlora", "pip install bitsandbytes")
+    if config.optimizer.endswith("8bit"):
+        if device.type != "cuda":
+            raise TrainConfigError(f"optimizer {config.optimizer} (bitsandbytes) needs a CUDA GPU; use adamw")
+        _require("bitsandbytes", f"optimizer {config.optimizer}", "pip install bitsandbytes")
+    if config.finetune in ("lora", "qlora"):
+        _require("peft", config.finetune, "pip install peft")
+    if config.mixed_precision == "bf16" and config.dtype == "float64":
+        raise TrainConfigError("mixed_precision bf16 with dtype float64 makes no sense; use dtype float32")
+    if "tensorboard" in config.report_to:
+        _require("tensorboard", "report_to: tensorboard", "pip install tensorboard")
+    if config.model is not None:
+        check_model(config.model)
+
+
+def _require(module: str, what: str, install: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise TrainConfigError(f"{what} needs the {module!r} package: {install}")
+
+
+def _looks_like_path(spec: str) -> bool:
+    """Hub ids are ``name`` or ``org/name``; anything else that does not exist is a missing path."""
+    return spec.startswith(("/", "./", "../", "~", ".")) or spec.count("/") > 1
+
+
+def check_model(spec: str) -> None:
+    """A local directory with a config, or a hub id reachable now (or cached when offline)."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise TrainConfigError(f"model directory {spec} has no config.json (is it a saved HF model?)")
+        return
+    if _looks_like_path(spec):
+        raise TrainConfigError(f"model path not found: {spec}")
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(spec)
+    except (OSError, ValueError) as e:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        why = ("it is not a local path, not in the HF cache, and the hub is offline (HF_HUB_OFFLINE=1)"
+               if offline else str(e).splitlines()[0] if str(e) else type(e).__name__)
+        raise TrainConfigError(f"model {spec!r} cannot be loaded: {why}") from None
+
+
+def load_tokenizer_for(config: TrainConfig) -> Any:
+    """The tokenizer of ``config`` (its own spec, else the model's, else builtin:qwen3 for tiny)."""
+    spec = config.tokenizer or (config.model if config.model is not None else "builtin:qwen3")
+    return _cached_tokenizer(spec, config.chat_template)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_tokenizer(spec: str, chat_template: str | None) -> Any:
+    """Loading a 150k-token vocabulary takes seconds; runs in one process (tests, the demo) share it."""
+    from .tokenizer import load_tokenizer
+
+    return load_tokenizer(spec, chat_template=chat_template)
+
+
+def load_model(config: TrainConfig, *, device: torch.device, attention: str, vocab_size: int | None = None
+               ) -> Any:
+    """The model to train, on ``device``, in train mode, with adapters when asked."""
+    dtype = torch_dtype(config.dtype)
+    if config.tiny is not None:
+        from .tiny import tiny_model
+
+        assert vocab_size is not None
+        model = tiny_model(config.tiny, vocab_size, dtype=dtype, seed=config.seed, attn_implementation=attention,
+                           device=device, **config.tiny_config)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        kwargs: dict[str, Any] = dict(dtype=dtype, attn_implementation=attention)
+        if config.finetune == "qlora":
+            from transformers import BitsAndBytesConfig
+
+            compute = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
+            kwargs["quantization_config"] = BitsAndBytesConfig(
+                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=compute)
+            kwargs["device_map"] = {"": device.index if device.index is not None else torch.cuda.current_device()}
+        model = AutoModelForCausalLM.from_pretrained(config.model, **kwargs)
+        if config.finetune != "qlora":
+            model = model.to(device)
+    model.config.use_cache = False
+    if config.finetune == "qlora":
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=config.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif config.gradient_checkpointing:
+        enable_checkpointing(model)
+    if config.finetune in ("lora", "qlora"):
+        model = add_lora(model, config)
+    model.train()
+    return model
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Recompute each layer's activations in the backward pass (non-reentrant: works with DDP and peft)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def make_optimizer(model: Any, config: TrainConfig) -> torch.optim.Optimizer:
+    """Weight decay on matrices only (not on norms and biases), as transformers' Trainer does."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=config.lr)
+    betas = (config.adam_beta1, config.adam_beta2)
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=config.adam_eps)
+    import bitsandbytes as bnb
+
+    cls = bnb.optim.PagedAdamW8bit if config.optimizer == "paged_adamw_8bit" else bnb.optim.AdamW8bit
+    return cls(groups, lr=config.lr, betas=betas, eps=config.adam_eps)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig, total: int) -> Any:
+    from transformers import get_scheduler
+
+    warmup = config.warmup_steps or math.ceil(config.warmup_ratio * total)
+    name = "constant_with_warmup" if config.lr_scheduler == "constant" else config.lr_scheduler
+    return get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total)
+
+
+def lora_config(config: TrainConfig) -> Any:
+    from peft import LoraConfig
+
+    targets = config.lora_target_modules  # peft reads any other single string as a regex
+    targets = targets if targets == "all-linear" else [targets] if isinstance(targets, str) else list(targets)
+    return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                      target_modules=targets,
+                      bias="none", task_type="CAUSAL_LM")
+
+
+def add_lora(model: Any, config: TrainConfig) -> Any:
+    """peft LoRA adapters on ``model``; their initialisation is seeded by ``config.seed``."""
+    from peft import get_peft_model
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        return get_peft_model(model, lora_config(config))
+
+
+def is_peft(model: Any) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def trainable_state(model: Any) -> dict[str, torch.Tensor]:
+    """What a checkpoint must keep of the model: its trainable parameters, by name."""
+    return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def count_parameters(model: Any) -> tuple[int, int]:
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable, sum(p.numel() for p in model.parameters())
+
+
+def save_final(model: Any, tokenizer: Any | None, out_dir: str | Path, *, used_ids: Any | None = None,
+               state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+    """``save_pretrained`` (safetensors): the adapter for LoRA/QLoRA, else the whole model.
+
+    ``state_dict``: the gathered weights of a sharded (FSDP) run. The tokenizer (with its
+    chat template) is saved beside it, unless the vocabulary was
+    compacted (a tiny test model): then ``compact_vocab.json`` maps new ids to the original ones.
+    """
+    import json
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    kwargs = {"state_dict": state_dict} if state_dict is not None else {}
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # "Writing model shards" for a one-file model is noise
+    try:
+        model.save_pretrained(str(out), safe_serialization=True, **kwargs)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    if used_ids is not None:
+        (out / "compact_vocab.json").write_text(json.dumps({"original_ids": [int(i) for i in used_ids]}))
+    elif tokenizer is not None:
+        tokenizer.save_pretrained(str(out))
+    return out

@@ -1,0 +1,175 @@
+"""``onepass train`` as a user meets it: configs, flag overrides, one-line errors, outputs, CUDA paths."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from onepass.train_cli import add_parser, main, overrides_from_args
+from onepass.train_config import config_keys, load_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def one_line_error(argv, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("onepass: error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--tiny", "qwen3", "--data", "missing.jsonl"], "data not found: missing.jsonl"),
+    (["--tiny", "qwen3", "--data", "builtin:mathchat", "--attention", "nope"], "unknown attention backend 'nope'"),
+    (["--tiny", "qwen3", "--data", "builtin:mathchat", "--attention", "flash_attention_2"],
+     "flash_attention_2 cannot apply a tree mask"),
+    (["--tiny", "qwen3", "--data", "builtin:mathchat", "--attention", "flex_attention", "--device", "cpu"],
+     "flex_attention has no backward pass on CPU"),
+    (["--model", "some-org/some-model", "--data", "builtin:mathchat", "--finetune", "qlora", "--device", "cpu"],
+     "qlora (4-bit NF4 through bitsandbytes) needs a CUDA GPU"),
+    (["--model", "./no/such/model", "--data", "builtin:mathchat"], "model path not found: ./no/such/model"),
+    (["--model", "no-such-org/no-such-model", "--data", "builtin:mathchat"], "hub is offline"),
+    (["--data", "builtin:mathchat"], "set exactly one of model"),
+    (["--tiny", "gpt9", "--data", "builtin:mathchat"], "unknown tiny architecture 'gpt9'"),
+    (["--tiny", "qwen3"], "no training data"),
+    (["--tiny", "qwen3", "--data", "builtin:mathchat", "--schedule", "two-pass"], "unknown schedule 'two-pass'"),
+    (["--tiny", "qwen3", "--data", "builtin:mathchat", "--pack"], "pack needs a row budget"),
+    (["--tiny", "qwen3", "--data", "builtin:mathchat", "--optimizer", "lion"], "unknown optimizer 'lion'"),
+    (["--tiny", "qwen3", "--data", "builtin:mathchat", "--output-dir", "o", "--resume"], "nothing to resume"),
+    (["--config", "nope.yaml"], "config file not found: nope.yaml"),
+])
+def test_bad_settings_are_one_line(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert message in one_line_error(argv, capsys, tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("yaml_text,message", [
+    ("tiny: qwen3\ndata: builtin:mathchat\nlerning_rate: 0.1\n", "unknown config key 'lerning_rate'"),
+    ("tiny: qwen3\ndata: builtin:mathchat\nlr: fast\n", "lr must be a number, got 'fast'"),
+    ("tiny: qwen3\ndata: builtin:mathchat\nbatch_size: 2.5\n", "batch_size must be an integer"),
+    ("tiny: qwen3\ndata: builtin:mathchat\npack: maybe\n", "pack must be true or false"),
+    ("- just\n- a list\n", "expected a mapping of config keys"),
+    ("tiny: [unclosed\n", "not valid YAML"),
+])
+def test_bad_config_files_are_one_line(yaml_text, message, capsys, tmp_path, monkeypatch):
+    (tmp_path / "c.yaml").write_text(yaml_text)
+    assert message in one_line_error(["--config", "c.yaml"], capsys, tmp_path, monkeypatch)
+
+
+def test_flags_override_the_file_and_yaml_numbers_are_coerced(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: Qwen/Qwen3-8B\ndata: chats.jsonl\nlr: 1e-4\nbatch_size: 4\nreport_to: none\n"
+                    "lora_target_modules: q_proj\n")
+    config = load_config(path, {"tiny": "llama", "batch_size": 2, "lr": None})
+    assert config.tiny == "llama" and config.model is None  # a flag picks the model source
+    assert config.lr == 1e-4 and config.batch_size == 2 and config.report_to == ()
+    from onepass.train_model import lora_config
+
+    assert config.lora_target_modules == "q_proj"
+    assert lora_config(config).target_modules == {"q_proj"}  # a module name, not a regex
+
+
+def test_every_flag_is_a_config_key():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    add_parser(sub)
+    args = parser.parse_args(["train", "--tiny", "qwen3", "--lr", "0.1", "--no-pack", "--lora-target-modules",
+                              "q_proj,v_proj", "--template-kwarg", "enable_thinking=true", "--backend", "eager"])
+    overrides = overrides_from_args(args)
+    assert overrides == {"tiny": "qwen3", "lr": 0.1, "pack": False, "lora_target_modules": ["q_proj", "v_proj"],
+                         "template_kwargs": {"enable_thinking": True}, "attention": "eager"}
+    dests = {a.dest for a in sub.choices["train"]._actions} - {"help", "config", "resume"}
+    assert dests <= set(config_keys())
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml") if not p.name.startswith("accelerate")))
+def test_shipped_configs_are_valid(name):
+    config = load_config(CONFIGS / name)
+    assert config.data and (config.model or config.tiny)
+
+
+def test_the_paper_setup_is_reachable_from_a_config():
+    c = load_config(CONFIGS / "qwen3-8b-qlora.yaml")
+    assert (c.model, c.finetune, c.lora_r, c.lora_alpha, c.dtype, c.mixed_precision, c.epochs) == (
+        "Qwen/Qwen3-8B", "qlora", 32, 64.0, "bfloat16", "bf16", 3.0)
+
+
+def test_accelerate_configs_are_accelerate_configs():
+    import yaml
+
+    for name in ("accelerate-ddp.yaml", "accelerate-fsdp.yaml"):
+        values = yaml.safe_load((CONFIGS / name).read_text())
+        assert values["distributed_type"] in ("MULTI_GPU", "FSDP") and values["num_processes"] >= 2
+
+
+def test_a_run_from_the_command_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    argv = ["--config", str(CONFIGS / "tiny-cpu.yaml"), "--limit", "4", "--max-steps", "3", "--batch-size", "2",
+            "--output-dir", str(out), "--no-progress", "--logging-steps", "1", "--save-steps", "2"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "step 3: loss" in printed and f"metrics {out / 'metrics.json'}" in printed
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert len(metrics["history"]) == 3 and metrics["config"]["batch_size"] == 2
+    assert (out / "final" / "model.safetensors").is_file() and (out / "loss.png").is_file()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000002", "step-000003"]
+    # asking for more steps continues the run
+    assert main(argv + ["--max-steps", "4", "--resume"]) == 0
+    assert f"resumed from {out / 'checkpoints' / 'step-000003'} at step 3" in capsys.readouterr().out
+    history = json.loads((out / "metrics.json").read_text())["history"]
+    assert [h["step"] for h in history] == [1, 2, 3, 4] and history[:3] == metrics["history"]
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA only
+
+
+def _saved_tiny(tmp_path, vocab: int = 512) -> Path:
+    from onepass.tiny import tiny_model
+
+    path = tmp_path / "tiny-model"
+    tiny_model("qwen3", vocab).save_pretrained(str(path))
+    return path
+
+
+@pytest.mark.requires_cuda
+def test_flex_blockmask_training_step_equals_sdpa_on_cuda(tmp_path):
+    from onepass.train import train
+
+    base = dict(tiny="qwen3", data="builtin:mathchat", limit=8, batch_size=2, max_steps=3, lr=1e-3,
+                device="cuda", progress=False, save_model=False, dtype="float32")
+    flex = train(load_config(None, {**base, "attention": "flex_attention", "output_dir": str(tmp_path / "f")}))
+    sdpa = train(load_config(None, {**base, "attention": "sdpa", "output_dir": str(tmp_path / "s")}))
+    for a, b in zip(flex.losses, sdpa.losses):
+        assert abs(a - b) <= 1e-3 * abs(b)
+    assert json.loads(flex.metrics_path.read_text())["attention"] == "flex_attention"
+
+
+@pytest.mark.requires_cuda
+def test_qlora_trains_and_saves_an_adapter_on_cuda(tmp_path):
+    pytest.importorskip("bitsandbytes")
+    from onepass.train import train
+
+    model_dir = _saved_tiny(tmp_path, vocab=151_669)
+    config = load_config(None, dict(model=str(model_dir), tokenizer="builtin:qwen3", data="builtin:mathchat",
+                                    limit=8, finetune="qlora", lora_r=8, lora_alpha=16, dtype="bfloat16",
+                                    mixed_precision="bf16", batch_size=2, max_steps=4, lr=1e-3, progress=False,
+                                    output_dir=str(tmp_path / "q")))
+    result = train(config)
+    assert all(torch.isfinite(torch.tensor(result.losses)))
+    assert (result.final_dir / "adapter_model.safetensors").is_file()
+    assert (result.final_dir / "tokenizer.json").is_file()
