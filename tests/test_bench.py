@@ -56,7 +56,9 @@ def test_bench_writes_summary_table_and_plots(tmp_path):
     required = {"setting", "backend", "depth_group", "conversations_per_s", "tokens_per_s", "peak_memory_bytes",
                 "speedup_vs_n_pass_packed", "memory_vs_n_pass_packed", "fraction_of_ideal",
                 "useful_flop_utilisation"}
-    assert [s["setting"] for s in summary["settings"]] == ["n-pass-packed", "one-pass-packed"]
+    assert [(s["backend"], s["setting"]) for s in summary["settings"]] == [
+        ("sdpa", "n-pass-packed"), ("sdpa", "one-pass-packed"),
+        ("onepass_cpu", "n-pass-packed"), ("onepass_cpu", "one-pass-packed")]  # the CPU default backends
     assert all(required <= set(s) for s in summary["settings"])
-    assert (out / "table.md").read_text().count("| one-pass-packed |") == 1
+    assert (out / "table.md").read_text().count("| one-pass-packed |") == 2
     assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"

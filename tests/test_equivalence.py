@@ -173,3 +173,15 @@ def _one():
     from onepass.schedule import parse_schedule
 
     return parse_schedule("one-pass")
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_onepass_cpu_backend_equals_n_pass(conversations, arch):
+    """The default CPU backend (only visible pairs) through the normal mask path."""
+    from onepass.attention import default_backend
+
+    views, vocab = conversations
+    backend = default_backend("cpu")
+    assert backend == "onepass_cpu"
+    report = run_verify(views, exact_model(arch, vocab, attn_implementation=backend), schedule="one-pass")
+    assert report.rel_loss_diff <= TOL and report.max_rel_grad_diff <= TOL

@@ -4,6 +4,7 @@ Why this module exists: every backend consumes the same row format
 (``kv_end``); only the mask object differs. This is the one place that
 knows which object each backend takes:
 
+    onepass_cpu        int64 [B, 1, 1, L]     kv_end + segment plan: only visible pairs (CPU)
     sdpa               bool [B, 1, L, L]      True = may attend
     eager              float [B, 1, L, L]     0 / finfo.min, added to the scores
     flex_attention     BlockMask              blocks with no visible pair are skipped
@@ -20,9 +21,24 @@ from typing import Any
 
 import torch
 
-from .mask import additive_mask, dense_mask, tree_block_mask
+from .blocks import block_mask
+from .cpu_attention import BACKEND as ONEPASS_CPU
+from .cpu_attention import cpu_attention_mask
+from .cpu_attention import register as register_onepass_cpu
+from .mask import additive_mask, dense_mask
 
-BACKENDS = ("sdpa", "eager", "flex_attention")
+BACKENDS = ("onepass_cpu", "sdpa", "eager", "flex_attention")
+
+
+def default_backend(device: torch.device | str) -> str:
+    """``onepass_cpu`` on CPU (computes only visible pairs), ``flex_attention`` on CUDA, else sdpa.
+
+    Registers ``onepass_cpu`` with transformers, so call it before loading a model with it.
+    """
+    kind = torch.device(device).type
+    if kind == "cpu":
+        return register_onepass_cpu()
+    return "flex_attention" if kind == "cuda" else "sdpa"
 
 
 class BackendError(ValueError):
@@ -41,7 +57,9 @@ def check_backend(backend: str, device: torch.device | str) -> None:
     if backend not in BACKENDS:
         raise BackendError(f"unknown attention backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if backend == "flex_attention" and torch.device(device).type == "cpu":
-        raise BackendError("flex_attention has no backward pass on CPU; use sdpa or eager on CPU")
+        raise BackendError("flex_attention has no backward pass on CPU; use onepass_cpu, sdpa or eager on CPU")
+    if backend == ONEPASS_CPU and torch.device(device).type != "cpu":
+        raise BackendError("onepass_cpu runs on CPU only; on CUDA use flex_attention (block-sparse) or sdpa")
 
 
 def attention_mask_for(model: Any, kv_end_BL: torch.Tensor, *, dtype: torch.dtype | None = None,
@@ -50,8 +68,10 @@ def attention_mask_for(model: Any, kv_end_BL: torch.Tensor, *, dtype: torch.dtyp
     backend = model_backend(model)
     if backend.startswith("flash_attention"):
         check_backend(backend, kv_end_BL.device)
-    if backend == "flex_attention":
-        return tree_block_mask(kv_end_BL, block_size=block_size, device=kv_end_BL.device)
+    if backend == ONEPASS_CPU:
+        return cpu_attention_mask(kv_end_BL)
+    if backend == "flex_attention":  # built from the block plan: no L x L evaluation
+        return block_mask(kv_end_BL, block_size=block_size, device=kv_end_BL.device)
     mask_BLL = dense_mask(kv_end_BL)
     mask_B1LL = mask_BLL[:, None]
     if backend == "sdpa":

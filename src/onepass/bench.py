@@ -172,6 +172,10 @@ def time_training(job: Job) -> Timing:
 
     torch.set_num_threads(job.threads)
     device = torch.device(job.device)
+    if job.backend == "onepass_cpu":  # a fresh process: register the backend again
+        from .cpu_attention import register
+
+        register()
     model = tiny_model("qwen3", job.vocab, dtype=getattr(torch, job.dtype), seed=job.seed,
                        attn_implementation=job.backend, device=device, **job.shape_kwargs)
     model.train()

@@ -32,7 +32,7 @@ def add_parser(sub: Any) -> None:
                    help="keep the tokenizer's whole vocabulary (default: compact it to the ids that occur)")
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--backends", default=None, help="comma-separated attention backends (default: sdpa)")
+    p.add_argument("--backends", default=None, help="comma-separated attention backends (default: sdpa,onepass_cpu on CPU; flex_attention,sdpa on CUDA)")
     p.add_argument("--settings", default=None, help="comma-separated settings (default: all)")
     p.add_argument("--max-tokens", type=int, default=None, help="row budget (default 4096)")
     p.add_argument("--repeats", type=int, default=None, help="timed epochs per setting (default 3 quick, 5 full)")
@@ -63,7 +63,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown --model-shape {args.model_shape!r}; use one of {', '.join(bench.MODEL_SHAPES)}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-    backends = (args.backends or "sdpa").split(",")
+    backends = (args.backends or ("sdpa,onepass_cpu" if device.type == "cpu" else "flex_attention,sdpa")).split(",")
+    if "onepass_cpu" in backends:
+        from .cpu_attention import register
+
+        register()
     settings = (args.settings or ",".join(bench.SETTINGS)).split(",")
     unknown = [s for s in settings if s not in bench.SETTINGS]
     if unknown:

@@ -45,16 +45,21 @@ def resolve_device(spec: str) -> torch.device:
 
 
 def resolve_attention(spec: str, device: torch.device) -> str:
-    """The attention backend name HF gets. ``auto``: flex_attention on CUDA, sdpa elsewhere.
+    """The attention backend name HF gets. ``auto``: flex_attention on CUDA, onepass_cpu on
+    CPU (both compute only the pairs the mask shows), sdpa elsewhere.
 
-    Any name :func:`onepass.attention.check_backend` accepts passes through, so a backend
-    registered there later (e.g. a block-skipping CPU kernel) is one config string away.
+    Any name :func:`onepass.attention.check_backend` accepts passes through.
     """
-    from .attention import check_backend
+    from .attention import check_backend, default_backend
+    from .cpu_attention import register
 
     backend = spec
     if spec == "auto":
-        backend = "flex_attention" if device.type == "cuda" and _has_flex() else "sdpa"
+        backend = default_backend(device)
+        if backend == "flex_attention" and not _has_flex():
+            backend = "sdpa"
+    if backend == "onepass_cpu":
+        register()  # transformers must know the name before the model is built
     check_backend(backend, device)
     return backend
 

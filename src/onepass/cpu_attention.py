@@ -1,0 +1,346 @@
+"""Tree attention on CPU that computes only visible pairs, as a HF attention backend.
+
+Why this module exists: dense SDPA with an L x L mask computes every masked
+pair anyway, and FlexAttention has no backward on CPU. In a packed row most
+pairs are masked (documents never see each other; a one-pass tree hides each
+turn's reasoning from later turns). Here the row runs as the tiles of a
+:class:`onepass.blocks.SegmentPlan`, each one call of PyTorch's fused CPU flash
+attention kernel, forward and backward:
+
+- diagonal tiles (a chunk of a chain against itself, causal): the whole
+  chunks of a chain as one batched call on a strided view, the other chunks
+  (short chains, last chunks) gathered into batches of similar width;
+- rectangles (a chunk against its ancestors and the earlier chunks of its
+  chain, every pair visible), no mask at all.
+
+A query's two tiles are combined with their log-sum-exps, the way ring or
+flash-decoding attention combines key shards (the output moves towards the
+rectangle's by its share of the softmax mass, ``sigmoid(lse_rect - lse_diag)``).
+Grouped-query heads ride in the kernel's batch against shared (stride-0) keys,
+so key/value heads are never repeated across the row.
+The backward pass runs the flash backward of each tile with the *combined*
+output and log-sum-exp, which is exactly the gradient of one softmax over all
+visible keys. Chunking matters on CPU: the kernel does not skip masked work
+inside its 512-key blocks, so a causal square costs about a full one; chunks
+of 128 queries keep the causal waste to the diagonal.
+
+Worked example (the row of :mod:`onepass.blocks`, chunk 2)::
+
+    p       0 1 2 3 4 5 6 7      diagonals   [0,2) [2,4)  |  [4,6) [6,8)   a batched call per chain
+    token   h h t t r r r r      rectangles  q [2,4) x k (0 1)
+    kv_end  8 8 4 4 8 8 8 8                  q [4,6) x k (0 1)             (ancestors h h)
+                                             q [6,8) x k (0 1 4 5)
+
+Use with a HF model: ``register()`` once, load the model with
+``attn_implementation="onepass_cpu"``, and pass ``attention_mask=
+cpu_attention_mask(kv_end_BL)``: an int64 ``[B, 1, 1, L]`` tensor (kv_end
+itself; 4-D, so transformers hands it to every layer untouched) with its plan
+attached, so the plan is built once per batch. Any other mask (None, 2-D
+padding, 4-D bool/float) runs transformers' own ``sdpa``.
+
+Legend: B rows, H query heads, J key/value heads, G = H / J (inside a bucket:
+its chunks), L row length, T = B * L (rows flattened into one), D head dim,
+C chunk width, N chunks in a run, K keys of a segment, n queries of a tile.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .blocks import SegmentPlan, segment_plan
+
+BACKEND = "onepass_cpu"
+_PLAN_ATTR = "onepass_segment_plan"
+
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+_flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
+class CpuAttentionError(ValueError):
+    """A call the CPU tree backend cannot serve exactly (it says what to use instead)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the mask object and the plan cache
+
+
+def cpu_attention_mask(kv_end_BL: Any, *, chunk: int = 128) -> torch.Tensor:
+    """The ``attention_mask`` a model with the ``onepass_cpu`` backend takes for rows ``kv_end_BL``.
+
+    An int64 ``[B, 1, 1, L]`` copy of ``kv_end`` with its segment plan attached.
+    """
+    kv_end_BL = torch.as_tensor(kv_end_BL)
+    if kv_end_BL.ndim == 1:
+        kv_end_BL = kv_end_BL[None]
+    if kv_end_BL.ndim != 2:
+        raise ValueError(f"kv_end_BL must be [B, L], got shape {tuple(kv_end_BL.shape)}")
+    B, L = kv_end_BL.shape
+    mask_B11L = kv_end_BL.to(torch.long).reshape(B, 1, 1, L).clone()
+    setattr(mask_B11L, _PLAN_ATTR, segment_plan(kv_end_BL, chunk=chunk))
+    return mask_B11L
+
+
+def is_kv_end_mask(attention_mask: Any) -> bool:
+    """True for the object :func:`cpu_attention_mask` returns (an int64 ``[B, 1, 1, L]`` tensor)."""
+    return (isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.long
+            and attention_mask.ndim == 4 and attention_mask.shape[1] == attention_mask.shape[2] == 1)
+
+
+def plan_of(mask_B11L: torch.Tensor) -> SegmentPlan:
+    """The plan attached to ``mask_B11L``, built and attached on first use (once per batch)."""
+    plan = getattr(mask_B11L, _PLAN_ATTR, None)
+    if plan is None:
+        plan = segment_plan(mask_B11L[:, 0, 0])
+        setattr(mask_B11L, _PLAN_ATTR, plan)
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------
+# forward and backward over the plan's tiles (q: [1, H, T, D]; k, v: [1, J, T, D])
+
+
+def _accumulator(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _t_major(x_1HTD: torch.Tensor, dtype: torch.dtype, *, zeros: bool = False) -> torch.Tensor:
+    """A [1, H, T, D] buffer laid out [1, T, H, D], like transformers' tensors and the kernel's gradients."""
+    one, H, T, D = x_1HTD.shape
+    return (x_1HTD.new_zeros if zeros else x_1HTD.new_empty)((one, T, H, D), dtype=dtype).transpose(1, 2)
+
+
+def _by_group(x_1HnD: torch.Tensor, G: int) -> torch.Tensor:
+    """Query heads folded into the batch: ``[1, H, n, ...] -> [G, J, n, ...]`` (a view; head j*G + r)."""
+    return x_1HnD.unflatten(1, (-1, G)).movedim(2, 0)[:, 0]
+
+
+def _repeat(x_NJnD: torch.Tensor, G: int) -> torch.Tensor:
+    """Key/value heads repeated for their G query heads (transformers' ``repeat_kv`` order)."""
+    return x_NJnD if G == 1 else x_NJnD.repeat_interleave(G, dim=1)
+
+
+def _fold(dx_NHnD: torch.Tensor, G: int) -> torch.Tensor:
+    """Gradient of :func:`_repeat`: the G query heads' shares summed per key/value head."""
+    return dx_NHnD if G == 1 else dx_NHnD.unflatten(1, (-1, G)).sum(2)
+
+
+def _runs(x_1HTD: torch.Tensor, start: int, num: int, width: int) -> torch.Tensor:
+    """``num`` consecutive chunks of ``width`` from ``start`` as a batch: a ``[num, H, width, ...]`` view."""
+    return x_1HTD[0, :, start:start + num * width].unflatten(1, (num, width)).transpose(0, 1)
+
+
+def _grouped(x_1HTD: torch.Tensor, idx_GC: torch.Tensor) -> torch.Tensor:
+    """Positions ``idx_GC`` stacked as a batch: ``[1, H, T, D] -> [G, H, C, D]`` (a gather)."""
+    G, C = idx_GC.shape
+    return x_1HTD.index_select(2, idx_GC.reshape(-1)).reshape(x_1HTD.shape[1], G, C, -1).transpose(0, 1)
+
+
+def _buckets(plan: SegmentPlan):
+    """Per bucket: gather index (padding points at its chunk's start), pad rows (None if none), and
+    the real slots of the flattened bucket with their row positions (None: every slot, in order)."""
+    for idx_GC in plan.diag_buckets:
+        valid_GC = idx_GC >= 0
+        if valid_GC.all():
+            gather_GC = torch.from_numpy(idx_GC)
+            yield gather_GC, None, None, gather_GC.reshape(-1)
+            continue
+        slots = np.flatnonzero(valid_GC.reshape(-1))
+        yield (torch.from_numpy(np.where(valid_GC, idx_GC, idx_GC[:, :1])),
+               torch.from_numpy(~valid_GC)[:, None, :, None], torch.from_numpy(slots),
+               torch.from_numpy(idx_GC.reshape(-1)[slots]))
+
+
+def _real(x_GHC: torch.Tensor, slots: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """The real (unpadded) slots of a bucket's result, as ``[1, H, n, ...]``."""
+    x_1HN = x_GHC.transpose(0, 1).reshape(1, x_GHC.shape[1], -1, *x_GHC.shape[3:])
+    return (x_1HN if slots is None else x_1HN.index_select(2, slots)).to(dtype)
+
+
+def _no_ancestors(plan: SegmentPlan, i: int) -> bool:
+    return bool(plan.anc_ptr_S1[i] == plan.anc_ptr_S1[i + 1])
+
+
+def _segment_keys(x_1JTD: torch.Tensor, plan: SegmentPlan, i: int) -> torch.Tensor:
+    """``[1, J, K, D]``: ancestors then own positions of segment i (a view when it has no ancestors)."""
+    if _no_ancestors(plan, i):
+        return x_1JTD[:, :, int(plan.seg_start_S[i]):int(plan.seg_stop_S[i])]
+    return x_1JTD.index_select(2, torch.from_numpy(plan.keys(i)))
+
+
+def _forward(q_1HTD, k_1JTD, v_1JTD, plan: SegmentPlan, scale: float | None):
+    acc, G = _accumulator(q_1HTD.dtype), q_1HTD.shape[1] // k_1JTD.shape[1]
+    out_1HTD = _t_major(q_1HTD, acc)  # transformers' output layout: its final transpose is free
+    lse_1HT1 = q_1HTD.new_empty((*q_1HTD.shape[:3], 1), dtype=acc)
+    # every position is on one diagonal: plain writes
+    for run in plan.diag_runs_R3.tolist():
+        o_NHCD, lse_NHC = _flash(_runs(q_1HTD, *run), _repeat(_runs(k_1JTD, *run), G),
+                                 _repeat(_runs(v_1JTD, *run), G), 0.0, True, scale=scale)
+        _runs(out_1HTD, *run).copy_(o_NHCD)
+        _runs(lse_1HT1, *run).copy_(lse_NHC[..., None])
+    for gather_GC, _, slots, positions in _buckets(plan):
+        o_GHCD, lse_GHC = _flash(_grouped(q_1HTD, gather_GC), _repeat(_grouped(k_1JTD, gather_GC), G),
+                                 _repeat(_grouped(v_1JTD, gather_GC), G), 0.0, True, scale=scale)
+        out_1HTD.index_copy_(2, positions, _real(o_GHCD, slots, acc))
+        lse_1HT1.index_copy_(2, positions, _real(lse_GHC[..., None], slots, acc))
+    # rectangles merge into their diagonals; query heads ride in the batch, keys are shared (stride 0)
+    current, keys_1JKD, values_1JKD = -1, None, None
+    for i, q0, q1, num_keys in plan.rect_R4.tolist():
+        if i != current:
+            current, keys_1JKD, values_1JKD = i, _segment_keys(k_1JTD, plan, i), _segment_keys(v_1JTD, plan, i)
+        o_GJnD, lse_GJn = _flash(_by_group(q_1HTD[:, :, q0:q1], G), keys_1JKD[:, :, :num_keys].expand(G, -1, -1, -1),
+                                 values_1JKD[:, :, :num_keys].expand(G, -1, -1, -1), 0.0, False, scale=scale)
+        old_lse_GJn1 = _by_group(lse_1HT1[:, :, q0:q1], G)
+        lse_GJn1 = lse_GJn[..., None].to(acc)
+        _by_group(out_1HTD[:, :, q0:q1], G).lerp_(o_GJnD.to(acc), torch.sigmoid(lse_GJn1 - old_lse_GJn1))
+        torch.logaddexp(old_lse_GJn1, lse_GJn1, out=old_lse_GJn1)
+    return out_1HTD.to(q_1HTD.dtype), lse_1HT1[..., 0]
+
+
+def _backward(g_1HTD, q_1HTD, k_1JTD, v_1JTD, out_1HTD, lse_1HT, plan: SegmentPlan, scale: float | None):
+    acc, G = _accumulator(q_1HTD.dtype), q_1HTD.shape[1] // k_1JTD.shape[1]
+    dq_1HTD, dk_1JTD, dv_1JTD = (_t_major(x, acc) for x in (q_1HTD, k_1JTD, v_1JTD))
+    lse_1HT1 = lse_1HT[..., None]
+    for run in plan.diag_runs_R3.tolist():  # diagonals tile the row: first writes
+        dq, dk, dv = _flash_backward(_runs(g_1HTD, *run), _runs(q_1HTD, *run), _repeat(_runs(k_1JTD, *run), G),
+                                     _repeat(_runs(v_1JTD, *run), G), _runs(out_1HTD, *run),
+                                     _runs(lse_1HT1, *run)[..., 0], 0.0, True, scale=scale)
+        _runs(dq_1HTD, *run).copy_(dq)
+        _runs(dk_1JTD, *run).copy_(_fold(dk, G))
+        _runs(dv_1JTD, *run).copy_(_fold(dv, G))
+    for gather_GC, pad_G1C1, slots, positions in _buckets(plan):
+        g_GHCD, lse_GHC1 = _grouped(g_1HTD, gather_GC), _grouped(lse_1HT1, gather_GC)
+        if pad_G1C1 is not None:  # padding rows: no gradient in, lse = +inf so their softmax weights are 0
+            g_GHCD, lse_GHC1 = g_GHCD.masked_fill(pad_G1C1, 0), lse_GHC1.masked_fill(pad_G1C1, float("inf"))
+        dq, dk, dv = _flash_backward(g_GHCD, _grouped(q_1HTD, gather_GC), _repeat(_grouped(k_1JTD, gather_GC), G),
+                                     _repeat(_grouped(v_1JTD, gather_GC), G), _grouped(out_1HTD, gather_GC),
+                                     lse_GHC1[..., 0], 0.0, True, scale=scale)
+        dq_1HTD.index_copy_(2, positions, _real(dq, slots, acc))
+        dk_1JTD.index_copy_(2, positions, _real(_fold(dk, G), slots, acc))
+        dv_1JTD.index_copy_(2, positions, _real(_fold(dv, G), slots, acc))
+    current, keys_1JKD, values_1JKD, dkeys_1JKD, dvalues_1JKD = -1, None, None, None, None
+    for i, q0, q1, num_keys in plan.rect_R4.tolist():
+        if i != current:
+            if current >= 0:
+                _scatter_keys(dk_1JTD, dv_1JTD, dkeys_1JKD, dvalues_1JKD, plan, current)
+            current, keys_1JKD, values_1JKD = i, _segment_keys(k_1JTD, plan, i), _segment_keys(v_1JTD, plan, i)
+            if _no_ancestors(plan, i):  # its own keys only: accumulate straight into the row (views)
+                dkeys_1JKD, dvalues_1JKD = _segment_keys(dk_1JTD, plan, i), _segment_keys(dv_1JTD, plan, i)
+            else:  # gathered keys: a buffer, scattered back when the segment is done
+                dkeys_1JKD, dvalues_1JKD = _t_major(keys_1JKD, acc, zeros=True), _t_major(values_1JKD, acc, zeros=True)
+        dq_GJnD, dk_GJKD, dv_GJKD = _flash_backward(
+            _by_group(g_1HTD[:, :, q0:q1], G), _by_group(q_1HTD[:, :, q0:q1], G),
+            keys_1JKD[:, :, :num_keys].expand(G, -1, -1, -1), values_1JKD[:, :, :num_keys].expand(G, -1, -1, -1),
+            _by_group(out_1HTD[:, :, q0:q1], G), _by_group(lse_1HT1[:, :, q0:q1], G)[..., 0], 0.0, False,
+            scale=scale)
+        _by_group(dq_1HTD[:, :, q0:q1], G).add_(dq_GJnD)
+        dkeys_1JKD[:, :, :num_keys] += dk_GJKD.sum(0, keepdim=True)
+        dvalues_1JKD[:, :, :num_keys] += dv_GJKD.sum(0, keepdim=True)
+    if current >= 0:
+        _scatter_keys(dk_1JTD, dv_1JTD, dkeys_1JKD, dvalues_1JKD, plan, current)
+    return dq_1HTD, dk_1JTD, dv_1JTD
+
+
+def _scatter_keys(dk_1JTD, dv_1JTD, dkeys_1JKD, dvalues_1JKD, plan: SegmentPlan, i: int) -> None:
+    if not _no_ancestors(plan, i):
+        index = torch.from_numpy(plan.keys(i))
+        dk_1JTD.index_add_(2, index, dkeys_1JKD)
+        dv_1JTD.index_add_(2, index, dvalues_1JKD)
+
+
+class _TreeAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q_1HTD, k_1JTD, v_1JTD, plan, scale):
+        out_1HTD, lse_1HT = _forward(q_1HTD, k_1JTD, v_1JTD, plan, scale)
+        ctx.save_for_backward(q_1HTD, k_1JTD, v_1JTD, out_1HTD, lse_1HT)
+        ctx.plan, ctx.scale = plan, scale
+        return out_1HTD
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_1HTD):
+        q_1HTD, k_1JTD, v_1JTD, out_1HTD, lse_1HT = ctx.saved_tensors
+        grads = _backward(g_1HTD, q_1HTD, k_1JTD, v_1JTD, out_1HTD, lse_1HT, ctx.plan, ctx.scale)
+        return (*(g.to(x.dtype) for g, x in zip(grads, (q_1HTD, k_1JTD, v_1JTD))), None, None)
+
+
+def tree_attention(q_BHLD: torch.Tensor, k_BHLD: torch.Tensor, v_BHLD: torch.Tensor,
+                   plan: SegmentPlan | Any, *, scale: float | None = None) -> torch.Tensor:
+    """Attention under the tree mask of ``plan`` (or of a ``kv_end`` ``[L]``/``[B, L]``), visible pairs only.
+
+    ``k``/``v`` may have fewer heads than ``q`` (grouped-query attention, in
+    transformers' head order). Returns ``[B, H, L, D]``; differentiable in q, k, v.
+    """
+    if not isinstance(plan, SegmentPlan):
+        plan = segment_plan(plan)
+    B, H, L, _ = q_BHLD.shape
+    if (plan.num_rows, plan.row_length) != (B, L) or k_BHLD.shape[2] != L:
+        raise CpuAttentionError(f"a plan for {plan.num_rows} rows of {plan.row_length} cannot serve queries "
+                                f"{tuple(q_BHLD.shape)} and keys {tuple(k_BHLD.shape)} (no KV cache here)")
+    if q_BHLD.device.type != "cpu":
+        raise CpuAttentionError(f"onepass_cpu runs on CPU, got tensors on {q_BHLD.device}; on CUDA use "
+                                "flex_attention with onepass.blocks.block_mask")
+    J = k_BHLD.shape[1]
+    if H % J:
+        raise CpuAttentionError(f"{H} query heads cannot share {J} key/value heads")
+
+    def flat(x_BHLD: torch.Tensor) -> torch.Tensor:  # [B, H, L, D] -> [1, H, T, D]; a view when B == 1
+        return x_BHLD.transpose(0, 1).reshape(1, x_BHLD.shape[1], B * L, x_BHLD.shape[-1])
+
+    out_1HTD = _TreeAttention.apply(flat(q_BHLD), flat(k_BHLD), flat(v_BHLD), plan, scale)
+    return out_1HTD.reshape(H, B, L, -1).transpose(0, 1)
+
+
+def tree_attention_reference(q_BHLD: torch.Tensor, k_BHLD: torch.Tensor, v_BHLD: torch.Tensor,
+                             kv_end_BL: Any, *, scale: float | None = None) -> torch.Tensor:
+    """Slow reference: dense SDPA under ``onepass.mask.dense_mask`` (every pair computed)."""
+    from .mask import dense_mask
+
+    kv_end_BL = torch.as_tensor(np.asarray(kv_end_BL))
+    mask_B1LL = dense_mask(kv_end_BL.reshape(-1, kv_end_BL.shape[-1]), device=q_BHLD.device)[:, None]
+    return torch.nn.functional.scaled_dot_product_attention(
+        q_BHLD, k_BHLD, v_BHLD, attn_mask=mask_B1LL, scale=scale, enable_gqa=k_BHLD.shape[1] != q_BHLD.shape[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# the transformers backend
+
+
+def onepass_cpu_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          attention_mask: Any, dropout: float = 0.0, scaling: float | None = None,
+                          sliding_window: int | None = None, softcap: float | None = None,
+                          **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """HF attention function (``AttentionInterface``): [B, H, L, D] in, [B, L, H, D] out.
+
+    With a :func:`cpu_attention_mask` it runs :func:`tree_attention`; with any
+    other mask it is transformers' ``sdpa``. Refuses what it cannot do exactly.
+    """
+    if not is_kv_end_mask(attention_mask):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, sliding_window=sliding_window, softcap=softcap, **kwargs)
+    unsupported = {"dropout": dropout or None, "sliding_window": sliding_window, "softcap": softcap,
+                   "s_aux (attention sinks)": kwargs.get("s_aux"), "position_bias": kwargs.get("position_bias")}
+    for name, given in unsupported.items():
+        if given is not None:
+            raise CpuAttentionError(f"onepass_cpu does not implement {name}={given!r} (layer "
+                                    f"{getattr(module, 'layer_idx', '?')}); use attn_implementation='sdpa' "
+                                    "with onepass.attention's dense mask, or turn it off")
+    if key.dtype != query.dtype or value.dtype != query.dtype:  # CPU autocast hands over mixed dtypes
+        key, value = key.to(query.dtype), value.to(query.dtype)
+    out_BHLD = tree_attention(query, key, value, plan_of(attention_mask), scale=scaling)
+    return out_BHLD.transpose(1, 2).contiguous(), None
+
+
+def register() -> str:
+    """Make ``attn_implementation="onepass_cpu"`` available to transformers (idempotent). Returns the name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(BACKEND, onepass_cpu_attention)
+    # masks transformers builds itself (None / 2-D padding) are the sdpa ones; ours is 4-D and passes through
+    AttentionMaskInterface.register(BACKEND, sdpa_mask)
+    return BACKEND

@@ -1,0 +1,194 @@
+"""The CPU tree backend against dense SDPA: its plan, its outputs and gradients, and HF models end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import onepass.cpu_attention as cpu
+import onepass.loss
+from onepass.blocks import segment_plan
+from onepass.cpu_attention import (
+    CpuAttentionError,
+    cpu_attention_mask,
+    register,
+    tree_attention,
+    tree_attention_reference,
+)
+from onepass.mask import dense_mask, pad_kv_end
+from onepass.render import View
+from onepass.tree import build_layout, concat
+
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+TOL = 1e-9
+
+DOC_EXAMPLE = [8, 8, 4, 4, 8, 8, 8, 8]  # h h | t t (hidden later) | r r r r
+SCATTERED = [7, 7, 3, 6, 5, 6, 7]  # h a b | d d2 | d3 | f: d3 sees h a d (gathered ancestors)
+
+
+def V(tokens, num_prompt):
+    return View(tokens=np.asarray(tokens, dtype=np.int64), num_prompt=num_prompt, turn=0)
+
+
+views_st = st.lists(
+    st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=12), st.integers(0, 12)),
+    min_size=1, max_size=4,
+).map(lambda specs: [V(t, min(k, len(t))) for t, k in specs])
+layout_st = views_st.map(build_layout)
+batch_st = st.tuples(st.lists(st.lists(layout_st, min_size=1, max_size=3), min_size=1, max_size=3),
+                     st.integers(0, 6)).map(
+    lambda spec: pad_kv_end([concat(row).kv_end for row in spec[0]],
+                            max(len(concat(row)) for row in spec[0]) + spec[1]))
+
+
+def random_qkv(B, L, *, heads=4, kv_heads=2, dim=8, seed=0, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(B, heads, L, dim), (B, kv_heads, L, dim), (B, kv_heads, L, dim)]
+    return [torch.randn(s, generator=gen, dtype=dtype).requires_grad_() for s in shapes]
+
+
+def assert_matches_dense(kv_end_BL, *, tol=TOL, scale=None, chunk=128, **kw):
+    kv_end_BL = np.asarray(kv_end_BL).reshape(-1, np.shape(kv_end_BL)[-1])
+    q, k, v = random_qkv(*kv_end_BL.shape, **kw)
+    out = tree_attention(q, k, v, segment_plan(kv_end_BL, chunk=chunk), scale=scale)
+    ref = tree_attention_reference(q, k, v, kv_end_BL, scale=scale)
+    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+    for got, want in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+# --------------------------------------------------------------------------------------------
+# outputs and gradients against dense SDPA (float64)
+
+
+@pytest.mark.parametrize("chunk", [2, 128])
+def test_docstring_example_attention(chunk):
+    assert_matches_dense(DOC_EXAMPLE, chunk=chunk)
+
+
+def test_scattered_ancestors_attention():
+    assert_matches_dense(SCATTERED, chunk=2)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch_st, st.sampled_from([(4, 2), (2, 2), (6, 1)]), st.sampled_from([1, 3, 16, 128]))
+def test_tree_attention_equals_dense_sdpa(kv_end_BL, heads, chunk):
+    assert_matches_dense(kv_end_BL, heads=heads[0], kv_heads=heads[1], chunk=chunk)
+
+
+@pytest.mark.parametrize("chunk", [16, 32, 128])
+def test_long_segments_scale_and_chunks(chunk):
+    # segments of several chunks with a ragged last one, ancestors, padding, a custom scale
+    a = build_layout([V(list(range(90)), 30), V(list(range(60)) + list(range(100, 170)), 70),
+                      V(list(range(60)) + list(range(200, 230)), 60)])
+    b = build_layout([V(list(range(40)), 1)])
+    kv_end_BL = pad_kv_end([concat([a, b]).kv_end, b.kv_end], len(a) + len(b) + 5)
+    plan = segment_plan(kv_end_BL, chunk=chunk)
+    assert len(plan.diag_buckets) and len(plan.rect_R4) and (len(plan.diag_runs_R3) > 0) == (chunk < 90)
+    assert_matches_dense(kv_end_BL, scale=0.3, dim=16, chunk=chunk)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-2)])
+def test_low_precision_close(dtype, tol):
+    assert_matches_dense(pad_kv_end([SCATTERED, DOC_EXAMPLE], 9), dtype=dtype, tol=tol)
+
+
+def test_shape_mismatch_is_refused():
+    q, k, v = random_qkv(1, 8)
+    with pytest.raises(CpuAttentionError, match="cannot serve"):
+        tree_attention(q, k, v, segment_plan([7] * 7))
+    with pytest.raises(CpuAttentionError, match="share"):
+        tree_attention(q, k[:, :1].repeat(1, 3, 1, 1), v[:, :1].repeat(1, 3, 1, 1), DOC_EXAMPLE)
+
+
+# --------------------------------------------------------------------------------------------
+# HF models end to end
+
+
+@pytest.fixture(scope="module")
+def conversations(qwen3_tokenizer):
+    from onepass.data.mathchat import load_sample
+    from onepass.render import render_views
+    from onepass.verify import compact_vocab
+
+    return compact_vocab([render_views(c, qwen3_tokenizer) for c in load_sample(limit=2)])
+
+
+def exact_model(arch, vocab):
+    from onepass.precision import float64_norms
+    from onepass.tiny import tiny_model
+
+    model = tiny_model(arch, vocab, dtype=torch.float64, attn_implementation=register())
+    assert float64_norms(model)[0] > 0
+    return model
+
+
+@pytest.fixture
+def onepass_cpu_masks(monkeypatch):
+    """onepass.loss builds the onepass_cpu mask (what attention.py will do once it knows the backend)."""
+    monkeypatch.setattr(onepass.loss, "attention_mask_for",
+                        lambda model, kv_end_BL, **kw: cpu_attention_mask(kv_end_BL))
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_verify_one_pass_equals_n_pass(conversations, onepass_cpu_masks, arch):
+    from onepass.verify import run_verify
+
+    views, vocab = conversations
+    report = run_verify(views, exact_model(arch, vocab), schedule="one-pass")
+    assert report.one_pass_tokens < report.n_pass_tokens
+    assert report.rel_loss_diff <= TOL and report.max_rel_grad_diff <= TOL
+
+
+def test_packed_padded_batch_matches_sdpa_model(conversations):
+    from onepass.loss import layouts_to_batch
+    from onepass.mask import sdpa_mask
+    from onepass.pack import pack_layouts
+    from onepass.schedule import parse_schedule, schedule_views
+
+    views, vocab = conversations
+    layouts = [x for vs in views for x in schedule_views(vs, parse_schedule("one-pass")).layouts]
+    batch = layouts_to_batch(pack_layouts(layouts, max(map(len, layouts)) + 40))
+    assert batch["kv_end"].shape[0] >= 2
+    model = exact_model("qwen3", vocab)
+    outs = []
+    for mask in (cpu_attention_mask(batch["kv_end"]), sdpa_mask(dense_mask(batch["kv_end"]))):
+        # a 4-D bool mask is not ours: the backend is plain sdpa for it (the reference)
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                       attention_mask=mask, use_cache=False).logits
+        grads = torch.autograd.grad(logits.square().mean(), list(model.parameters()))
+        outs.append((logits, grads))
+    torch.testing.assert_close(outs[0][0], outs[1][0], atol=TOL, rtol=TOL)
+    for got, want in zip(outs[0][1], outs[1][1]):
+        torch.testing.assert_close(got, want, atol=TOL, rtol=TOL)
+
+
+def test_plan_is_built_once_per_batch(monkeypatch):
+    calls = []
+    real = cpu.segment_plan
+    monkeypatch.setattr(cpu, "segment_plan", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    model = exact_model("qwen3", 20)  # two layers
+    mask = cpu_attention_mask(torch.as_tensor([DOC_EXAMPLE]))
+    model(input_ids=torch.arange(8)[None], position_ids=torch.tensor([[0, 1, 2, 3, 2, 3, 4, 5]]),
+          attention_mask=mask)
+    assert len(calls) == 1
+    bare = mask.clone()  # the same kv_end without the plan attached: built on first use, then reused
+    model(input_ids=torch.arange(8)[None], position_ids=torch.tensor([[0, 1, 2, 3, 2, 3, 4, 5]]),
+          attention_mask=bare)
+    assert len(calls) == 2
+
+
+def test_unsupported_arguments_are_refused():
+    q, k, v = random_qkv(1, 8)
+    module = torch.nn.Module()
+    mask = cpu_attention_mask(torch.as_tensor([DOC_EXAMPLE]))
+    for kwargs, name in [({"dropout": 0.1}, "dropout"), ({"softcap": 30.0}, "softcap"),
+                         ({"sliding_window": 4}, "sliding_window")]:
+        with pytest.raises(CpuAttentionError, match=name):
+            cpu.onepass_cpu_attention(module, q, k, v, mask, **kwargs)
+    out, weights = cpu.onepass_cpu_attention(module, q, k, v, mask, scaling=0.5)
+    assert weights is None and out.shape == (1, 8, 4, 8)  # [B, L, H, D]
