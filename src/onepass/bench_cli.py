@@ -24,7 +24,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", required=True, help="output directory (summary.json, table.md, *.png)")
     p.add_argument("--quick", action="store_true", help="small workload and few repeats (minutes on CPU)")
     p.add_argument("--workload", choices=WORKLOADS, default="mathchat")
-    p.add_argument("--conversations", type=int, help="how many conversations (default: 48 quick, 300 full)")
+    p.add_argument("--conversations", type=int, help="how many conversations (default: 24 quick, 300 full)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", default="builtin:qwen3")
     p.add_argument("--model-shape", default="tiny", help="tiny | qwen3-0.6b | qwen3-4b | qwen3-8b")
@@ -35,7 +35,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--backends", default=None, help="comma-separated attention backends (default: sdpa,onepass_cpu on CPU; flex_attention,sdpa on CUDA)")
     p.add_argument("--settings", default=None, help="comma-separated settings (default: all)")
     p.add_argument("--max-tokens", type=int, default=None, help="row budget (default 4096)")
-    p.add_argument("--repeats", type=int, default=None, help="timed epochs per setting (default 3 quick, 5 full)")
+    p.add_argument("--repeats", type=int, default=None, help="timed epochs per setting (default 2 quick, 5 full)")
     p.add_argument("--depth-groups", action="store_true", help="also time G1/G2/G3 separately")
     p.set_defaults(func=run)
 
@@ -72,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
     unknown = [s for s in settings if s not in bench.SETTINGS]
     if unknown:
         raise ValueError(f"unknown setting {unknown[0]!r}; use any of {', '.join(bench.SETTINGS)}")
-    n = args.conversations or (48 if args.quick else 300)
-    repeats = args.repeats or (3 if args.quick else 5)
+    n = args.conversations or (24 if args.quick else 300)
+    repeats = args.repeats or (2 if args.quick else 5)
     max_tokens = args.max_tokens or 4096
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
