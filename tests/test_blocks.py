@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import warnings
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -21,30 +20,13 @@ from onepass.blocks import (
     segment_plan,
 )
 from onepass.mask import block_any, dense_mask, pad_kv_end, sdpa_mask, tree_block_mask
-from onepass.render import View
 from onepass.tree import build_layout, concat
+
+from strategies import DOC_EXAMPLE, SCATTERED, V, layout_st, batch_strategy  # noqa: E402
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-DOC_EXAMPLE = [8, 8, 4, 4, 8, 8, 8, 8]  # h h | t t (hidden later) | r r r r
-# h a b | d d2 | d3 | f with a -> {b, d, f}, d -> {d2, d3}: d3's ancestors h a d are two ranges
-SCATTERED = [7, 7, 3, 6, 5, 6, 7]
-
-
-def V(tokens, num_prompt):
-    return View(tokens=np.asarray(tokens, dtype=np.int64), num_prompt=num_prompt, turn=0)
-
-
-views_st = st.lists(
-    st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=12), st.integers(0, 12)),
-    min_size=1, max_size=4,
-).map(lambda specs: [V(t, min(k, len(t))) for t, k in specs])
-layout_st = views_st.map(build_layout)
-# rows of a batch: each a packed row of trees, padded to a common length (+ extra pads)
-batch_st = st.tuples(st.lists(st.lists(layout_st, min_size=1, max_size=3), min_size=1, max_size=3),
-                     st.integers(0, 9)).map(
-    lambda spec: pad_kv_end([concat(row).kv_end for row in spec[0]],
-                            max(len(concat(row)) for row in spec[0]) + spec[1]))
+batch_st = batch_strategy(9)
 
 
 def dense_kinds(kv_end_BL, block_size):

@@ -19,29 +19,14 @@ from onepass.cpu_attention import (
     tree_attention_reference,
 )
 from onepass.mask import dense_mask, pad_kv_end
-from onepass.render import View
 from onepass.tree import build_layout, concat
+
+from strategies import DOC_EXAMPLE, SCATTERED, V, batch_strategy  # noqa: E402
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TOL = 1e-9
 
-DOC_EXAMPLE = [8, 8, 4, 4, 8, 8, 8, 8]  # h h | t t (hidden later) | r r r r
-SCATTERED = [7, 7, 3, 6, 5, 6, 7]  # h a b | d d2 | d3 | f: d3 sees h a d (gathered ancestors)
-
-
-def V(tokens, num_prompt):
-    return View(tokens=np.asarray(tokens, dtype=np.int64), num_prompt=num_prompt, turn=0)
-
-
-views_st = st.lists(
-    st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=12), st.integers(0, 12)),
-    min_size=1, max_size=4,
-).map(lambda specs: [V(t, min(k, len(t))) for t, k in specs])
-layout_st = views_st.map(build_layout)
-batch_st = st.tuples(st.lists(st.lists(layout_st, min_size=1, max_size=3), min_size=1, max_size=3),
-                     st.integers(0, 6)).map(
-    lambda spec: pad_kv_end([concat(row).kv_end for row in spec[0]],
-                            max(len(concat(row)) for row in spec[0]) + spec[1]))
+batch_st = batch_strategy(6)
 
 
 def random_qkv(B, L, *, heads=4, kv_heads=2, dim=8, seed=0, dtype=torch.float64):

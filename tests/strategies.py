@@ -1,0 +1,33 @@
+"""Shared hypothesis strategies and small fixed layouts for the block-plan and CPU-attention tests."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from onepass.mask import pad_kv_end
+from onepass.render import View
+from onepass.tree import build_layout, concat
+
+DOC_EXAMPLE = [8, 8, 4, 4, 8, 8, 8, 8]  # h h | t t (hidden later) | r r r r
+# h a b | d d2 | d3 | f with a -> {b, d, f}, d -> {d2, d3}: d3's ancestors h a d are two ranges
+SCATTERED = [7, 7, 3, 6, 5, 6, 7]
+
+
+def V(tokens, num_prompt):
+    return View(tokens=np.asarray(tokens, dtype=np.int64), num_prompt=num_prompt, turn=0)
+
+
+views_st = st.lists(
+    st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=12), st.integers(0, 12)),
+    min_size=1, max_size=4,
+).map(lambda specs: [V(t, min(k, len(t))) for t, k in specs])
+layout_st = views_st.map(build_layout)
+
+
+def batch_strategy(max_extra_pad: int):
+    """kv_end [B, L] of packed rows of trees, padded to a common length plus up to ``max_extra_pad``."""
+    return st.tuples(st.lists(st.lists(layout_st, min_size=1, max_size=3), min_size=1, max_size=3),
+                     st.integers(0, max_extra_pad)).map(
+        lambda spec: pad_kv_end([concat(row).kv_end for row in spec[0]],
+                                max(len(concat(row)) for row in spec[0]) + spec[1]))
