@@ -53,6 +53,19 @@ def weighted_ce(logits_TV: torch.Tensor, targets_T: torch.Tensor, weights_T: tor
     return (ce_T * weights_T.to(ce_T.dtype)).sum()
 
 
+class ForwardView:
+    """What :func:`batch_loss` needs of a model: the wrapped forward (DDP, DeepSpeed, autocast)
+    with the unwrapped model's ``config`` and ``dtype`` (the mask depends on them)."""
+
+    def __init__(self, wrapped: Any, unwrapped: Any) -> None:
+        self._wrapped = wrapped
+        self.config = unwrapped.config
+        self.dtype = unwrapped.dtype
+
+    def __call__(self, **kwargs: Any) -> Any:
+        return self._wrapped(**kwargs)
+
+
 def batch_loss(model: Any, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Weighted-sum loss of a batch of rows (no normalisation: the caller divides)."""
     targets_BL = batch["targets"]

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .loss import batch_loss
+from .loss import ForwardView, batch_loss
 from .train_config import TrainConfig, TrainConfigError, write_yaml
 from .train_data import (
     TrainData,
@@ -80,19 +80,6 @@ def visible_pairs(row: Layout) -> int:
     kernel computes L * L pairs per row whatever the mask.
     """
     return int((row.kv_end - np.arange(len(row))).sum())
-
-
-class _ForwardView:
-    """What :func:`onepass.loss.batch_loss` needs of a model: the wrapped forward (DDP / autocast)
-    with the unwrapped model's ``config`` and ``dtype`` (the mask depends on them)."""
-
-    def __init__(self, wrapped: Any, unwrapped: Any) -> None:
-        self._wrapped = wrapped
-        self.config = unwrapped.config
-        self.dtype = unwrapped.dtype
-
-    def __call__(self, **kwargs: Any) -> Any:
-        return self._wrapped(**kwargs)
 
 
 def make_accelerator(config: TrainConfig, device: torch.device) -> Any:
@@ -141,7 +128,7 @@ def evaluate(accelerator: Any, model: Any, data: TrainData, config: TrainConfig)
 
     world, rank, sharded = accelerator.num_processes, accelerator.process_index, is_sharded(accelerator)
     unwrapped = accelerator.unwrap_model(model)
-    view = _ForwardView(model if sharded else unwrapped, unwrapped)
+    view = ForwardView(model if sharded else unwrapped, unwrapped)
 
     def passes(r: int) -> list[list[Layout]]:
         mine = list(range(r, data.num_units, world))
@@ -221,7 +208,7 @@ class _Stepper:
 
         self.accelerator, self.model, self.optimizer, self.scheduler = accelerator, model, optimizer, scheduler
         self.data, self.config = data, config
-        self.view = _ForwardView(model, accelerator.unwrap_model(model))
+        self.view = ForwardView(model, accelerator.unwrap_model(model))
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
         self.per_step = units_per_step(config, self.world)

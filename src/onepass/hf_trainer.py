@@ -1,0 +1,160 @@
+"""A drop-in ``transformers.Trainer`` for one-pass rows (and so DeepSpeed, FSDP, callbacks, hub push).
+
+Why this module exists: many users already drive training through HF's
+``Trainer`` (directly, or through TRL, LLaMA-Factory or axolotl, which
+subclass it). :class:`OnePassTrainer` keeps everything the Trainer does and
+changes only what one-pass needs:
+
+- a dataset item is one **conversation** (its trees concatenated into one
+  row, see :func:`conversation_dataset`), so a one-pass run and an N-pass run
+  over the same conversations take the same optimizer steps;
+- the collator stacks rows and pads them with self-only, untrained positions;
+- ``compute_loss`` builds the tree mask from ``kv_end`` for the model's
+  attention backend, passes ``position_ids``, asks for logits only at targets
+  and returns the weighted cross entropy divided by the sum of target weights
+  of the whole optimizer step (all gradient-accumulation micro-batches, all
+  processes): with token weighting that is the N-pass number of trained
+  tokens, so the loss and gradients equal N-pass.
+
+    from transformers import TrainingArguments
+    from onepass.hf_trainer import OnePassTrainer, conversation_dataset
+
+    train = conversation_dataset(conversations, tokenizer, schedule="one-pass")
+    trainer = OnePassTrainer(model=model, args=TrainingArguments("out"), train_dataset=train)
+    trainer.train()
+
+Load the model with a backend that serves a tree mask: ``flex_attention`` on
+CUDA, ``onepass_cpu`` on CPU (call :func:`onepass.attention.default_backend`
+first, it registers it), or ``sdpa`` / ``eager`` anywhere. DeepSpeed and FSDP
+come from ``TrainingArguments`` as usual; DataParallel (several GPUs in one
+process) is refused: launch with ``torchrun`` or ``accelerate launch``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import Trainer
+
+from .attention import check_backend, model_backend
+from .conversation import Conversation
+from .loss import ForwardView, batch_loss, layouts_to_batch
+from .prepare import PrepareConfig, PrepareStats, load_rows
+from .render import RenderConfig
+from .tree import COLUMNS, Layout, concat
+
+log = logging.getLogger("onepass")
+
+_DTYPES = {"input_ids": np.int64, "position_ids": np.int64, "kv_end": np.int64, "targets": np.int64,
+           "weights": np.float64}
+
+
+def rows_dataset(rows: Sequence[Layout]) -> Any:
+    """A ``datasets.Dataset`` with the five row columns, one item per row."""
+    import datasets
+
+    if not rows:
+        raise ValueError("no rows to make a dataset of")
+    return datasets.Dataset.from_dict({k: [getattr(r, k) for r in rows] for k in COLUMNS})
+
+
+def conversation_dataset(conversations: Iterable[Conversation], tokenizer: Any, *, schedule: str = "one-pass",
+                         max_tokens: int | None = None, weighting: str = "token",
+                         render: RenderConfig | None = None, return_stats: bool = False) -> Any:
+    """One item per conversation: the trees ``schedule`` makes of it, concatenated into one row.
+
+    Conversations whose views are all skipped (template errors, over ``max_tokens``)
+    are left out, counted in the returned :class:`~onepass.prepare.PrepareStats`
+    (``return_stats=True``) and logged as a warning with the first reason.
+    """
+    from .train_data import conversation_units
+
+    config = PrepareConfig(schedule=schedule, max_tokens=max_tokens, pack=False, weighting=weighting,
+                           render=render or RenderConfig())
+    units, stats = conversation_units(list(conversations), tokenizer, config)
+    if stats.skipped:
+        log.warning("onepass: skipped %d (%s); first: %s", len(stats.skipped),
+                    ", ".join(f"{k}: {v}" for k, v in sorted(stats.skipped_by_reason.items())), stats.skipped[0])
+    if not units:
+        first = stats.skipped[0] if stats.skipped else "no conversations were given"
+        raise ValueError(f"no trainable conversations; first skip: {first}")
+    ds = rows_dataset([concat(u) for u in units])
+    return (ds, stats) if return_stats else ds
+
+
+def prepared_dataset(path: str | Path) -> Any:
+    """The rows written by ``onepass prepare`` as a dataset (one item per row).
+
+    Packed rows mix conversations, so a one-pass and an N-pass prepared set make
+    different steps; use :func:`conversation_dataset` when the two must match step for step.
+    """
+    return rows_dataset(load_rows(path))
+
+
+@dataclass
+class OnePassCollator:
+    """Stacks rows into ``[B, L]`` tensors (``input_ids``, ``position_ids``, ``kv_end``, ``targets``, ``weights``)."""
+
+    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+        rows = []
+        for i, f in enumerate(features):
+            missing = [k for k in COLUMNS if k not in f]
+            if missing:
+                raise ValueError(f"dataset item {i} has no {', '.join(missing)}; onepass rows need "
+                                 f"{', '.join(COLUMNS)} (see onepass.hf_trainer.conversation_dataset)")
+            rows.append(Layout(**{k: np.asarray(f[k], dtype=_DTYPES[k]) for k in COLUMNS}))
+        return layouts_to_batch(rows)
+
+
+class OnePassTrainer(Trainer):
+    """``transformers.Trainer`` whose loss is the one-pass loss, normalised as N-pass (see module doc)."""
+
+    def __init__(self, *args: Any, data_collator: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, data_collator=data_collator or OnePassCollator(), **kwargs)
+        if self.args.n_gpu > 1:
+            raise ValueError(f"OnePassTrainer does not run DataParallel over {self.args.n_gpu} GPUs in one "
+                             "process; launch one process per GPU with torchrun or accelerate launch")
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        check_backend(model_backend(unwrapped), self.args.device)
+        self.label_names = ["targets"]
+        # compute_loss divides by the step's weight sum itself: no extra division by grad-accum steps
+        self.model_accepts_loss_kwargs = True
+
+    def _set_signature_columns_if_needed(self) -> None:
+        if self._signature_columns is None:
+            self._signature_columns = list(COLUMNS)
+
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> torch.Tensor | None:
+        """The sum of target weights of the optimizer step, over every micro-batch and process."""
+        if not batch_samples:
+            return None
+        total = torch.stack([b["weights"].sum() for b in batch_samples]).sum().to(device=device,
+                                                                                   dtype=torch.float64)
+        if self.args.world_size > 1:
+            total = self.accelerator.gather(total.reshape(1)).sum()
+        return total
+
+    def compute_loss(self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
+                     num_items_in_batch: torch.Tensor | None = None) -> Any:
+        view = ForwardView(model, self.accelerator.unwrap_model(model))
+        total = batch_loss(view, inputs)
+        if num_items_in_batch is None:  # evaluation: this batch's own mean
+            loss = total / inputs["weights"].sum().clamp_min(1e-12).to(total.dtype)
+        else:
+            # DDP / DeepSpeed average gradients over processes: undo that, the normaliser is global
+            loss = total * (self.accelerator.num_processes / num_items_in_batch.to(total.dtype))
+        return (loss, {"loss": loss}) if return_outputs else loss
+
+    def prediction_step(self, model: Any, inputs: dict[str, Any], prediction_loss_only: bool,
+                        ignore_keys: list[str] | None = None) -> tuple[torch.Tensor | None, None, None]:
+        """Evaluation returns the loss only (logits exist only at targets)."""
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs)
+        return loss.detach(), None, None

@@ -1,0 +1,44 @@
+"""Run by test_hf_trainer under one process or ``torchrun``: train 3 steps, write result.json.
+
+Usage: hf_trainer_script.py DATA_DIR OUT_DIR PER_DEVICE_BATCH VOCAB
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+
+def main(data: str, out: str, batch: int, vocab: int) -> None:
+    import datasets
+    from transformers import TrainingArguments
+
+    from onepass.hf_trainer import OnePassTrainer
+    from onepass.precision import float64_norms
+    from onepass.tiny import tiny_model
+
+    torch.set_num_threads(1)
+    model = tiny_model("qwen3", vocab, dtype=torch.float64, attn_implementation="sdpa").train()
+    float64_norms(model)
+    initial = float(torch.cat([p.detach().flatten() for p in model.parameters()]).norm())
+    args = TrainingArguments(output_dir=out, per_device_train_batch_size=batch, learning_rate=3e-3, max_steps=3,
+                             logging_steps=1, save_strategy="no", report_to=[], seed=0, data_seed=0, use_cpu=True,
+                             disable_tqdm=True, lr_scheduler_type="constant",
+                             ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
+                             dataloader_num_workers=0)
+    trainer = OnePassTrainer(model=model, args=args, train_dataset=datasets.load_from_disk(data))
+    trainer.train()
+    if trainer.is_world_process_zero():
+        norm = float(torch.cat([p.detach().flatten() for p in model.parameters()]).norm())
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "result.json").write_text(json.dumps({
+            "world_size": trainer.args.world_size, "initial_weight_norm": initial, "weight_norm": norm,
+            "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h]}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
