@@ -262,7 +262,10 @@ def add_ratios(settings: list[dict[str, Any]], ideal: dict[str, float]) -> None:
     """Speed and memory vs N-pass packed (same backend and depth group), and for one-pass
     settings the fraction of the ideal bound reached against N-pass *with the same packing*."""
     by_key = {(s["backend"], s["depth_group"], s["setting"]): s for s in settings}
+    trl = next((s for s in settings if s["setting"] == "trl-sft-packed"), None)
     for s in settings:
+        s["speedup_vs_trl"] = (s["conversations_per_s"] / trl["conversations_per_s"]
+                               if trl and s["depth_group"] == "all" else None)
         b = by_key.get((s["backend"], s["depth_group"], "n-pass-packed"))
         s["speedup_vs_n_pass_packed"] = s["conversations_per_s"] / b["conversations_per_s"] if b else None
         mem, bmem = s["peak_memory_bytes"], b["peak_memory_bytes"] if b else None

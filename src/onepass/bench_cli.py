@@ -68,10 +68,20 @@ def run(args: argparse.Namespace) -> int:
         from .cpu_attention import register
 
         register()
-    settings = (args.settings or ",".join(bench.SETTINGS)).split(",")
-    unknown = [s for s in settings if s not in bench.SETTINGS]
+    from . import bench_trl
+
+    known = [*bench.SETTINGS, bench_trl.SETTING]
+    settings = (args.settings or ",".join(known)).split(",")
+    unknown = [s for s in settings if s not in known]
     if unknown:
-        raise ValueError(f"unknown setting {unknown[0]!r}; use any of {', '.join(bench.SETTINGS)}")
+        raise ValueError(f"unknown setting {unknown[0]!r}; use any of {', '.join(known)}")
+    with_trl = bench_trl.SETTING in settings
+    settings = [s for s in settings if s != bench_trl.SETTING]
+    if with_trl and not bench_trl.available():
+        if args.settings:
+            raise ValueError(f"{bench_trl.SETTING} needs TRL: pip install 'onepass[bench]'")
+        print(f"TRL is not installed: {bench_trl.SETTING} skipped (pip install 'onepass[bench]')", flush=True)
+        with_trl = False
     n = args.conversations or (24 if args.quick else 300)
     repeats = args.repeats or (2 if args.quick else 5)
     max_tokens = args.max_tokens or 4096
@@ -123,6 +133,24 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{backend:>12} {group:>3} {name:>16}: {r['conversations_per_s']:7.2f} conv/s "
                       f"{r['tokens_per_s']:9,.0f} tok/s  peak {(r['peak_memory_bytes'] or 0) / 2**20:7.0f} MiB",
                       flush=True)
+    if with_trl:
+        trl_backend = "sdpa"
+        if device.type == "cuda":
+            import importlib.util
+
+            trl_backend = "flash_attention_2" if importlib.util.find_spec("flash_attn") else "sdpa"
+        job = bench_trl.TrlJob(examples=bench_trl.view_examples(views), vocab=vocab, shape_kwargs=shape_kwargs,
+                               dtype=str(dtype).replace("torch.", ""), backend=trl_backend, device=str(device),
+                               seed=args.seed, repeats=repeats, threads=torch.get_num_threads(),
+                               max_tokens=max_tokens)
+        timing = bench_trl.time_in_subprocess(job)
+        n_rows = bench.layout_setting(views, "n-pass-packed", max_tokens)
+        results.append(bench.summarise(bench_trl.SETTING, trl_backend, "all", n_rows, timing, len(views),
+                                       bench.train_flops(n_rows, shape), peak))
+        r = results[-1]
+        print(f"{trl_backend:>12} all {bench_trl.SETTING:>16}: {r['conversations_per_s']:7.2f} conv/s "
+              f"{r['tokens_per_s']:9,.0f} tok/s  peak {(r['peak_memory_bytes'] or 0) / 2**20:7.0f} MiB "
+              "(TRL SFTTrainer, packing bfd, completion-only loss)", flush=True)
     bench.add_ratios(results, ideal)
     summary = {
         **env, "workload": {"name": args.workload, "conversations": len(convs), "views": sum(depth),

@@ -1,0 +1,146 @@
+"""The baseline our users run today: the same N-pass views through TRL's ``SFTTrainer``.
+
+Why this module exists: a speedup is only worth quoting against what people
+actually use. This times TRL's ``SFTTrainer`` (``packing=True``,
+``packing_strategy="bfd"``, completion-only loss) on the workload's N-pass
+views, with the same tiny model, vocabulary, dtype and row budget as the
+onepass settings, in a fresh process like them. Each view becomes one
+pre-tokenized example (``input_ids`` = the view's tokens, ``completion_mask``
+= 1 on its completion), so TRL trains exactly the targets N-pass trains.
+
+Epochs are timed with a ``TrainerCallback``; the first epoch is the warm-up.
+Needs ``pip install 'onepass[bench]'`` (TRL); without it the setting is skipped
+with a line saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .bench import Timing, current_rss, peak_rss, peak_rss_reset
+from .render import View
+
+SETTING = "trl-sft-packed"
+
+
+def available() -> bool:
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrlJob:
+    """One TRL timing run (picklable: it crosses into a spawned process)."""
+
+    examples: list[tuple[list[int], int]]  # (view tokens, number of prompt tokens)
+    vocab: int
+    shape_kwargs: dict[str, int]
+    dtype: str
+    backend: str  # the model's attention implementation (sdpa on CPU)
+    device: str
+    seed: int
+    repeats: int
+    threads: int
+    max_tokens: int
+    lr: float = 1e-4
+
+
+def view_examples(views: list[list[View]]) -> list[tuple[list[int], int]]:
+    return [(list(map(int, v.tokens)), int(v.num_prompt)) for conv in views for v in conv]
+
+
+def _dataset(examples: list[tuple[list[int], int]]) -> Any:
+    import datasets
+
+    return datasets.Dataset.from_dict({
+        "input_ids": [tokens for tokens, _ in examples],
+        "completion_mask": [[0] * p + [1] * (len(tokens) - p) for tokens, p in examples],
+    })
+
+
+class _Tokenizer:
+    """The little of a tokenizer SFTTrainer touches for pre-tokenized, padding-free data."""
+
+    def __init__(self, vocab: int) -> None:
+        from transformers import PreTrainedTokenizerFast
+        from tokenizers import Tokenizer, models
+
+        tok = Tokenizer(models.WordLevel({"<pad>": 0, "<eos>": 1}, unk_token="<pad>"))
+        self.inner = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+
+
+def make_trainer(job: TrlJob, out_dir: str, callbacks: list[Any] | None = None) -> Any:
+    """An ``SFTTrainer`` over the job's views: packed with BFD, loss on completions only."""
+    from trl import SFTConfig, SFTTrainer
+
+    from .tiny import tiny_model
+
+    model = tiny_model("qwen3", job.vocab, dtype=getattr(torch, job.dtype), seed=job.seed,
+                       attn_implementation=job.backend, device=job.device, **job.shape_kwargs).train()
+    config = SFTConfig(
+        output_dir=out_dir, packing=True, packing_strategy="bfd", max_length=job.max_tokens,
+        completion_only_loss=True, per_device_train_batch_size=1, gradient_accumulation_steps=1,
+        num_train_epochs=1 + job.repeats, learning_rate=job.lr, lr_scheduler_type="constant",
+        optim="adamw_torch", logging_strategy="no", save_strategy="no", report_to=[], seed=job.seed,
+        use_cpu=job.device == "cpu", disable_tqdm=True, dataloader_num_workers=0,
+        bf16=job.dtype == "bfloat16", dataset_num_proc=None,
+    )
+    return SFTTrainer(model=model, args=config, train_dataset=_dataset(job.examples),
+                      processing_class=_Tokenizer(job.vocab).inner, callbacks=callbacks or [])
+
+
+def time_trl(job: TrlJob) -> Timing:
+    """Train ``1 + repeats`` epochs; every epoch after the first is timed."""
+    from transformers import TrainerCallback
+
+    torch.set_num_threads(job.threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    class EpochTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.seconds: list[float] = []
+            self._t0 = 0.0
+
+        def on_epoch_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if torch.cuda.is_available() and job.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            self._t0 = time.perf_counter()
+
+        def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if torch.cuda.is_available() and job.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            self.seconds.append(time.perf_counter() - self._t0)
+
+    timer = EpochTimer()
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = make_trainer(job, tmp, [timer])
+        before = current_rss()
+        peak_rss_reset()
+        if job.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        trainer.train()
+    timing = Timing(epoch_seconds=timer.seconds[1:])
+    if job.device.startswith("cuda"):
+        timing.peak_memory_bytes = torch.cuda.max_memory_allocated()
+    else:
+        peak = peak_rss()
+        timing.peak_memory_bytes = peak - before if peak is not None and before is not None else None
+    return timing
+
+
+def time_in_subprocess(job: TrlJob) -> Timing:
+    if job.device.startswith("cuda"):
+        return time_trl(job)
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(time_trl, (job,))
