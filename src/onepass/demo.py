@@ -28,8 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/demo")
     parser.add_argument("--verify-conversations", type=int, default=16)
     parser.add_argument("--train-steps", type=int, default=75,
-                        help="optimizer steps of each training run, 4 conversations each (75: one epoch of the "
-                             "300 bundled conversations); 0 skips training")
+                        help="optimizer steps of each training run, 8 conversations packed into rows of 4096 "
+                             "tokens each (75: two epochs of the 300 bundled conversations); 0 skips training")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice; 1 is faster when other processes "
                              "share the cores)")
@@ -94,16 +94,16 @@ def train_side_by_side(out: Path, steps: int) -> int:
 
     config = out / "train-demo.yaml"
     config.write_text(yaml.safe_dump({
-        "tiny": "qwen3", "tiny_config": DEMO_MODEL, "data": "builtin:mathchat", "batch_size": 4,
-        "max_steps": steps, "lr": 3.0e-3, "lr_scheduler": "linear", "warmup_steps": 5, "seed": 0,
-        "max_batch_tokens": 512, "device": "cpu", "logging_steps": 10, "progress": False}, sort_keys=False))
+        "tiny": "qwen3", "tiny_config": DEMO_MODEL, "data": "builtin:mathchat", "batch_size": 8,
+        "pack": True, "max_tokens": 4096, "max_steps": steps, "lr": 3.0e-3, "lr_scheduler": "linear",
+        "warmup_steps": 5, "seed": 0, "device": "cpu", "logging_steps": 10, "progress": False}, sort_keys=False))
     runs: dict[str, dict] = {}
     for schedule in ("one-pass", "n-pass"):
         run_dir = out / f"train-{schedule}"
         argv = ["--config", str(config), "--schedule", schedule, "--output-dir", str(run_dir)]
         print(f"\n== train: {schedule}, a random-init Qwen3-architecture model ({DEMO_MODEL['hidden_size']} wide, "
               f"{DEMO_MODEL['num_hidden_layers']} layers, vocabulary compacted to the ids that occur), "
-              f"{steps} steps x 4 conversations\n$ onepass train {' '.join(argv)}", flush=True)
+              f"{steps} steps x 8 conversations packed into rows of 4096 tokens\n$ onepass train {' '.join(argv)}", flush=True)
         t0 = time.perf_counter()
         if train_cli(argv) != 0:
             print(f"demo: training {schedule} failed", file=sys.stderr)
@@ -121,18 +121,24 @@ def train_side_by_side(out: Path, steps: int) -> int:
 
     print(f"\n== training report (same random init, same conversations in every step, "
           f"{torch.get_num_threads()} CPU thread(s), attention {one['attention']})")
+    dense_backend = one["attention"] in ("sdpa", "eager")  # they compute every pair of a row
     for name, m in runs.items():
         h = m["history"]
         print(f"{name:9s} {len(h)} steps in {m['train_seconds']:5.1f} s: {m['train_tokens']:7,} tokens, "
-              f"{total(m, 'dense_pairs') / 1e6:6.1f}M attention pairs computed ({total(m, 'visible_pairs') / 1e6:.1f}M "
-              f"visible), loss {h[0]['loss']:.3f} -> {h[-1]['loss']:.3f}")
-    dense = one["attention"] in ("sdpa", "eager")
+              + (f"{total(m, 'dense_pairs') / 1e6:6.1f}M attention pairs computed "
+                 f"({total(m, 'visible_pairs') / 1e6:.1f}M visible), " if dense_backend
+                 else f"{total(m, 'visible_pairs') / 1e6:.1f}M attention pairs, ")
+              + f"loss {h[0]['loss']:.3f} -> {h[-1]['loss']:.3f}")
+    dense = dense_backend
     print(f"one-pass: {n['train_seconds'] / one['train_seconds']:.2f}x the speed of N-pass, "
           f"{n['train_tokens'] / one['train_tokens']:.2f}x fewer tokens through the linear layers, "
           f"{total(n, 'visible_pairs') / total(one, 'visible_pairs'):.2f}x fewer visible attention pairs"
           + (f"; dense {one['attention']} also computes the masked pairs "
              f"({total(one, 'dense_pairs') / total(n, 'dense_pairs'):.2f}x N-pass's here), which a block-skipping "
              "kernel (flex_attention on CUDA) does not" if dense else ""))
+    print(f"the bundled MathChat conversations have 2-3 turns, so one-pass can save at most the "
+          f"{n['train_tokens'] / one['train_tokens']:.2f}x in tokens; deeper conversations save more "
+          "(onepass data stats; onepass bench --workload synthetic --depth-groups; benchmarks/RESULTS.md)")
     print(f"losses agree at every step to {diff:.1e} (float32 rounding, compounded over the steps; "
           "in float64 they agree to 1e-9: tests/test_train.py)")
     print(f"loss curves: {both} (both), {out / 'train-one-pass' / 'loss.png'}, {out / 'train-n-pass' / 'loss.png'}")
