@@ -67,15 +67,13 @@ def _dataset(examples: list[tuple[list[int], int]]) -> Any:
     })
 
 
-class _Tokenizer:
-    """The little of a tokenizer SFTTrainer touches for pre-tokenized, padding-free data."""
+def _tokenizer() -> Any:
+    """The little of a tokenizer SFTTrainer touches for pre-tokenized, padding-free data (pad and eos ids)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
 
-    def __init__(self, vocab: int) -> None:
-        from transformers import PreTrainedTokenizerFast
-        from tokenizers import Tokenizer, models
-
-        tok = Tokenizer(models.WordLevel({"<pad>": 0, "<eos>": 1}, unk_token="<pad>"))
-        self.inner = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    inner = Tokenizer(models.WordLevel({"<pad>": 0, "<eos>": 1}, unk_token="<pad>"))
+    return PreTrainedTokenizerFast(tokenizer_object=inner, pad_token="<pad>", eos_token="<eos>")
 
 
 def make_trainer(job: TrlJob, out_dir: str, callbacks: list[Any] | None = None) -> Any:
@@ -95,7 +93,7 @@ def make_trainer(job: TrlJob, out_dir: str, callbacks: list[Any] | None = None) 
         bf16=job.dtype == "bfloat16", dataset_num_proc=None,
     )
     return SFTTrainer(model=model, args=config, train_dataset=_dataset(job.examples),
-                      processing_class=_Tokenizer(job.vocab).inner, callbacks=callbacks or [])
+                      processing_class=_tokenizer(), callbacks=callbacks or [])
 
 
 def time_trl(job: TrlJob) -> Timing:
