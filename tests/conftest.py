@@ -27,3 +27,12 @@ def qwen3_tokenizer():
     from onepass.tokenizer import load_tokenizer
 
     return load_tokenizer("builtin:qwen3")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread, and do not crawl when other processes share the cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -30,12 +30,7 @@ from test_train import synthetic_conversations
 HERE = Path(__file__).parent
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run fastest on one thread
 
 
 @pytest.fixture(scope="module")

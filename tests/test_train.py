@@ -49,13 +49,7 @@ def synthetic_conversations(num: int, seed: int = 0) -> list[dict]:
     return out
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and do not crawl when other processes share the cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run fastest on one thread
 
 
 @pytest.fixture(scope="module")

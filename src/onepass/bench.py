@@ -24,7 +24,7 @@ import platform
 import re
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,14 +215,15 @@ def time_training(job: Job) -> Timing:
     return timing
 
 
-def time_in_subprocess(job: Job) -> Timing:
-    """:func:`time_training` in a fresh spawned process (CUDA jobs run in this process)."""
+def time_in_subprocess(job: Any, timer: Callable[[Any], Timing] | None = None) -> Timing:
+    """``timer(job)`` (default :func:`time_training`) in a fresh spawned process; CUDA jobs run here."""
+    timer = timer or time_training
     if job.device.startswith("cuda"):
-        return time_training(job)
+        return timer(job)
     import multiprocessing as mp
 
     with mp.get_context("spawn").Pool(1) as pool:
-        return pool.apply(time_training, (job,))
+        return pool.apply(timer, (job,))
 
 
 def environment(device: torch.device) -> dict[str, Any]:

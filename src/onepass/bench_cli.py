@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
                                dtype=str(dtype).replace("torch.", ""), backend=trl_backend, device=str(device),
                                seed=args.seed, repeats=repeats, threads=torch.get_num_threads(),
                                max_tokens=max_tokens)
-        timing = bench_trl.time_in_subprocess(job)
+        timing = bench.time_in_subprocess(job, bench_trl.time_trl)
         n_rows = bench.layout_setting(views, "n-pass-packed", max_tokens)
         results.append(bench.summarise(bench_trl.SETTING, trl_backend, "all", n_rows, timing, len(views),
                                        bench.train_flops(n_rows, shape), peak))

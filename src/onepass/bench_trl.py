@@ -133,12 +133,3 @@ def time_trl(job: TrlJob) -> Timing:
         peak = peak_rss()
         timing.peak_memory_bytes = peak - before if peak is not None and before is not None else None
     return timing
-
-
-def time_in_subprocess(job: TrlJob) -> Timing:
-    if job.device.startswith("cuda"):
-        return time_trl(job)
-    import multiprocessing as mp
-
-    with mp.get_context("spawn").Pool(1) as pool:
-        return pool.apply(time_trl, (job,))
