@@ -236,3 +236,24 @@ def test_trained_rows_equal_layouts(datasets_):
     row = Layout(**{k: np.asarray(one[0][k]) for k in ("input_ids", "position_ids", "kv_end", "targets", "weights")})
     assert torch.equal(batch["kv_end"][0], torch.as_tensor(row.kv_end))
     assert torch.equal(batch["targets"][0], torch.as_tensor(row.targets))
+
+
+def test_lora_model_trains_through_the_trainer(tmp_path, datasets_):
+    """A peft LoRA model (what most users fine-tune) takes the same steps under both schedules."""
+    from peft import LoraConfig, get_peft_model
+
+    one, n, ids = datasets_
+    runs = []
+    for ds in (one, n):
+        torch.manual_seed(0)  # LoRA's A matrices are drawn from the global generator
+        model = get_peft_model(make_model(len(ids)), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                                 lora_dropout=0.0),
+                               autocast_adapter_dtype=False)  # keep the adapter float64 like the model
+        trainer = make_trainer(tmp_path / str(len(runs)), model, ds, max_steps=3)
+        trainer.train()
+        runs.append((step_losses(trainer), {k: v.detach().clone() for k, v in model.named_parameters()
+                                            if v.requires_grad}))
+    (l1, w1), (ln, wn) = runs
+    assert len(l1) == 3 and max(rel(a, b) for a, b in zip(l1, ln)) <= 1e-9, (l1, ln)
+    assert any(float(w1[k].norm()) > 0 for k in w1 if "lora_B" in k)  # the adapter trained (B starts at 0)
+    assert w1 and all(float((w1[k] - wn[k]).norm()) <= 1e-9 * max(float(w1[k].norm()), 1.0) for k in w1)
