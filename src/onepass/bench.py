@@ -104,21 +104,39 @@ def current_rss() -> int | None:
     return _status_kb("VmRSS")
 
 
+def start_peak_memory(device: torch.device) -> int | None:
+    """Start a peak-memory window; pass the result to :func:`peak_memory_since`."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return None
+    before = current_rss()
+    peak_rss_reset()
+    return before
+
+
+def peak_memory_since(device: torch.device, before: int | None) -> int | None:
+    """CUDA: max allocated; CPU: peak RSS above ``before`` (None where the OS does not say)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    peak = peak_rss()
+    return peak - before if peak is not None and before is not None else None
+
+
 def matmul_peak_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
     """Best observed FLOP/s of an n x n matmul: the machine's practical peak for this dtype."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     best = 0.0
     for _ in range(repeats + 1):
-        _sync(device)
+        sync_device(device)
         t0 = time.perf_counter()
         a @ b
-        _sync(device)
+        sync_device(device)
         best = max(best, 2 * n**3 / (time.perf_counter() - t0))
     return best
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -179,10 +197,7 @@ def time_training(job: Job) -> Timing:
     model = tiny_model("qwen3", job.vocab, dtype=getattr(torch, job.dtype), seed=job.seed,
                        attn_implementation=job.backend, device=device, **job.shape_kwargs)
     model.train()
-    before = current_rss()
-    peak_rss_reset()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    before = start_peak_memory(device)
     opt = torch.optim.AdamW(model.parameters(), lr=job.lr)
     order = sorted(range(len(job.rows)), key=lambda i: -len(job.rows[i]))
     batches = [layouts_to_batch([job.rows[i]], device=device) for i in order]
@@ -197,17 +212,13 @@ def time_training(job: Job) -> Timing:
         step(batch)
     timing = Timing()
     for _ in range(job.repeats):
-        _sync(device)
+        sync_device(device)
         t0 = time.perf_counter()
         for batch in batches:
             step(batch)
-        _sync(device)
+        sync_device(device)
         timing.epoch_seconds.append(time.perf_counter() - t0)
-    if device.type == "cuda":
-        timing.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
-    else:
-        peak = peak_rss()
-        timing.peak_memory_bytes = peak - before if peak is not None and before is not None else None
+    timing.peak_memory_bytes = peak_memory_since(device, before)
     t0 = time.perf_counter()
     for batch in batches:
         attention_mask_for(model, batch["kv_end"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 from pathlib import Path
@@ -111,18 +112,18 @@ def run(args: argparse.Namespace) -> int:
             if members:
                 groups[g] = members
 
+    @functools.cache
+    def rows_of(group: str, name: str) -> list[Any]:  # the same rows for every backend (and TRL's count)
+        return bench.layout_setting([views[i] for i in groups[group]], name, max_tokens)
+
     results: list[dict[str, Any]] = []
-    ideal: dict[str, float] = {}
+    ideal = {group: bench.train_flops(rows_of(group, "n-pass"), shape)
+             / bench.train_flops(rows_of(group, "one-pass"), shape) for group in groups}
     for backend in backends:
         for group, members in groups.items():
-            group_views = [views[i] for i in members]
-            if group not in ideal:
-                n_rows = bench.layout_setting(group_views, "n-pass", max_tokens)
-                one_rows = bench.layout_setting(group_views, "one-pass", max_tokens)
-                ideal[group] = bench.train_flops(n_rows, shape) / bench.train_flops(one_rows, shape)
             names = settings if group == "all" else ["n-pass-packed", "one-pass-packed"]
             for name in names:
-                rows = bench.layout_setting(group_views, name, max_tokens)
+                rows = rows_of(group, name)
                 job = bench.Job(rows=rows, vocab=vocab, shape_kwargs=shape_kwargs,
                                 dtype=str(dtype).replace("torch.", ""), backend=backend, device=str(device),
                                 seed=args.seed, repeats=repeats, threads=torch.get_num_threads())
@@ -144,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
                                seed=args.seed, repeats=repeats, threads=torch.get_num_threads(),
                                max_tokens=max_tokens)
         timing = bench.time_in_subprocess(job, bench_trl.time_trl)
-        n_rows = bench.layout_setting(views, "n-pass-packed", max_tokens)
+        n_rows = rows_of("all", "n-pass-packed")
         results.append(bench.summarise(bench_trl.SETTING, trl_backend, "all", n_rows, timing, len(views),
                                        bench.train_flops(n_rows, shape), peak))
         r = results[-1]

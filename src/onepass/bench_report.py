@@ -68,6 +68,12 @@ def headline(summary: dict[str, Any]) -> list[str]:
     return out
 
 
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
 def plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
     """speed per setting (figure 3 style), the K-pass trade-off, and speedup by depth group."""
     import matplotlib
@@ -96,9 +102,7 @@ def plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
     ax.set_xticks([i + width * (len(backends) - 1) / 2 for i in range(len(names))], names, rotation=30, ha="right")
     ax.set_ylabel("vs N-pass packed, same backend")
     ax.set_title("relative to N-pass packed (the paper's column)")
-    fig.tight_layout()
-    out.append(out_dir / "speedup.png")
-    fig.savefig(out[-1], dpi=120)
+    out.append(_save(fig, out_dir / "speedup.png"))
 
     fig = Figure(figsize=(6, 4))
     ax = fig.add_subplot()
@@ -121,9 +125,7 @@ def plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
     ax.set_ylabel("relative to N-pass packed")
     ax.set_title("K-pass trade-off")
     ax.legend()
-    fig.tight_layout()
-    out.append(out_dir / "k_pass.png")
-    fig.savefig(out[-1], dpi=120)
+    out.append(_save(fig, out_dir / "k_pass.png"))
 
     groups = [s for s in summary["settings"] if s["depth_group"] != "all" and s["setting"] == "one-pass-packed"]
     if groups:
@@ -139,7 +141,5 @@ def plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.set_ylabel("one-pass packed vs N-pass packed")
         ax.set_title("speedup by conversation depth (G1 1-5, G2 6-7, G3 8-16 turns)")
         ax.legend()
-        fig.tight_layout()
-        out.append(out_dir / "depth_groups.png")
-        fig.savefig(out[-1], dpi=120)
+        out.append(_save(fig, out_dir / "depth_groups.png"))
     return out

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .bench import Timing, current_rss, peak_rss, peak_rss_reset
+from .bench import Timing, peak_memory_since, start_peak_memory, sync_device
 from .render import View
 
 SETTING = "trl-sft-packed"
@@ -101,6 +101,7 @@ def time_trl(job: TrlJob) -> Timing:
     from transformers import TrainerCallback
 
     torch.set_num_threads(job.threads)
+    device = torch.device(job.device)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     class EpochTimer(TrainerCallback):
@@ -109,27 +110,16 @@ def time_trl(job: TrlJob) -> Timing:
             self._t0 = 0.0
 
         def on_epoch_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            if torch.cuda.is_available() and job.device.startswith("cuda"):
-                torch.cuda.synchronize()
+            sync_device(device)
             self._t0 = time.perf_counter()
 
         def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            if torch.cuda.is_available() and job.device.startswith("cuda"):
-                torch.cuda.synchronize()
+            sync_device(device)
             self.seconds.append(time.perf_counter() - self._t0)
 
     timer = EpochTimer()
     with tempfile.TemporaryDirectory() as tmp:
         trainer = make_trainer(job, tmp, [timer])
-        before = current_rss()
-        peak_rss_reset()
-        if job.device.startswith("cuda"):
-            torch.cuda.reset_peak_memory_stats()
+        before = start_peak_memory(device)
         trainer.train()
-    timing = Timing(epoch_seconds=timer.seconds[1:])
-    if job.device.startswith("cuda"):
-        timing.peak_memory_bytes = torch.cuda.max_memory_allocated()
-    else:
-        peak = peak_rss()
-        timing.peak_memory_bytes = peak - before if peak is not None and before is not None else None
-    return timing
+    return Timing(epoch_seconds=timer.seconds[1:], peak_memory_bytes=peak_memory_since(device, before))

@@ -129,13 +129,12 @@ def train_side_by_side(out: Path, steps: int) -> int:
                  f"({total(m, 'visible_pairs') / 1e6:.1f}M visible), " if dense_backend
                  else f"{total(m, 'visible_pairs') / 1e6:.1f}M attention pairs, ")
               + f"loss {h[0]['loss']:.3f} -> {h[-1]['loss']:.3f}")
-    dense = dense_backend
     print(f"one-pass: {n['train_seconds'] / one['train_seconds']:.2f}x the speed of N-pass, "
           f"{n['train_tokens'] / one['train_tokens']:.2f}x fewer tokens through the linear layers, "
           f"{total(n, 'visible_pairs') / total(one, 'visible_pairs'):.2f}x fewer visible attention pairs"
           + (f"; dense {one['attention']} also computes the masked pairs "
              f"({total(one, 'dense_pairs') / total(n, 'dense_pairs'):.2f}x N-pass's here), which a block-skipping "
-             "kernel (flex_attention on CUDA) does not" if dense else ""))
+             "kernel (flex_attention on CUDA) does not" if dense_backend else ""))
     print(f"the bundled MathChat conversations have 2-3 turns, so one-pass can save at most the "
           f"{n['train_tokens'] / one['train_tokens']:.2f}x in tokens; deeper conversations save more "
           "(onepass data stats; onepass bench --workload synthetic --depth-groups; benchmarks/RESULTS.md)")

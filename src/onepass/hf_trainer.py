@@ -38,22 +38,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import Trainer
 
 from .attention import check_backend, model_backend
 from .conversation import Conversation
 from .loss import ForwardView, batch_loss, layouts_to_batch
-from .prepare import PrepareConfig, PrepareStats, load_rows
+from .prepare import PrepareConfig, load_rows, row_from_columns, rows_to_columns
 from .render import RenderConfig
 from .tree import COLUMNS, Layout, concat
 
 log = logging.getLogger("onepass")
-
-_DTYPES = {"input_ids": np.int64, "position_ids": np.int64, "kv_end": np.int64, "targets": np.int64,
-           "weights": np.float64}
-
 
 def rows_dataset(rows: Sequence[Layout]) -> Any:
     """A ``datasets.Dataset`` with the five row columns, one item per row."""
@@ -61,7 +56,7 @@ def rows_dataset(rows: Sequence[Layout]) -> Any:
 
     if not rows:
         raise ValueError("no rows to make a dataset of")
-    return datasets.Dataset.from_dict({k: [getattr(r, k) for r in rows] for k in COLUMNS})
+    return datasets.Dataset.from_dict(rows_to_columns(rows))
 
 
 def conversation_dataset(conversations: Iterable[Conversation], tokenizer: Any, *, schedule: str = "one-pass",
@@ -79,8 +74,7 @@ def conversation_dataset(conversations: Iterable[Conversation], tokenizer: Any, 
                            render=render or RenderConfig())
     units, stats = conversation_units(list(conversations), tokenizer, config)
     if stats.skipped:
-        log.warning("onepass: skipped %d (%s); first: %s", len(stats.skipped),
-                    ", ".join(f"{k}: {v}" for k, v in sorted(stats.skipped_by_reason.items())), stats.skipped[0])
+        log.warning("onepass: skipped %s", stats.skip_summary())
     if not units:
         first = stats.skipped[0] if stats.skipped else "no conversations were given"
         raise ValueError(f"no trainable conversations; first skip: {first}")
@@ -108,7 +102,7 @@ class OnePassCollator:
             if missing:
                 raise ValueError(f"dataset item {i} has no {', '.join(missing)}; onepass rows need "
                                  f"{', '.join(COLUMNS)} (see onepass.hf_trainer.conversation_dataset)")
-            rows.append(Layout(**{k: np.asarray(f[k], dtype=_DTYPES[k]) for k in COLUMNS}))
+            rows.append(row_from_columns(f))
         return layouts_to_batch(rows)
 
 

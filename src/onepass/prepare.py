@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,9 +95,15 @@ class PrepareStats:
             lines.append(f"{self.boundary_merge_views} views tokenize differently when prompt and "
                          "completion are joined (a BPE merge across the boundary); trained as at inference")
         if self.skipped:
-            reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.skipped_by_reason.items()))
-            lines.append(f"SKIPPED {len(self.skipped)} ({reasons}); first: {self.skipped[0]}")
+            lines.append(f"SKIPPED {self.skip_summary()}")
         return "\n".join(lines)
+
+    def skip_summary(self) -> str:
+        """``N (reason: count, ...); first: message`` (empty when nothing was skipped)."""
+        if not self.skipped:
+            return ""
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.skipped_by_reason.items()))
+        return f"{len(self.skipped)} ({reasons}); first: {self.skipped[0]}"
 
 
 def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: PrepareConfig = PrepareConfig(),
@@ -163,8 +169,13 @@ def finalize(layouts: list[Layout], stats: PrepareStats, config: PrepareConfig
     return rows, stats
 
 
-def rows_to_columns(rows: list[Layout]) -> dict[str, list[np.ndarray]]:
+def rows_to_columns(rows: Sequence[Layout]) -> dict[str, list[np.ndarray]]:
     return {c: [getattr(r, c) for r in rows] for c in COLUMNS}
+
+
+def row_from_columns(item: Mapping[str, Any]) -> Layout:
+    """One row of a dataset (lists or arrays per column) as a :class:`Layout` with its dtypes."""
+    return Layout(**{c: np.asarray(item[c], dtype=np.float64 if c == "weights" else np.int64) for c in COLUMNS})
 
 
 def write_dataset(rows: list[Layout], stats: PrepareStats, out_dir: str | Path) -> Path:
@@ -203,6 +214,4 @@ def load_rows(path: str | Path) -> list[Layout]:
     if not Path(path).is_dir():
         raise FileNotFoundError(f"prepared dataset not found: {path}")
     ds = datasets.load_from_disk(str(path)).with_format("numpy")
-    return [Layout(input_ids=r["input_ids"].astype(np.int64), position_ids=r["position_ids"].astype(np.int64),
-                   kv_end=r["kv_end"].astype(np.int64), targets=r["targets"].astype(np.int64),
-                   weights=r["weights"].astype(np.float64)) for r in ds]
+    return [row_from_columns(r) for r in ds]

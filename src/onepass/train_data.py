@@ -146,9 +146,7 @@ def load_train_data(spec: str, config: TrainConfig, tokenizer: Any | None, *, pr
     units, stats = conversation_units(report.conversations, tokenizer, prepare_config(config), stats=stats,
                                       progress=progress)
     if stats.skipped:
-        log(f"skipped {len(stats.skipped)} (" + ", ".join(f"{k}: {v}" for k, v in
-                                                         sorted(stats.skipped_by_reason.items()))
-            + f"); first: {stats.skipped[0]}")
+        log(f"skipped {stats.skip_summary()}")
     if not units:
         first = stats.skipped[0] if stats.skipped else "the data has no conversations"
         raise TrainConfigError(f"no trainable conversations in {spec}; first skip: {first}")
