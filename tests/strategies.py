@@ -18,10 +18,15 @@ def V(tokens, num_prompt):
     return View(tokens=np.asarray(tokens, dtype=np.int64), num_prompt=num_prompt, turn=0)
 
 
-views_st = st.lists(
-    st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=12), st.integers(0, 12)),
-    min_size=1, max_size=4,
-).map(lambda specs: [V(t, min(k, len(t))) for t, k in specs])
+def random_views(max_len: int):
+    """1-4 views over a 4-token vocabulary (lots of shared prefixes, branches and duplicated nodes)."""
+    return st.lists(
+        st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=max_len), st.integers(0, max_len)),
+        min_size=1, max_size=4,
+    ).map(lambda specs: [V(t, min(k, len(t))) for t, k in specs])
+
+
+views_st = random_views(12)
 layout_st = views_st.map(build_layout)
 
 

@@ -27,22 +27,14 @@ from onepass.mask import (
     sdpa_mask,
     tree_block_mask,
 )
-from onepass.render import View
 from onepass.tree import IGNORE, ancestors_reference, build_layout, concat
+
+from strategies import V, random_views  # noqa: E402
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def V(tokens, num_prompt):
-    return View(tokens=np.asarray(tokens, dtype=np.int64), num_prompt=num_prompt, turn=0)
-
-
-# Random views over a 4-token vocabulary: lots of shared prefixes, branches and duplicated nodes.
-views_st = st.lists(
-    st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=8), st.integers(0, 8)),
-    min_size=1, max_size=4,
-).map(lambda specs: [V(t, min(k, len(t))) for t, k in specs])
-layout_st = views_st.map(build_layout)
+layout_st = random_views(8).map(build_layout)
 
 # Conversations as segment lengths (human, reasoning, response); reasoning may be empty.
 turns_st = st.lists(st.tuples(st.integers(1, 3), st.integers(0, 3), st.integers(1, 3)),
