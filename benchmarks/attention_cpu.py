@@ -6,7 +6,7 @@ packed rows of the bundled MathChat sample (real Qwen3 template and
 vocabulary), one-pass and N-pass alike, it times one attention layer through
 the transformers attention-function interface (the call a HF model makes):
 
-    dense     transformers' sdpa with the dense bool mask (onepass.mask.dense_mask)
+    dense     transformers' sdpa with the dense bool mask (onepass.attention.mask.dense_mask)
     fast      onepass_cpu with cpu_attention_mask (segment plan, flash pieces)
     visible   per-document causal SDPA on separate tensors whose causal area equals
               each document's visible pairs: what the visible pairs alone cost
@@ -128,9 +128,9 @@ class _Layer(torch.nn.Module):
 def measure(kv_end: np.ndarray, args: argparse.Namespace) -> dict[str, Any]:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from onepass.blocks import block_mask
-    from onepass.cpu_attention import cpu_attention_mask, onepass_cpu_attention
-    from onepass.mask import dense_mask, tree_block_mask
+    from onepass.attention.blocks import block_mask
+    from onepass.attention.cpu import cpu_attention_mask, onepass_cpu_attention
+    from onepass.attention.mask import dense_mask, tree_block_mask
 
     L, H, Hkv, D = len(kv_end), args.heads, args.kv_heads, args.head_dim
     kv_end_BL = torch.as_tensor(kv_end)[None]
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     import transformers
 
-    from onepass.cpu_attention import register
+    from onepass.attention.cpu import register
 
     register()
     env = {"device": "cpu", "cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,

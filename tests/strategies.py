@@ -1,11 +1,13 @@
-"""Shared hypothesis strategies and small fixed layouts for the block-plan and CPU-attention tests."""
+"""Shared test helpers: hypothesis strategies, small fixed layouts, synthetic training conversations."""
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 from hypothesis import strategies as st
 
-from onepass.mask import pad_kv_end
+from onepass.attention.mask import pad_kv_end
 from onepass.render import View
 from onepass.tree import build_layout, concat
 
@@ -36,3 +38,27 @@ def batch_strategy(max_extra_pad: int):
                      st.integers(0, max_extra_pad)).map(
         lambda spec: pad_kv_end([concat(row).kv_end for row in spec[0]],
                                 max(len(concat(row)) for row in spec[0]) + spec[1]))
+
+
+# --- conversations for the training tests (test_train, test_hf_trainer) ---
+
+WORDS = "the of a to is in that it for on with as was at by an be this from or have not are but".split()
+
+
+def _text(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def synthetic_conversations(num: int, seed: int = 0) -> list[dict]:
+    """Reasoning conversations of 1-4 turns; some turns have empty reasoning (still trained)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(num):
+        messages = []
+        for _ in range(rng.randint(1, 4)):
+            messages.append({"role": "user", "content": _text(rng, rng.randint(3, 12))})
+            reasoning = "" if rng.random() < 0.25 else _text(rng, rng.randint(4, 16))
+            messages.append({"role": "assistant", "content": _text(rng, rng.randint(2, 10)),
+                             "reasoning_content": reasoning})
+        out.append({"messages": messages})
+    return out

@@ -178,7 +178,7 @@ def _one():
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_onepass_cpu_backend_equals_n_pass(conversations, arch):
     """The default CPU backend (only visible pairs) through the normal mask path."""
-    from onepass.attention import default_backend
+    from onepass.attention.backends import default_backend
 
     views, vocab = conversations
     backend = default_backend("cpu")

@@ -7,7 +7,7 @@ Subcommands::
     onepass show    --data FILE --tokenizer SPEC --index I --out mask.png
     onepass train   --config FILE.yaml [--model ID|PATH | --tiny ARCH] [--data ...] [--resume] [flags]
     onepass data convert-mathchat|sample|augment|stats ...   (see onepass.data.cli)
-    onepass bench --quick --out DIR                                  (see onepass.bench_cli)
+    onepass bench --quick --out DIR                                  (see onepass.bench.cli)
 
 ``--data builtin:mathchat`` is the bundled MathChat sample; ``--tokenizer
 builtin:qwen3`` is the real Qwen3 vocabulary and template, offline. Errors a
@@ -26,11 +26,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .render import COMPLETION_FORMATS, RenderConfig
-from .schedule import WEIGHTINGS, parse_schedule
+from onepass.render import COMPLETION_FORMATS, RenderConfig
+from onepass.schedule import WEIGHTINGS, parse_schedule
 
 DTYPES = ("float64", "float32", "bfloat16")
-EXTENSIONS = ("onepass.train_cli", "onepass.data.cli", "onepass.bench_cli")
+EXTENSIONS = ("onepass.train.cli", "onepass.data.cli", "onepass.bench.cli")
 
 
 class UsageError(ValueError):
@@ -61,7 +61,7 @@ def _template_kwargs(pairs: Sequence[str]) -> dict[str, Any]:
 
 def resolve_data(spec: str) -> Path:
     if spec == "builtin:mathchat":
-        from .data.mathchat import sample_path
+        from onepass.data.mathchat import sample_path
 
         return sample_path()
     path = Path(spec)
@@ -132,7 +132,7 @@ def _render_config(args: argparse.Namespace) -> RenderConfig:
 
 
 def _read(args: argparse.Namespace):
-    from .data.load import load_conversations
+    from onepass.data.load import load_conversations
 
     report = load_conversations(args.data, strict=args.strict, limit=args.limit)
     for line in report.skipped[:5]:
@@ -143,18 +143,18 @@ def _read(args: argparse.Namespace):
 
 
 def _tokenizer(args: argparse.Namespace):
-    from .tokenizer import load_tokenizer
+    from onepass.tokenizer import load_tokenizer
 
     return load_tokenizer(args.tokenizer, chat_template=args.chat_template)
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from .prepare import PrepareConfig, PrepareStats, prepare, write_dataset
+    from onepass.prepare import PrepareConfig, PrepareStats, prepare, write_dataset
 
     config = PrepareConfig(schedule=args.schedule, max_tokens=args.max_tokens, pack=args.pack,
                            weighting=args.weighting, render=_render_config(args))
     if args.num_proc > 1:
-        from .data.parallel import prepare_parallel
+        from onepass.data.parallel import prepare_parallel
 
         rows, stats = prepare_parallel(args.data, _tokenizer(args), config, num_proc=args.num_proc,
                                        limit=args.limit, strict=args.strict, progress=not args.no_progress)
@@ -184,8 +184,8 @@ def _default_tolerance(dtype: str) -> float:
 def cmd_verify(args: argparse.Namespace) -> int:
     import torch
 
-    from .render import render_views
-    from .verify import compact_vocab, run_verify
+    from onepass.render import render_views
+    from onepass.verify import compact_vocab, run_verify
 
     report = _read(args)
     tokenizer = _tokenizer(args)
@@ -201,13 +201,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
         model.eval()
         label = args.model
     else:
-        from .tiny import tiny_model
+        from onepass.tiny import tiny_model
 
         views, vocab = compact_vocab(views)
         model = tiny_model(args.tiny, vocab, dtype=dtype, seed=args.seed, attn_implementation=args.attn)
         label = f"tiny {args.tiny} (random, vocabulary compacted to {vocab} ids)"
     if dtype == torch.float64:
-        from .precision import float64_norms
+        from onepass.precision import float64_norms
 
         patched, left = float64_norms(model)
         print(f"float64: {patched} RMSNorm modules run in float64 (transformers upcasts them to float32)"
@@ -227,7 +227,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from .show import show
+    from onepass.show import show
 
     args.limit = None if args.limit is None else max(args.limit, args.index + 1)
     report = _read(args)

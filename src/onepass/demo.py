@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    from .cli import main as cli
+    from onepass.cli import main as cli
 
     def step(title: str, argv: list[str]) -> int:
         print(f"\n== {title}\n$ onepass {' '.join(argv)}", flush=True)
@@ -89,8 +89,8 @@ def train_side_by_side(out: Path, steps: int) -> int:
     import torch
     import yaml
 
-    from .train_cli import main as train_cli
-    from .train_report import plot_losses
+    from onepass.train.cli import main as train_cli
+    from onepass.train.report import plot_losses
 
     config = out / "train-demo.yaml"
     config.write_text(yaml.safe_dump({

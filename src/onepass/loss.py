@@ -20,9 +20,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .attention import attention_mask_for
-from .render import View
-from .tree import IGNORE, Layout
+from onepass.attention.backends import attention_mask_for
+from onepass.render import View
+from onepass.tree import IGNORE, Layout
 
 
 def layouts_to_batch(layouts: Sequence[Layout], *, device: torch.device | str = "cpu"

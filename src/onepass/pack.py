@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-from .tree import Layout, concat
+from onepass.tree import Layout, concat
 
 
 def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:

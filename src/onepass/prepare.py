@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from .conversation import Conversation
-from .pack import pack_layouts
-from .render import RenderConfig, RenderError, render_views
-from .schedule import Schedule, parse_schedule, schedule_views
-from .tree import COLUMNS, Layout, build_layout
+from onepass.conversation import Conversation
+from onepass.pack import pack_layouts
+from onepass.render import RenderConfig, RenderError, render_views
+from onepass.schedule import Schedule, parse_schedule, schedule_views
+from onepass.tree import COLUMNS, Layout, build_layout
 
 
 @dataclass(frozen=True, kw_only=True)

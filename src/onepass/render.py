@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from .conversation import Conversation, Message
+from onepass.conversation import Conversation, Message
 
 COMPLETION_FORMATS: dict[str, str] = {
     # DeepSeek-R1 style templates strip reasoning from every assistant turn and end

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .render import View
-from .tree import Layout, PrefixTree
+from onepass.render import View
+from onepass.tree import Layout, PrefixTree
 
 WEIGHTINGS = ("token", "turn", "conversation")
 

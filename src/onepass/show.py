@@ -46,10 +46,10 @@ from typing import Any
 
 import numpy as np
 
-from .conversation import Conversation, Message
-from .render import RenderConfig, render_texts, render_views
-from .schedule import parse_schedule, schedule_views
-from .tree import Layout, PrefixTree, concat
+from onepass.conversation import Conversation, Message
+from onepass.render import RenderConfig, render_texts, render_views
+from onepass.schedule import parse_schedule, schedule_views
+from onepass.tree import Layout, PrefixTree, concat
 
 ROLES = ("template", "prompt-user", "history", "reasoning", "response")
 COLOURS = {  # Okabe-Ito: distinguishable with the common colour-vision deficiencies

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .render import View
+from onepass.render import View
 
 IGNORE = -100
 

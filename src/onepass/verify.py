@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .loss import layout_loss, view_loss_reference
-from .render import View
-from .schedule import Schedule, parse_schedule, schedule_views, view_weights
+from onepass.loss import layout_loss, view_loss_reference
+from onepass.render import View
+from onepass.schedule import Schedule, parse_schedule, schedule_views, view_weights
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -8,17 +8,17 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import onepass.cpu_attention as cpu
+import onepass.attention.cpu as cpu
 import onepass.loss
-from onepass.blocks import segment_plan
-from onepass.cpu_attention import (
+from onepass.attention.blocks import segment_plan
+from onepass.attention.cpu import (
     CpuAttentionError,
     cpu_attention_mask,
     register,
     tree_attention,
     tree_attention_reference,
 )
-from onepass.mask import dense_mask, pad_kv_end
+from onepass.attention.mask import dense_mask, pad_kv_end
 from onepass.tree import build_layout, concat
 
 from strategies import DOC_EXAMPLE, SCATTERED, V, batch_strategy  # noqa: E402
@@ -131,7 +131,7 @@ def test_verify_one_pass_equals_n_pass(conversations, onepass_cpu_masks, arch):
 
 def test_packed_padded_batch_matches_sdpa_model(conversations):
     from onepass.loss import layouts_to_batch
-    from onepass.mask import sdpa_mask
+    from onepass.attention.mask import sdpa_mask
     from onepass.pack import pack_layouts
     from onepass.schedule import parse_schedule, schedule_views
 

@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from .pack import pack_layouts
-from .prepare import PrepareConfig, PrepareStats, load_rows, prepare
-from .train_config import TrainConfig, TrainConfigError
-from .tree import IGNORE, Layout
+from onepass.pack import pack_layouts
+from onepass.prepare import PrepareConfig, PrepareStats, load_rows, prepare
+from onepass.train.config import TrainConfig, TrainConfigError
+from onepass.tree import IGNORE, Layout
 
 Unit = list[Layout]
 
@@ -63,7 +63,7 @@ def is_prepared_dir(spec: str) -> bool:
 
 
 def _resolve_raw(spec: str) -> Path:
-    from .cli import resolve_data
+    from onepass.cli import resolve_data
 
     try:
         return resolve_data(spec)
@@ -80,7 +80,7 @@ def check_data(spec: str) -> None:
 
 def prepare_config(config: TrainConfig) -> PrepareConfig:
     """How raw conversations become trees. Packing happens per micro-batch (see module docstring)."""
-    from .render import RenderConfig
+    from onepass.render import RenderConfig
 
     return PrepareConfig(schedule=config.schedule, max_tokens=config.max_tokens, pack=False,
                          weighting=config.weighting,
@@ -134,7 +134,7 @@ def load_train_data(spec: str, config: TrainConfig, tokenizer: Any | None, *, pr
                                        f"max_tokens={config.max_tokens}; raise max_tokens or prepare again")
         return TrainData(units=[[r] for r in rows], kind="row", source=spec, stats=stats)
 
-    from .conversation import read_conversations
+    from onepass.conversation import read_conversations
 
     path = _resolve_raw(spec)
     report = read_conversations(path, strict=False, limit=config.limit)
@@ -255,6 +255,6 @@ def empty_row() -> Layout:
 
 def collate(rows: Sequence[Layout], device: Any) -> dict[str, Any]:
     """[B, L] tensors on ``device`` (pads see only themselves, train nothing): the model's inputs."""
-    from .loss import layouts_to_batch
+    from onepass.loss import layouts_to_batch
 
     return layouts_to_batch(rows, device=device)

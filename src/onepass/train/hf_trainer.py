@@ -17,7 +17,7 @@ changes only what one-pass needs:
   tokens, so the loss and gradients equal N-pass.
 
     from transformers import TrainingArguments
-    from onepass.hf_trainer import OnePassTrainer, conversation_dataset
+    from onepass.train.hf_trainer import OnePassTrainer, conversation_dataset
 
     train = conversation_dataset(conversations, tokenizer, schedule="one-pass")
     trainer = OnePassTrainer(model=model, args=TrainingArguments("out"), train_dataset=train)
@@ -41,12 +41,12 @@ from typing import Any
 import torch
 from transformers import Trainer
 
-from .attention import check_backend, model_backend
-from .conversation import Conversation
-from .loss import ForwardView, batch_loss, layouts_to_batch
-from .prepare import PrepareConfig, load_rows, row_from_columns, rows_to_columns
-from .render import RenderConfig
-from .tree import COLUMNS, Layout, concat
+from onepass.attention.backends import check_backend, model_backend
+from onepass.conversation import Conversation
+from onepass.loss import ForwardView, batch_loss, layouts_to_batch
+from onepass.prepare import PrepareConfig, load_rows, row_from_columns, rows_to_columns
+from onepass.render import RenderConfig
+from onepass.tree import COLUMNS, Layout, concat
 
 log = logging.getLogger("onepass")
 
@@ -68,7 +68,7 @@ def conversation_dataset(conversations: Iterable[Conversation], tokenizer: Any, 
     are left out, counted in the returned :class:`~onepass.prepare.PrepareStats`
     (``return_stats=True``) and logged as a warning with the first reason.
     """
-    from .train_data import conversation_units
+    from onepass.train.data import conversation_units
 
     config = PrepareConfig(schedule=schedule, max_tokens=max_tokens, pack=False, weighting=weighting,
                            render=render or RenderConfig())
@@ -101,7 +101,7 @@ class OnePassCollator:
             missing = [k for k in COLUMNS if k not in f]
             if missing:
                 raise ValueError(f"dataset item {i} has no {', '.join(missing)}; onepass rows need "
-                                 f"{', '.join(COLUMNS)} (see onepass.hf_trainer.conversation_dataset)")
+                                 f"{', '.join(COLUMNS)} (see onepass.train.hf_trainer.conversation_dataset)")
             rows.append(row_from_columns(f))
         return layouts_to_batch(rows)
 

@@ -4,7 +4,7 @@ Why this module exists: dense SDPA with an L x L mask computes every masked
 pair anyway, and FlexAttention has no backward on CPU. In a packed row most
 pairs are masked (documents never see each other; a one-pass tree hides each
 turn's reasoning from later turns). Here the row runs as the tiles of a
-:class:`onepass.blocks.SegmentPlan`, each one call of PyTorch's fused CPU flash
+:class:`onepass.attention.blocks.SegmentPlan`, each one call of PyTorch's fused CPU flash
 attention kernel, forward and backward:
 
 - diagonal tiles (a chunk of a chain against itself, causal): the whole
@@ -24,7 +24,7 @@ visible keys. Chunking matters on CPU: the kernel does not skip masked work
 inside its 512-key blocks, so a causal square costs about a full one; chunks
 of 128 queries keep the causal waste to the diagonal.
 
-Worked example (the row of :mod:`onepass.blocks`, chunk 2)::
+Worked example (the row of :mod:`onepass.attention.blocks`, chunk 2)::
 
     p       0 1 2 3 4 5 6 7      diagonals   [0,2) [2,4)  |  [4,6) [6,8)   a batched call per chain
     token   h h t t r r r r      rectangles  q [2,4) x k (0 1)
@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .blocks import SegmentPlan, segment_plan
+from onepass.attention.blocks import SegmentPlan, segment_plan
 
 BACKEND = "onepass_cpu"
 _PLAN_ATTR = "onepass_segment_plan"
@@ -281,7 +281,7 @@ def tree_attention(q_BHLD: torch.Tensor, k_BHLD: torch.Tensor, v_BHLD: torch.Ten
                                 f"{tuple(q_BHLD.shape)} and keys {tuple(k_BHLD.shape)} (no KV cache here)")
     if q_BHLD.device.type != "cpu":
         raise CpuAttentionError(f"onepass_cpu runs on CPU, got tensors on {q_BHLD.device}; on CUDA use "
-                                "flex_attention with onepass.blocks.block_mask")
+                                "flex_attention with onepass.attention.blocks.block_mask")
     J = k_BHLD.shape[1]
     if H % J:
         raise CpuAttentionError(f"{H} query heads cannot share {J} key/value heads")
@@ -295,8 +295,8 @@ def tree_attention(q_BHLD: torch.Tensor, k_BHLD: torch.Tensor, v_BHLD: torch.Ten
 
 def tree_attention_reference(q_BHLD: torch.Tensor, k_BHLD: torch.Tensor, v_BHLD: torch.Tensor,
                              kv_end_BL: Any, *, scale: float | None = None) -> torch.Tensor:
-    """Slow reference: dense SDPA under ``onepass.mask.dense_mask`` (every pair computed)."""
-    from .mask import dense_mask
+    """Slow reference: dense SDPA under ``onepass.attention.mask.dense_mask`` (every pair computed)."""
+    from onepass.attention.mask import dense_mask
 
     kv_end_BL = torch.as_tensor(np.asarray(kv_end_BL))
     mask_B1LL = dense_mask(kv_end_BL.reshape(-1, kv_end_BL.shape[-1]), device=q_BHLD.device)[:, None]
@@ -328,7 +328,7 @@ def onepass_cpu_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
         if given is not None:
             raise CpuAttentionError(f"onepass_cpu does not implement {name}={given!r} (layer "
                                     f"{getattr(module, 'layer_idx', '?')}); use attn_implementation='sdpa' "
-                                    "with onepass.attention's dense mask, or turn it off")
+                                    "with onepass.attention.backends's dense mask, or turn it off")
     if key.dtype != query.dtype or value.dtype != query.dtype:  # CPU autocast hands over mixed dtypes
         key, value = key.to(query.dtype), value.to(query.dtype)
     out_BHLD = tree_attention(query, key, value, plan_of(attention_mask), scale=scaling)

@@ -43,10 +43,10 @@ def add_parser(sub: Any) -> None:
 
 def load_workload(name: str, n: int, seed: int) -> list[Any]:
     if name == "mathchat":
-        from .data.mathchat import load_sample
+        from onepass.data.mathchat import load_sample
 
         return load_sample(limit=n)
-    from .data.synthetic import generate_conversations
+    from onepass.data.synthetic import generate_conversations
 
     return generate_conversations(n, seed=seed)
 
@@ -54,11 +54,11 @@ def load_workload(name: str, n: int, seed: int) -> list[Any]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from . import bench
-    from .bench_report import markdown, plots
-    from .render import render_views
-    from .tokenizer import load_tokenizer
-    from .verify import compact_vocab
+    from onepass.bench import harness as bench
+    from onepass.bench.report import markdown, plots
+    from onepass.render import render_views
+    from onepass.tokenizer import load_tokenizer
+    from onepass.verify import compact_vocab
 
     if args.model_shape not in bench.MODEL_SHAPES:
         raise ValueError(f"unknown --model-shape {args.model_shape!r}; use one of {', '.join(bench.MODEL_SHAPES)}")
@@ -66,10 +66,10 @@ def run(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     backends = (args.backends or ("sdpa,onepass_cpu" if device.type == "cpu" else "flex_attention,sdpa")).split(",")
     if "onepass_cpu" in backends:
-        from .cpu_attention import register
+        from onepass.attention.cpu import register
 
         register()
-    from . import bench_trl
+    from onepass.bench import trl as bench_trl
 
     known = [*bench.SETTINGS, bench_trl.SETTING]
     settings = (args.settings or ",".join(known)).split(",")

@@ -10,22 +10,24 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from onepass.mask import (
-    ROLE_HUMAN,
-    ROLE_RESPONSE_IN,
-    ROLE_RESPONSE_OUT,
-    ROLE_THINK,
+from onepass.attention.mask import (
     additive_mask,
     block_any,
     dense_mask,
     dense_mask_reference,
     generate_tree_mask_mod,
     pad_kv_end,
+    sdpa_mask,
+    tree_block_mask,
+)
+from onepass.attention.paper import (
+    ROLE_HUMAN,
+    ROLE_RESPONSE_IN,
+    ROLE_RESPONSE_OUT,
+    ROLE_THINK,
     paper_layout,
     paper_role_mask,
     paper_turn_ids,
-    sdpa_mask,
-    tree_block_mask,
 )
 from onepass.tree import IGNORE, ancestors_reference, build_layout, concat
 

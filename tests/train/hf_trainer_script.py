@@ -17,7 +17,7 @@ def main(data: str, out: str, batch: int, vocab: int) -> None:
     import datasets
     from transformers import TrainingArguments
 
-    from onepass.hf_trainer import OnePassTrainer
+    from onepass.train.hf_trainer import OnePassTrainer
     from onepass.precision import float64_norms
     from onepass.tiny import tiny_model
 

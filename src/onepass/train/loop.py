@@ -4,7 +4,7 @@ Why this module exists: the one-pass loss equals the N-pass loss for a set of
 conversations (:mod:`onepass.loss`), so a training run is equivalent when each
 optimizer step (1) covers the same conversations and (2) divides the summed
 weighted cross entropy by the same number. (1) is the data order of
-:mod:`onepass.train_data`; (2) is the *global* sum of target weights of the
+:mod:`onepass.train.data`; (2) is the *global* sum of target weights of the
 step, over every micro-batch and every process (for token weighting: the
 N-pass number of trained tokens). Each process adds ``loss_sum * world / W``
 to its gradients, because DDP averages gradients over processes:
@@ -22,8 +22,8 @@ accelerate still gives DDP / FSDP from ``accelerate launch`` (and torchrun),
 bf16 autocast and the device; everything else (accumulation, normalisation,
 checkpoints, resume) is here in plain sight.
 
-    >>> from onepass.train import train
-    >>> from onepass.train_config import load_config
+    >>> from onepass.train.loop import train
+    >>> from onepass.train.config import load_config
     >>> result = train(load_config("configs/tiny-cpu.yaml", {"max_steps": 5}))   # doctest: +SKIP
     >>> result.losses[-1] < result.losses[0]                                      # doctest: +SKIP
 """
@@ -41,9 +41,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .loss import ForwardView, batch_loss
-from .train_config import TrainConfig, TrainConfigError, write_yaml
-from .train_data import (
+from onepass.loss import ForwardView, batch_loss
+from onepass.train.config import TrainConfig, TrainConfigError, write_yaml
+from onepass.train.data import (
     TrainData,
     check_data,
     collate,
@@ -57,7 +57,7 @@ from .train_data import (
     total_steps,
     units_per_step,
 )
-from .tree import Layout
+from onepass.tree import Layout
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,7 +124,7 @@ def evaluate(accelerator: Any, model: Any, data: TrainData, config: TrainConfig)
     that processes with different numbers of passes would not match); sharded models run
     wrapped, with every process padded to the same number of passes.
     """
-    from .train_checkpoint import is_sharded
+    from onepass.train.checkpoint import is_sharded
 
     world, rank, sharded = accelerator.num_processes, accelerator.process_index, is_sharded(accelerator)
     unwrapped = accelerator.unwrap_model(model)
@@ -181,7 +181,7 @@ class _Loaded:
 
 def _load_data(config: TrainConfig, *, main: bool, say: Callable[[str], None]) -> _Loaded:
     """Train (and eval) units; a tiny model's vocabulary is compacted to the ids that occur."""
-    from .train_model import load_tokenizer_for
+    from onepass.train.model import load_tokenizer_for
 
     raw = [s for s in (config.data, config.eval_data) if s is not None and not Path(s).is_dir()]
     tokenizer = load_tokenizer_for(config) if config.model is not None or raw else None
@@ -204,7 +204,7 @@ class _Stepper:
 
     def __init__(self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any, data: TrainData,
                  config: TrainConfig) -> None:
-        from .train_checkpoint import is_sharded
+        from onepass.train.checkpoint import is_sharded
 
         self.accelerator, self.model, self.optimizer, self.scheduler = accelerator, model, optimizer, scheduler
         self.data, self.config = data, config
@@ -253,7 +253,7 @@ class _Stepper:
 def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callable[[str], None] = print
           ) -> TrainResult:
     """Run ``config``; with ``resume`` (True = latest checkpoint, or a checkpoint path) continue a run."""
-    from .train_checkpoint import (
+    from onepass.train.checkpoint import (
         check_compatible,
         find_checkpoint,
         is_sharded,
@@ -261,7 +261,7 @@ def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callabl
         read_state,
         save_checkpoint,
     )
-    from .train_model import (
+    from onepass.train.model import (
         check_environment,
         count_parameters,
         load_model,
@@ -271,7 +271,7 @@ def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callabl
         resolve_device,
         save_final,
     )
-    from .train_report import Reporter
+    from onepass.train.report import Reporter
 
     device = resolve_device(config.device)  # everything that can fail on this machine fails here, in a second
     check_environment(config, device)

@@ -120,8 +120,8 @@ def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
 
 
 def _validate(c: TrainConfig) -> None:
-    from .schedule import WEIGHTINGS, parse_schedule
-    from .tiny import TINY_ARCHS
+    from onepass.schedule import WEIGHTINGS, parse_schedule
+    from onepass.tiny import TINY_ARCHS
 
     if c.data is None:
         _fail("no training data: set data (a conversations file, builtin:mathchat or a prepared directory)")

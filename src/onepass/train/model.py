@@ -3,7 +3,7 @@
 Why this module exists: everything that depends on the hardware or on optional
 packages (peft, bitsandbytes) is decided here, once, before any data is
 touched, so a run that cannot work stops in its first second with one line
-(:class:`~onepass.train_config.TrainConfigError`), not after an hour of
+(:class:`~onepass.train.config.TrainConfigError`), not after an hour of
 preparing data.
 
     full    every parameter trains; save_pretrained writes the whole model
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .train_config import QLORA_ON_CPU, TrainConfig, TrainConfigError
+from onepass.train.config import QLORA_ON_CPU, TrainConfig, TrainConfigError
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -50,8 +50,8 @@ def resolve_attention(spec: str, device: torch.device) -> str:
 
     Any name :func:`onepass.attention.check_backend` accepts passes through.
     """
-    from .attention import check_backend, default_backend
-    from .cpu_attention import register
+    from onepass.attention.backends import check_backend, default_backend
+    from onepass.attention.cpu import register
 
     backend = spec
     if spec == "auto":
@@ -134,7 +134,7 @@ def load_tokenizer_for(config: TrainConfig) -> Any:
 @functools.lru_cache(maxsize=4)
 def _cached_tokenizer(spec: str, chat_template: str | None) -> Any:
     """Loading a 150k-token vocabulary takes seconds; runs in one process (tests, the demo) share it."""
-    from .tokenizer import load_tokenizer
+    from onepass.tokenizer import load_tokenizer
 
     return load_tokenizer(spec, chat_template=chat_template)
 
@@ -144,7 +144,7 @@ def load_model(config: TrainConfig, *, device: torch.device, attention: str, voc
     """The model to train, on ``device``, in train mode, with adapters when asked."""
     dtype = torch_dtype(config.dtype)
     if config.tiny is not None:
-        from .tiny import tiny_model
+        from onepass.tiny import tiny_model
 
         assert vocab_size is not None
         model = tiny_model(config.tiny, vocab_size, dtype=dtype, seed=config.seed, attn_implementation=attention,

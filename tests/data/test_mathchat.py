@@ -20,7 +20,7 @@ from onepass.data.mathchat import (
     strip_annotations,
 )
 
-SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "mathchat"
+SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "mathchat"
 needs_shared = pytest.mark.skipif(not all((SHARED / n).is_file() for n in SAMPLE_FILES),
                                   reason=f"original MathChat files not found under {SHARED}")
 

@@ -32,13 +32,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .loss import batch_loss, layouts_to_batch
-from .pack import pack_layouts
-from .render import View
-from .schedule import parse_schedule, schedule_views
-from .data.stats import MODEL_SHAPES as STATS_SHAPES
-from .data.stats import ModelShape
-from .tree import Layout
+from onepass.loss import batch_loss, layouts_to_batch
+from onepass.pack import pack_layouts
+from onepass.render import View
+from onepass.schedule import parse_schedule, schedule_views
+from onepass.data.stats import MODEL_SHAPES as STATS_SHAPES
+from onepass.data.stats import ModelShape
+from onepass.tree import Layout
 
 SETTINGS: dict[str, tuple[str, bool]] = {
     "n-pass": ("n-pass", False),
@@ -185,13 +185,13 @@ def time_training(job: Job) -> Timing:
     fresh process so allocator state never carries over between settings and
     the CPU peak RSS is this setting's own.
     """
-    from .attention import attention_mask_for
-    from .tiny import tiny_model
+    from onepass.attention.backends import attention_mask_for
+    from onepass.tiny import tiny_model
 
     torch.set_num_threads(job.threads)
     device = torch.device(job.device)
     if job.backend == "onepass_cpu":  # a fresh process: register the backend again
-        from .cpu_attention import register
+        from onepass.attention.cpu import register
 
         register()
     model = tiny_model("qwen3", job.vocab, dtype=getattr(torch, job.dtype), seed=job.seed,

@@ -9,7 +9,8 @@ import torch
 
 trl = pytest.importorskip("trl")
 
-from onepass import bench, bench_trl  # noqa: E402
+from onepass.bench import harness as bench  # noqa: E402
+from onepass.bench import trl as bench_trl  # noqa: E402
 from onepass.cli import main  # noqa: E402
 from onepass.data.mathchat import load_sample  # noqa: E402
 from onepass.loss import view_loss_reference  # noqa: E402
@@ -61,7 +62,7 @@ def test_unknown_setting_names_the_choices():
     with pytest.raises(ValueError, match="trl-sft-packed"):
         from argparse import Namespace
 
-        from onepass.bench_cli import run
+        from onepass.bench.cli import run
 
         run(Namespace(model_shape="tiny", device="cpu", dtype=None, backends="sdpa", settings="nope",
                       conversations=1, repeats=1, max_tokens=None, quick=False, out="x", workload="mathchat",

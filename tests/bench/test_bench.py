@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from onepass import bench
+from onepass.bench import harness as bench
 from onepass.cli import main
 from onepass.render import View
 from onepass.tree import build_layout

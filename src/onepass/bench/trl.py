@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from .bench import Timing, peak_memory_since, start_peak_memory, sync_device
-from .render import View
+from onepass.bench.harness import Timing, peak_memory_since, start_peak_memory, sync_device
+from onepass.render import View
 
 SETTING = "trl-sft-packed"
 
@@ -80,7 +80,7 @@ def make_trainer(job: TrlJob, out_dir: str, callbacks: list[Any] | None = None) 
     """An ``SFTTrainer`` over the job's views: packed with BFD, loss on completions only."""
     from trl import SFTConfig, SFTTrainer
 
-    from .tiny import tiny_model
+    from onepass.tiny import tiny_model
 
     model = tiny_model("qwen3", job.vocab, dtype=getattr(torch, job.dtype), seed=job.seed,
                        attn_implementation=job.backend, device=job.device, **job.shape_kwargs).train()

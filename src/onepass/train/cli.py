@@ -9,7 +9,7 @@ the same things:
     onepass train --tiny qwen3 --data builtin:mathchat --max-steps 50 --lr 1e-3 --output-dir runs/t
     onepass train --config configs/qwen3-8b-qlora.yaml --resume          # latest checkpoint
 
-Also runnable alone (``python -m onepass.train_cli ...``), which is what
+Also runnable alone (``python -m onepass.train.cli ...``), which is what
 ``torchrun`` / ``accelerate launch`` start on every process.
 """
 
@@ -136,8 +136,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """``onepass train``: returns 0 when the run finished. Bad settings raise a ValueError (one line)."""
-    from .train import train
-    from .train_config import load_config
+    from onepass.train.loop import train
+    from onepass.train.config import load_config
 
     config = load_config(args.config, overrides_from_args(args))
     train(config, resume=args.resume)
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m onepass.train_cli``: the same command without the other subcommands."""
+    """``python -m onepass.train.cli``: the same command without the other subcommands."""
     import os
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from onepass.blocks import (
+from onepass.attention.blocks import (
     EMPTY,
     FULL,
     PARTIAL,
@@ -19,7 +19,7 @@ from onepass.blocks import (
     plan_pairs_reference,
     segment_plan,
 )
-from onepass.mask import block_any, dense_mask, pad_kv_end, sdpa_mask, tree_block_mask
+from onepass.attention.mask import block_any, dense_mask, pad_kv_end, sdpa_mask, tree_block_mask
 from onepass.tree import build_layout, concat
 
 from strategies import DOC_EXAMPLE, SCATTERED, V, layout_st, batch_strategy  # noqa: E402
@@ -30,7 +30,7 @@ batch_st = batch_strategy(9)
 
 
 def dense_kinds(kv_end_BL, block_size):
-    """Tile classes by reducing onepass.mask.dense_mask (cut tiles padded with hidden pairs)."""
+    """Tile classes by reducing onepass.attention.mask.dense_mask (cut tiles padded with hidden pairs)."""
     mask_BQK = dense_mask(kv_end_BL)
     L = mask_BQK.shape[-1]
     N = -(-L // block_size)

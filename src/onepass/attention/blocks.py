@@ -5,7 +5,7 @@ Two plans, one per kind of kernel:
 - :class:`BlockPlan` (FlexAttention, any device): which (query block, key
   block) tiles are empty, partial or full; :func:`block_mask` turns it into a
   ``BlockMask`` directly.
-- :class:`SegmentPlan` (the CPU path, :mod:`onepass.cpu_attention`): the row
+- :class:`SegmentPlan` (the CPU path, :mod:`onepass.attention.cpu`): the row
   cut into chains whose queries see their ancestors in full and themselves
   causally, tiled for a dense attention kernel.
 
@@ -188,7 +188,7 @@ def block_mask_from_plan(plan: BlockPlan, kv_end: Any, *,
     import torch
     from torch.nn.attention.flex_attention import BlockMask
 
-    from .mask import generate_tree_mask_mod
+    from onepass.attention.mask import generate_tree_mask_mod
 
     if device is None:
         device = kv_end.device if isinstance(kv_end, torch.Tensor) else "cpu"
@@ -214,7 +214,7 @@ def block_mask_from_plan(plan: BlockPlan, kv_end: Any, *,
 def block_mask(kv_end: Any, *, block_size: int = 128, device: torch.device | str | None = None) -> BlockMask:
     """The tree ``BlockMask`` for ``kv_end`` ([L] or [B, L]), built from :func:`block_plan`.
 
-    Equals ``onepass.mask.tree_block_mask`` (``create_block_mask``) tile for tile,
+    Equals ``onepass.attention.mask.tree_block_mask`` (``create_block_mask``) tile for tile,
     without evaluating the mask on L x L pairs.
     """
     return block_mask_from_plan(block_plan(kv_end, block_size), kv_end, device=device)

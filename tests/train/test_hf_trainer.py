@@ -18,14 +18,14 @@ import pytest
 import torch
 
 from onepass.conversation import parse_record
-from onepass.hf_trainer import OnePassCollator, OnePassTrainer, conversation_dataset, rows_dataset
+from onepass.train.hf_trainer import OnePassCollator, OnePassTrainer, conversation_dataset, rows_dataset
 from onepass.loss import view_loss_reference
 from onepass.precision import float64_norms
 from onepass.render import render_views
 from onepass.tiny import tiny_model
 from onepass.tree import IGNORE, Layout
 
-from test_train import synthetic_conversations
+from strategies import synthetic_conversations
 
 HERE = Path(__file__).parent
 
@@ -176,7 +176,7 @@ def test_no_trainable_conversation_is_an_error_naming_the_skip(convs, qwen3_toke
 
 
 def test_cpu_fast_backend_serves_the_trainer(tmp_path, datasets_):
-    from onepass.attention import default_backend
+    from onepass.attention.backends import default_backend
 
     one, n, ids = datasets_
     backend = default_backend("cpu")
@@ -217,7 +217,7 @@ def test_torchrun_two_processes_match_one(tmp_path, datasets_):
 def test_deepspeed_zero2_through_the_trainer_matches_plain(tmp_path, datasets_):
     pytest.importorskip("deepspeed")
     one, n, ids = datasets_
-    config = Path(__file__).parents[1] / "configs" / "deepspeed-zero2.json"
+    config = Path(__file__).parents[2] / "configs" / "deepspeed-zero2.json"
     losses = []
     for ds in (one, n):
         model = tiny_model("qwen3", len(ids), dtype=torch.float32, attn_implementation="flex_attention",

@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from .blocks import block_mask
-from .cpu_attention import BACKEND as ONEPASS_CPU
-from .cpu_attention import cpu_attention_mask
-from .cpu_attention import register as register_onepass_cpu
-from .mask import additive_mask, dense_mask
+from onepass.attention.blocks import block_mask
+from onepass.attention.cpu import BACKEND as ONEPASS_CPU
+from onepass.attention.cpu import cpu_attention_mask
+from onepass.attention.cpu import register as register_onepass_cpu
+from onepass.attention.mask import additive_mask, dense_mask
 
 BACKENDS = ("onepass_cpu", "sdpa", "eager", "flex_attention")
 

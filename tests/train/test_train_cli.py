@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from onepass.train_cli import add_parser, main, overrides_from_args
-from onepass.train_config import config_keys, load_config
+from onepass.train.cli import add_parser, main, overrides_from_args
+from onepass.train.config import config_keys, load_config
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +76,7 @@ def test_flags_override_the_file_and_yaml_numbers_are_coerced(tmp_path):
     config = load_config(path, {"tiny": "llama", "batch_size": 2, "lr": None})
     assert config.tiny == "llama" and config.model is None  # a flag picks the model source
     assert config.lr == 1e-4 and config.batch_size == 2 and config.report_to == ()
-    from onepass.train_model import lora_config
+    from onepass.train.model import lora_config
 
     assert config.lora_target_modules == "q_proj"
     assert lora_config(config).target_modules == {"q_proj"}  # a module name, not a regex
@@ -148,7 +148,7 @@ def _saved_tiny(tmp_path, vocab: int = 512) -> Path:
 
 @pytest.mark.requires_cuda
 def test_flex_blockmask_training_step_equals_sdpa_on_cuda(tmp_path):
-    from onepass.train import train
+    from onepass.train.loop import train
 
     base = dict(tiny="qwen3", data="builtin:mathchat", limit=8, batch_size=2, max_steps=3, lr=1e-3,
                 device="cuda", progress=False, save_model=False, dtype="float32")
@@ -162,7 +162,7 @@ def test_flex_blockmask_training_step_equals_sdpa_on_cuda(tmp_path):
 @pytest.mark.requires_cuda
 def test_qlora_trains_and_saves_an_adapter_on_cuda(tmp_path):
     pytest.importorskip("bitsandbytes")
-    from onepass.train import train
+    from onepass.train.loop import train
 
     model_dir = _saved_tiny(tmp_path, vocab=151_669)
     config = load_config(None, dict(model=str(model_dir), tokenizer="builtin:qwen3", data="builtin:mathchat",

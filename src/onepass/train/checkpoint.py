@@ -2,7 +2,7 @@
 
 Why this module exists: "resume continues the identical loss sequence" needs
 every piece of state that the next step reads. The data order is a function
-of (seed, step) (:mod:`onepass.train_data`), so a checkpoint holds only:
+of (seed, step) (:mod:`onepass.train.data`), so a checkpoint holds only:
 
     checkpoints/step-000012/
       trainable.safetensors   trainable parameters by name (the adapter for LoRA)
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .train_config import RESUME_KEYS, TrainConfig, TrainConfigError
+from onepass.train.config import RESUME_KEYS, TrainConfig, TrainConfigError
 
 PREFIX = "step-"
 
@@ -98,7 +98,7 @@ def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
     """Write the checkpoint of ``step`` on every process (collective); returns its directory."""
     from safetensors.torch import save_file
 
-    from .train_model import trainable_state
+    from onepass.train.model import trainable_state
 
     final = checkpoint_dir(output_dir, step)
     tmp = final.with_name(f".{final.name}.tmp")

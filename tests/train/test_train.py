@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from onepass.train import _micro_passes, eval_loss, train
-from onepass.train_config import load_config
-from onepass.train_data import (
+from onepass.train.loop import _micro_passes, eval_loss, train
+from onepass.train.config import load_config
+from onepass.train.data import (
     TrainData,
     epoch_order,
     forward_groups,
@@ -27,26 +27,7 @@ from onepass.train_data import (
 )
 from onepass.tree import Layout
 
-WORDS = "the of a to is in that it for on with as was at by an be this from or have not are but".split()
-
-
-def _text(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
-
-
-def synthetic_conversations(num: int, seed: int = 0) -> list[dict]:
-    """Reasoning conversations of 1-4 turns; some turns have empty reasoning (still trained)."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(num):
-        messages = []
-        for _ in range(rng.randint(1, 4)):
-            messages.append({"role": "user", "content": _text(rng, rng.randint(3, 12))})
-            reasoning = "" if rng.random() < 0.25 else _text(rng, rng.randint(4, 16))
-            messages.append({"role": "assistant", "content": _text(rng, rng.randint(2, 10)),
-                             "reasoning_content": reasoning})
-        out.append({"messages": messages})
-    return out
+from strategies import synthetic_conversations  # noqa: E402
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run fastest on one thread
@@ -69,7 +50,7 @@ def held_out(tmp_path_factory):
 @pytest.fixture
 def exact_norms(monkeypatch):
     """Training models get float64 RMSNorms (transformers upcasts them to float32; see onepass.precision)."""
-    import onepass.train_model as tm
+    import onepass.train.model as tm
     from onepass.precision import float64_norms
 
     original = tm.load_model
@@ -221,7 +202,7 @@ def test_resume_from_a_checkpoint_continues_the_identical_losses(tmp_path, chats
 
 
 def test_a_crash_leaves_a_checkpoint_to_resume_from(tmp_path, chats, monkeypatch):
-    import onepass.train as tr
+    import onepass.train.loop as tr
 
     common = dict(data=str(chats), max_steps=5)
     ref = run(tmp_path, "ref", **common)
@@ -246,7 +227,7 @@ def test_a_crash_leaves_a_checkpoint_to_resume_from(tmp_path, chats, monkeypatch
 
 
 def test_resume_refuses_different_settings(tmp_path, chats):
-    from onepass.train_config import TrainConfigError
+    from onepass.train.config import TrainConfigError
 
     run(tmp_path, "a", data=str(chats), max_steps=1)
     config = load_config(None, dict(tiny="qwen3", data=str(chats), batch_size=3, output_dir=str(tmp_path / "a"),
@@ -327,7 +308,7 @@ def test_torchrun_two_processes_give_the_same_losses_as_one(tmp_path, chats):
     out = tmp_path / "two"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "onepass.train_cli", "--tiny", "qwen3", "--data", str(chats), "--dtype", "float64",
+           "-m", "onepass.train.cli", "--tiny", "qwen3", "--data", str(chats), "--dtype", "float64",
            "--batch-size", "1", "--max-steps", str(steps), "--lr", "3e-3", "--seed", "0", "--device", "cpu",
            "--output-dir", str(out), "--no-progress", "--no-save-model"]
     proc = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=300)

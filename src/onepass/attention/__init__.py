@@ -1,0 +1,20 @@
+"""Attention over a tree layout: every backend derived from the same ``kv_end`` row column.
+
+    backends.py   which mask object each HF attention backend takes (the public entry points below)
+    mask.py       the dense mask, its numpy reference, FlexAttention's ``mask_mod``
+    blocks.py     the block plan (which query x key tiles hold visible pairs) and the BlockMask built from it
+    cpu.py        ``onepass_cpu``: a CPU backend that computes only the visible pairs
+    paper.py      the seed paper's layout and role-id mask, kept as a separate reference
+"""
+
+from onepass.attention.backends import (
+    BACKENDS,
+    BackendError,
+    attention_mask_for,
+    check_backend,
+    default_backend,
+    model_backend,
+)
+
+__all__ = ["BACKENDS", "BackendError", "attention_mask_for", "check_backend", "default_backend",
+           "model_backend"]

@@ -1,0 +1,7 @@
+"""The benchmark behind ``onepass bench``: every setting timed side by side, in fresh processes.
+
+    harness.py   settings, layouts, the timed training step in a subprocess, summaries
+    trl.py       the TRL ``SFTTrainer`` baseline on the same N-pass views
+    report.py    JSON, Markdown table and PNG plots
+    cli.py       ``onepass bench``
+"""
