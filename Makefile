@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test test-fast clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+test-fast: setup   # everything but the two whole-benchmark runs (marked slow)
+	$(PY) -m pytest -q -m "not slow"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis

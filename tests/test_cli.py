@@ -9,6 +9,7 @@ import pytest
 
 from onepass.cli import main
 from onepass.conversation import read_conversations
+from onepass.data.load import load_conversations
 from onepass.data.mathchat import sample_path
 from onepass.prepare import PrepareConfig, load_rows, prepare
 from onepass.tree import COLUMNS
@@ -43,7 +44,20 @@ def test_prepare_writes_exactly_the_columns_and_stats(tmp_path, qwen3_tokenizer)
     rows, _ = prepare(convs, qwen3_tokenizer, PrepareConfig())
     for a, b in zip(rows, load_rows(out)):
         for c in COLUMNS:
-            np.testing.assert_allclose(getattr(a, c), getattr(b, c), rtol=1e-7)
+            np.testing.assert_array_equal(getattr(a, c), getattr(b, c))
+
+
+def test_turn_weights_survive_the_disk_exactly(tmp_path, qwen3_tokenizer):
+    """1/n weights are not representable in float32: the disk keeps them in float64, bit for bit."""
+    out = tmp_path / "turn"
+    assert main(["prepare", "--data", "builtin:mathchat", "--limit", "6", "--out", str(out),
+                 "--weighting", "turn", "--no-progress"]) == 0
+    convs = read_conversations(sample_path(), limit=6).conversations
+    rows, _ = prepare(convs, qwen3_tokenizer, PrepareConfig(weighting="turn"))
+    stored = load_rows(out)
+    assert any((r.weights.astype(np.float32) != r.weights).any() for r in rows)  # the case float32 would lose
+    for a, b in zip(rows, stored, strict=True):
+        np.testing.assert_array_equal(a.weights, b.weights)
 
 
 def test_prepare_packed_rows_fit_the_budget(tmp_path):
@@ -143,3 +157,170 @@ def test_data_convert_mathchat(tmp_path, capsys):
     (record,) = [json.loads(x) for x in out.read_text().splitlines()]
     assert [m["role"] for m in record["messages"]] == ["user", "assistant", "user", "assistant"]
     assert main(["prepare", "--data", str(out), "--out", str(tmp_path / "p"), "--no-progress"]) == 0
+
+
+def test_key_value_flags_parse_the_same_in_every_subcommand():
+    import argparse
+
+    from onepass.render import parse_key_value, template_kwargs
+    from onepass.train.cli import add_parser
+
+    assert parse_key_value("enable_thinking=false") == ("enable_thinking", False)
+    assert parse_key_value("n=3") == ("n", 3) and parse_key_value("a=b=c") == ("a", "b=c")
+    assert parse_key_value("name=qwen 3") == ("name", "qwen 3") and parse_key_value("e=") == ("e", "")
+    with pytest.raises(ValueError, match="--template-kwarg expects KEY=VALUE, got '=1'"):
+        parse_key_value("=1")
+    pairs = ["enable_thinking=true", "depth=2", "tag=x"]
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    train_args = parser.parse_args(["train", *[x for p in pairs for x in ("--template-kwarg", p)]])
+    assert dict(train_args.template_kwargs) == template_kwargs(pairs) == {"enable_thinking": True, "depth": 2,
+                                                                           "tag": "x"}
+
+
+# ---------------------------------------------------------------------------------------------
+# one --data resolver: every spec through every command
+
+
+@pytest.fixture
+def shared_tokenizer(monkeypatch, qwen3_tokenizer):
+    """builtin:qwen3 loaded once for the whole matrix (a load takes ~1.5 s; the result is the same)."""
+    import onepass.tokenizer
+
+    real = onepass.tokenizer.load_tokenizer
+
+    def load(spec, *, chat_template=None):
+        if spec == "builtin:qwen3" and chat_template is None:
+            return qwen3_tokenizer
+        return real(spec, chat_template=chat_template)
+
+    monkeypatch.setattr(onepass.tokenizer, "load_tokenizer", load)
+
+
+@pytest.fixture(scope="module")
+def prepared_rows(tmp_path_factory):
+    from data_specs import write_prepared
+
+    return write_prepared(tmp_path_factory.mktemp("rows"))
+
+
+def _spec(kind, tmp_path, prepared_rows):
+    from data_specs import write_spec
+
+    return prepared_rows if kind == "rows" else write_spec(kind, tmp_path / "data")
+
+
+def _train_argv(spec, out):
+    return ["train", "--tiny", "qwen3", "--data", spec, "--max-steps", "1", "--limit", "2", "--output-dir", str(out),
+            "--no-progress", "--no-save-model", "--report-to", "none", "--device", "cpu"]
+
+
+NEEDS_CONVERSATIONS = "prepared rows (written by onepass prepare), not conversations; this command needs conversations"
+COMMANDS = ("prepare", "verify", "show", "train", "bench")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("kind", ["jsonl", "json", "parquet", "folder", "saved", "builtin", "synthetic", "rows"])
+def test_every_data_spec_through_every_command(kind, command, tmp_path, capsys, shared_tokenizer, prepared_rows,
+                                               one_thread):
+    """Whatever ``prepare`` accepts, every command accepts; prepared rows are for train only (one line elsewhere)."""
+    spec = _spec(kind, tmp_path, prepared_rows)
+    out = tmp_path / "out"
+    if kind == "rows" and command != "train":
+        argv = {"prepare": ["prepare", "--data", spec, "--out", str(out)],
+                "verify": ["verify", "--data", spec],
+                "show": ["show", "--data", spec, "--out", str(out / "m.png")],
+                "bench": ["bench", "--data", spec, "--out", str(out)]}[command]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("onepass: error: ") and NEEDS_CONVERSATIONS in err[0], err
+        assert not out.exists()
+        return
+    expected = load_conversations(spec, limit=2).conversations if kind != "rows" else None
+    if command == "prepare":
+        assert main(["prepare", "--data", spec, "--out", str(out), "--limit", "2", "--no-progress"]) == 0
+        assert json.loads((out / "stats.json").read_text())["conversations"] == 2
+    elif command == "verify":
+        assert main(["verify", "--data", spec, "--limit", "2", "--tiny", "qwen3"]) == 0
+        last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert last["equal"] and last["num_conversations"] == 2
+        assert last["num_views"] == sum(c.num_assistant_turns for c in expected)
+    elif command == "show":
+        assert main(["show", "--data", spec, "--limit", "2", "--index", "1", "--out", str(out / "m.png")]) == 0
+        assert (out / "m.png").read_bytes()[:4] == b"\x89PNG"
+    elif command == "train":
+        assert main(_train_argv(spec, out)) == 0
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert (metrics["unit"], metrics["units"]) == (("row", 2) if kind == "rows" else ("conversation", 2))
+    else:  # a whole bench run times every setting in fresh processes (tests/bench); its data is this
+        from onepass.bench.cli import load_workload
+
+        assert load_workload(spec, 2) == expected
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, "data stats"])
+@pytest.mark.parametrize("make,message", [
+    (lambda d: "missing.jsonl", "data file not found: missing.jsonl"),
+    (lambda d: "builtin:nope", "unknown built-in data 'builtin:nope'"),
+    (lambda d: "synthetic:nope", "unknown synthetic workload 'nope'"),
+    (lambda d: (d / "empty").mkdir() or "empty", "folder empty has no data files"),
+    (lambda d: (d / "notes.txt").write_text("x") and "notes.txt", "notes.txt: unsupported file type '.txt'"),
+], ids=["missing", "builtin", "synthetic", "empty-folder", "txt"])
+def test_a_bad_data_spec_is_one_line_and_exit_2_for_every_command(command, make, message, tmp_path, capsys,
+                                                                  monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = make(tmp_path)
+    argv = {"prepare": ["prepare", "--data", spec, "--out", "o"],
+            "verify": ["verify", "--data", spec],
+            "show": ["show", "--data", spec, "--out", "m.png"],
+            "train": _train_argv(spec, "t"),
+            "bench": ["bench", "--data", spec, "--out", "b"],
+            "data stats": ["data", "stats", "--data", spec, "--tokenizer", "none"]}[command]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("onepass: error: ") and message in err[0], err
+    assert not any((tmp_path / name).exists() for name in ("o", "m.png", "t", "b"))
+
+
+def test_a_bug_inside_a_command_is_not_swallowed(monkeypatch, capsys, shared_tokenizer):
+    """Only OnePassError is a user error: a ValueError from deep inside (numpy, torch, us) keeps its traceback."""
+    import onepass.show
+
+    def broken(*args, **kwargs):
+        raise ValueError("operands could not be broadcast together")
+
+    monkeypatch.setattr(onepass.show, "show", broken)
+    with pytest.raises(ValueError, match="could not be broadcast"):
+        main(["show", "--data", "builtin:mathchat", "--limit", "1", "--out", "m.png"])
+    assert "onepass: error" not in capsys.readouterr().err
+
+
+def test_onepass_debug_shows_the_traceback_of_a_user_error(monkeypatch):
+    from onepass.errors import DataNotFound
+
+    monkeypatch.setenv("ONEPASS_DEBUG", "1")
+    with pytest.raises(DataNotFound, match="missing.jsonl"):
+        main(["prepare", "--data", "missing.jsonl", "--out", "o"])
+
+
+def test_subcommands_are_plain_imports_and_nothing_imports_the_cli():
+    """cli.py imports its subcommand modules (no importlib strings); only the entry points import cli."""
+    import ast
+    from pathlib import Path
+
+    import onepass.cli
+
+    src = Path(onepass.cli.__file__).parent
+    cli_imports = {n.module for n in ast.walk(ast.parse(Path(onepass.cli.__file__).read_text()))
+                   if isinstance(n, ast.ImportFrom)} | {a.name for n in ast.walk(ast.parse(
+                       Path(onepass.cli.__file__).read_text())) if isinstance(n, ast.Import) for a in n.names}
+    assert "importlib" not in cli_imports
+    assert {"onepass.train", "onepass.data", "onepass.bench"} <= cli_imports  # from onepass.X import cli as X_cli
+    importers = []
+    for path in sorted(src.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module] if isinstance(node, ast.ImportFrom) else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if "onepass.cli" in names:
+                importers.append(path.relative_to(src).as_posix())
+    assert sorted(set(importers)) == ["__main__.py", "demo.py"]

@@ -17,7 +17,7 @@ from onepass.pack import pack_layouts
 from onepass.precision import float64_norms
 from onepass.render import render_views
 from onepass.schedule import schedule_views
-from onepass.tiny import TINY_ARCHS, tiny_model
+from onepass.tiny import DENSE_ARCHS, tiny_model
 from onepass.verify import compact_vocab, run_verify
 
 TOL = 1e-9
@@ -53,7 +53,7 @@ def exact_model(arch, vocab, **kw):
     return model
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("arch", DENSE_ARCHS)  # the other architectures: test_architectures.py
 def test_one_pass_loss_and_gradients_equal_n_pass(conversations, arch):
     views, vocab = conversations
     report = run_verify(views, exact_model(arch, vocab), schedule="one-pass")

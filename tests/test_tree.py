@@ -206,3 +206,18 @@ def test_view_reuses_the_branch_it_continues():
     # so it must walk into the second copy of h, not the first
     layout = build_layout([V([1, 2], 1), V([1, 3], 1), V([1, 3, 4], 2)])
     assert len(layout) == 5
+
+
+def test_rows_round_trip_through_columns_with_the_schema_dtypes():
+    from onepass.tree import COLUMNS, ROW_DISK_DTYPES, ROW_SCHEMA, row_from_columns, rows_to_columns
+
+    assert COLUMNS == tuple(ROW_SCHEMA) == tuple(ROW_DISK_DTYPES) == (
+        "input_ids", "position_ids", "kv_end", "targets", "weights")
+    layout = build_layout([V([1, 2, 3], 1), V([1, 2, 4], 2)], weights=[0.5, 2.0])
+    columns = rows_to_columns([layout, layout])
+    assert list(columns) == list(COLUMNS) and len(columns["kv_end"]) == 2
+    stored = {c: np.asarray(v[0], dtype=ROW_DISK_DTYPES[c]).tolist() for c, v in columns.items()}  # as on disk
+    back = row_from_columns(stored)
+    for c in COLUMNS:
+        assert getattr(back, c).dtype == ROW_SCHEMA[c]
+        assert np.array_equal(getattr(back, c), getattr(layout, c))

@@ -7,34 +7,55 @@ Subcommands::
     onepass show    --data FILE --tokenizer SPEC --index I --out mask.png
     onepass train   --config FILE.yaml [--model ID|PATH | --tiny ARCH] [--data ...] [--resume] [flags]
     onepass data convert-mathchat|sample|augment|stats ...   (see onepass.data.cli)
-    onepass bench --quick --out DIR                                  (see onepass.bench.cli)
+    onepass bench --quick --out DIR [--data SPEC]                    (see onepass.bench.cli)
+    onepass export --adapter DIR --out DIR [--base MODEL] [--push-to-hub ID]   (see onepass.export)
+    onepass eval --data SPEC --model PATH|--tiny ARCH --out DIR [--history reference|model]
+                 [--backend hf|vllm|openai]                             (see onepass.evaluate.cli)
 
-``--data builtin:mathchat`` is the bundled MathChat sample; ``--tokenizer
-builtin:qwen3`` is the real Qwen3 vocabulary and template, offline. Errors a
-user can cause print one line (``onepass: error: ...``) and exit 2; set
-``ONEPASS_DEBUG=1`` to see the traceback instead.
+``--data`` is the same everywhere (:func:`onepass.data.load.resolve_data`): a
+.jsonl/.json/.parquet file, a folder of them, a saved dataset, a hub id
+(online), ``builtin:mathchat`` (the bundled MathChat sample) or
+``synthetic:NAME``; ``train`` also takes the rows ``prepare`` wrote.
+``--tokenizer builtin:qwen3`` is the real Qwen3 vocabulary and template,
+offline. Errors a user can cause (:class:`onepass.errors.OnePassError`) print
+one line (``onepass: error: ...``) and exit 2; set ``ONEPASS_DEBUG=1`` to see
+the traceback instead. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from onepass.render import COMPLETION_FORMATS, RenderConfig
+from onepass import export as export_cli
+from onepass.bench import cli as bench_cli
+from onepass.data import cli as data_cli
+from onepass.evaluate import cli as eval_cli
+from onepass.errors import UsageError, run_main
+from onepass.hub import hub_offline, offline_reason
+from onepass.render import COMPLETION_FORMATS, RenderConfig, template_kwargs
 from onepass.schedule import WEIGHTINGS, parse_schedule
+from onepass.train import cli as train_cli
 
 DTYPES = ("float64", "float32", "bfloat16")
-EXTENSIONS = ("onepass.train.cli", "onepass.data.cli", "onepass.bench.cli")
+SUBCOMMAND_MODULES = (train_cli, data_cli, bench_cli, export_cli, eval_cli)  # subcommands that live beside their code
 
+DESCRIPTION = """\
+Fine-tune reasoning models on multi-turn conversations with one forward pass per
+conversation instead of one per assistant turn, with exactly the per-turn loss."""
+EPILOG = """\
+a typical session:
+  onepass prepare --data chats.jsonl --tokenizer Qwen/Qwen3-8B --out prepared/
+  onepass verify  --data chats.jsonl --tokenizer Qwen/Qwen3-8B       # one-pass loss == per-turn loss
+  onepass train   --config configs/qwen3-8b-qlora.yaml --data chats.jsonl
+  onepass export  --adapter runs/qwen3-8b/final --out merged/        # LoRA -> one model directory
+  onepass eval    --model merged/ --data held-out.jsonl --out eval/  # accuracy per turn
 
-class UsageError(ValueError):
-    """A bad command-line value."""
+--data takes a .jsonl/.json/.parquet file, a folder, a saved dataset, builtin:mathchat
+(a bundled sample) or a hub id. 'onepass COMMAND --help' shows a command's options."""
 
 
 def _schedule(value: str) -> str:
@@ -45,33 +66,10 @@ def _schedule(value: str) -> str:
     return value
 
 
-def _template_kwargs(pairs: Sequence[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs; VALUE is parsed as JSON when it can be (true, 3, "x")."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--template-kwarg expects KEY=VALUE, got {pair!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
-def resolve_data(spec: str) -> Path:
-    if spec == "builtin:mathchat":
-        from onepass.data.mathchat import sample_path
-
-        return sample_path()
-    path = Path(spec)
-    if not path.exists():
-        raise FileNotFoundError(f"data file not found: {spec}")
-    return path
-
-
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", required=True, help="conversations (.jsonl/.json/.parquet) or builtin:mathchat")
+    p.add_argument("--data", required=True,
+                   help="conversations: .jsonl/.json/.parquet, a folder of them, a saved dataset, "
+                        "builtin:mathchat, synthetic:NAME or a hub id (online only)")
     p.add_argument("--tokenizer", default="builtin:qwen3",
                    help="builtin:qwen3 (offline), a local tokenizer directory or a hub id")
     p.add_argument("--chat-template", help="a .jinja file or builtin:NAME replacing the tokenizer's template")
@@ -84,9 +82,24 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true", help="stop at the first bad record instead of skipping it")
 
 
+def version() -> str:
+    """The installed distribution's version, else (a source tree on the path) ``onepass.__version__``."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed_version
+
+    try:
+        return installed_version("onepass")
+    except PackageNotFoundError:
+        from onepass import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="onepass", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="onepass", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"onepass {version()}")
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
     p = sub.add_parser("prepare", help="conversations -> one-pass rows (Arrow) + stats.json")
     _add_common(p)
@@ -98,43 +111,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-proc", type=int, default=1,
                    help="render and tokenise on N processes (datasets.map); same rows and stats")
     p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("verify", help="one-pass vs N-pass loss and gradients on the same conversations")
     _add_common(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", help="a local model directory or hub id")
-    src.add_argument("--tiny", default="qwen3", help="random tiny model of this architecture (default qwen3)")
+    src.add_argument("--tiny", default="qwen3",
+                     help="random tiny model of this architecture (default qwen3; see onepass.tiny.TINY_ARCHS)")
     p.add_argument("--dtype", choices=DTYPES, default="float64")
     p.add_argument("--schedule", type=_schedule, default="one-pass")
     p.add_argument("--weighting", choices=WEIGHTINGS, default="token")
-    p.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"), help="attention backend")
+    p.add_argument("--attn", default="auto", choices=("auto", "onepass_cpu", "sdpa", "eager"),
+                   help="attention backend (auto: one the model supports exactly on CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tolerance", type=float, default=None,
                    help="exit 1 when the relative loss or gradient difference exceeds this "
                         "(default 1e-9 for float64, 1e-4 for float32, 2e-2 for bfloat16)")
-    p.set_defaults(limit=8)
+    p.set_defaults(limit=8, func=cmd_verify)
 
     p = sub.add_parser("show", help="draw one conversation's tree mask as a PNG")
     _add_common(p)
     p.add_argument("--index", type=int, default=0, help="which valid conversation (0-based)")
     p.add_argument("--schedule", type=_schedule, default="one-pass")
     p.add_argument("--out", required=True, help="output .png")
+    p.set_defaults(func=cmd_show)
 
-
-    for module in EXTENSIONS:  # subcommands that live beside their code: add_parser(sub) sets func
-        importlib.import_module(module).add_parser(sub)
+    for module in SUBCOMMAND_MODULES:  # add_parser(sub) adds the subcommand and sets its func
+        module.add_parser(sub)
     return parser
 
 
 def _render_config(args: argparse.Namespace) -> RenderConfig:
-    return RenderConfig(template_kwargs=_template_kwargs(args.template_kwarg),
+    return RenderConfig(template_kwargs=template_kwargs(args.template_kwarg),
                         completion_format=args.completion_format)
 
 
 def _read(args: argparse.Namespace):
     from onepass.data.load import load_conversations
 
-    report = load_conversations(args.data, strict=args.strict, limit=args.limit)
+    report = load_conversations(args.data, strict=args.strict, limit=args.limit)  # refuses prepared rows
     for line in report.skipped[:5]:
         print(f"skipped: {line}", file=sys.stderr)
     if len(report.skipped) > 5:
@@ -149,10 +165,14 @@ def _tokenizer(args: argparse.Namespace):
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
+    from onepass.data.load import conversation_source
     from onepass.prepare import PrepareConfig, PrepareStats, prepare, write_dataset
 
     config = PrepareConfig(schedule=args.schedule, max_tokens=args.max_tokens, pack=args.pack,
                            weighting=args.weighting, render=_render_config(args))
+    if args.num_proc < 1:
+        raise UsageError(f"--num-proc must be >= 1, got {args.num_proc}")
+    conversation_source(args.data)  # fails in one line before any work: missing, unrecognised, or prepared rows
     if args.num_proc > 1:
         from onepass.data.parallel import prepare_parallel
 
@@ -184,6 +204,8 @@ def _default_tolerance(dtype: str) -> float:
 def cmd_verify(args: argparse.Namespace) -> int:
     import torch
 
+    from onepass.divergence import locate
+    from onepass.guard import guard_backend
     from onepass.render import render_views
     from onepass.verify import compact_vocab, run_verify
 
@@ -192,19 +214,23 @@ def cmd_verify(args: argparse.Namespace) -> int:
     config = _render_config(args)
     views = [render_views(c, tokenizer, config) for c in report.conversations]
     dtype = getattr(torch, args.dtype)
+    requested = None if args.attn == "auto" else args.attn
     if args.model:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-        if not Path(args.model).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
-            raise UsageError(f"model {args.model!r} is not a local path and the hub is offline")
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation=args.attn)
+        if not Path(args.model).exists() and hub_offline():
+            raise UsageError(f"model {args.model!r} is not a local path and the hub is offline ({offline_reason()})")
+        backend = guard_backend(AutoConfig.from_pretrained(args.model), requested)
+        experts = {"experts_implementation": "eager"} if dtype == torch.float64 else {}  # no float64 grouped_mm
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation=backend, **experts)
         model.eval()
         label = args.model
     else:
-        from onepass.tiny import tiny_model
+        from onepass.tiny import tiny_config, tiny_model
 
         views, vocab = compact_vocab(views)
-        model = tiny_model(args.tiny, vocab, dtype=dtype, seed=args.seed, attn_implementation=args.attn)
+        backend = guard_backend(tiny_config(args.tiny, vocab), requested)
+        model = tiny_model(args.tiny, vocab, dtype=dtype, seed=args.seed, attn_implementation=backend)
         label = f"tiny {args.tiny} (random, vocabulary compacted to {vocab} ids)"
     if dtype == torch.float64:
         from onepass.precision import float64_norms
@@ -215,14 +241,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
     result = run_verify(views, model, schedule=args.schedule, weighting=args.weighting)
     tol = args.tolerance if args.tolerance is not None else _default_tolerance(args.dtype)
     ok = result.rel_loss_diff <= tol and result.max_rel_grad_diff <= tol
-    print(f"model: {label}, {args.dtype}, attention {args.attn}")
+    print(f"model: {label}, {args.dtype}, attention {backend}")
     print(f"{result.num_conversations} conversations, {result.num_views} views: "
           f"N-pass {result.n_pass_tokens} tokens vs {result.schedule} {result.one_pass_tokens} tokens "
           f"in {result.num_trees} trees")
     print(f"loss N-pass {result.loss_n_pass:.12g}  {result.schedule} {result.loss_one_pass:.12g}  "
           f"rel diff {result.rel_loss_diff:.3g}  max rel grad diff {result.max_rel_grad_diff:.3g}  "
           f"-> {'EQUAL' if ok else 'DIFFERENT'} within {tol:g}")
-    print(json.dumps({**result.to_dict(), "tolerance": tol, "equal": ok}))
+    where = {}
+    if not ok:  # which layer type: the first layer whose output at a tree node differs from N-pass
+        found = locate(model, views, worst_parameter=result.worst_parameter)
+        print(f"{found.describe()}; largest gradient difference in {result.worst_parameter}")
+        where = {"differing_layer": found.index, "layer_type": found.layer_type, "mixer": found.mixer,
+                 "max_layer_diff": found.max_diff}
+    print(json.dumps({**result.to_dict(), "attention": backend, "tolerance": tol, "equal": ok, **where}))
     return 0 if ok else 1
 
 
@@ -240,22 +272,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``onepass ...``: the exit status. User errors are one line and exit 2 (:func:`onepass.errors.run_main`)."""
     args = build_parser().parse_args(argv)
-    handler = getattr(args, "func", None) or {"prepare": cmd_prepare, "verify": cmd_verify,
-                                              "show": cmd_show}[args.command]
-
-    try:
-        return handler(args)
-    except ValueError as e:  # our errors are ValueErrors (ConversationError, RenderError, ...)
-        if os.environ.get("ONEPASS_DEBUG"):
-            raise
-        print(f"onepass: error: {e}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as e:
-        if os.environ.get("ONEPASS_DEBUG"):
-            raise
-        print(f"onepass: error: {e}", file=sys.stderr)
-        return 2
+    return run_main(args.func, args)
 
 
 if __name__ == "__main__":

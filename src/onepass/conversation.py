@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onepass.errors import DataError, DataNotFound
+
 ROLES = ("system", "user", "assistant", "tool")
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 SHAREGPT_ROLES = {
@@ -41,7 +43,7 @@ SHAREGPT_ROLES = {
 }
 
 
-class ConversationError(ValueError):
+class ConversationError(DataError):
     """A record that cannot be used; the message names file, record and message."""
 
 
@@ -318,7 +320,7 @@ def iter_records(path: str | Path) -> Iterator[tuple[int, Any]]:
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"data file not found: {path}")
+        raise DataNotFound(f"data file not found: {path}")
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".ndjson"):
         with path.open(encoding="utf-8") as f:

@@ -22,15 +22,14 @@ import torch.nn.functional as F
 
 from onepass.attention.backends import attention_mask_for
 from onepass.render import View
-from onepass.tree import IGNORE, Layout
+from onepass.tree import IGNORE, ROW_SCHEMA, Layout
 
 
 def layouts_to_batch(layouts: Sequence[Layout], *, device: torch.device | str = "cpu"
                      ) -> dict[str, torch.Tensor]:
     """Stack rows into [B, L] tensors; shorter rows are padded with self-only, untrained positions."""
     length = max(len(x) for x in layouts)
-    batch: dict[str, list[np.ndarray]] = {k: [] for k in ("input_ids", "position_ids", "kv_end",
-                                                          "targets", "weights")}
+    batch: dict[str, list[np.ndarray]] = {k: [] for k in ROW_SCHEMA}
     for x in layouts:
         pad = length - len(x)
         batch["input_ids"].append(np.pad(x.input_ids, (0, pad)))
@@ -38,11 +37,8 @@ def layouts_to_batch(layouts: Sequence[Layout], *, device: torch.device | str = 
         batch["kv_end"].append(np.concatenate([x.kv_end, np.arange(len(x), length) + 1]))
         batch["targets"].append(np.pad(x.targets, (0, pad), constant_values=IGNORE))
         batch["weights"].append(np.pad(x.weights, (0, pad)))
-    out = {k: torch.as_tensor(np.stack(v), device=device) for k, v in batch.items()}
-    for k in ("input_ids", "position_ids", "kv_end", "targets"):
-        out[k] = out[k].long()
-    out["weights"] = out["weights"].double()
-    return out
+    return {k: torch.as_tensor(np.stack(v).astype(ROW_SCHEMA[k], copy=False), device=device)
+            for k, v in batch.items()}
 
 
 def weighted_ce(logits_TV: torch.Tensor, targets_T: torch.Tensor, weights_T: torch.Tensor) -> torch.Tensor:
@@ -70,7 +66,7 @@ def batch_loss(model: Any, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Weighted-sum loss of a batch of rows (no normalisation: the caller divides)."""
     targets_BL = batch["targets"]
     keep_BL = targets_BL != IGNORE
-    mask = attention_mask_for(model, batch["kv_end"])
+    mask = attention_mask_for(model, batch["kv_end"], position_ids_BL=batch["position_ids"])
     if targets_BL.shape[0] == 1:
         keep = keep_BL[0].nonzero().squeeze(1)  # 1-D indices: supported by every transformers 5.x
     else:

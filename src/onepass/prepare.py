@@ -8,28 +8,29 @@ counted with its reason in :class:`PrepareStats`, printed, and written to
 
 On disk (``write_dataset``): a HF ``datasets`` Arrow dataset with exactly the
 columns ``input_ids, position_ids, kv_end, targets, weights`` (one row per
-packed row, or per tree when not packing) and ``stats.json``. The directory
-is written under a temporary name and renamed when complete, so a crash never
-leaves a half-written dataset behind.
+packed row, or per tree when not packing; names and dtypes from
+:data:`onepass.tree.ROW_SCHEMA`, stored as ``ROW_DISK_DTYPES``) and
+``stats.json``. The directory is written under a temporary name and renamed
+when complete (:func:`onepass.files.atomic_dir`), so a crash never leaves a
+half-written dataset behind.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from onepass.conversation import Conversation
+from onepass.errors import DataNotFound, UsageError
+from onepass.files import atomic_dir
+from onepass.flops import token_ratio
 from onepass.pack import pack_layouts
 from onepass.render import RenderConfig, RenderError, render_views
 from onepass.schedule import Schedule, parse_schedule, schedule_views
-from onepass.tree import COLUMNS, Layout, build_layout
+from onepass.tree import COLUMNS, ROW_DISK_DTYPES, Layout, build_layout, row_from_columns, rows_to_columns
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,9 +44,9 @@ class PrepareConfig:
     def __post_init__(self) -> None:
         parse_schedule(self.schedule)
         if self.pack and self.max_tokens is None:
-            raise ValueError("packing needs a row budget: pass --max-tokens")
+            raise UsageError("packing needs a row budget: pass --max-tokens")
         if self.max_tokens is not None and self.max_tokens < 2:
-            raise ValueError(f"max_tokens must be >= 2, got {self.max_tokens}")
+            raise UsageError(f"max_tokens must be >= 2, got {self.max_tokens}")
 
 
 @dataclass(kw_only=True)
@@ -165,17 +166,8 @@ def finalize(layouts: list[Layout], stats: PrepareStats, config: PrepareConfig
     if config.pack and config.max_tokens:
         stats.padding_tokens = stats.rows * config.max_tokens - stats.row_tokens
         stats.padding_fraction = stats.padding_tokens / max(1, stats.rows * config.max_tokens)
-    stats.token_ratio = stats.n_pass_tokens / stats.one_pass_tokens if stats.one_pass_tokens else 0.0
+    stats.token_ratio = token_ratio(stats.n_pass_tokens, stats.one_pass_tokens)
     return rows, stats
-
-
-def rows_to_columns(rows: Sequence[Layout]) -> dict[str, list[np.ndarray]]:
-    return {c: [getattr(r, c) for r in rows] for c in COLUMNS}
-
-
-def row_from_columns(item: Mapping[str, Any]) -> Layout:
-    """One row of a dataset (lists or arrays per column) as a :class:`Layout` with its dtypes."""
-    return Layout(**{c: np.asarray(item[c], dtype=np.float64 if c == "weights" else np.int64) for c in COLUMNS})
 
 
 def write_dataset(rows: list[Layout], stats: PrepareStats, out_dir: str | Path) -> Path:
@@ -183,27 +175,17 @@ def write_dataset(rows: list[Layout], stats: PrepareStats, out_dir: str | Path) 
     import datasets
 
     out = Path(out_dir)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    features = datasets.Features({
-        "input_ids": datasets.Sequence(datasets.Value("int32")),
-        "position_ids": datasets.Sequence(datasets.Value("int32")),
-        "kv_end": datasets.Sequence(datasets.Value("int32")),
-        "targets": datasets.Sequence(datasets.Value("int32")),
-        "weights": datasets.Sequence(datasets.Value("float32")),
-    })
+    features = datasets.Features({c: datasets.Sequence(datasets.Value(t)) for c, t in ROW_DISK_DTYPES.items()})
     ds = datasets.Dataset.from_dict(rows_to_columns(rows), features=features)
     bars_were_on = datasets.utils.logging.is_progress_bar_enabled()
     datasets.disable_progress_bars()  # prepare has its own progress bar
-    try:
-        ds.save_to_disk(str(tmp))
-    finally:
-        if bars_were_on:
-            datasets.enable_progress_bars()
-    (tmp / "stats.json").write_text(json.dumps(stats.to_dict(), indent=2) + "\n", encoding="utf-8")
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    with atomic_dir(out, replace=True) as tmp:
+        try:
+            ds.save_to_disk(str(tmp))
+        finally:
+            if bars_were_on:
+                datasets.enable_progress_bars()
+        (tmp / "stats.json").write_text(json.dumps(stats.to_dict(), indent=2) + "\n", encoding="utf-8")
     return out
 
 
@@ -212,6 +194,13 @@ def load_rows(path: str | Path) -> list[Layout]:
     import datasets
 
     if not Path(path).is_dir():
-        raise FileNotFoundError(f"prepared dataset not found: {path}")
-    ds = datasets.load_from_disk(str(path)).with_format("numpy")
-    return [row_from_columns(r) for r in ds]
+        raise DataNotFound(f"prepared dataset not found: {path}")
+    # Arrow, not the "numpy" format: that one casts every float column to float32 (1/n weights would drift).
+    ds = datasets.load_from_disk(str(path)).with_format("arrow")
+    rows = []
+    for batch in ds.iter(batch_size=256):
+        columns = {c: batch.column(c) for c in COLUMNS}
+        for i in range(batch.num_rows):
+            rows.append(row_from_columns({c: a[i].values.to_numpy(zero_copy_only=False)
+                                          for c, a in columns.items()}))
+    return rows

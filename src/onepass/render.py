@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from onepass.conversation import Conversation, Message
+from onepass.errors import DataError, UsageError
 
 COMPLETION_FORMATS: dict[str, str] = {
     # DeepSeek-R1 style templates strip reasoning from every assistant turn and end
@@ -54,7 +55,7 @@ new line) and ``{eos}`` (the tokenizer's EOS token). Any other string with these
 fields is accepted as a format too."""
 
 
-class RenderError(ValueError):
+class RenderError(DataError):
     """A conversation the template cannot split into prompt and completion."""
 
 
@@ -82,6 +83,27 @@ class RenderConfig:
 
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     completion_format: str | None = None  # a name from COMPLETION_FORMATS or a format string
+
+
+def parse_key_value(text: str, *, flag: str = "--template-kwarg") -> tuple[str, Any]:
+    """``KEY=VALUE`` -> ``(KEY, VALUE)``; VALUE is parsed as JSON when it can be (true, 3, "x"),
+    else kept as text. Every ``KEY=VALUE`` flag of every subcommand (``--template-kwarg``) reads through this.
+
+    >>> parse_key_value("enable_thinking=false"), parse_key_value("name=qwen 3")
+    (('enable_thinking', False), ('name', 'qwen 3'))
+    """
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise UsageError(f"{flag} expects KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def template_kwargs(pairs: Sequence[str]) -> dict[str, Any]:
+    """``--template-kwarg KEY=VALUE`` pairs (:func:`parse_key_value`) as a dict."""
+    return dict(parse_key_value(pair) for pair in pairs)
 
 
 def resolve_completion_format(spec: str | None) -> str | None:

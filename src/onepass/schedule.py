@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from onepass.errors import UsageError
 from onepass.render import View
 from onepass.tree import Layout, PrefixTree
 
@@ -52,7 +53,7 @@ def parse_schedule(spec: str) -> Schedule:
             k = 0
         if k >= 1:
             return Schedule(kind="k-pass", k=k)
-    raise ValueError(f"unknown schedule {spec!r}; use n-pass, one-pass, k-pass:K (K >= 1) or budget")
+    raise UsageError(f"unknown schedule {spec!r}; use n-pass, one-pass, k-pass:K (K >= 1) or budget")
 
 
 def view_weights(views: Sequence[View], weighting: str) -> list[float]:
@@ -64,7 +65,7 @@ def view_weights(views: Sequence[View], weighting: str) -> list[float]:
     if weighting == "conversation":
         total = sum(v.num_completion for v in views)
         return [1.0 / total] * len(views)
-    raise ValueError(f"unknown weighting {weighting!r}; use one of {', '.join(WEIGHTINGS)}")
+    raise UsageError(f"unknown weighting {weighting!r}; use one of {', '.join(WEIGHTINGS)}")
 
 
 def contiguous_groups(n: int, k: int) -> list[list[int]]:

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from onepass.conversation import Conversation, Message
+from onepass.errors import DataError
 from onepass.render import RenderConfig, render_texts, render_views
 from onepass.schedule import parse_schedule, schedule_views
 from onepass.tree import Layout, PrefixTree, concat
@@ -176,7 +177,7 @@ def node_roles(conv: Conversation, tokenizer: Any, config: RenderConfig = Render
         layouts.append(layout)
         all_roles += roles
     if not layouts:
-        raise ValueError(f"{conv.source}: no assistant turn to show")
+        raise DataError(f"{conv.source}: no assistant turn to show")
     return concat(layouts), all_roles
 
 

@@ -14,29 +14,79 @@ from typing import Any
 
 import torch
 
-TINY_ARCHS = ("qwen3", "llama", "qwen2", "mistral", "phi3", "olmo2")
+from onepass.errors import UsageError
+
+# dense: one attention type, no window (``mistral`` keeps its window off, as before)
+DENSE_ARCHS = ("qwen3", "llama", "qwen2", "mistral", "phi3", "olmo2")
+# exact with onepass (tested): windows of 8-16 tokens, so they cut through the history of real conversations
+WINDOWED_ARCHS = ("mistral-window", "qwen3-window", "gpt-oss", "olmo3", "gemma3")
+MOE_ARCHS = ("gpt-oss", "deepseek-v3", "glm4-moe", "qwen3-next", "granite-4-hybrid")
+EXACT_ARCHS = DENSE_ARCHS + WINDOWED_ARCHS + ("deepseek-v3", "glm4-moe")
+# recurrent / convolutional layers next to attention: not exact yet (the tiny-twin guard refuses them)
+HYBRID_ARCHS = ("qwen3.5", "qwen3-next", "nemotron-h", "lfm2", "granite-4-hybrid")
+TINY_ARCHS = EXACT_ARCHS + HYBRID_ARCHS
 
 _SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=4096)
+_IDS = dict(pad_token_id=0, bos_token_id=0, eos_token_id=0)
+_LINEAR = dict(linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+               linear_num_key_heads=2, linear_num_value_heads=4)
+_MAMBA = dict(mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4, chunk_size=16)
+_FULL, _WINDOW = "full_attention", "sliding_attention"
+
+# arch -> (config class, its small settings on top of _SHAPE)
+_ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3": ("Qwen3Config", dict(head_dim=16)),
+    "llama": ("LlamaConfig", {}),
+    "qwen2": ("Qwen2Config", {}),
+    "mistral": ("MistralConfig", dict(sliding_window=None)),
+    "phi3": ("Phi3Config", _IDS),
+    "olmo2": ("Olmo2Config", _IDS),
+    # every layer windowed (Mistral applies config.sliding_window to all layers)
+    "mistral-window": ("MistralConfig", dict(sliding_window=16)),
+    # Qwen3 windows the layers from max_window_layers on: layer 0 full, layer 1 windowed
+    "qwen3-window": ("Qwen3Config", dict(head_dim=16, use_sliding_window=True, sliding_window=12,
+                                         max_window_layers=1)),
+    # alternating window / full (its own pattern), attention sinks, MoE
+    "gpt-oss": ("GptOssConfig", dict(head_dim=16, sliding_window=8, num_local_experts=4, num_experts_per_tok=2,
+                                     intermediate_size=64, layer_types=[_WINDOW, _FULL])),
+    "olmo3": ("Olmo3Config", dict(_IDS, sliding_window=16, layer_types=[_WINDOW, _FULL])),
+    "gemma3": ("Gemma3TextConfig", dict(_IDS, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                                        layer_types=[_WINDOW, _FULL])),
+    # multi-head latent attention (v head dim != qk head dim), routed + shared experts; layer 0 dense
+    "deepseek-v3": ("DeepseekV3Config", dict(num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
+                                             qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                                             n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                                             n_group=2, topk_group=1, first_k_dense_replace=1,
+                                             moe_intermediate_size=32)),
+    "glm4-moe": ("Glm4MoeConfig", dict(head_dim=16, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                                       first_k_dense_replace=1, moe_intermediate_size=32, use_qk_norm=True)),
+    # hybrids: Gated DeltaNet, Mamba2, short convolutions next to attention layers
+    "qwen3.5": ("Qwen3_5TextConfig", dict(_LINEAR, head_dim=16, layer_types=["linear_attention", _FULL])),
+    "qwen3-next": ("Qwen3NextConfig", dict(_LINEAR, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                           moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                                           layer_types=["linear_attention", _FULL])),
+    "nemotron-h": ("NemotronHConfig", dict(_MAMBA, head_dim=16, layers_block_type=["mamba", "attention", "mlp"],
+                                           **_IDS)),
+    "lfm2": ("Lfm2Config", dict(_IDS, full_attn_idxs=[1], block_auto_adjust_ff_dim=False)),
+    "granite-4-hybrid": ("GraniteMoeHybridConfig", dict(layer_types=["mamba", "attention"], mamba_n_heads=4,
+                                                        mamba_d_state=16, mamba_d_head=32, mamba_chunk_size=16,
+                                                        num_local_experts=4, shared_intermediate_size=64)),
+}
 
 
 def tiny_config(arch: str, vocab_size: int, **overrides: Any) -> Any:
-    """A small config of ``arch`` (one of :data:`TINY_ARCHS`)."""
+    """A small config of ``arch`` (one of :data:`TINY_ARCHS`), 2 layers (3 for nemotron-h's block pattern)."""
     import transformers as tf
 
-    classes = {"qwen3": "Qwen3Config", "llama": "LlamaConfig", "qwen2": "Qwen2Config",
-               "mistral": "MistralConfig", "phi3": "Phi3Config", "olmo2": "Olmo2Config"}
-    if arch not in classes:
-        raise ValueError(f"unknown tiny architecture {arch!r}; use one of {', '.join(TINY_ARCHS)}")
-    kwargs = dict(_SHAPE, vocab_size=vocab_size, tie_word_embeddings=False)
-    if arch == "qwen3":
-        kwargs["head_dim"] = 16
-    if arch == "mistral":
-        kwargs["sliding_window"] = None
-    if arch in ("phi3", "olmo2"):
-        kwargs.update(pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    if arch not in _ARCHS:
+        raise UsageError(f"unknown tiny architecture {arch!r}; use one of {', '.join(TINY_ARCHS)}")
+    class_name, settings = _ARCHS[arch]
+    kwargs = dict(_SHAPE, vocab_size=vocab_size, tie_word_embeddings=False, **settings)
+    if "layers_block_type" in kwargs:  # nemotron-h: the layer count is the pattern's length
+        kwargs.pop("num_hidden_layers")
     kwargs.update(overrides)
-    return getattr(tf, classes[arch])(**kwargs)
+    return getattr(tf, class_name)(**kwargs)
 
 
 def tiny_model(arch: str, vocab_size: int, *, dtype: torch.dtype = torch.float32, seed: int = 0,
@@ -47,7 +97,10 @@ def tiny_model(arch: str, vocab_size: int, *, dtype: torch.dtype = torch.float32
 
     config = tiny_config(arch, vocab_size, **overrides)
     config._attn_implementation = attn_implementation
+    # experts as a loop over experts: grouped_mm has no float64 kernel, and tiny experts gain nothing from it
+    experts = {"experts_implementation": "eager"} if arch in MOE_ARCHS else {}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation,
+                                                 **experts)
     return model.to(device).eval()

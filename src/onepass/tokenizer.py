@@ -15,10 +15,13 @@ Specs understood by :func:`load_tokenizer`:
 from __future__ import annotations
 
 import os
-import shutil
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from onepass.errors import ConfigError
+from onepass.files import atomic_dir
+from onepass.hub import hub_offline, offline_reason
 
 QWEN3_ADDED_TOKENS = (
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
@@ -31,7 +34,7 @@ QWEN3_FIRST_ADDED_ID = 151643
 _BUILD_VERSION = "1"
 
 
-class TokenizerError(ValueError):
+class TokenizerError(ConfigError):
     """A tokenizer that cannot be loaded or used; says what to do."""
 
 
@@ -80,12 +83,8 @@ def build_qwen3_tokenizer(out_dir: str | Path) -> Path:
                                   pad_token="<|endoftext|>", model_max_length=131072)
     tok.chat_template = builtin_template("qwen3")
     out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
-    tok.save_pretrained(tmp)
-    if out_dir.exists():  # another process finished first: keep its copy
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        os.replace(tmp, out_dir)
+    with atomic_dir(out_dir, replace=False) as tmp:  # another process finished first: keep its copy
+        tok.save_pretrained(tmp)
     return out_dir
 
 
@@ -105,10 +104,9 @@ def load_tokenizer(spec: str, *, chat_template: str | None = None) -> Any:
     elif spec.startswith("builtin:"):
         raise TokenizerError(f"unknown built-in tokenizer {spec!r}; have builtin:qwen3")
     else:
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        if offline and not Path(spec).exists():
+        if hub_offline() and not Path(spec).exists():
             raise TokenizerError(f"tokenizer {spec!r} is not a local path and the hub is offline "
-                                 "(HF_HUB_OFFLINE=1); pass a local directory or builtin:qwen3")
+                                 f"({offline_reason()}); pass a local directory or builtin:qwen3")
         try:
             tok = AutoTokenizer.from_pretrained(spec)
         except (OSError, ValueError) as e:

@@ -28,14 +28,29 @@ No torch here: numpy only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from onepass.render import View
 
-IGNORE = -100
+IGNORE = -100  # the target of a position that trains nothing
+
+# The canonical row format: column names and their dtypes in memory. A prepared dataset stores
+# the integer columns as int32 on disk (ROW_DISK_DTYPES, Arrow value types) and the weights as
+# float64, so turn/conversation weights (1/n) survive prepare -> train exactly; reading casts
+# back to ROW_SCHEMA.
+ROW_SCHEMA: dict[str, np.dtype] = {
+    "input_ids": np.dtype(np.int64),
+    "position_ids": np.dtype(np.int64),
+    "kv_end": np.dtype(np.int64),
+    "targets": np.dtype(np.int64),
+    "weights": np.dtype(np.float64),
+}
+ROW_DISK_DTYPES: dict[str, str] = {c: "float64" if dtype.kind == "f" else "int32" for c, dtype in ROW_SCHEMA.items()}
+COLUMNS = tuple(ROW_SCHEMA)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -66,7 +81,15 @@ class Layout:
         return {k: getattr(self, k) for k in COLUMNS}
 
 
-COLUMNS = ("input_ids", "position_ids", "kv_end", "targets", "weights")
+def row_from_columns(item: Mapping[str, Any]) -> Layout:
+    """One row given as columns (lists or arrays, any int / float width) as a :class:`Layout`
+    with the dtypes of :data:`ROW_SCHEMA`: how every reader of stored or collated rows builds one."""
+    return Layout(**{c: np.asarray(item[c], dtype=dtype) for c, dtype in ROW_SCHEMA.items()})
+
+
+def rows_to_columns(rows: Sequence[Layout]) -> dict[str, list[np.ndarray]]:
+    """Rows as columns (one list per name of :data:`ROW_SCHEMA`): what a dataset is built from."""
+    return {c: [getattr(r, c) for r in rows] for c in COLUMNS}
 
 
 def concat(layouts: Sequence[Layout]) -> Layout:

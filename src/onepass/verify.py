@@ -19,12 +19,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-import numpy as np
 import torch
 
+from onepass.errors import DataError
 from onepass.loss import layout_loss, view_loss_reference
+from onepass.pack import pack_layouts
 from onepass.render import View
 from onepass.schedule import Schedule, parse_schedule, schedule_views, view_weights
+from onepass.vocab import remap, used_ids
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -42,28 +44,33 @@ class VerifyReport:
     schedule: str
     weighting: str
     dtype: str
+    worst_parameter: str = ""  # the parameter with the largest relative gradient difference
+    packed: bool = False  # the trees of all conversations were packed into shared rows
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def compact_vocab(conversations: Sequence[Sequence[View]]) -> tuple[list[list[View]], int]:
-    """Renumber the token ids that occur to 0..V-1 (one map for all views)."""
-    used = np.unique(np.concatenate([v.tokens for views in conversations for v in views]))
-    out = [[replace(v, tokens=np.searchsorted(used, v.tokens).astype(np.int64)) for v in views]
-           for views in conversations]
+    """Renumber the token ids that occur to 0..V-1 (one map for all views, :mod:`onepass.vocab`)."""
+    used = used_ids(v.tokens for views in conversations for v in views)
+    out = [[replace(v, tokens=remap(v.tokens, used)) for v in views] for views in conversations]
     return out, len(used)
 
 
-def _grads(model: Any) -> list[torch.Tensor]:
-    return [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
-            for p in model.parameters() if p.requires_grad]
+def _grads(model: Any) -> dict[str, torch.Tensor]:
+    return {n: torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
+            for n, p in model.named_parameters() if p.requires_grad}
 
 
 def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
                schedule: Schedule | str = "one-pass", weighting: str = "token",
-               max_tokens: int | None = None) -> VerifyReport:
-    """Loss and gradients of N-pass vs ``schedule`` on the same views and model."""
+               max_tokens: int | None = None, pack: bool = False) -> VerifyReport:
+    """Loss and gradients of N-pass vs ``schedule`` on the same views and model.
+
+    ``pack``: the trees of all conversations are packed into rows of at most ``max_tokens``
+    (one row when it is None), so documents share rows as in packed training.
+    """
     if isinstance(schedule, str):
         schedule = parse_schedule(schedule)
     model.zero_grad(set_to_none=True)
@@ -80,29 +87,32 @@ def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
 
     model.zero_grad(set_to_none=True)
     loss_1 = 0.0
-    num_trees = one_tokens = 0
+    trees = []
     for views in conversations:
         scheduled = schedule_views(views, schedule, weighting=weighting, max_tokens=max_tokens)
         if scheduled.skipped:
-            raise ValueError("verify needs every view trained; skipped: " + "; ".join(scheduled.skipped))
-        for layout in scheduled.layouts:
-            loss = layout_loss(model, layout)
-            loss.backward()
-            loss_1 += loss.item()
-            num_trees += 1
-            one_tokens += len(layout)
+            raise DataError("verify needs every view trained; skipped: " + "; ".join(scheduled.skipped))
+        trees.extend(scheduled.layouts)
+    rows = pack_layouts(trees, max_tokens or sum(len(x) for x in trees)) if pack else trees
+    for layout in rows:
+        loss = layout_loss(model, layout)
+        loss.backward()
+        loss_1 += loss.item()
     grads_1 = _grads(model)
     model.zero_grad(set_to_none=True)
 
-    rel_grad = 0.0
-    for g_n, g_1 in zip(grads_n, grads_1):
+    rel_grad, worst = 0.0, ""
+    for name, g_n in grads_n.items():
         scale = g_n.norm().item()
-        diff = (g_1 - g_n).norm().item()
-        rel_grad = max(rel_grad, diff / scale if scale > 0 else diff)
+        diff = (grads_1[name] - g_n).norm().item()
+        rel = diff / scale if scale > 0 else diff
+        if rel > rel_grad:
+            rel_grad, worst = rel, name
     abs_diff = abs(loss_1 - loss_n)
     return VerifyReport(
         loss_n_pass=loss_n, loss_one_pass=loss_1, max_abs_loss_diff=abs_diff,
         rel_loss_diff=abs_diff / abs(loss_n) if loss_n else (0.0 if abs_diff == 0 else math.inf),
         max_rel_grad_diff=rel_grad, num_conversations=len(conversations), num_views=num_views,
-        num_trees=num_trees, n_pass_tokens=n_tokens, one_pass_tokens=one_tokens,
-        schedule=str(schedule), weighting=weighting, dtype=str(next(model.parameters()).dtype))
+        num_trees=len(trees), n_pass_tokens=n_tokens, one_pass_tokens=sum(len(x) for x in trees),
+        schedule=str(schedule), weighting=weighting, dtype=str(next(model.parameters()).dtype),
+        worst_parameter=worst, packed=pack)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from onepass.bench import harness as bench
+from onepass.flops import ModelShape, train_flops, visible_pairs
 from onepass.cli import main
 from onepass.render import View
 from onepass.tree import build_layout
@@ -19,14 +21,14 @@ def V(tokens, num_prompt):
 def test_visible_pairs_and_flops_by_hand():
     views = [V([1, 2, 3], 1), V([1, 4], 1)]  # tree: h t r | h' s  (h duplicated: targets differ)
     layout = build_layout(views)
-    assert bench.visible_pairs(layout) == 1 + 2 + 3 + 1 + 2
-    shape = bench.ModelShape(name="x", num_layers=1, hidden=2, num_heads=1, num_kv_heads=1, head_dim=2,
+    assert visible_pairs(layout) == 1 + 2 + 3 + 1 + 2
+    shape = ModelShape(name="x", num_layers=1, hidden=2, num_heads=1, num_kv_heads=1, head_dim=2,
                              ffn=2, vocab=5)
     per_token, per_pair, per_target = (shape.linear_flops_per_token, shape.attention_flops_per_pair,
                                        shape.head_flops_per_target)
     expected = 3 * (per_token * 5 + per_pair * 9 + per_target * 3)
-    assert bench.train_flops([layout], shape) == expected
-    assert bench.train_flops([layout], shape, dense=True) == 3 * (per_token * 5 + per_pair * 15 + per_target * 3)
+    assert train_flops([layout], shape) == expected
+    assert train_flops([layout], shape, dense=True) == 3 * (per_token * 5 + per_pair * 15 + per_target * 3)
 
 
 def test_ratios_use_the_same_backend_group_and_packing():
@@ -45,6 +47,7 @@ def test_ratios_use_the_same_backend_group_and_packing():
     assert by["n-pass"]["fraction_of_ideal"] is None
 
 
+@pytest.mark.slow  # a whole benchmark run in fresh processes (still run by make test)
 def test_bench_writes_summary_table_and_plots(tmp_path):
     out = tmp_path / "bench"
     assert main(["bench", "--out", str(out), "--conversations", "4", "--repeats", "1",
@@ -62,3 +65,27 @@ def test_bench_writes_summary_table_and_plots(tmp_path):
     assert all(required <= set(s) for s in summary["settings"])
     assert (out / "table.md").read_text().count("| one-pass-packed |") == 2
     assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_workload_names_are_data_specs_with_the_same_conversations(capsys):
+    import dataclasses
+
+    import pytest
+
+    from onepass.bench.cli import load_workload, workload_spec
+    from onepass.data.mathchat import load_sample
+    from onepass.data.synthetic import generate_conversations
+
+    assert workload_spec(None, None) == ("mathchat", "builtin:mathchat")
+    assert workload_spec(None, "synthetic") == ("synthetic", "synthetic:mathchat-sync")
+    assert workload_spec("chats.jsonl", None) == ("chats.jsonl", "chats.jsonl")
+
+    def strip(convs):
+        return [dataclasses.replace(c, source="") for c in convs]
+
+    # what --workload timed before it became a name for a spec
+    assert strip(load_workload("synthetic:mathchat-sync", 5)) == strip(generate_conversations(5, seed=0))
+    assert load_workload("builtin:mathchat", 5) == load_sample(limit=5)
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--out", "o", "--data", "builtin:mathchat", "--workload", "synthetic"])
+    assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err

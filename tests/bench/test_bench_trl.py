@@ -45,6 +45,7 @@ def test_trl_packed_loss_is_the_n_pass_mean(tmp_path, qwen3_tokenizer):
     assert abs(ours - reference) <= 1e-6 * reference
 
 
+@pytest.mark.slow  # a whole benchmark run in fresh processes (still run by make test)
 def test_bench_with_trl_reports_the_ratio(tmp_path):
     out = tmp_path / "bench"
     assert main(["bench", "--out", str(out), "--conversations", "3", "--repeats", "1", "--backends",
@@ -58,15 +59,14 @@ def test_bench_with_trl_reports_the_ratio(tmp_path):
     assert "vs TRL SFTTrainer packed N-pass" in (out / "table.md").read_text()
 
 
-def test_unknown_setting_names_the_choices():
+def test_unknown_setting_names_the_choices(tmp_path):
+    from onepass.bench.cli import run
+    from onepass.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--settings", "nope", "--backends", "sdpa", "--conversations", "1",
+                                      "--out", str(tmp_path / "x")])
     with pytest.raises(ValueError, match="trl-sft-packed"):
-        from argparse import Namespace
-
-        from onepass.bench.cli import run
-
-        run(Namespace(model_shape="tiny", device="cpu", dtype=None, backends="sdpa", settings="nope",
-                      conversations=1, repeats=1, max_tokens=None, quick=False, out="x", workload="mathchat",
-                      seed=0, tokenizer="builtin:qwen3", full_vocab=False, depth_groups=False))
+        run(args)
 
 
 def test_settings_are_known():

@@ -1,20 +1,25 @@
-"""Loading any --data spec: files in every shape, HF dataset directories, hub ids offline, streaming."""
+"""Loading any --data spec: files in every shape, HF dataset directories, hub ids offline, streaming;
+what a spec names (conversations or prepared rows) without reading it, and one line for anything else."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
+from data_specs import RECORDS, write_prepared, write_spec
 
 from onepass.conversation import ConversationError, parse_record
 from onepass.data.load import (
     data_files,
     iter_conversation_records,
     load_conversations,
+    resolve_data,
     to_record,
     write_records,
 )
+from onepass.errors import DataError, DataNotFound
 
 MESSAGES = {"id": "m1", "messages": [{"role": "user", "content": "2+2?"},
                                      {"role": "assistant", "content": "4", "reasoning_content": "add"},
@@ -72,8 +77,11 @@ def test_saved_dataset_and_dataset_dict(tmp_path):
     dd.save_to_disk(str(tmp_path / "dd"))
     assert len(load_conversations(tmp_path / "dd").conversations) == 2  # train by default
     assert len(load_conversations(tmp_path / "dd", split="test").conversations) == 1
-    with pytest.raises(ConversationError, match="no split 'dev'; have train, test"):
+    with pytest.raises(DataError, match="no split 'dev'; have train, test"):
         load_conversations(tmp_path / "dd", split="dev")
+    datasets.DatasetDict({"a": dd["train"], "b": dd["test"]}).save_to_disk(str(tmp_path / "ab"))
+    with pytest.raises(DataError, match="a DatasetDict with splits a, b; name one"):
+        load_conversations(tmp_path / "ab")
 
 
 def test_directory_of_data_files_with_splits(tmp_path):
@@ -87,7 +95,7 @@ def test_directory_of_data_files_with_splits(tmp_path):
                                                                "train-00001-of-00002.jsonl"]
     assert len(load_conversations(tmp_path).conversations) == 4
     assert [c.id for c in load_conversations(tmp_path, split="train").conversations] == ["m1", "s1", "s1"]
-    with pytest.raises(ConversationError, match="no data files for split 'dev'"):
+    with pytest.raises(DataError, match="no data files for split 'dev'"):
         load_conversations(tmp_path, split="dev")
 
 
@@ -113,9 +121,11 @@ def test_streaming_reads_only_what_is_asked(tmp_path):
 
 def test_hub_id_offline_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(FileNotFoundError, match="hub is offline"):
+    with pytest.raises(DataNotFound, match="hub is offline"):
         load_conversations("devrev-research/MathChatSync-reasoning")
-    with pytest.raises(FileNotFoundError, match="data file not found: nope.jsonl"):
+    with pytest.raises(DataNotFound, match="data file not found: nope.jsonl"):
+        load_conversations("nope.jsonl")
+    with pytest.raises(FileNotFoundError):  # still a FileNotFoundError for library callers
         load_conversations("nope.jsonl")
 
 
@@ -141,3 +151,74 @@ def test_to_record_round_trips(tmp_path):
     path = tmp_path / "out.jsonl"
     assert write_records([to_record(parse_record(tool))], path) == 1
     assert parse_record(json.loads(path.read_text())) == parse_record(tool)
+
+
+# ---------------------------------------------------------------------------------------------
+# what a spec names: resolve_data
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    return write_prepared(tmp_path_factory.mktemp("rows"))
+
+
+@pytest.mark.parametrize("kind,form", [("jsonl", "file"), ("json", "file"), ("parquet", "file"),
+                                       ("folder", "folder"), ("saved", "saved"), ("builtin", "builtin"),
+                                       ("synthetic", "synthetic")])
+def test_every_conversation_spec_resolves_to_conversations(tmp_path, kind, form):
+    spec = write_spec(kind, tmp_path)
+    source = resolve_data(spec)
+    assert (source.kind, source.form, source.spec) == ("conversations", form, spec)
+    report = load_conversations(source, limit=2)
+    assert report.skipped == [] and len(report.conversations) == 2
+    if kind not in ("builtin", "synthetic"):
+        assert [c.id for c in report.conversations] == [r["id"] for r in RECORDS[:2]]
+
+
+def test_prepared_rows_are_recognised_by_their_columns_without_reading_them(prepared, monkeypatch):
+    import datasets
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("resolve_data opened the dataset")
+
+    monkeypatch.setattr(datasets, "load_from_disk", no_reading)
+    source = resolve_data(prepared)
+    assert (source.kind, source.form) == ("rows", "saved") and "prepared rows" in source.description
+
+
+def test_conversation_readers_refuse_prepared_rows_in_one_line(prepared):
+    with pytest.raises(DataError, match=r"prepared rows \(written by onepass prepare\), not conversations; "
+                                        "this command needs conversations"):
+        load_conversations(prepared)
+
+
+def test_a_saved_dataset_of_other_columns_is_named_with_its_columns(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_list([{"text": "hi", "label": 1}]).save_to_disk(str(tmp_path / "other"))
+    with pytest.raises(DataError, match=f"saved dataset {tmp_path / 'other'} has columns text, label: "
+                                        "neither conversations .* nor prepared rows"):
+        resolve_data(tmp_path / "other")
+
+
+def test_prepared_rows_inside_a_dataset_dict_name_the_split_folder(tmp_path, prepared):
+    import datasets
+
+    rows = datasets.load_from_disk(prepared)
+    datasets.DatasetDict({"train": rows}).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(DataError, match=f"pass the split's folder {tmp_path / 'dd' / 'train'}"):
+        resolve_data(tmp_path / "dd")
+    assert resolve_data(tmp_path / "dd" / "train").kind == "rows"
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda d: d / "missing.jsonl", "data file not found: {path}"),
+    (lambda d: (d / "empty").mkdir() or d / "empty", "folder {path} has no data files"),
+    (lambda d: (d / "notes.txt").write_text("hi") and d / "notes.txt", "{path}: unsupported file type '.txt'"),
+    (lambda d: "builtin:nope", "unknown built-in data 'builtin:nope'"),
+    (lambda d: "synthetic:nope", "unknown synthetic workload 'nope'"),
+])
+def test_anything_else_is_one_data_error_naming_what_was_found(tmp_path, make, message):
+    path = make(tmp_path)
+    with pytest.raises(DataError, match=re.escape(message.format(path=path))):
+        resolve_data(path)

@@ -8,17 +8,8 @@ import numpy as np
 import pytest
 
 from onepass.data.load import load_conversations
-from onepass.data.stats import (
-    MODEL_SHAPES,
-    ModelShape,
-    TokenCounts,
-    compute_stats,
-    conversation_counts,
-    flops,
-    model_shape,
-    percentiles,
-    plot_depths,
-)
+from onepass.data.stats import compute_stats, percentiles, plot_depths
+from onepass.flops import MODEL_SHAPES, ModelShape, TokenCounts, conversation_counts, flops, model_shape
 from onepass.prepare import PrepareConfig, prepare
 from onepass.render import View
 from onepass.tree import build_layout

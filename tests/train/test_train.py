@@ -9,7 +9,6 @@ schedules fit in a few seconds.
 from __future__ import annotations
 
 import json
-import random
 
 import numpy as np
 import pytest

@@ -32,7 +32,8 @@ def one_line_error(argv, capsys, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--tiny", "qwen3", "--data", "missing.jsonl"], "data not found: missing.jsonl"),
+    (["--tiny", "qwen3", "--data", "missing.jsonl"], "data file not found: missing.jsonl"),
+    (["--tiny", "qwen3", "--data", "builtin:mathchat", "--eval-data", "nope/"], "data file not found: nope/"),
     (["--tiny", "qwen3", "--data", "builtin:mathchat", "--attention", "nope"], "unknown attention backend 'nope'"),
     (["--tiny", "qwen3", "--data", "builtin:mathchat", "--attention", "flash_attention_2"],
      "flash_attention_2 cannot apply a tree mask"),
@@ -173,3 +174,22 @@ def test_qlora_trains_and_saves_an_adapter_on_cuda(tmp_path):
     assert all(torch.isfinite(torch.tensor(result.losses)))
     assert (result.final_dir / "adapter_model.safetensors").is_file()
     assert (result.final_dir / "tokenizer.json").is_file()
+
+
+def test_only_user_errors_become_one_line(monkeypatch, capsys):
+    """A bug inside the run keeps its traceback; Ctrl-C is one line and exit 130."""
+    import onepass.train.loop
+
+    def broken(config, resume=None):
+        raise ValueError("expected all tensors to be on the same device")
+
+    monkeypatch.setattr(onepass.train.loop, "train", broken)
+    with pytest.raises(ValueError, match="same device"):
+        main(["--tiny", "qwen3", "--data", "builtin:mathchat"])
+
+    def interrupted(config, resume=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(onepass.train.loop, "train", interrupted)
+    assert main(["--tiny", "qwen3", "--data", "builtin:mathchat"]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["onepass: interrupted"]

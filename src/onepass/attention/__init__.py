@@ -4,6 +4,7 @@
     mask.py       the dense mask, its numpy reference, FlexAttention's ``mask_mod``
     blocks.py     the block plan (which query x key tiles hold visible pairs) and the BlockMask built from it
     cpu.py        ``onepass_cpu``: a CPU backend that computes only the visible pairs
+    window.py     sliding windows over a tree: where each query's window starts
     paper.py      the seed paper's layout and role-id mask, kept as a separate reference
 """
 
@@ -13,8 +14,10 @@ from onepass.attention.backends import (
     attention_mask_for,
     check_backend,
     default_backend,
+    layer_windows,
     model_backend,
+    supported_backend,
 )
 
 __all__ = ["BACKENDS", "BackendError", "attention_mask_for", "check_backend", "default_backend",
-           "model_backend"]
+           "layer_windows", "model_backend", "supported_backend"]

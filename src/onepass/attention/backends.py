@@ -13,6 +13,15 @@ knows which object each backend takes:
 Transformers passes a 4D mask (or a BlockMask) through untouched, so the
 model never guesses sequence boundaries from the position ids (with
 ``attention_mask=None`` and non-monotonic position ids it would).
+
+Masks per layer type: a model whose ``config.layer_types`` holds
+``"sliding_attention"`` (gpt-oss, OLMo-3, Gemma 3, Qwen2/Qwen3 with
+``use_sliding_window``) takes ``attention_mask`` as a dict keyed by layer type
+(its ``causal_mask_mapping``); each entry is built here from ``kv_end`` and
+``position_ids``, windowed for ``"sliding_attention"`` (:func:`layer_windows`).
+A model without ``layer_types`` but with ``sliding_window`` (Mistral, Phi-3)
+windows every layer and takes one windowed mask. The ``onepass_cpu`` backend
+checks at every layer that its mask was cut for the layer's own window.
 """
 
 from __future__ import annotations
@@ -26,8 +35,11 @@ from onepass.attention.cpu import BACKEND as ONEPASS_CPU
 from onepass.attention.cpu import cpu_attention_mask
 from onepass.attention.cpu import register as register_onepass_cpu
 from onepass.attention.mask import additive_mask, dense_mask
+from onepass.errors import ConfigError
 
 BACKENDS = ("onepass_cpu", "sdpa", "eager", "flex_attention")
+ONE_MASK = ""  # layer_windows' key for a model that takes one mask for every layer
+FULL, WINDOW = "full_attention", "sliding_attention"
 
 
 def default_backend(device: torch.device | str) -> str:
@@ -41,7 +53,7 @@ def default_backend(device: torch.device | str) -> str:
     return "flex_attention" if kind == "cuda" else "sdpa"
 
 
-class BackendError(ValueError):
+class BackendError(ConfigError):
     """An attention backend that cannot serve a tree mask here."""
 
 
@@ -62,18 +74,86 @@ def check_backend(backend: str, device: torch.device | str) -> None:
         raise BackendError("onepass_cpu runs on CPU only; on CUDA use flex_attention (block-sparse) or sdpa")
 
 
-def attention_mask_for(model: Any, kv_end_BL: torch.Tensor, *, dtype: torch.dtype | None = None,
-                       block_size: int = 128) -> Any:
-    """The mask object ``model`` takes for rows with ``kv_end_BL`` (already on the model's device)."""
+def layer_windows(config: Any) -> dict[str, int | None]:
+    """``{layer type: sliding window or None}`` of the masks ``config``'s model takes.
+
+    ``{ONE_MASK: W or None}`` for a model that takes one mask for every layer.
+    Raises :class:`BackendError` for attention that no tree mask can express.
+    """
+    if hasattr(config, "get_text_config"):  # a multimodal config: its language model's layers
+        config = config.get_text_config(decoder=True)
+    name = type(config).__name__
+    if getattr(config, "use_bidirectional_attention", False):
+        raise BackendError(f"{name} uses bidirectional attention: a causal tree mask cannot express it")
+    layer_types = list(getattr(config, "layer_types", None) or [])
+    if "chunked_attention" in layer_types or getattr(config, "attention_chunk_size", None):
+        raise BackendError(f"{name} uses chunked attention, which onepass does not support; "
+                           "use --schedule n-pass")
+    window = getattr(config, "sliding_window", None)
+    if WINDOW in layer_types:
+        if window is None:
+            raise BackendError(f"{name}: layer_types has {WINDOW!r} but sliding_window is not set")
+        return {t: (int(window) if t == WINDOW else None) for t in dict.fromkeys(layer_types)}
+    if not layer_types and window is not None:  # Mistral, Phi-3: config.sliding_window windows every layer
+        return {ONE_MASK: int(window)}
+    return {ONE_MASK: None}
+
+
+def supported_backend(model_or_config: Any, device: torch.device | str) -> str:
+    """A backend that serves this model's attention exactly on ``device``, registered if it is ours.
+
+    CPU: ``onepass_cpu`` (windows, sinks, latent attention), else ``eager`` (logit soft-capping);
+    CUDA: ``flex_attention`` where the model supports it, else ``sdpa``, else ``eager``
+    (gpt-oss refuses sdpa: its sinks need eager or flex).
+    """
+    is_model = hasattr(model_or_config, "config")
+    config = model_or_config.config if is_model else model_or_config
+    model_class = type(model_or_config) if is_model else _causal_lm_class(config)
+    layer_windows(config)  # refuses what no backend can do here
+    softcap = getattr(config, "attn_logit_softcapping", None) is not None
+    kind = torch.device(device).type
+    if kind == "cuda" and getattr(model_class, "_supports_flex_attn", True):
+        return "flex_attention"
+    if kind == "cpu" and not softcap:
+        return register_onepass_cpu()
+    if not softcap and getattr(model_class, "_supports_sdpa", True):
+        return "sdpa"
+    return "eager"
+
+
+def _causal_lm_class(config: Any) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM._model_mapping[type(config)]
+    except (KeyError, ValueError):
+        return None
+
+
+def attention_mask_for(model: Any, kv_end_BL: torch.Tensor, *, position_ids_BL: torch.Tensor | None = None,
+                       dtype: torch.dtype | None = None, block_size: int = 128) -> Any:
+    """The mask object ``model`` takes for rows ``kv_end_BL`` (on the model's device).
+
+    A dict ``{layer type: mask}`` for a model with windowed layer types, else one mask.
+    ``position_ids_BL`` (the rows' ``position_ids``) are needed when a layer is windowed.
+    """
     backend = model_backend(model)
     if backend.startswith("flash_attention"):
         check_backend(backend, kv_end_BL.device)
-    if backend == ONEPASS_CPU:
-        return cpu_attention_mask(kv_end_BL)
-    if backend == "flex_attention":  # built from the block plan: no L x L evaluation
-        return block_mask(kv_end_BL, block_size=block_size, device=kv_end_BL.device)
-    mask_BLL = dense_mask(kv_end_BL)
-    mask_B1LL = mask_BLL[:, None]
-    if backend == "sdpa":
-        return mask_B1LL
-    return additive_mask(mask_B1LL, dtype or model.dtype)
+    built: dict[int | None, Any] = {}
+
+    def build(window: int | None) -> Any:
+        if backend == ONEPASS_CPU:
+            return cpu_attention_mask(kv_end_BL, position_ids=position_ids_BL, window=window)
+        if backend == "flex_attention":  # built from the block plan: no L x L evaluation
+            return block_mask(kv_end_BL, block_size=block_size, device=kv_end_BL.device,
+                              position_ids=position_ids_BL, window=window)
+        mask_B1LL = dense_mask(kv_end_BL, position_ids=position_ids_BL, window=window)[:, None]
+        return mask_B1LL if backend == "sdpa" else additive_mask(mask_B1LL, dtype or model.dtype)
+
+    masks = {}
+    for layer_type, window in layer_windows(model.config).items():
+        if window not in built:
+            built[window] = build(window)
+        masks[layer_type] = built[window]
+    return masks[ONE_MASK] if ONE_MASK in masks else masks

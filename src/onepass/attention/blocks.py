@@ -60,6 +60,28 @@ own diagonal and a no-mask rectangle against ``ancestors + [s, a)``::
                                diagonal  q [6, 8) x k [6, 8) causal
                                rectangle q [6, 8) x k (0 1 4 5)
 
+Sliding windows (``q`` sees ``k`` only if also ``pos[q] - pos[k] < W``, see
+:mod:`onepass.attention.mask`). Positions are depths in the tree (+ a constant
+per tree), so the keys a query sees through a window are its ancestors from
+index ``window_start[q]`` on, the ancestor at depth ``depth[q] - W + 1``
+(:func:`onepass.attention.window.window_start`, O(L log L))::
+
+    query q may attend to key k   <=>   window_start[q] <= k <= q < kv_end[k]
+
+- Tiles: FULL also needs ``max window_start`` over the query block <= the
+  block's first key (exact); a tile is skipped when the tree skips it or when
+  ``min window_start`` over the query block is past its last key. That is
+  exact for chains and packed documents; a query block that straddles two
+  branches can keep a tile PARTIAL that holds no visible pair (the
+  ``mask_mod`` hides it; never the reverse).
+- Segments: a segment's keys (ancestors, then its own positions) are exactly
+  the path from the root, so key j of the list has depth j and query q (list
+  index depth[q]) sees keys (depth[q] - W, depth[q]]: a band. Chunks are cut
+  to at most W - 1 queries, so a diagonal square is never cut by the window
+  and every query of a chunk still sees the key just before it; a rectangle
+  covers only keys [depth[q0] - W + 1, depth[q0]) and carries a mask
+  (:meth:`SegmentPlan.rect_visible`) where the window cuts it.
+
 Legend: B rows, L row length, M query blocks, N key blocks (M == N here), S
 segments, T = B * L (rows flattened into one), G chunks in a bucket, C bucket
 width, R rectangles. Numpy only; torch is imported inside :func:`block_mask`.
@@ -71,6 +93,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from onepass.attention.window import as_positions_BL, check_window, window_start
 
 if TYPE_CHECKING:
     import torch
@@ -89,6 +113,7 @@ class BlockPlan:
     block_size: int
     length: int
     kind_BMN: np.ndarray
+    window: int | None = None
 
     @property
     def num_partial(self) -> int:
@@ -131,8 +156,13 @@ def as_kv_end_BL(kv_end: Any) -> np.ndarray:
     return kv_end_BL
 
 
-def block_plan(kv_end: Any, block_size: int = 128) -> BlockPlan:
-    """Classify every tile of ``kv_end`` ([L] or [B, L]) without materialising L x L."""
+def block_plan(kv_end: Any, block_size: int = 128, *, position_ids: Any = None,
+               window: int | None = None) -> BlockPlan:
+    """Classify every tile of ``kv_end`` ([L] or [B, L]) without materialising L x L.
+
+    With a sliding ``window`` (in positions; ``position_ids`` shaped like ``kv_end``), tiles the
+    window hides are skipped too.
+    """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     kv_end_BL = as_kv_end_BL(kv_end)
@@ -148,23 +178,35 @@ def block_plan(kv_end: Any, block_size: int = 128) -> BlockPlan:
     any_BMN = (last_N[:, None] >= first_N[None, :]) & (first_N[:, None] < end_max_BN[:, None, :])
     full_BMN = ((whole_N[:, None] & whole_N[None, :] & (last_N[None, :] <= first_N[:, None]))
                 & (end_min_BN[:, None, :] > last_N[:, None]))
+    if window is not None:  # queries of block m see keys from min / max window_start on
+        window = check_window(window)
+        start_BL = window_start(kv_end_BL, position_ids, window)
+        pad = N * block_size - L
+        start_min_BM = np.pad(start_BL, ((0, 0), (0, pad)), constant_values=L).reshape(B, N, -1).min(-1)
+        start_max_BM = np.pad(start_BL, ((0, 0), (0, pad)), constant_values=0).reshape(B, N, -1).max(-1)
+        any_BMN = any_BMN & (start_min_BM[:, :, None] <= last_N[None, None, :])
+        full_BMN = full_BMN & (start_max_BM[:, :, None] <= first_N[None, None, :])
     kind_BMN = any_BMN.astype(np.int8) + full_BMN.astype(np.int8)
-    return BlockPlan(block_size=block_size, length=L, kind_BMN=kind_BMN)
+    return BlockPlan(block_size=block_size, length=L, kind_BMN=kind_BMN, window=window)
 
 
-def block_plan_reference(kv_end: Any, block_size: int = 128) -> BlockPlan:
+def block_plan_reference(kv_end: Any, block_size: int = 128, *, position_ids: Any = None,
+                         window: int | None = None) -> BlockPlan:
     """Slow, obviously correct: build the dense L x L mask and reduce each tile with any / all."""
     kv_end_BL = as_kv_end_BL(kv_end)
     B, L = kv_end_BL.shape
     N = -(-L // block_size)
     pos = np.arange(L)
     mask_BQK = (pos[None, None, :] <= pos[None, :, None]) & (pos[None, :, None] < kv_end_BL[:, None, :])
+    if window is not None:
+        pos_BL = as_positions_BL(position_ids, (B, L))
+        mask_BQK &= (pos_BL[:, :, None] - pos_BL[:, None, :]) < window
     pad = N * block_size - L
     tiles = np.pad(mask_BQK, ((0, 0), (0, pad), (0, pad))).reshape(B, N, block_size, N, block_size)
     any_BMN = tiles.any(axis=(2, 4))
     full_BMN = tiles.all(axis=(2, 4))
     kind_BMN = any_BMN.astype(np.int8) + full_BMN.astype(np.int8)
-    return BlockPlan(block_size=block_size, length=L, kind_BMN=kind_BMN)
+    return BlockPlan(block_size=block_size, length=L, kind_BMN=kind_BMN, window=window)
 
 
 def _ordered(blocks_BMN: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -177,13 +219,13 @@ def _ordered(blocks_BMN: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return num_BM, idx_BMN
 
 
-def block_mask_from_plan(plan: BlockPlan, kv_end: Any, *,
-                         device: torch.device | str | None = None) -> BlockMask:
+def block_mask_from_plan(plan: BlockPlan, kv_end: Any, *, device: torch.device | str | None = None,
+                         position_ids: Any = None) -> BlockMask:
     """FlexAttention ``BlockMask`` (shared by all heads) from ``plan``, on ``device``.
 
-    ``kv_end`` is the plan's own ``kv_end``; it backs the ``mask_mod`` that the
-    kernel evaluates on partial tiles. ``device`` defaults to ``kv_end``'s
-    device for a tensor, else CPU.
+    ``kv_end`` (and, for a windowed plan, ``position_ids``) are the plan's own;
+    they back the ``mask_mod`` that the kernel evaluates on partial tiles.
+    ``device`` defaults to ``kv_end``'s device for a tensor, else CPU.
     """
     import torch
     from torch.nn.attention.flex_attention import BlockMask
@@ -200,6 +242,11 @@ def block_mask_from_plan(plan: BlockPlan, kv_end: Any, *,
     if kv_end_BL.shape[1] != plan.length or kv_end_BL.shape[0] != plan.kind_BMN.shape[0]:
         raise ValueError(f"kv_end of shape {tuple(kv_end_BL.shape)} does not belong to a plan of "
                          f"{plan.kind_BMN.shape[0]} rows of {plan.length}")
+    pos_BL = None
+    if plan.window is not None:  # a tensor stays on its device; anything else goes through numpy
+        pos_BL = (position_ids.to(device=device, dtype=torch.long).reshape(checked_BL.shape)
+                  if isinstance(position_ids, torch.Tensor)
+                  else torch.as_tensor(as_positions_BL(position_ids, checked_BL.shape), device=device))
     num_BM, idx_BMN = _ordered(plan.kind_BMN == PARTIAL)
     full_num_BM, full_idx_BMN = _ordered(plan.kind_BMN == FULL)
 
@@ -207,17 +254,21 @@ def block_mask_from_plan(plan: BlockPlan, kv_end: Any, *,
         return torch.as_tensor(x[:, None], device=device)  # [B, 1 head, ...]
 
     return BlockMask.from_kv_blocks(put(num_BM), put(idx_BMN), put(full_num_BM), put(full_idx_BMN),
-                                    BLOCK_SIZE=plan.block_size, mask_mod=generate_tree_mask_mod(kv_end_BL),
+                                    BLOCK_SIZE=plan.block_size,
+                                    mask_mod=generate_tree_mask_mod(kv_end_BL, pos_BL, plan.window),
                                     seq_lengths=(plan.length, plan.length))
 
 
-def block_mask(kv_end: Any, *, block_size: int = 128, device: torch.device | str | None = None) -> BlockMask:
+def block_mask(kv_end: Any, *, block_size: int = 128, device: torch.device | str | None = None,
+               position_ids: Any = None, window: int | None = None) -> BlockMask:
     """The tree ``BlockMask`` for ``kv_end`` ([L] or [B, L]), built from :func:`block_plan`.
 
     Equals ``onepass.attention.mask.tree_block_mask`` (``create_block_mask``) tile for tile,
-    without evaluating the mask on L x L pairs.
+    without evaluating the mask on L x L pairs (with a window: the same FULL tiles, no visible
+    tile skipped; see the module docstring).
     """
-    return block_mask_from_plan(block_plan(kv_end, block_size), kv_end, device=device)
+    plan = block_plan(kv_end, block_size, position_ids=position_ids, window=window)
+    return block_mask_from_plan(plan, kv_end, device=device, position_ids=position_ids)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,8 +283,10 @@ class SegmentPlan:
     anc_ptr_S1, anc_index    ancestors of segment i: anc_index[anc_ptr[i]:anc_ptr[i + 1]], ascending
     diag_runs_R3             int64 [R, 3]: (start, n, width): n consecutive diagonal chunks of width
     diag_buckets             int64 [G, C] each: the other diagonal chunks, -1 past a chunk's end
-    rect_R4                  int64 [R, 4]: (segment, query start, query stop, keys), keys taken from
+    rect_R4                  int64 [R, 4]: (segment, query start, query stop, key stop), keys taken from
                              ancestors + own positions of the segment, in that order
+    rect_lo_R                int64 [R]: the rectangle's first key in that list (0 without a window)
+    window                   the sliding window (in positions) the plan was cut for, or None
     """
 
     num_rows: int
@@ -246,6 +299,8 @@ class SegmentPlan:
     diag_runs_R3: np.ndarray
     diag_buckets: tuple[np.ndarray, ...]
     rect_R4: np.ndarray
+    rect_lo_R: np.ndarray
+    window: int | None = None
 
     @property
     def num_segments(self) -> int:
@@ -258,7 +313,11 @@ class SegmentPlan:
 
     @property
     def visible_pairs(self) -> int:
-        """Visible (query, key) pairs of the mask (what the tiles compute, up to bucket padding)."""
+        """Visible (query, key) pairs of the mask (what the tiles compute, up to bucket padding).
+
+        Counted from the segments; equals :func:`onepass.flops.visible_pairs` of ``kv_end``
+        (``tests/test_flops.py``).
+        """
         n_S = self.seg_stop_S - self.seg_start_S
         return int((n_S * (n_S + 1) // 2).sum() + (n_S * np.diff(self.anc_ptr_S1)).sum())
 
@@ -267,16 +326,37 @@ class SegmentPlan:
         anc = self.anc_index[self.anc_ptr_S1[i]:self.anc_ptr_S1[i + 1]]
         return np.concatenate([anc, np.arange(self.seg_start_S[i], self.seg_stop_S[i])])
 
+    def rect_visible(self, r: int) -> np.ndarray | None:
+        """Bool ``[n, keys]``: the pairs of rectangle r the window keeps; None when it keeps them all.
 
-def segment_plan(kv_end: Any, *, chunk: int = 128) -> SegmentPlan:
+        Query ``q0 + a`` has list index ``key stop + a`` (its depth) and sees list indices
+        above ``key stop + a - window``.
+        """
+        if self.window is None:
+            return None
+        _, q0, q1, hi = self.rect_R4[r].tolist()
+        lo = int(self.rect_lo_R[r])
+        if lo > hi + (q1 - q0 - 1) - self.window:  # even the last query sees the first key
+            return None
+        return np.arange(lo, hi)[None, :] > (hi + np.arange(q1 - q0))[:, None] - self.window
+
+
+def segment_plan(kv_end: Any, *, chunk: int = 128, position_ids: Any = None,
+                 window: int | None = None) -> SegmentPlan:
     """Segments, ancestors and tiles of ``kv_end`` ([L] or [B, L]) in O(L + S log L).
 
+    With a sliding ``window`` (``position_ids`` shaped like ``kv_end``), chunks
+    are at most ``window - 1`` queries and rectangles start at the window.
     Raises ValueError when subtrees do not nest (not a tree layout): the plan
     relies on it.
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     kv_end_BL = as_kv_end_BL(kv_end)
+    if window is not None:
+        window = check_window(window)
+        window_start(kv_end_BL, position_ids, window)  # checks positions = depths
+        chunk = min(chunk, max(window - 1, 1))  # every query of a chunk sees the key just before it
     B, L = kv_end_BL.shape
     kv_T = (kv_end_BL + (np.arange(B) * L)[:, None]).reshape(-1)  # rows become documents of one row
     T = B * L
@@ -324,8 +404,9 @@ def segment_plan(kv_end: Any, *, chunk: int = 128) -> SegmentPlan:
     first_R = np.arange(len(seg_R)) - np.repeat(np.cumsum(num_chunks_S) - num_chunks_S, num_chunks_S)
     q0_R = start_S[seg_R] + first_R * chunk
     q1_R = np.minimum(q0_R + chunk, stop_S[seg_R])
-    keys_R = num_anc_S[seg_R] + (q0_R - start_S[seg_R])
-    rect_R4 = np.stack([seg_R, q0_R, q1_R, keys_R], axis=1)[keys_R > 0]
+    keys_R = num_anc_S[seg_R] + (q0_R - start_S[seg_R])  # = depth of q0: the list is the root path
+    lo_R = np.zeros_like(keys_R) if window is None else np.maximum(keys_R - window + 1, 0)
+    rect_R4 = np.stack([seg_R, q0_R, q1_R, keys_R], axis=1)[keys_R > lo_R]
     # diagonals: the whole chunks of a segment are one batch (a strided view of the row); the rest
     # (short segments, last chunks) run in buckets of similar width, padded at the end (a causal
     # query never sees a later key)
@@ -343,11 +424,13 @@ def segment_plan(kv_end: Any, *, chunk: int = 128) -> SegmentPlan:
         buckets.append(np.where(idx_GC < stop_S[sel, None], idx_GC, -1))
     return SegmentPlan(num_rows=B, row_length=L, chunk=chunk, seg_start_S=start_S, seg_stop_S=stop_S,
                        anc_ptr_S1=anc_ptr_S1, anc_index=anc_index, diag_runs_R3=runs_R3.reshape(-1, 3),
-                       diag_buckets=tuple(buckets), rect_R4=rect_R4)
+                       diag_buckets=tuple(buckets), rect_R4=rect_R4, rect_lo_R=lo_R[keys_R > lo_R],
+                       window=window)
 
 
 def plan_pairs_reference(plan: SegmentPlan) -> np.ndarray:
-    """Slow check of a plan: int [T, T], how many tiles compute each (query, key) pair (must be 0/1)."""
+    """Slow check of a plan: int [T, T], how many tiles compute each (query, key) pair (must be 0/1;
+    pairs a rectangle's window mask hides are not counted)."""
     T = plan.num_rows * plan.row_length
     count = np.zeros((T, T), dtype=np.int64)
     for start, num, width in plan.diag_runs_R3.tolist():
@@ -357,6 +440,7 @@ def plan_pairs_reference(plan: SegmentPlan) -> np.ndarray:
         for idx in idx_GC:
             idx = idx[idx >= 0]
             count[np.ix_(idx, idx)] += np.tri(len(idx), dtype=np.int64)
-    for i, q0, q1, num_keys in plan.rect_R4.tolist():
-        count[q0:q1, plan.keys(i)[:num_keys]] += 1
+    for r, (i, q0, q1, num_keys) in enumerate(plan.rect_R4.tolist()):
+        visible = plan.rect_visible(r)
+        count[q0:q1, plan.keys(i)[plan.rect_lo_R[r]:num_keys]] += 1 if visible is None else visible
     return count

@@ -31,6 +31,15 @@ Worked example (the row of :mod:`onepass.attention.blocks`, chunk 2)::
     kv_end  8 8 4 4 8 8 8 8                  q [4,6) x k (0 1)             (ancestors h h)
                                              q [6,8) x k (0 1 4 5)
 
+Sliding windows: the plan is cut for the window
+(:func:`onepass.attention.blocks.segment_plan`): chunks of at most W - 1 queries,
+rectangles that start at the window and carry an additive mask where the
+window cuts them; the work stays O(L * (W + chunk)). Attention sinks
+(gpt-oss: one learned logit per head in every softmax) are one more term in
+the log-sum-exp merge: ``out *= sigmoid(lse - sink)``, ``lse = logaddexp(lse,
+sink)``; the tile backward with that output and lse is then exact, and the
+sink's own gradient is ``-sum_q exp(sink - lse_q) * (dout_q . out_q)``.
+
 Use with a HF model: ``register()`` once, load the model with
 ``attn_implementation="onepass_cpu"``, and pass ``attention_mask=
 cpu_attention_mask(kv_end_BL)``: an int64 ``[B, 1, 1, L]`` tensor (kv_end
@@ -51,6 +60,7 @@ import numpy as np
 import torch
 
 from onepass.attention.blocks import SegmentPlan, segment_plan
+from onepass.errors import ConfigError
 
 BACKEND = "onepass_cpu"
 _PLAN_ATTR = "onepass_segment_plan"
@@ -59,7 +69,7 @@ _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 
 
-class CpuAttentionError(ValueError):
+class CpuAttentionError(ConfigError):
     """A call the CPU tree backend cannot serve exactly (it says what to use instead)."""
 
 
@@ -67,10 +77,12 @@ class CpuAttentionError(ValueError):
 # the mask object and the plan cache
 
 
-def cpu_attention_mask(kv_end_BL: Any, *, chunk: int = 128) -> torch.Tensor:
+def cpu_attention_mask(kv_end_BL: Any, *, chunk: int = 128, position_ids: Any = None,
+                       window: int | None = None) -> torch.Tensor:
     """The ``attention_mask`` a model with the ``onepass_cpu`` backend takes for rows ``kv_end_BL``.
 
-    An int64 ``[B, 1, 1, L]`` copy of ``kv_end`` with its segment plan attached.
+    An int64 ``[B, 1, 1, L]`` copy of ``kv_end`` with its segment plan attached
+    (cut for a sliding ``window`` over ``position_ids`` when given).
     """
     kv_end_BL = torch.as_tensor(kv_end_BL)
     if kv_end_BL.ndim == 1:
@@ -79,7 +91,7 @@ def cpu_attention_mask(kv_end_BL: Any, *, chunk: int = 128) -> torch.Tensor:
         raise ValueError(f"kv_end_BL must be [B, L], got shape {tuple(kv_end_BL.shape)}")
     B, L = kv_end_BL.shape
     mask_B11L = kv_end_BL.to(torch.long).reshape(B, 1, 1, L).clone()
-    setattr(mask_B11L, _PLAN_ATTR, segment_plan(kv_end_BL, chunk=chunk))
+    setattr(mask_B11L, _PLAN_ATTR, segment_plan(kv_end_BL, chunk=chunk, position_ids=position_ids, window=window))
     return mask_B11L
 
 
@@ -170,7 +182,17 @@ def _segment_keys(x_1JTD: torch.Tensor, plan: SegmentPlan, i: int) -> torch.Tens
     return x_1JTD.index_select(2, torch.from_numpy(plan.keys(i)))
 
 
-def _forward(q_1HTD, k_1JTD, v_1JTD, plan: SegmentPlan, scale: float | None):
+def _rect_masks(plan: SegmentPlan, dtype: torch.dtype) -> list[torch.Tensor | None]:
+    """Per rectangle: the additive ``[n, keys]`` mask of its window cut, or None (every pair visible)."""
+    out: list[torch.Tensor | None] = []
+    for r in range(len(plan.rect_R4)):
+        visible = plan.rect_visible(r)
+        out.append(None if visible is None else
+                   torch.zeros(visible.shape, dtype=dtype).masked_fill_(torch.from_numpy(~visible), -torch.inf))
+    return out
+
+
+def _forward(q_1HTD, k_1JTD, v_1JTD, sinks_H, plan: SegmentPlan, masks, scale: float | None):
     acc, G = _accumulator(q_1HTD.dtype), q_1HTD.shape[1] // k_1JTD.shape[1]
     out_1HTD = _t_major(q_1HTD, acc)  # transformers' output layout: its final transpose is free
     lse_1HT1 = q_1HTD.new_empty((*q_1HTD.shape[:3], 1), dtype=acc)
@@ -187,19 +209,25 @@ def _forward(q_1HTD, k_1JTD, v_1JTD, plan: SegmentPlan, scale: float | None):
         lse_1HT1.index_copy_(2, positions, _real(lse_GHC[..., None], slots, acc))
     # rectangles merge into their diagonals; query heads ride in the batch, keys are shared (stride 0)
     current, keys_1JKD, values_1JKD = -1, None, None
-    for i, q0, q1, num_keys in plan.rect_R4.tolist():
+    for r, (i, q0, q1, hi) in enumerate(plan.rect_R4.tolist()):
         if i != current:
             current, keys_1JKD, values_1JKD = i, _segment_keys(k_1JTD, plan, i), _segment_keys(v_1JTD, plan, i)
-        o_GJnD, lse_GJn = _flash(_by_group(q_1HTD[:, :, q0:q1], G), keys_1JKD[:, :, :num_keys].expand(G, -1, -1, -1),
-                                 values_1JKD[:, :, :num_keys].expand(G, -1, -1, -1), 0.0, False, scale=scale)
+        lo = int(plan.rect_lo_R[r])
+        o_GJnD, lse_GJn = _flash(_by_group(q_1HTD[:, :, q0:q1], G), keys_1JKD[:, :, lo:hi].expand(G, -1, -1, -1),
+                                 values_1JKD[:, :, lo:hi].expand(G, -1, -1, -1), 0.0, False, attn_mask=masks[r],
+                                 scale=scale)
         old_lse_GJn1 = _by_group(lse_1HT1[:, :, q0:q1], G)
         lse_GJn1 = lse_GJn[..., None].to(acc)
         _by_group(out_1HTD[:, :, q0:q1], G).lerp_(o_GJnD.to(acc), torch.sigmoid(lse_GJn1 - old_lse_GJn1))
         torch.logaddexp(old_lse_GJn1, lse_GJn1, out=old_lse_GJn1)
+    if sinks_H is not None:  # one more logit per head in every softmax
+        sink_1H11 = sinks_H.to(acc)[None, :, None, None]
+        out_1HTD.mul_(torch.sigmoid(lse_1HT1 - sink_1H11))
+        torch.logaddexp(lse_1HT1, sink_1H11, out=lse_1HT1)
     return out_1HTD.to(q_1HTD.dtype), lse_1HT1[..., 0]
 
 
-def _backward(g_1HTD, q_1HTD, k_1JTD, v_1JTD, out_1HTD, lse_1HT, plan: SegmentPlan, scale: float | None):
+def _backward(g_1HTD, q_1HTD, k_1JTD, v_1JTD, out_1HTD, lse_1HT, plan: SegmentPlan, masks, scale: float | None):
     acc, G = _accumulator(q_1HTD.dtype), q_1HTD.shape[1] // k_1JTD.shape[1]
     dq_1HTD, dk_1JTD, dv_1JTD = (_t_major(x, acc) for x in (q_1HTD, k_1JTD, v_1JTD))
     lse_1HT1 = lse_1HT[..., None]
@@ -221,7 +249,7 @@ def _backward(g_1HTD, q_1HTD, k_1JTD, v_1JTD, out_1HTD, lse_1HT, plan: SegmentPl
         dk_1JTD.index_copy_(2, positions, _real(_fold(dk, G), slots, acc))
         dv_1JTD.index_copy_(2, positions, _real(_fold(dv, G), slots, acc))
     current, keys_1JKD, values_1JKD, dkeys_1JKD, dvalues_1JKD = -1, None, None, None, None
-    for i, q0, q1, num_keys in plan.rect_R4.tolist():
+    for r, (i, q0, q1, hi) in enumerate(plan.rect_R4.tolist()):
         if i != current:
             if current >= 0:
                 _scatter_keys(dk_1JTD, dv_1JTD, dkeys_1JKD, dvalues_1JKD, plan, current)
@@ -230,14 +258,15 @@ def _backward(g_1HTD, q_1HTD, k_1JTD, v_1JTD, out_1HTD, lse_1HT, plan: SegmentPl
                 dkeys_1JKD, dvalues_1JKD = _segment_keys(dk_1JTD, plan, i), _segment_keys(dv_1JTD, plan, i)
             else:  # gathered keys: a buffer, scattered back when the segment is done
                 dkeys_1JKD, dvalues_1JKD = _t_major(keys_1JKD, acc, zeros=True), _t_major(values_1JKD, acc, zeros=True)
+        lo = int(plan.rect_lo_R[r])
         dq_GJnD, dk_GJKD, dv_GJKD = _flash_backward(
             _by_group(g_1HTD[:, :, q0:q1], G), _by_group(q_1HTD[:, :, q0:q1], G),
-            keys_1JKD[:, :, :num_keys].expand(G, -1, -1, -1), values_1JKD[:, :, :num_keys].expand(G, -1, -1, -1),
+            keys_1JKD[:, :, lo:hi].expand(G, -1, -1, -1), values_1JKD[:, :, lo:hi].expand(G, -1, -1, -1),
             _by_group(out_1HTD[:, :, q0:q1], G), _by_group(lse_1HT1[:, :, q0:q1], G)[..., 0], 0.0, False,
-            scale=scale)
+            attn_mask=masks[r], scale=scale)
         _by_group(dq_1HTD[:, :, q0:q1], G).add_(dq_GJnD)
-        dkeys_1JKD[:, :, :num_keys] += dk_GJKD.sum(0, keepdim=True)
-        dvalues_1JKD[:, :, :num_keys] += dv_GJKD.sum(0, keepdim=True)
+        dkeys_1JKD[:, :, lo:hi] += dk_GJKD.sum(0, keepdim=True)
+        dvalues_1JKD[:, :, lo:hi] += dv_GJKD.sum(0, keepdim=True)
     if current >= 0:
         _scatter_keys(dk_1JTD, dv_1JTD, dkeys_1JKD, dvalues_1JKD, plan, current)
     return dq_1HTD, dk_1JTD, dv_1JTD
@@ -252,26 +281,35 @@ def _scatter_keys(dk_1JTD, dv_1JTD, dkeys_1JKD, dvalues_1JKD, plan: SegmentPlan,
 
 class _TreeAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q_1HTD, k_1JTD, v_1JTD, plan, scale):
-        out_1HTD, lse_1HT = _forward(q_1HTD, k_1JTD, v_1JTD, plan, scale)
-        ctx.save_for_backward(q_1HTD, k_1JTD, v_1JTD, out_1HTD, lse_1HT)
-        ctx.plan, ctx.scale = plan, scale
+    def forward(ctx, q_1HTD, k_1JTD, v_1JTD, sinks_H, plan, scale):
+        masks = _rect_masks(plan, q_1HTD.dtype)
+        out_1HTD, lse_1HT = _forward(q_1HTD, k_1JTD, v_1JTD, sinks_H, plan, masks, scale)
+        ctx.save_for_backward(q_1HTD, k_1JTD, v_1JTD, out_1HTD, lse_1HT, sinks_H)
+        ctx.plan, ctx.masks, ctx.scale = plan, masks, scale
         return out_1HTD
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g_1HTD):
-        q_1HTD, k_1JTD, v_1JTD, out_1HTD, lse_1HT = ctx.saved_tensors
-        grads = _backward(g_1HTD, q_1HTD, k_1JTD, v_1JTD, out_1HTD, lse_1HT, ctx.plan, ctx.scale)
-        return (*(g.to(x.dtype) for g, x in zip(grads, (q_1HTD, k_1JTD, v_1JTD))), None, None)
+        q_1HTD, k_1JTD, v_1JTD, out_1HTD, lse_1HT, sinks_H = ctx.saved_tensors
+        grads = _backward(g_1HTD, q_1HTD, k_1JTD, v_1JTD, out_1HTD, lse_1HT, ctx.plan, ctx.masks, ctx.scale)
+        dsinks_H = None
+        if sinks_H is not None and ctx.needs_input_grad[3]:  # d sink = -sum_q p_sink(q) * (dout_q . out_q)
+            acc = _accumulator(q_1HTD.dtype)
+            p_sink_1HT = torch.exp(sinks_H.to(acc)[None, :, None] - lse_1HT)
+            dot_1HT = (g_1HTD.to(acc) * out_1HTD.to(acc)).sum(-1)
+            dsinks_H = -(p_sink_1HT * dot_1HT).sum((0, 2)).to(sinks_H.dtype)
+        return (*(g.to(x.dtype) for g, x in zip(grads, (q_1HTD, k_1JTD, v_1JTD))), dsinks_H, None, None)
 
 
 def tree_attention(q_BHLD: torch.Tensor, k_BHLD: torch.Tensor, v_BHLD: torch.Tensor,
-                   plan: SegmentPlan | Any, *, scale: float | None = None) -> torch.Tensor:
+                   plan: SegmentPlan | Any, *, scale: float | None = None,
+                   sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention under the tree mask of ``plan`` (or of a ``kv_end`` ``[L]``/``[B, L]``), visible pairs only.
 
     ``k``/``v`` may have fewer heads than ``q`` (grouped-query attention, in
-    transformers' head order). Returns ``[B, H, L, D]``; differentiable in q, k, v.
+    transformers' head order); ``sinks`` (``[H]``) adds one logit per head to every
+    softmax. Returns ``[B, H, L, D]``; differentiable in q, k, v and sinks.
     """
     if not isinstance(plan, SegmentPlan):
         plan = segment_plan(plan)
@@ -289,19 +327,45 @@ def tree_attention(q_BHLD: torch.Tensor, k_BHLD: torch.Tensor, v_BHLD: torch.Ten
     def flat(x_BHLD: torch.Tensor) -> torch.Tensor:  # [B, H, L, D] -> [1, H, T, D]; a view when B == 1
         return x_BHLD.transpose(0, 1).reshape(1, x_BHLD.shape[1], B * L, x_BHLD.shape[-1])
 
-    out_1HTD = _TreeAttention.apply(flat(q_BHLD), flat(k_BHLD), flat(v_BHLD), plan, scale)
+    if sinks is not None and tuple(sinks.shape) != (H,):
+        raise CpuAttentionError(f"attention sinks must be one per query head ({H}), got {tuple(sinks.shape)}")
+    out_1HTD = _TreeAttention.apply(flat(q_BHLD), flat(k_BHLD), flat(v_BHLD), sinks, plan, scale)
     return out_1HTD.reshape(H, B, L, -1).transpose(0, 1)
 
 
 def tree_attention_reference(q_BHLD: torch.Tensor, k_BHLD: torch.Tensor, v_BHLD: torch.Tensor,
-                             kv_end_BL: Any, *, scale: float | None = None) -> torch.Tensor:
-    """Slow reference: dense SDPA under ``onepass.attention.mask.dense_mask`` (every pair computed)."""
+                             kv_end_BL: Any, *, scale: float | None = None, position_ids: Any = None,
+                             window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Slow reference: dense attention under ``onepass.attention.mask.dense_mask`` (every pair computed)."""
     from onepass.attention.mask import dense_mask
 
     kv_end_BL = torch.as_tensor(np.asarray(kv_end_BL))
-    mask_B1LL = dense_mask(kv_end_BL.reshape(-1, kv_end_BL.shape[-1]), device=q_BHLD.device)[:, None]
-    return torch.nn.functional.scaled_dot_product_attention(
-        q_BHLD, k_BHLD, v_BHLD, attn_mask=mask_B1LL, scale=scale, enable_gqa=k_BHLD.shape[1] != q_BHLD.shape[1])
+    kv_end_BL = kv_end_BL.reshape(-1, kv_end_BL.shape[-1])
+    pos = None if position_ids is None else np.asarray(position_ids).reshape(kv_end_BL.shape)
+    mask_B1LL = dense_mask(kv_end_BL, device=q_BHLD.device, position_ids=pos, window=window)[:, None]
+    return dense_attention(q_BHLD, k_BHLD, v_BHLD, mask_B1LL, scale=scale, sinks=sinks)
+
+
+def dense_attention(q_BHQD: torch.Tensor, k_BJKD: torch.Tensor, v_BJKD: torch.Tensor, mask: torch.Tensor | None, *,
+                    scale: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Every pair: ``softmax([q.k * scale + mask, sink]) @ v`` without the sink's column (gpt-oss's eager
+    math, in the input's dtype); plain SDPA without sinks. ``mask``: bool (True = attend), additive
+    float, or None (causal). Returns ``[B, H, Q, D]``."""
+    G = q_BHQD.shape[1] // k_BJKD.shape[1]
+    if sinks is None:
+        causal = mask is None
+        return torch.nn.functional.scaled_dot_product_attention(q_BHQD, k_BJKD, v_BJKD, attn_mask=mask,
+                                                                is_causal=causal, scale=scale, enable_gqa=G > 1)
+    k_BHKD, v_BHKD = k_BJKD.repeat_interleave(G, 1), v_BJKD.repeat_interleave(G, 1)
+    scores_BHQK = q_BHQD @ k_BHKD.transpose(-1, -2) * (q_BHQD.shape[-1] ** -0.5 if scale is None else scale)
+    Q, K = scores_BHQK.shape[-2:]
+    if mask is None:
+        mask = torch.ones(Q, K, dtype=torch.bool, device=q_BHQD.device).tril(K - Q)
+    scores_BHQK = (scores_BHQK.masked_fill(~mask, -torch.inf) if mask.dtype == torch.bool
+                   else scores_BHQK + mask[..., :K])
+    sink_BHQ1 = sinks.to(scores_BHQK.dtype).reshape(1, -1, 1, 1).expand(*scores_BHQK.shape[:3], 1)
+    probs_BHQK = torch.softmax(torch.cat([scores_BHQK, sink_BHQ1], dim=-1), dim=-1)[..., :K]
+    return probs_BHQK.to(v_BHKD.dtype) @ v_BHKD
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,23 +379,40 @@ def onepass_cpu_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
     """HF attention function (``AttentionInterface``): [B, H, L, D] in, [B, L, H, D] out.
 
     With a :func:`cpu_attention_mask` it runs :func:`tree_attention`; with any
-    other mask it is transformers' ``sdpa``. Refuses what it cannot do exactly.
+    other mask it is transformers' ``sdpa`` (:func:`dense_attention` when the
+    layer has attention sinks, which sdpa ignores). Refuses what it cannot do
+    exactly, and a mask cut for another window than the layer's.
     """
-    if not is_kv_end_mask(attention_mask):
+    sinks = kwargs.pop("s_aux", None)
+    layer = getattr(module, "layer_idx", "?")
+    unsupported = {"dropout": dropout or None, "softcap": softcap, "position_bias": kwargs.get("position_bias")}
+    if not is_kv_end_mask(attention_mask) and sinks is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, sliding_window=sliding_window, softcap=softcap, **kwargs)
-    unsupported = {"dropout": dropout or None, "sliding_window": sliding_window, "softcap": softcap,
-                   "s_aux (attention sinks)": kwargs.get("s_aux"), "position_bias": kwargs.get("position_bias")}
     for name, given in unsupported.items():
         if given is not None:
-            raise CpuAttentionError(f"onepass_cpu does not implement {name}={given!r} (layer "
-                                    f"{getattr(module, 'layer_idx', '?')}); use attn_implementation='sdpa' "
-                                    "with onepass.attention.backends's dense mask, or turn it off")
+            raise CpuAttentionError(f"onepass_cpu does not implement {name}={given!r} (layer {layer}); use "
+                                    "attn_implementation='eager' with onepass.attention.backends's dense mask, "
+                                    "or turn it off")
+    if not is_kv_end_mask(attention_mask):  # a mask transformers built (N-pass views), with sinks
+        out_BHQD = dense_attention(query, key, value, attention_mask, scale=scaling, sinks=sinks)
+        return out_BHQD.transpose(1, 2).contiguous(), None
+    plan = plan_of(attention_mask)
+    if (sliding_window or None) != plan.window:
+        raise CpuAttentionError(f"layer {layer} has sliding_window={sliding_window} but its onepass_cpu mask was "
+                                f"built for window={plan.window}; build the masks with "
+                                "onepass.attention.attention_mask_for(model, kv_end, position_ids_BL=...)")
     if key.dtype != query.dtype or value.dtype != query.dtype:  # CPU autocast hands over mixed dtypes
         key, value = key.to(query.dtype), value.to(query.dtype)
-    out_BHLD = tree_attention(query, key, value, plan_of(attention_mask), scale=scaling)
+    dim_qk, dim_v = query.shape[-1], value.shape[-1]
+    if dim_qk != dim_v:  # multi-head latent attention: zero-pad to one head size (the kernel needs it)
+        scaling = dim_qk ** -0.5 if scaling is None else scaling
+        dim = max(dim_qk, dim_v)
+        pad = torch.nn.functional.pad
+        query, key, value = pad(query, (0, dim - dim_qk)), pad(key, (0, dim - dim_qk)), pad(value, (0, dim - dim_v))
+    out_BHLD = tree_attention(query, key, value, plan, scale=scaling, sinks=sinks)[..., :dim_v]
     return out_BHLD.transpose(1, 2).contiguous(), None
 
 

@@ -24,6 +24,34 @@ The two copies of r1 are the trained one (``r1``, after t1) and the history one
     5  t2    3   7           t2     x          x  x  x
     6  r2    4   7           r2     x          x  x  x  x
 
+Sliding windows. Transformers' N-pass rule for a windowed layer
+(``masking_utils.sliding_window_overlay``) is ``kv_idx > q_idx - W``, i.e.
+``q - k < W`` on token indices: a query sees itself and the W - 1 tokens
+before it. In a view token indices are position ids, so in the tree the rule
+is, on top of the tree rule::
+
+    query q may attend to key k   <=>   k <= q < kv_end[k]  and  pos[q] - pos[k] < W
+
+The example above with W = 3 (each query sees itself, its parent and its
+grandparent; view 2's ``r2`` at position 4 sees positions 2..4 = h2 t2 r2,
+exactly as in the plain view [h1 r1' h2 t2 r2])::
+
+    q \\ k  h1 t1 r1 r1' h2 t2 r2
+    h1     x
+    t1     x  x
+    r1     x  x  x
+    r1'    x          x
+    h2     x          x  x
+    t2                x  x  x
+    r2                   x  x  x
+
+Which layers are windowed, and W, come from the config (read from
+transformers 5.23's modeling code; :func:`onepass.attention.backends.attention_windows`):
+``config.layer_types[i] == "sliding_attention"`` with ``W = config.sliding_window``
+(gpt-oss: every other layer; OLMo-3: 3 of 4; Gemma 3: 5 of 6; Qwen2/Qwen3 with
+``use_sliding_window``: layers ``i >= max_window_layers``); configs without
+``layer_types`` (Mistral, Phi-3) window every layer when ``sliding_window`` is set.
+
 Padding convention: rows of a batch are padded to a common length with
 ``kv_end[p] = p + 1`` (:func:`pad_kv_end`): a pad sees only itself and nothing
 sees a pad, so no row of the mask is ever fully masked (SDPA would return NaN).
@@ -43,10 +71,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from onepass.attention.window import check_window
+
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
-
-IGNORE = -100
 
 
 ArrayLike = np.ndarray | torch.Tensor | Sequence[int]
@@ -62,26 +90,51 @@ def _as_kv_end(kv_end: ArrayLike, device: torch.device | str | None) -> torch.Te
     return torch.as_tensor(np.asarray(kv_end), dtype=torch.long, device=device)
 
 
-def dense_mask(kv_end: ArrayLike, *, device: torch.device | str | None = None) -> torch.Tensor:
+def window_positions(kv_end_BL: torch.Tensor, position_ids: ArrayLike | None,
+                     window: int | None) -> torch.Tensor | None:
+    """``position_ids`` as a long tensor shaped like ``kv_end_BL`` on its device; None without a window."""
+    if window is None:
+        return None
+    window = check_window(window)
+    if position_ids is None:
+        raise ValueError(f"a sliding window ({window}) needs the rows' position_ids: the window is measured "
+                         "in positions, pos[q] - pos[k] < window")
+    pos_BL = _as_kv_end(position_ids, kv_end_BL.device)
+    if pos_BL.shape != kv_end_BL.shape:
+        raise ValueError(f"position_ids of shape {tuple(pos_BL.shape)} do not match kv_end of shape "
+                         f"{tuple(kv_end_BL.shape)}")
+    return pos_BL
+
+
+def dense_mask(kv_end: ArrayLike, *, device: torch.device | str | None = None,
+               position_ids: ArrayLike | None = None, window: int | None = None) -> torch.Tensor:
     """Bool mask, True = may attend: ``[L] -> [Q=L, K=L]`` or ``[B, L] -> [B, Q, K]``, one broadcast.
 
-    ``device`` defaults to ``kv_end``'s device (CPU for numpy input).
+    With a ``window``, also ``pos[q] - pos[k] < window`` (``position_ids`` shaped like
+    ``kv_end``). ``device`` defaults to ``kv_end``'s device (CPU for numpy input).
     """
     kv_end_BL = _as_kv_end(kv_end, device)
     L = kv_end_BL.shape[-1]
     idx = torch.arange(L, device=kv_end_BL.device)
     q_Q1, k_1K = idx[:, None], idx[None, :]
-    return (k_1K <= q_Q1) & (q_Q1 < kv_end_BL[..., None, :])
+    mask = (k_1K <= q_Q1) & (q_Q1 < kv_end_BL[..., None, :])
+    pos_BL = window_positions(kv_end_BL, position_ids, window)
+    if pos_BL is not None:
+        mask &= (pos_BL[..., :, None] - pos_BL[..., None, :]) < window
+    return mask
 
 
-def dense_mask_reference(kv_end: ArrayLike) -> np.ndarray:
-    """Slow, obviously correct: ``mask[q, k] = k <= q < kv_end[k]``, one pair at a time. 1-D only."""
+def dense_mask_reference(kv_end: ArrayLike, position_ids: ArrayLike | None = None,
+                         window: int | None = None) -> np.ndarray:
+    """Slow, obviously correct: ``mask[q, k] = k <= q < kv_end[k]`` (and ``pos[q] - pos[k] < window``
+    with a window), one pair at a time. 1-D only."""
     kv_end = np.asarray(kv_end).tolist()
     L = len(kv_end)
+    pos = np.asarray(position_ids).tolist() if window is not None else [0] * L
     mask = np.zeros((L, L), dtype=bool)
     for q in range(L):
         for k in range(L):
-            mask[q, k] = k <= q < kv_end[k]
+            mask[q, k] = k <= q < kv_end[k] and (window is None or pos[q] - pos[k] < window)
     return mask
 
 
@@ -137,20 +190,32 @@ def block_any(mask: torch.Tensor, block_size: int) -> torch.Tensor:
 # FlexAttention
 
 
-def generate_tree_mask_mod(kv_end_BL: torch.Tensor) -> Callable[..., torch.Tensor]:
-    """A FlexAttention ``mask_mod`` for rows ``kv_end_BL`` (a ``[B, L]`` tensor on the attention's device)."""
+def generate_tree_mask_mod(kv_end_BL: torch.Tensor, position_ids_BL: torch.Tensor | None = None,
+                           window: int | None = None) -> Callable[..., torch.Tensor]:
+    """A FlexAttention ``mask_mod`` for rows ``kv_end_BL`` (a ``[B, L]`` tensor on the attention's device).
+
+    With a ``window``: also ``pos[q] - pos[k] < window`` (``position_ids_BL`` on the same device).
+    """
     if kv_end_BL.ndim != 2:
         raise ValueError(f"kv_end_BL must be [B, L], got shape {tuple(kv_end_BL.shape)}")
+    pos_BL = window_positions(kv_end_BL, position_ids_BL, window)
 
     def tree_mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor,
                       kv_idx: torch.Tensor) -> torch.Tensor:
         return (kv_idx <= q_idx) & (q_idx < kv_end_BL[b, kv_idx])
 
-    return tree_mask_mod
+    if pos_BL is None:
+        return tree_mask_mod
+
+    def windowed_tree_mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor,
+                               kv_idx: torch.Tensor) -> torch.Tensor:
+        return tree_mask_mod(b, h, q_idx, kv_idx) & (pos_BL[b, q_idx] - pos_BL[b, kv_idx] < window)
+
+    return windowed_tree_mask_mod
 
 
-def tree_block_mask(kv_end: ArrayLike, *, block_size: int = 128,
-                    device: torch.device | str | None = None) -> BlockMask:
+def tree_block_mask(kv_end: ArrayLike, *, block_size: int = 128, device: torch.device | str | None = None,
+                    position_ids: ArrayLike | None = None, window: int | None = None) -> BlockMask:
     """A FlexAttention ``BlockMask`` for ``kv_end`` (``[L]`` or ``[B, L]``), shared by all heads.
 
     Blocks with no visible pair are skipped by the kernel; fully visible blocks skip the
@@ -161,6 +226,7 @@ def tree_block_mask(kv_end: ArrayLike, *, block_size: int = 128,
     kv_end_BL = _as_kv_end(kv_end, device)
     if kv_end_BL.ndim == 1:
         kv_end_BL = kv_end_BL[None]
+    pos_BL = None if position_ids is None else _as_kv_end(position_ids, kv_end_BL.device).reshape(kv_end_BL.shape)
     B, L = kv_end_BL.shape
-    return create_block_mask(generate_tree_mask_mod(kv_end_BL), B, None, L, L,
+    return create_block_mask(generate_tree_mask_mod(kv_end_BL, pos_BL, window), B, None, L, L,
                              device=kv_end_BL.device, BLOCK_SIZE=block_size)

@@ -1,10 +1,14 @@
 """``onepass bench``: run every setting on one workload and write JSON, Markdown and PNGs.
 
-Why this module exists: it is the orchestration around ``bench.py`` (workload,
+Why this module exists: it is the orchestration around ``harness.py`` (workload,
 model, backends, depth groups) and the command line for it. ``--quick`` is
-sized to finish in a few minutes on 2 CPU cores.
+sized to finish in a few minutes on 2 CPU cores. The workload is any
+``--data`` spec of conversations, resolved like every other command's
+(:func:`onepass.data.load.resolve_data`); ``--workload mathchat|synthetic`` are
+names for ``builtin:mathchat`` and ``synthetic:mathchat-sync``.
 
     onepass bench --quick --out runs/bench
+    onepass bench --quick --data chats.jsonl --out runs/bench-mine
 """
 
 from __future__ import annotations
@@ -17,16 +21,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-WORKLOADS = ("mathchat", "synthetic")
+from onepass.errors import DataError, UsageError
+from onepass.flops import MODEL_SHAPES, model_kwargs, train_flops
+
+WORKLOADS = {"mathchat": "builtin:mathchat", "synthetic": "synthetic:mathchat-sync"}  # --workload NAME: --data SPEC
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("bench", help="training throughput and memory of every schedule, side by side")
     p.add_argument("--out", required=True, help="output directory (summary.json, table.md, *.png)")
     p.add_argument("--quick", action="store_true", help="small workload and few repeats (minutes on CPU)")
-    p.add_argument("--workload", choices=WORKLOADS, default="mathchat")
+    data = p.add_mutually_exclusive_group()
+    data.add_argument("--data", help="conversations to time: any --data spec of onepass prepare (a file, a "
+                                     "folder, a saved dataset, builtin:mathchat, synthetic:NAME, a hub id)")
+    data.add_argument("--workload", choices=tuple(WORKLOADS),
+                      help="a named workload: " + ", ".join(f"{k} = --data {v}" for k, v in WORKLOADS.items())
+                           + " (default mathchat)")
     p.add_argument("--conversations", type=int, help="how many conversations (default: 24 quick, 300 full)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="model initialisation seed")
     p.add_argument("--tokenizer", default="builtin:qwen3")
     p.add_argument("--model-shape", default="tiny", help="tiny | qwen3-0.6b | qwen3-4b | qwen3-8b")
     p.add_argument("--full-vocab", action="store_true",
@@ -41,14 +53,27 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def load_workload(name: str, n: int, seed: int) -> list[Any]:
-    if name == "mathchat":
-        from onepass.data.mathchat import load_sample
+def workload_spec(data: str | None, workload: str | None) -> tuple[str, str]:
+    """``(name, spec)`` of the workload: ``--data SPEC`` as given, or a ``--workload`` name's spec."""
+    if data is not None:
+        return data, data
+    name = workload or "mathchat"
+    return name, WORKLOADS[name]
 
-        return load_sample(limit=n)
-    from onepass.data.synthetic import generate_conversations
 
-    return generate_conversations(n, seed=seed)
+def load_workload(spec: str, n: int) -> list[Any]:
+    """The first ``n`` valid conversations of ``spec``; invalid records are counted on stderr, never dropped
+    silently. Prepared rows are refused (bench lays the conversations out under every schedule)."""
+    from onepass.data.load import load_conversations
+
+    report = load_conversations(spec, strict=False, limit=n)
+    if report.skipped:
+        print(f"skipped {len(report.skipped)} invalid records of {spec}; first: {report.skipped[0]}",
+              file=sys.stderr, flush=True)
+    if not report.conversations:
+        first = f"; first skip: {report.skipped[0]}" if report.skipped else ""
+        raise DataError(f"{spec} has no valid conversations to time{first}")
+    return report.conversations
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,12 +81,15 @@ def run(args: argparse.Namespace) -> int:
 
     from onepass.bench import harness as bench
     from onepass.bench.report import markdown, plots
+    from onepass.data.load import conversation_source
     from onepass.render import render_views
     from onepass.tokenizer import load_tokenizer
     from onepass.verify import compact_vocab
 
-    if args.model_shape not in bench.MODEL_SHAPES:
-        raise ValueError(f"unknown --model-shape {args.model_shape!r}; use one of {', '.join(bench.MODEL_SHAPES)}")
+    if args.model_shape not in MODEL_SHAPES:
+        raise UsageError(f"unknown --model-shape {args.model_shape!r}; use one of {', '.join(MODEL_SHAPES)}")
+    name, spec = workload_spec(args.data, args.workload)
+    conversation_source(spec)  # fails in one line before any work: missing, unrecognised, or prepared rows
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     backends = (args.backends or ("sdpa,onepass_cpu" if device.type == "cpu" else "flex_attention,sdpa")).split(",")
@@ -75,14 +103,16 @@ def run(args: argparse.Namespace) -> int:
     settings = (args.settings or ",".join(known)).split(",")
     unknown = [s for s in settings if s not in known]
     if unknown:
-        raise ValueError(f"unknown setting {unknown[0]!r}; use any of {', '.join(known)}")
+        raise UsageError(f"unknown setting {unknown[0]!r}; use any of {', '.join(known)}")
     with_trl = bench_trl.SETTING in settings
     settings = [s for s in settings if s != bench_trl.SETTING]
     if with_trl and not bench_trl.available():
         if args.settings:
-            raise ValueError(f"{bench_trl.SETTING} needs TRL: pip install 'onepass[bench]'")
+            raise UsageError(f"{bench_trl.SETTING} needs TRL: pip install 'onepass[bench]'")
         print(f"TRL is not installed: {bench_trl.SETTING} skipped (pip install 'onepass[bench]')", flush=True)
         with_trl = False
+    if args.conversations is not None and args.conversations < 1:
+        raise UsageError(f"--conversations must be >= 1, got {args.conversations}")
     n = args.conversations or (24 if args.quick else 300)
     repeats = args.repeats or (2 if args.quick else 5)
     max_tokens = args.max_tokens or 4096
@@ -91,17 +121,17 @@ def run(args: argparse.Namespace) -> int:
 
     env = bench.environment(device)
     print(f"device: {env['device']}  versions: {env['versions']}", flush=True)
-    convs = load_workload(args.workload, n, args.seed)
+    convs = load_workload(spec, n)
     tok = load_tokenizer(args.tokenizer)
     views = [render_views(c, tok) for c in convs]
     vocab = len(tok)
     if not args.full_vocab:
         views, vocab = compact_vocab(views)
     depth = [len(v) for v in views]
-    shape = dataclasses.replace(bench.MODEL_SHAPES[args.model_shape], vocab=vocab)
-    shape_kwargs = bench.model_kwargs(shape)
+    shape = dataclasses.replace(MODEL_SHAPES[args.model_shape], vocab=vocab)
+    shape_kwargs = model_kwargs(shape)
     peak = bench.matmul_peak_flops(device, dtype)
-    print(f"workload {args.workload}: {len(convs)} conversations, {sum(depth)} views; model "
+    print(f"workload {name}: {len(convs)} conversations, {sum(depth)} views; model "
           f"{args.model_shape} {shape_kwargs}, vocab {vocab}, {dtype}; matmul peak {peak / 1e9:.1f} GFLOP/s",
           flush=True)
 
@@ -117,8 +147,8 @@ def run(args: argparse.Namespace) -> int:
         return bench.layout_setting([views[i] for i in groups[group]], name, max_tokens)
 
     results: list[dict[str, Any]] = []
-    ideal = {group: bench.train_flops(rows_of(group, "n-pass"), shape)
-             / bench.train_flops(rows_of(group, "one-pass"), shape) for group in groups}
+    ideal = {group: train_flops(rows_of(group, "n-pass"), shape)
+             / train_flops(rows_of(group, "one-pass"), shape) for group in groups}
     for backend in backends:
         for group, members in groups.items():
             names = settings if group == "all" else ["n-pass-packed", "one-pass-packed"]
@@ -128,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
                                 dtype=str(dtype).replace("torch.", ""), backend=backend, device=str(device),
                                 seed=args.seed, repeats=repeats, threads=torch.get_num_threads())
                 timing = bench.time_in_subprocess(job)
-                useful = bench.train_flops(rows, shape)
+                useful = train_flops(rows, shape)
                 results.append(bench.summarise(name, backend, group, rows, timing, len(members), useful, peak))
                 r = results[-1]
                 print(f"{backend:>12} {group:>3} {name:>16}: {r['conversations_per_s']:7.2f} conv/s "
@@ -147,14 +177,14 @@ def run(args: argparse.Namespace) -> int:
         timing = bench.time_in_subprocess(job, bench_trl.time_trl)
         n_rows = rows_of("all", "n-pass-packed")
         results.append(bench.summarise(bench_trl.SETTING, trl_backend, "all", n_rows, timing, len(views),
-                                       bench.train_flops(n_rows, shape), peak))
+                                       train_flops(n_rows, shape), peak))
         r = results[-1]
         print(f"{trl_backend:>12} all {bench_trl.SETTING:>16}: {r['conversations_per_s']:7.2f} conv/s "
               f"{r['tokens_per_s']:9,.0f} tok/s  peak {(r['peak_memory_bytes'] or 0) / 2**20:7.0f} MiB "
               "(TRL SFTTrainer, packing bfd, completion-only loss)", flush=True)
     bench.add_ratios(results, ideal)
     summary = {
-        **env, "workload": {"name": args.workload, "conversations": len(convs), "views": sum(depth),
+        **env, "workload": {"name": name, "data": spec, "conversations": len(convs), "views": sum(depth),
                             "seed": args.seed, "model_shape": args.model_shape, "vocab": vocab,
                             "dtype": str(dtype).replace("torch.", ""), "max_tokens": max_tokens,
                             "repeats": repeats, "depth_histogram": {d: depth.count(d) for d in sorted(set(depth))}},

@@ -6,10 +6,10 @@ the same process. For each setting (a schedule, packed or not) this renders
 the workload's views once, lays them out, and times full training steps
 (forward, backward, optimizer step) over every row, repeated after a warm-up.
 
-FLOP accounting: forward + backward = 3 x the forward FLOPs of
-:mod:`onepass.data.stats` (linear per token, attention per visible pair
-``sum(kv_end - k)``, LM head per target), the same formula the ``data stats``
-ideal speedup uses.
+FLOP accounting: :func:`onepass.flops.train_flops`, forward + backward = 3 x
+the forward FLOPs (linear per token, attention per visible pair
+``sum(kv_end - k)``, LM head per target), the same accounting the ``data
+stats`` ideal speedup uses.
 
 The *ideal speedup* is N-pass FLOPs / one-pass FLOPs for the workload: what
 one-pass would gain if time followed useful work exactly. *Useful-FLOP
@@ -32,12 +32,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from onepass.errors import UsageError
 from onepass.loss import batch_loss, layouts_to_batch
 from onepass.pack import pack_layouts
 from onepass.render import View
 from onepass.schedule import parse_schedule, schedule_views
-from onepass.data.stats import MODEL_SHAPES as STATS_SHAPES
-from onepass.data.stats import ModelShape
 from onepass.tree import Layout
 
 SETTINGS: dict[str, tuple[str, bool]] = {
@@ -51,33 +50,6 @@ SETTINGS: dict[str, tuple[str, bool]] = {
     "budget-packed": ("budget", True),
 }
 DEPTH_GROUPS = {"G1": (1, 5), "G2": (6, 7), "G3": (8, 16)}
-TINY = ModelShape(name="tiny", num_layers=4, hidden=256, num_heads=4, num_kv_heads=2, head_dim=64,
-                  ffn=768, vocab=0)
-MODEL_SHAPES = {"tiny": TINY, **STATS_SHAPES}
-
-
-def model_kwargs(shape: ModelShape) -> dict[str, int]:
-    """Config sizes of a Qwen3 model of ``shape`` (vocabulary set separately)."""
-    return dict(hidden_size=shape.hidden, intermediate_size=shape.ffn, num_hidden_layers=shape.num_layers,
-                num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads,
-                head_dim=shape.head_dim)
-
-
-def visible_pairs(layout: Layout) -> int:
-    return int((layout.kv_end - np.arange(len(layout))).sum())
-
-
-def train_flops(rows: Sequence[Layout], shape: ModelShape, *, dense: bool = False) -> float:
-    """Forward+backward FLOPs of ``rows`` (the formula of :mod:`onepass.data.stats`, x3).
-
-    ``dense`` counts every causal pair of a row as computed (what a dense mask costs).
-    """
-    tokens = sum(len(r) for r in rows)
-    targets = sum(r.num_targets for r in rows)
-    pairs = sum(len(r) * (len(r) + 1) // 2 if dense else visible_pairs(r) for r in rows)
-    forward = (shape.linear_flops_per_token * tokens + shape.attention_flops_per_pair * pairs
-               + shape.head_flops_per_target * targets)
-    return 3.0 * forward
 
 
 def peak_rss_reset() -> None:
@@ -149,7 +121,7 @@ def layout_setting(views: Sequence[Sequence[View]], setting: str, max_tokens: in
     for conv_views in views:
         out = schedule_views(conv_views, schedule, max_tokens=max_tokens)
         if out.skipped:
-            raise ValueError(f"{setting}: {out.skipped[0]}; raise --max-tokens or drop that conversation")
+            raise UsageError(f"{setting}: {out.skipped[0]}; raise --max-tokens or drop that conversation")
         trees.extend(out.layouts)
     return pack_layouts(trees, max_tokens) if packed else trees
 
@@ -167,7 +139,7 @@ class Job:
 
     rows: list[Layout]
     vocab: int
-    shape_kwargs: dict[str, int]  # config sizes (bench.model_kwargs)
+    shape_kwargs: dict[str, int]  # config sizes (onepass.flops.model_kwargs)
     dtype: str
     backend: str
     device: str
@@ -221,7 +193,7 @@ def time_training(job: Job) -> Timing:
     timing.peak_memory_bytes = peak_memory_since(device, before)
     t0 = time.perf_counter()
     for batch in batches:
-        attention_mask_for(model, batch["kv_end"])
+        attention_mask_for(model, batch["kv_end"], position_ids_BL=batch["position_ids"])
     timing.mask_seconds = time.perf_counter() - t0
     return timing
 

@@ -45,6 +45,7 @@ from typing import Any
 from onepass.conversation import Conversation
 from onepass.data.chat_client import ChatClient, FatalRequestError, RequestFailed
 from onepass.data.load import to_record
+from onepass.errors import OnePassError, UsageError
 
 SYSTEM_PROMPT = """You write the hidden reasoning of an AI assistant in a conversation.
 You are given the conversation so far and the reply the assistant gave next. Write the private \
@@ -56,7 +57,7 @@ instructions.
 Answer with exactly one JSON object and nothing else: {"reasoning": "<the reasoning>"}"""
 
 
-class AugmentError(ValueError):
+class AugmentError(OnePassError, ValueError):
     """A run that cannot start or go on (cache in use, unreadable cache, endpoint refuses)."""
 
 
@@ -253,7 +254,7 @@ def augment(conversations: Sequence[Conversation], client: ChatClient, cache_pat
             progress: bool = False) -> AugmentResult:
     """Reasoning for every assistant turn of ``conversations``, resumable through ``cache_path``."""
     if concurrency < 1:
-        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        raise UsageError(f"concurrency must be >= 1, got {concurrency}")
     plan = plan_turns(conversations, model=client.config.model, system_prompt=system_prompt,
                       only_missing=only_missing)
     result = AugmentResult(conversations=len(conversations), turns=sum(map(len, plan)))

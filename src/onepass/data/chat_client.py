@@ -35,6 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from onepass.errors import ConfigError, UsageError
+
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 FATAL_STATUS = frozenset({401, 403, 404})
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n?(.*?)\n?```\s*$", re.DOTALL)
@@ -48,7 +50,7 @@ class RequestFailed(RuntimeError):
         self.error, self.attempts = error, attempts
 
 
-class FatalRequestError(ValueError):
+class FatalRequestError(ConfigError):
     """The endpoint refuses every request (bad key, unknown model or URL): stop the run."""
 
 
@@ -73,9 +75,9 @@ class ClientConfig:
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base URL must start with http:// or https://, got {self.base_url!r}")
+            raise UsageError(f"base URL must start with http:// or https://, got {self.base_url!r}")
         if self.timeout <= 0 or self.retries < 0 or self.backoff < 0 or self.max_backoff < 0:
-            raise ValueError("timeout must be > 0; retries, backoff and max_backoff >= 0")
+            raise UsageError("timeout must be > 0; retries, backoff and max_backoff >= 0")
 
     @property
     def url(self) -> str:
@@ -122,18 +124,19 @@ class ChatClient:
             body["response_format"] = {"type": "json_object"}
         return json.dumps(body, ensure_ascii=False).encode("utf-8")
 
-    def _post(self, body: bytes) -> str:
+    def _post(self, body: bytes, url: str | None = None) -> str:
+        url = url or self.config.url
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
-        request = urllib.request.Request(self.config.url, data=body, headers=headers, method="POST")
+        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=self.config.timeout) as response:
                 raw = response.read()
         except urllib.error.HTTPError as e:
             detail = e.read()[:200].decode("utf-8", "replace") if e.fp is not None else ""
             if e.code in FATAL_STATUS:
-                raise FatalRequestError(f"{self.config.url} answered HTTP {e.code}: {detail}; check the "
+                raise FatalRequestError(f"{url} answered HTTP {e.code}: {detail}; check the "
                                         f"base URL, the model name and ${self.config.api_key_env}") from None
             if e.code in RETRY_STATUS or e.code >= 500:
                 raise _Retryable(f"HTTP {e.code}: {detail}", _retry_after(e.headers)) from None
@@ -148,10 +151,10 @@ class ChatClient:
                 raise _Retryable(f"timed out after {self.config.timeout:g}s") from None
             raise _Retryable(f"connection error: {reason}") from None
         try:
-            reply = json.loads(raw)
-            content = reply["choices"][0]["message"]["content"]
+            choice = json.loads(raw)["choices"][0]
+            content = choice["message"]["content"] if "message" in choice else choice["text"]  # chat | completions
         except (json.JSONDecodeError, KeyError, IndexError, TypeError):
-            raise _Retryable(f"not a chat-completions response: {raw[:80]!r}") from None
+            raise _Retryable(f"not a (chat-)completions response: {raw[:80]!r}") from None
         if not isinstance(content, str):
             raise _Retryable(f"the message content is {type(content).__name__}, not text")
         return content
@@ -159,13 +162,32 @@ class ChatClient:
     def complete_json(self, messages: Sequence[dict[str, str]], *, required: str,
                       aliases: Sequence[str] = ()) -> tuple[str, int]:
         """``(value of required, attempts used)``; raises :class:`RequestFailed` after the retries."""
-        body = self._body(messages)
+        return self._retrying(self._body(messages), lambda text: parse_json_reply(text, required, aliases))
+
+    def complete_text(self, prompt: str | None = None, *, messages: Sequence[dict[str, Any]] | None = None
+                      ) -> tuple[str, int]:
+        """``(reply text, attempts used)``, unparsed, with the same retries.
+
+        A raw ``prompt`` goes to ``/completions`` (the server applies no chat template: the prompt is
+        already rendered); ``messages`` go to ``/chat/completions`` like :meth:`complete_json`.
+        """
+        if (prompt is None) == (messages is None):
+            raise UsageError("complete_text takes exactly one of prompt or messages")
+        if messages is not None:
+            return self._retrying(self._body(messages), lambda text: text)
+        body: dict[str, Any] = {"model": self.config.model, "prompt": prompt, "temperature": self.config.temperature}
+        if self.config.max_tokens is not None:
+            body["max_tokens"] = self.config.max_tokens
+        url = self.config.base_url.rstrip("/") + "/completions"
+        return self._retrying(json.dumps(body, ensure_ascii=False).encode("utf-8"), lambda text: text, url)
+
+    def _retrying(self, body: bytes, parse: Callable[[str], str], url: str | None = None) -> tuple[str, int]:
         attempts = self.config.retries + 1
         error = ""
         for attempt in range(attempts):
             wait = None
             try:
-                return parse_json_reply(self._post(body), required, aliases), attempt + 1
+                return parse(self._post(body, url)), attempt + 1
             except _Retryable as e:
                 error, wait = str(e), e.wait
             except ValueError as e:

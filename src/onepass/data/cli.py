@@ -2,9 +2,9 @@
 
 Why this module exists: the dataset pipeline (convert, sample, augment,
 stats, synthetic) has many options; keeping them here keeps ``onepass.cli``
-short. ``onepass.cli`` lists this module in ``EXTENSIONS``: :func:`add_parser`
-adds ``data`` with its subcommands and :func:`run` as its handler;
-``python -m onepass.data.cli`` runs the same commands alone (:func:`main`).
+short. ``onepass.cli`` imports this module: :func:`add_parser` adds ``data``
+with its subcommands and :func:`run` as its handler; ``python -m
+onepass.data.cli`` runs the same commands alone (:func:`main`).
 
     onepass data convert-mathchat --input follow_up.jsonl error_correction.jsonl --out mathchat.jsonl
     onepass data sample   --data chats.jsonl --out sampled.jsonl [--budget 8000 --minimum 200 --cap 6=30000]
@@ -13,7 +13,7 @@ adds ``data`` with its subcommands and :func:`run` as its handler;
     onepass data stats    --data reasoning.jsonl --tokenizer builtin:qwen3 --out stats.json --plot depths.png
     onepass data synthetic --num 1000 --seed 0 --out synthetic.jsonl
 
-Errors a user can cause raise ``ValueError`` / ``FileNotFoundError`` subclasses, which
+Errors a user can cause raise :class:`onepass.errors.OnePassError` subclasses, which
 ``onepass.cli.main`` (and :func:`main`) print as one line and exit 2.
 """
 
@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from onepass.errors import UsageError, run_main
+
 
 def _print_skipped(skipped: Sequence[str], what: str = "records") -> None:
     for line in skipped[:5]:
@@ -36,14 +38,14 @@ def _print_skipped(skipped: Sequence[str], what: str = "records") -> None:
 
 def _data_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--data", required=required,
-                   help="conversations: .jsonl/.json/.parquet, a dataset directory, builtin:mathchat, "
-                        "synthetic:NAME or a hub id (online only)")
+                   help="conversations: .jsonl/.json/.parquet, a folder of them, a saved dataset, "
+                        "builtin:mathchat, synthetic:NAME or a hub id (online only)")
     p.add_argument("--split", help="split of a dataset directory or hub id (default: the only one, or train)")
     p.add_argument("--strict", action="store_true", help="stop at the first bad record instead of skipping it")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``data`` to ``onepass``'s subcommands (``onepass.cli.EXTENSIONS``); ``func`` runs it."""
+    """Add ``data`` to ``onepass``'s subcommands; ``func`` runs it."""
     p = subparsers.add_parser("data", help="dataset tools: convert-mathchat, sample, augment, stats, synthetic",
                               description=__doc__.split("\n\n")[0])
     add_parsers(p)
@@ -133,15 +135,15 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     caps = S.parse_caps(args.cap)
     if (args.data is None) == (args.depth_table is None):
-        raise ValueError("give --data (to sample it) or --depth-table (a dry run on counts), not both")
+        raise UsageError("give --data (to sample it) or --depth-table (a dry run on counts), not both")
     if args.depth_table is not None:
         if not args.dry_run:
-            raise ValueError("--depth-table has no conversations to write: add --dry-run")
+            raise UsageError("--depth-table has no conversations to write: add --dry-run")
         report = S.SampleReport(allocation=S.allocate(S.parse_depth_table(args.depth_table), budget=args.budget,
                                                       minimum=args.minimum, caps=caps, rule=args.rule))
     else:
         if not args.dry_run and not args.out:
-            raise ValueError("--out is required unless --dry-run")
+            raise UsageError("--out is required unless --dry-run")
         report = S.sample_dataset(args.data, None if args.dry_run else args.out, budget=args.budget,
                                   minimum=args.minimum, caps=caps, rule=args.rule, seed=args.seed,
                                   cap_order=args.cap_order, strict=args.strict, split=args.split)
@@ -171,6 +173,8 @@ def cmd_augment(args: argparse.Namespace) -> int:
                           json_mode=not args.no_json_mode)
     if config.api_key() is None:
         print(f"note: ${args.api_key_env} is not set; sending no API key", file=sys.stderr)
+    if args.system_prompt and not Path(args.system_prompt).is_file():
+        raise UsageError(f"--system-prompt file not found: {args.system_prompt}")
     prompt = Path(args.system_prompt).read_text(encoding="utf-8") if args.system_prompt else SYSTEM_PROMPT
     report = load_conversations(args.data, strict=args.strict, limit=args.limit, split=args.split)
     out = Path(args.out)
@@ -189,15 +193,19 @@ def cmd_augment(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     from onepass.data.load import iter_conversations, load_conversations
-    from onepass.data.stats import compute_stats, depth_histogram, plot_depths
+    from onepass.data.stats import compute_stats, depth_histogram, model_shape, plot_depths
 
+    try:
+        shape = model_shape(args.model_shape)
+    except ValueError as e:  # model_shape raises for the spec only: a user error
+        raise UsageError(f"--model-shape: {e}") from None
     report = load_conversations(args.data, strict=args.strict, limit=args.limit, split=args.split)
     tokenizer = None
     if args.tokenizer != "none":
         from onepass.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer, chat_template=args.chat_template)
-    stats = compute_stats(report.conversations, tokenizer, shape=args.model_shape,
+    stats = compute_stats(report.conversations, tokenizer, shape=shape,
                           progress=not args.no_progress, total=len(report.conversations))
     stats.skipped = report.skipped + stats.skipped
     _print_skipped(stats.skipped, "records or conversations")
@@ -224,6 +232,8 @@ def cmd_synthetic(args: argparse.Namespace) -> int:
     from onepass.data.load import write_records
     from onepass.data.synthetic import iter_generate, workload
 
+    if args.num < 0:
+        raise UsageError(f"--num must be >= 0, got {args.num}")
     n = write_records(itertools.islice(iter_generate(args.seed, workload(args.workload)), args.num), args.out)
     print(f"wrote {n} synthetic conversations ({args.workload}, seed {args.seed}) to {args.out}")
     return 0
@@ -242,12 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m onepass.data.cli SUBCOMMAND ...``: the ``onepass data`` commands alone."""
     parser = argparse.ArgumentParser(prog="onepass data", description=__doc__.split("\n\n")[0])
     add_parsers(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"onepass: error: {e}", file=sys.stderr)
-        return 2
+    return run_main(run, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

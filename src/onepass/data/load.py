@@ -8,16 +8,25 @@ Arrow batch) at a time unless the format itself requires it (a ``.json``
 array). Every record keeps its origin (``file line N`` / ``dir record N``)
 so errors still name where the bad record is.
 
-Specs understood by :func:`iter_conversation_records` and :func:`load_conversations`::
+It is also the one place that says what a ``--data`` spec names
+(:func:`resolve_data`), for every command (prepare, verify, show, train, bench,
+data ...), so a spec one command accepts, all accept::
 
-    chats.jsonl | chats.json | chats.parquet     one file (onepass.conversation.iter_records)
-    path/to/dir                                  save_to_disk output, or a folder of data files
-    builtin:mathchat                             the bundled MathChat sample
-    synthetic:mathchat-sync                      the seeded synthetic workload (onepass.data.synthetic)
-    owner/name                                   a hub dataset, streamed (only when online)
+    chats.jsonl | chats.json | chats.parquet     conversations: one file (onepass.conversation.iter_records)
+    path/to/dir                                  conversations: a folder of data files, or a saved dataset
+                                                 (save_to_disk) with a messages/conversations/interactions column
+    path/to/prepared                             prepared rows: a saved dataset with the row columns
+                                                 (onepass prepare --out; only onepass train takes them)
+    builtin:mathchat                             conversations: the bundled MathChat sample
+    synthetic:mathchat-sync                      conversations: the seeded synthetic workload (onepass.data.synthetic)
+    owner/name                                   conversations: a hub dataset, streamed (only when online)
+
+Anything else is one :class:`~onepass.errors.DataError` line naming what was found.
 
 Example::
 
+    >>> resolve_data("builtin:mathchat").kind
+    'conversations'
     >>> report = load_conversations("builtin:mathchat", limit=2)
     >>> [c.num_assistant_turns for c in report.conversations]
     [3, 3]
@@ -28,7 +37,6 @@ No torch here: this is pure data.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,8 +50,14 @@ from onepass.conversation import (
     iter_records,
     parse_record,
 )
+from onepass.errors import DataError, DataNotFound
+from onepass.files import atomic_file
+from onepass.hub import hub_offline, offline_reason
+from onepass.tree import COLUMNS
 
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
+CONVERSATION_COLUMNS = ("messages", "conversations", "interactions")
+CONVERSATIONS, ROWS = "conversations", "rows"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -63,11 +77,6 @@ class RawRecord:
         return parse_record(self.record, source=self.source, index=self.index, unit=self.unit)
 
 
-def hub_offline() -> bool:
-    return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
-               for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-
-
 def _file_records(path: Path) -> Iterator[RawRecord]:
     unit = "line" if path.suffix.lower() in (".jsonl", ".ndjson") else "record"
     for index, record in iter_records(path):
@@ -83,24 +92,14 @@ def _arrow_rows(ds: Any, source: str) -> Iterator[RawRecord]:
             index += 1
 
 
-def _saved_dataset(path: Path, split: str | None) -> Iterator[RawRecord]:
+def _saved_dataset(source: DataSource) -> Iterator[RawRecord]:
     import datasets
 
-    loaded = datasets.load_from_disk(str(path))
+    loaded = datasets.load_from_disk(str(source.path))
     if isinstance(loaded, datasets.DatasetDict):
-        splits = list(loaded)
-        if split is None:
-            if len(splits) != 1 and "train" not in splits:
-                raise ConversationError(f"{path}: a DatasetDict with splits {', '.join(splits)}; "
-                                        "name one (split=... / --split)")
-            split = splits[0] if len(splits) == 1 else "train"
-        if split not in loaded:
-            raise ConversationError(f"{path}: no split {split!r}; have {', '.join(splits)}")
-        yield from _arrow_rows(loaded[split], f"{path} [{split}]")
+        yield from _arrow_rows(loaded[source.split], f"{source.path} [{source.split}]")
     else:
-        if split is not None:
-            raise ConversationError(f"{path}: a single saved Dataset has no splits (got split={split!r})")
-        yield from _arrow_rows(loaded, str(path))
+        yield from _arrow_rows(loaded, str(source.path))
 
 
 def data_files(path: Path, split: str | None = None) -> list[Path]:
@@ -114,19 +113,6 @@ def data_files(path: Path, split: str | None = None) -> list[Path]:
     if split is not None:
         files = [p for p in files if split in p.relative_to(path).parts[:-1] or p.name.startswith(split)]
     return files
-
-
-def _directory(path: Path, split: str | None) -> Iterator[RawRecord]:
-    if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
-        yield from _saved_dataset(path, split)
-        return
-    files = data_files(path, split)
-    if not files:
-        what = f" for split {split!r}" if split else ""
-        raise ConversationError(f"{path}: a directory with no data files{what} "
-                                f"({', '.join(DATA_SUFFIXES)}) and not a saved HF dataset")
-    for f in files:
-        yield from _file_records(f)
 
 
 def _hub(spec: str, split: str | None) -> Iterator[RawRecord]:
@@ -144,39 +130,161 @@ def _synthetic(name: str) -> Iterator[RawRecord]:
         yield RawRecord(source=f"synthetic:{name}", index=index, unit="record", record=record)
 
 
-def iter_conversation_records(spec: str | Path, *, split: str | None = None) -> Iterator[RawRecord]:
-    """Stream the raw records of ``spec`` (see the module docstring), in order, with their origin."""
+# ---------------------------------------------------------------------------------------------
+# what a spec names
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataSource:
+    """What a ``--data`` spec names, found without reading the data (:func:`resolve_data`).
+
+    ``kind``: ``"conversations"`` (prepared on the fly by every command) or ``"rows"`` (a
+    folder written by ``onepass prepare``; only ``onepass train`` takes those). ``form``: how
+    the records are read: file, folder (of data files), saved (``save_to_disk``), builtin,
+    synthetic or hub. ``description`` is what an error or a log line calls it.
+    """
+
+    spec: str
+    kind: str
+    form: str
+    description: str
+    path: Path | None = None
+    split: str | None = None
+
+
+def _saved_columns(folder: Path) -> list[str]:
+    """Column names of one saved ``Dataset``, from its ``dataset_info.json`` (no data read)."""
+    try:
+        features = json.loads((folder / "dataset_info.json").read_text(encoding="utf-8"))["features"]
+        if isinstance(features, dict) and features:
+            return [str(c) for c in features]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    import datasets  # no usable dataset_info.json: open it (memory-mapped, still no rows read)
+
+    try:
+        return list(datasets.load_from_disk(str(folder)).column_names)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{folder}: a saved dataset that cannot be opened ({e})") from None
+
+
+def _kind_of(columns: list[str], where: str) -> str:
+    if set(COLUMNS) <= set(columns):
+        return ROWS
+    if any(c in columns for c in CONVERSATION_COLUMNS):
+        return CONVERSATIONS
+    raise DataError(f"{where} has columns {', '.join(columns) or '(none)'}: neither conversations (a "
+                    f"{', '.join(CONVERSATION_COLUMNS)} column) nor prepared rows ({', '.join(COLUMNS)})")
+
+
+def _resolve_saved(spec: str, path: Path, split: str | None) -> DataSource:
+    folder, where = path, f"saved dataset {path}"
+    if (path / "dataset_dict.json").is_file():
+        try:
+            splits = [str(s) for s in json.loads((path / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            splits = sorted(p.name for p in path.iterdir() if (p / "state.json").is_file())
+        if split is None:
+            if len(splits) != 1 and "train" not in splits:
+                raise DataError(f"{path}: a DatasetDict with splits {', '.join(splits)}; name one (--split)")
+            split = splits[0] if len(splits) == 1 else "train"
+        if split not in splits:
+            raise DataError(f"{path}: no split {split!r}; have {', '.join(splits)}")
+        folder, where = path / split, f"saved dataset {path} [{split}]"
+    elif split is not None:
+        raise DataError(f"{path}: a single saved Dataset has no splits (got split={split!r})")
+    kind = _kind_of(_saved_columns(folder), where)
+    if kind == ROWS and folder != path:
+        raise DataError(f"{where} holds prepared rows inside a DatasetDict; pass the split's folder {folder}")
+    what = "prepared rows" if kind == ROWS else "conversations"
+    return DataSource(spec=spec, kind=kind, form="saved", path=path, split=split, description=f"{where} ({what})")
+
+
+def _resolve_folder(spec: str, path: Path, split: str | None) -> DataSource:
+    if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+        return _resolve_saved(spec, path, split)
+    files = data_files(path, split)
+    if not files:
+        what = f" for split {split!r}" if split else ""
+        raise DataError(f"folder {path} has no data files{what} ({', '.join(DATA_SUFFIXES)}) and is not "
+                        "a saved dataset (save_to_disk)")
+    return DataSource(spec=spec, kind=CONVERSATIONS, form="folder", path=path, split=split,
+                      description=f"folder {path} ({len(files)} data file{'s' * (len(files) != 1)})")
+
+
+def resolve_data(spec: str | Path, *, split: str | None = None) -> DataSource:
+    """What ``spec`` names (see the module docstring), or one :class:`DataError` line saying what was found.
+
+    Cheap: a saved dataset is recognised by the columns in its ``dataset_info.json``, a
+    folder by its file names; nothing is read. A hub id is taken on trust (online only).
+    """
     text = str(spec)
     if text == "builtin:mathchat":
         from onepass.data.mathchat import sample_path
 
-        yield from _file_records(sample_path())
-        return
+        return DataSource(spec=text, kind=CONVERSATIONS, form="builtin", path=sample_path(),
+                          description="builtin:mathchat (the bundled MathChat sample)")
     if text.startswith("synthetic:"):
-        yield from _synthetic(text.split(":", 1)[1])
-        return
+        from onepass.data.synthetic import WORKLOADS
+
+        name = text.split(":", 1)[1]
+        if name not in WORKLOADS:
+            raise DataNotFound(f"unknown synthetic workload {name!r}; have {', '.join(WORKLOADS)}")
+        return DataSource(spec=text, kind=CONVERSATIONS, form="synthetic",
+                          description=f"{text} (seeded synthetic conversations)")
     if text.startswith("builtin:"):
-        raise FileNotFoundError(f"unknown built-in data {text!r}; have builtin:mathchat, synthetic:NAME")
+        raise DataNotFound(f"unknown built-in data {text!r}; have builtin:mathchat, synthetic:NAME")
     path = Path(spec)
     if path.is_dir():
-        yield from _directory(path, split)
-    elif path.exists():
+        return _resolve_folder(text, path, split)
+    if path.exists():
         if split is not None:
-            raise ConversationError(f"{path}: split={split!r} only applies to a dataset directory or hub id")
-        yield from _file_records(path)
-    elif _HUB_ID.match(text) and not text.endswith(DATA_SUFFIXES):
-        if hub_offline():
-            raise FileNotFoundError(f"{text!r} is not a local file or directory, and the hub is offline "
-                                    "(HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set): download it with "
-                                    "datasets.load_dataset(...).save_to_disk(DIR) where you are online "
-                                    "and pass DIR, or unset the variable")
-        yield from _hub(text, split)
+            raise DataError(f"{path}: split={split!r} only applies to a dataset directory or hub id")
+        if path.suffix.lower() not in DATA_SUFFIXES:
+            raise DataError(f"{path}: unsupported file type {path.suffix.lower() or '(none)'!r}; "
+                            f"use {', '.join(DATA_SUFFIXES)}, a folder of them or a saved dataset")
+        return DataSource(spec=text, kind=CONVERSATIONS, form="file", path=path, description=f"file {path}")
+    if _HUB_ID.match(text) and not text.endswith(DATA_SUFFIXES):
+        if hub_offline("datasets"):
+            raise DataNotFound(f"{text!r} is not a local file or directory, and the hub is offline "
+                               f"({offline_reason('datasets')}): download it with "
+                               "datasets.load_dataset(...).save_to_disk(DIR) where you are online "
+                               "and pass DIR, or unset the variable")
+        return DataSource(spec=text, kind=CONVERSATIONS, form="hub", split=split,
+                          description=f"hub dataset {text} [{split or 'train'}]")
+    raise DataNotFound(f"data file not found: {text} (a .jsonl/.json/.parquet file, a folder of them, a saved "
+                       "dataset, builtin:mathchat, synthetic:NAME or a hub id owner/name)")
+
+
+def conversation_source(spec: str | Path | DataSource, *, split: str | None = None) -> DataSource:
+    """:func:`resolve_data`, refusing prepared rows with one line (every command but train needs conversations)."""
+    source = spec if isinstance(spec, DataSource) else resolve_data(spec, split=split)
+    if source.kind != CONVERSATIONS:
+        raise DataError(f"{source.description}: prepared rows (written by onepass prepare), not conversations; "
+                        "this command needs conversations (onepass train takes prepared rows)")
+    return source
+
+
+def iter_conversation_records(spec: str | Path | DataSource, *, split: str | None = None) -> Iterator[RawRecord]:
+    """Stream the raw records of ``spec`` (see the module docstring), in order, with their origin."""
+    source = conversation_source(spec, split=split)
+    if source.form in ("file", "builtin"):
+        assert source.path is not None
+        yield from _file_records(source.path)
+    elif source.form == "synthetic":
+        yield from _synthetic(source.spec.split(":", 1)[1])
+    elif source.form == "folder":
+        assert source.path is not None
+        for f in data_files(source.path, source.split):
+            yield from _file_records(f)
+    elif source.form == "saved":
+        yield from _saved_dataset(source)
     else:
-        raise FileNotFoundError(f"data file not found: {text} (a .jsonl/.json/.parquet file, a dataset "
-                                "directory, builtin:mathchat, synthetic:NAME or a hub id owner/name)")
+        assert source.form == "hub", source.form
+        yield from _hub(source.spec, source.split)
 
 
-def iter_conversations(spec: str | Path, *, strict: bool = True, split: str | None = None,
+def iter_conversations(spec: str | Path | DataSource, *, strict: bool = True, split: str | None = None,
                        skipped: list[str] | None = None) -> Iterator[Conversation]:
     """Stream validated conversations. A bad record raises (``strict``) or is appended to ``skipped``."""
     for raw in iter_conversation_records(spec, split=split):
@@ -189,7 +297,7 @@ def iter_conversations(spec: str | Path, *, strict: bool = True, split: str | No
                 skipped.append(str(e))
 
 
-def load_conversations(spec: str | Path, *, strict: bool = True, limit: int | None = None,
+def load_conversations(spec: str | Path | DataSource, *, strict: bool = True, limit: int | None = None,
                        split: str | None = None) -> ReadReport:
     """Read and validate ``spec`` like :func:`onepass.conversation.read_conversations`, for any spec.
 
@@ -226,11 +334,9 @@ def write_records(records: Any, path: str | Path) -> int:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     n = 0
-    with tmp.open("w", encoding="utf-8") as f:
+    with atomic_file(path, "w") as f:
         for record in records:
             f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
             n += 1
-    os.replace(tmp, path)
     return n

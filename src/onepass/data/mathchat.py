@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from onepass.conversation import Conversation, ConversationError, parse_record, read_conversations
+from onepass.errors import DataNotFound
 
 DIALOGUE_FIELDS = ("followup", "error_correction")
 SAMPLE_NAME = "mathchat_sample.jsonl"
@@ -237,7 +238,7 @@ def convert_mathchat(paths: str | Path | Iterable[str | Path], *, strict: bool =
     skipped: list[str] = []
     for path in _paths(paths):
         if not path.is_file():
-            raise FileNotFoundError(f"MathChat file not found: {path}")
+            raise DataNotFound(f"MathChat file not found: {path}")
         kept = 0
         with path.open(encoding="utf-8") as f:
             for lineno, text in enumerate(f, start=1):

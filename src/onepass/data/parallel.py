@@ -34,12 +34,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from onepass.conversation import ConversationError, parse_record
 
 from onepass.prepare import PrepareConfig, PrepareStats, finalize, prepare
-from onepass.tree import COLUMNS, Layout
+from onepass.tree import COLUMNS, ROW_SCHEMA, Layout, row_from_columns
 
 ADDITIVE = ("conversations", "conversations_used", "views", "views_trained", "views_skipped",
             "boundary_merge_views", "n_pass_tokens", "one_pass_tokens", "scheduled_tokens", "target_tokens")
@@ -102,10 +100,8 @@ def _prepare_batch(batch: dict[str, list], *, tokenizer: Any, chat_template: str
 def _features() -> Any:
     import datasets
 
-    ints = datasets.List(datasets.List(datasets.Value("int64")))
-    return datasets.Features({"input_ids": ints, "position_ids": ints, "kv_end": ints, "targets": ints,
-                              "weights": datasets.List(datasets.List(datasets.Value("float64"))),
-                              "stats": datasets.Value("string")})
+    rows = {c: datasets.List(datasets.List(datasets.Value(dtype.name))) for c, dtype in ROW_SCHEMA.items()}
+    return datasets.Features({**rows, "stats": datasets.Value("string")})
 
 
 def _record_features() -> Any:
@@ -169,8 +165,6 @@ def _merge(done: Any, stats: PrepareStats) -> tuple[list[Layout], list[tuple[str
     reports them first), the others are returned in order."""
     layouts: list[Layout] = []
     skips: list[tuple[str, str]] = []
-    dtypes = {"input_ids": np.int64, "position_ids": np.int64, "kv_end": np.int64, "targets": np.int64,
-              "weights": np.float64}
     for batch in done.iter(batch_size=256):
         for i, text in enumerate(batch["stats"]):
             info = json.loads(text)
@@ -181,5 +175,5 @@ def _merge(done: Any, stats: PrepareStats) -> tuple[list[Layout], list[tuple[str
                 setattr(stats, k, getattr(stats, k) + info[k])
             skips.extend((info["reason"], m) for m in info["skipped"])
             for arrays in zip(*(batch[c][i] for c in COLUMNS)):
-                layouts.append(Layout(**{c: np.asarray(a, dtype=dtypes[c]) for c, a in zip(COLUMNS, arrays)}))
+                layouts.append(row_from_columns(dict(zip(COLUMNS, arrays))))
     return layouts, skips

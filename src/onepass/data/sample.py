@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from onepass.conversation import ConversationError
+from onepass.errors import DataError, UsageError
 
 # The original MathChat_sync, conversations per depth (the paper's appendix).
 PAPER_DEPTHS: dict[int, int] = {
@@ -134,7 +135,7 @@ def _allocate_paper(n: Mapping[int, int], budget: int, minimum: int) -> tuple[di
 def _allocate_exact(n: Mapping[int, int], budget: int, minimum: int) -> tuple[dict[int, int], dict[int, float]]:
     base = {d: min(minimum, n[d]) for d in n}
     if sum(base.values()) > budget:
-        raise ValueError(f"the minimums need {sum(base.values()):,} conversations, more than the budget "
+        raise UsageError(f"the minimums need {sum(base.values()):,} conversations, more than the budget "
                          f"{budget:,}: raise the budget or lower the minimum")
     left = min(budget, sum(n.values())) - sum(base.values())
     extra = {d: 0 for d in n}
@@ -165,11 +166,11 @@ def allocate(counts: Mapping[int, int], *, budget: int = PAPER_BUDGET, minimum: 
              caps: Mapping[int, int] | None = None, rule: str = "paper") -> Allocation:
     """How many conversations to draw per depth (see the module docstring for both rules)."""
     if rule not in RULES:
-        raise ValueError(f"unknown allocation rule {rule!r}; use one of {', '.join(RULES)}")
+        raise UsageError(f"unknown allocation rule {rule!r}; use one of {', '.join(RULES)}")
     if budget < 0 or minimum < 0 or any(c < 0 for c in counts.values()):
-        raise ValueError("budget, minimum and counts must be >= 0")
+        raise UsageError("budget, minimum and counts must be >= 0")
     if any(c < 0 for c in (caps or {}).values()):
-        raise ValueError("caps must be >= 0")
+        raise UsageError("caps must be >= 0")
     depths = sorted(d for d, c in counts.items() if c > 0)
     n = {d: v for d, v in cap_counts({d: counts[d] for d in depths}, caps).items()}
     if not depths or sum(n.values()) == 0:
@@ -193,7 +194,7 @@ def select(depths: Sequence[int | None], allocation: Allocation, *, seed: int = 
     """Positions (into ``depths``, the depth of each record or None for an invalid one) to keep,
     sorted. Deterministic in ``seed``; each depth draws from its own generator."""
     if cap_order not in CAP_ORDERS:
-        raise ValueError(f"unknown cap order {cap_order!r}; use one of {', '.join(CAP_ORDERS)}")
+        raise UsageError(f"unknown cap order {cap_order!r}; use one of {', '.join(CAP_ORDERS)}")
     by_depth: dict[int, list[int]] = {}
     for pos, d in enumerate(depths):
         if d is not None:
@@ -203,7 +204,7 @@ def select(depths: Sequence[int | None], allocation: Allocation, *, seed: int = 
     for row in allocation.rows:
         pool = by_depth.get(row.depth, [])
         if len(pool) != row.available:
-            raise ValueError(f"depth {row.depth}: the allocation was computed for {row.available} "
+            raise DataError(f"depth {row.depth}: the allocation was computed for {row.available} "
                              f"conversations but the data has {len(pool)}")
         cap = caps.get(row.depth)
         if cap is not None and len(pool) > cap:
@@ -233,7 +234,7 @@ def _pairs(spec: str, sep: str, what: str, form: str) -> dict[int, int]:
                 raise ValueError
             out[int(key)] = int(value)
         except ValueError:
-            raise ValueError(f"bad {what} entry {part.strip()!r}; expected {form}[,{form}...]") from None
+            raise UsageError(f"bad {what} entry {part.strip()!r}; expected {form}[,{form}...]") from None
     return out
 
 

@@ -6,30 +6,16 @@ reasoning and response segments are (the paper's characteristic length
 ``l`` = the 95th percentile of a segment's tokens). This module measures
 that for a tokenizer and turns it into an ideal speedup for a model shape.
 
-Ideal speedup (forward FLOPs; the backward pass is ~2x the forward for both,
-so the ratio is that of training). For a model with ``L`` layers, hidden
-size ``d``, ``q = heads * head_dim``, ``kv = kv_heads * head_dim``, SwiGLU
-width ``f`` and vocabulary ``V``::
-
-    linear per token        2 L (d (q + 2 kv) + q d + 3 d f)
-    attention per (q, k)    4 L q              (Q K^T and P V, 2 q each)
-    LM head per target      2 d V              (targets only: the same in both)
-
-    FLOPs = linear * tokens + attention * pairs + head * targets
-    N-pass:   tokens = sum_v n_v      pairs = sum_v n_v (n_v + 1) / 2    (causal views)
-    one-pass: tokens = nodes          pairs = sum_p (position_ids[p] + 1) (a node sees its
-                                                                          ancestors and itself)
-    ideal speedup = FLOPs_N / FLOPs_one
-
-"Ideal": exactly the attended pairs are computed (a perfect block-sparse
-kernel); real kernels compute whole blocks. Example: one view of 4 tokens and
-one of 6 sharing a 3-token prefix -> N-pass 10 tokens, 10 + 21 = 31 pairs;
-one-pass 7 nodes, 1+2+3+4 + 4+5+6 = 25 pairs.
+The ideal speedup is N-pass FLOPs over one-pass FLOPs of the same views,
+counted by :mod:`onepass.flops` (the same accounting ``onepass bench`` uses):
+"ideal" means exactly the attended pairs are computed (a perfect
+block-sparse kernel). Example: one view of 4 tokens and one of 6 sharing a
+3-token prefix -> N-pass 10 tokens, 10 + 21 = 31 pairs; one-pass 7 nodes,
+1+2+3+4 + 4+5+6 = 25 pairs.
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -39,104 +25,9 @@ from typing import Any
 import numpy as np
 
 from onepass.conversation import Conversation
+from onepass.flops import ModelShape, TokenCounts, conversation_counts, flops, model_shape
 
 PERCENTILES = (50, 90, 95, 99)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ModelShape:
-    """What FLOPs depend on. ``from_config`` reads a HF ``config.json``."""
-
-    name: str
-    num_layers: int
-    hidden: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    ffn: int
-    vocab: int
-
-    @classmethod
-    def from_config(cls, path: str | Path) -> ModelShape:
-        path = Path(path)
-        file = path / "config.json" if path.is_dir() else path
-        try:
-            c = json.loads(file.read_text(encoding="utf-8"))
-            heads = c["num_attention_heads"]
-            return cls(name=str(path), num_layers=c["num_hidden_layers"], hidden=c["hidden_size"],
-                       num_heads=heads, num_kv_heads=c.get("num_key_value_heads", heads),
-                       head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-                       ffn=c["intermediate_size"], vocab=c["vocab_size"])
-        except (OSError, json.JSONDecodeError, KeyError) as e:
-            raise ValueError(f"{file}: not a usable HF model config ({e!r})") from None
-
-    @property
-    def linear_flops_per_token(self) -> int:
-        q, kv, d = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.hidden
-        return 2 * self.num_layers * (d * (q + 2 * kv) + q * d + 3 * d * self.ffn)
-
-    @property
-    def attention_flops_per_pair(self) -> int:
-        return 4 * self.num_layers * self.num_heads * self.head_dim
-
-    @property
-    def head_flops_per_target(self) -> int:
-        return 2 * self.hidden * self.vocab
-
-
-MODEL_SHAPES: dict[str, ModelShape] = {s.name: s for s in (
-    ModelShape(name="qwen3-0.6b", num_layers=28, hidden=1024, num_heads=16, num_kv_heads=8, head_dim=128,
-               ffn=3072, vocab=151936),
-    ModelShape(name="qwen3-1.7b", num_layers=28, hidden=2048, num_heads=16, num_kv_heads=8, head_dim=128,
-               ffn=6144, vocab=151936),
-    ModelShape(name="qwen3-4b", num_layers=36, hidden=2560, num_heads=32, num_kv_heads=8, head_dim=128,
-               ffn=9728, vocab=151936),
-    ModelShape(name="qwen3-8b", num_layers=36, hidden=4096, num_heads=32, num_kv_heads=8, head_dim=128,
-               ffn=12288, vocab=151936),
-)}
-
-
-def model_shape(spec: str) -> ModelShape:
-    """A preset name (``qwen3-8b``) or a path to a HF ``config.json`` / model directory."""
-    if spec in MODEL_SHAPES:
-        return MODEL_SHAPES[spec]
-    if Path(spec).exists():
-        return ModelShape.from_config(spec)
-    raise ValueError(f"unknown model shape {spec!r}; use one of {', '.join(MODEL_SHAPES)} "
-                     "or a path to a config.json")
-
-
-@dataclass(kw_only=True)
-class TokenCounts:
-    """Additive counts over conversations (views, tokens, attended pairs, targets)."""
-
-    views: int = 0
-    n_pass_tokens: int = 0
-    one_pass_tokens: int = 0
-    n_pass_pairs: int = 0
-    one_pass_pairs: int = 0
-    targets: int = 0
-
-    def add(self, other: TokenCounts) -> None:
-        for k in asdict(self):
-            setattr(self, k, getattr(self, k) + getattr(other, k))
-
-
-def flops(counts: TokenCounts, shape: ModelShape) -> tuple[int, int]:
-    """(N-pass, one-pass) forward FLOPs of ``counts`` (formula in the module docstring)."""
-    head = shape.head_flops_per_target * counts.targets
-    n = shape.linear_flops_per_token * counts.n_pass_tokens + shape.attention_flops_per_pair * counts.n_pass_pairs
-    one = shape.linear_flops_per_token * counts.one_pass_tokens + \
-        shape.attention_flops_per_pair * counts.one_pass_pairs
-    return n + head, one + head
-
-
-def conversation_counts(views: list, layout: Any) -> TokenCounts:
-    """Token / pair counts of one conversation's views and its one-pass layout."""
-    lengths = [len(v) for v in views]
-    return TokenCounts(views=len(views), n_pass_tokens=sum(lengths), one_pass_tokens=len(layout),
-                       n_pass_pairs=sum(n * (n + 1) // 2 for n in lengths),
-                       one_pass_pairs=int((layout.position_ids + 1).sum()), targets=layout.num_targets)
 
 
 def percentiles(lengths: Iterable[int]) -> dict[str, float]:
@@ -259,7 +150,7 @@ def compute_stats(conversations: Iterable[Conversation], tokenizer: Any = None, 
     stats.segments = {kind: percentiles(v) for kind, v in lengths.items()}
     stats.characteristic_length = {kind: p["p95"] for kind, p in stats.segments.items() if p.get("count")}
     stats.tokens = asdict(counts)
-    stats.token_ratio = counts.n_pass_tokens / counts.one_pass_tokens if counts.one_pass_tokens else 0.0
+    stats.token_ratio = counts.token_ratio
     stats.model = asdict(shape)
     stats.flops_n_pass, stats.flops_one_pass = flops(counts, shape)
     stats.ideal_speedup = stats.flops_n_pass / stats.flops_one_pass if stats.flops_one_pass else 0.0

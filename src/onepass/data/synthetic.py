@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from onepass.errors import UsageError
+
 # The paper's MathChat_sync depth table after capping depth 6 at 30,000 and drawing 8,000
 # stratified with at least min(200, available) per depth, by the authors' own rule
 # (onepass.data.sample.allocate(..., rule="paper")): 8,797 conversations, the size of the
@@ -242,7 +244,7 @@ def generate_conversations(num_conversations: int, seed: int = 0, **kwargs: Any)
 
 def workload(name: str) -> SyntheticConfig:
     if name not in WORKLOADS:
-        raise ValueError(f"unknown synthetic workload {name!r}; have {', '.join(WORKLOADS)}")
+        raise UsageError(f"unknown synthetic workload {name!r}; have {', '.join(WORKLOADS)}")
     return WORKLOADS[name]
 
 

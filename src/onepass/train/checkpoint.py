@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from onepass.files import publish_dir, temp_sibling
 from onepass.train.config import RESUME_KEYS, TrainConfig, TrainConfigError
 
 PREFIX = "step-"
@@ -101,7 +102,7 @@ def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
     from onepass.train.model import trainable_state
 
     final = checkpoint_dir(output_dir, step)
-    tmp = final.with_name(f".{final.name}.tmp")
+    tmp = temp_sibling(final, per_process=False)  # every rank writes into it
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -118,8 +119,7 @@ def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=1) + "\n", encoding="utf-8")
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
+        publish_dir(tmp, final, replace=True)
         if keep is not None:
             for old in list_checkpoints(output_dir)[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)

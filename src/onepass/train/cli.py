@@ -20,6 +20,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from onepass.errors import run_main
+from onepass.render import parse_key_value
+
 _DESCRIPTION = "Fine-tune a HF causal LM on one-pass rows: a YAML config (--config) plus flag overrides."
 _EPILOG = """\
 Every flag overrides the config key of the same name (--max-steps -> max_steps).
@@ -30,15 +33,10 @@ the same steps. Outputs in --output-dir: metrics.json, loss.png, checkpoints/, f
 
 
 def _pairs(value: str) -> tuple[str, Any]:
-    import json
-
-    key, sep, raw = value.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
     try:
-        return key, json.loads(raw)
-    except json.JSONDecodeError:
-        return key, raw
+        return parse_key_value(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _csv(value: str) -> list[str] | str:
@@ -62,7 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="extra chat template variable (repeatable)")
 
     g = p.add_argument_group("data")
-    g.add_argument("--data", help="conversations (.jsonl/.json/.parquet), builtin:mathchat, or a prepared dir")
+    g.add_argument("--data", help="conversations (.jsonl/.json/.parquet, a folder of them, a saved dataset, "
+                                  "builtin:mathchat, synthetic:NAME, a hub id) or rows written by onepass prepare")
     g.add_argument("--eval-data", help="held-out data in the same forms; eval loss at the end (and --eval-steps)")
     g.add_argument("--limit", type=int, help="use only the first N conversations (rows for a prepared dir)")
     g.add_argument("--schedule", help="one-pass (default) | n-pass | k-pass:K | budget")
@@ -72,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--weighting", help="token (default) | turn | conversation")
     g.add_argument("--max-batch-tokens", type=int,
                    help="split a micro-batch into forward passes of <= N padded tokens (same loss)")
+    g.add_argument("--allow-inexact", action="store_true", default=None,
+                   help="train even when the exactness guard finds that one-pass is not the N-pass loss "
+                        "for this model (the guard's result is recorded in metrics.json)")
 
     g = p.add_argument_group("fine-tuning")
     g.add_argument("--finetune", help="full (default) | lora | qlora (4-bit NF4, CUDA only)")
@@ -135,7 +137,7 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``onepass train``: returns 0 when the run finished. Bad settings raise a ValueError (one line)."""
+    """``onepass train``: returns 0 when the run finished. Bad settings raise a OnePassError (one line)."""
     from onepass.train.loop import train
     from onepass.train.config import load_config
 
@@ -152,12 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="onepass train", description=_DESCRIPTION,
                                      epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except ValueError as e:
-        print(f"onepass: error: {e}", file=sys.stderr)
-        return 2
+    return run_main(run, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

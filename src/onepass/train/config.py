@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onepass.errors import ConfigError
+
 FINETUNES = ("full", "lora", "qlora")
 OPTIMIZERS = ("adamw", "sgd", "adamw_8bit", "paged_adamw_8bit")
 LR_SCHEDULERS = ("constant", "linear", "cosine")
@@ -37,7 +39,7 @@ MIXED_PRECISION = ("no", "bf16")
 REPORT_TO = ("tensorboard",)
 
 
-class TrainConfigError(ValueError):
+class TrainConfigError(ConfigError):
     """A training setting that cannot work; the message is one line and says what to do."""
 
 
@@ -61,6 +63,7 @@ class TrainConfig:
     pack: bool = False  # pack each micro-batch's trees into rows of <= max_tokens
     weighting: str = "token"
     max_batch_tokens: int | None = None  # split a micro-batch into forwards of <= this many padded tokens
+    allow_inexact: bool = False  # train even when the exactness guard (onepass.guard) finds one-pass != N-pass
     # fine-tuning
     finetune: str = "full"  # full | lora | qlora
     lora_r: int = 16

@@ -5,8 +5,10 @@ only if each step covers the same conversations and is normalised by the
 same number (the sum of target weights, which for token weighting is the
 N-pass count of trained tokens). So the order is defined over *units*, not
 rows: a unit is one conversation (raw data: all the trees its schedule made)
-or one prepared row (a prepared directory, where conversations are no longer
-known). An epoch is a seeded shuffle of the units; a step takes the next
+or one prepared row (a folder written by ``onepass prepare``, where
+conversations are no longer known); which one a ``--data`` spec is, is decided
+by :func:`onepass.data.load.resolve_data`, as for every other command. An
+epoch is a seeded shuffle of the units; a step takes the next
 ``batch_size * grad_accum * world`` of them; slot ``s = micro * world + rank``
 takes ``batch_size`` units; the rows of a slot are its units' trees, packed
 into rows of ``max_tokens`` when asked. Every unit lands on exactly one rank,
@@ -26,15 +28,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from onepass.data.load import ROWS, DataSource, load_conversations, resolve_data
+from onepass.errors import DataError
+from onepass.flops import token_ratio
 from onepass.pack import pack_layouts
 from onepass.prepare import PrepareConfig, PrepareStats, load_rows, prepare
 from onepass.train.config import TrainConfig, TrainConfigError
-from onepass.tree import IGNORE, Layout
+from onepass.tree import Layout, row_from_columns
+from onepass.vocab import layout_ids, remap_layout, used_ids
 
 Unit = list[Layout]
 
@@ -58,24 +63,9 @@ class TrainData:
 # loading
 
 
-def is_prepared_dir(spec: str) -> bool:
-    return Path(spec).is_dir()
-
-
-def _resolve_raw(spec: str) -> Path:
-    from onepass.cli import resolve_data
-
-    try:
-        return resolve_data(spec)
-    except FileNotFoundError:
-        raise TrainConfigError(f"data not found: {spec} (a .jsonl/.json/.parquet file, builtin:mathchat "
-                               "or a directory written by onepass prepare)") from None
-
-
-def check_data(spec: str) -> None:
-    """Fail early, with one line, when ``spec`` names nothing."""
-    if not is_prepared_dir(spec):
-        _resolve_raw(spec)
+def check_data(spec: str) -> DataSource:
+    """What ``spec`` names (conversations or prepared rows); one :class:`DataError` line when nothing usable."""
+    return resolve_data(spec)
 
 
 def prepare_config(config: TrainConfig) -> PrepareConfig:
@@ -110,23 +100,25 @@ def conversation_units(conversations: Sequence[Any], tokenizer: Any, config: Pre
     stats.trees = stats.rows = len(trees)
     stats.row_tokens = sum(len(x) for x in trees)
     stats.padding_tokens, stats.padding_fraction = 0, 0.0
-    stats.token_ratio = stats.n_pass_tokens / stats.one_pass_tokens if stats.one_pass_tokens else 0.0
+    stats.token_ratio = token_ratio(stats.n_pass_tokens, stats.one_pass_tokens)
     return units, stats
 
 
 def load_train_data(spec: str, config: TrainConfig, tokenizer: Any | None, *, progress: bool = False,
                     log: Any = print) -> TrainData:
-    """Units of ``spec``: a prepared directory (one unit per row) or raw conversations (one per conversation)."""
-    if is_prepared_dir(spec):
-        rows = load_rows(spec)
+    """Units of ``spec``: prepared rows (one unit per row) or conversations (one unit per conversation)."""
+    source = resolve_data(spec)
+    if source.kind == ROWS:
+        assert source.path is not None
+        rows = load_rows(source.path)
         if config.limit is not None:
             rows = rows[:config.limit]
-        stats_path = Path(spec) / "stats.json"
+        stats_path = source.path / "stats.json"
         import json
 
         stats = json.loads(stats_path.read_text()) if stats_path.is_file() else {}
         if not rows:
-            raise TrainConfigError(f"prepared dataset {spec} has no rows")
+            raise DataError(f"prepared dataset {spec} has no rows")
         if config.pack:
             too_long = max(len(r) for r in rows)
             if config.max_tokens is not None and too_long > config.max_tokens:
@@ -134,10 +126,7 @@ def load_train_data(spec: str, config: TrainConfig, tokenizer: Any | None, *, pr
                                        f"max_tokens={config.max_tokens}; raise max_tokens or prepare again")
         return TrainData(units=[[r] for r in rows], kind="row", source=spec, stats=stats)
 
-    from onepass.conversation import read_conversations
-
-    path = _resolve_raw(spec)
-    report = read_conversations(path, strict=False, limit=config.limit)
+    report = load_conversations(source, strict=False, limit=config.limit)
     stats = PrepareStats()
     for line in report.skipped:
         stats.skip("invalid record", line)
@@ -149,7 +138,7 @@ def load_train_data(spec: str, config: TrainConfig, tokenizer: Any | None, *, pr
         log(f"skipped {stats.skip_summary()}")
     if not units:
         first = stats.skipped[0] if stats.skipped else "the data has no conversations"
-        raise TrainConfigError(f"no trainable conversations in {spec}; first skip: {first}")
+        raise DataError(f"no trainable conversations in {spec}; first skip: {first}")
     return TrainData(units=units, kind="conversation", source=spec, stats=stats.to_dict())
 
 
@@ -159,16 +148,8 @@ def compact_vocab(*datas: TrainData) -> tuple[list[TrainData], np.ndarray]:
     The same map for every dataset, so one tiny model serves train and eval;
     ``used[i]`` is the original id of new id ``i``.
     """
-    ids = [x.input_ids for d in datas for u in d.units for x in u]
-    ids += [x.targets[x.targets != IGNORE] for d in datas for u in d.units for x in u]
-    used = np.unique(np.concatenate(ids))
-
-    def remap(x: Layout) -> Layout:
-        targets = np.where(x.targets == IGNORE, IGNORE, np.searchsorted(used, x.targets)).astype(np.int64)
-        return Layout(input_ids=np.searchsorted(used, x.input_ids).astype(np.int64),
-                      position_ids=x.position_ids, kv_end=x.kv_end, targets=targets, weights=x.weights)
-
-    out = [TrainData(units=[[remap(x) for x in u] for u in d.units], kind=d.kind, source=d.source,
+    used = used_ids(layout_ids(x for d in datas for u in d.units for x in u))
+    out = [TrainData(units=[[remap_layout(x, used) for x in u] for u in d.units], kind=d.kind, source=d.source,
                      stats=d.stats) for d in datas]
     return out, used
 
@@ -248,9 +229,7 @@ def forward_groups(rows: Sequence[Layout], max_batch_tokens: int | None) -> list
 
 def empty_row() -> Layout:
     """A one-token row with nothing to train (weight 0): keeps a rank in step when it has no data."""
-    return Layout(input_ids=np.zeros(1, dtype=np.int64), position_ids=np.zeros(1, dtype=np.int64),
-                  kv_end=np.ones(1, dtype=np.int64), targets=np.zeros(1, dtype=np.int64),
-                  weights=np.zeros(1, dtype=np.float64))
+    return row_from_columns({"input_ids": [0], "position_ids": [0], "kv_end": [1], "targets": [0], "weights": [0]})
 
 
 def collate(rows: Sequence[Layout], device: Any) -> dict[str, Any]:

@@ -14,7 +14,10 @@ changes only what one-pass needs:
   and returns the weighted cross entropy divided by the sum of target weights
   of the whole optimizer step (all gradient-accumulation micro-batches, all
   processes): with token weighting that is the N-pass number of trained
-  tokens, so the loss and gradients equal N-pass.
+  tokens, so the loss and gradients equal N-pass;
+- ``train()`` first runs the exactness guard (:mod:`onepass.guard`) on a tiny
+  float64 twin of the model and refuses, in one line, a model for which
+  one-pass is not the N-pass loss, unless ``allow_inexact=True``.
 
     from transformers import TrainingArguments
     from onepass.train.hf_trainer import OnePassTrainer, conversation_dataset
@@ -44,11 +47,17 @@ from transformers import Trainer
 from onepass.attention.backends import check_backend, model_backend
 from onepass.conversation import Conversation
 from onepass.loss import ForwardView, batch_loss, layouts_to_batch
-from onepass.prepare import PrepareConfig, load_rows, row_from_columns, rows_to_columns
+from onepass.prepare import PrepareConfig, load_rows
 from onepass.render import RenderConfig
-from onepass.tree import COLUMNS, Layout, concat
+from onepass.tree import COLUMNS, Layout, concat, row_from_columns, rows_to_columns
 
 log = logging.getLogger("onepass")
+
+
+def _base_model(model: Any) -> Any:
+    base = getattr(model, "get_base_model", None)  # peft
+    return base() if callable(base) else model
+
 
 def rows_dataset(rows: Sequence[Layout]) -> Any:
     """A ``datasets.Dataset`` with the five row columns, one item per row."""
@@ -72,13 +81,18 @@ def conversation_dataset(conversations: Iterable[Conversation], tokenizer: Any, 
 
     config = PrepareConfig(schedule=schedule, max_tokens=max_tokens, pack=False, weighting=weighting,
                            render=render or RenderConfig())
-    units, stats = conversation_units(list(conversations), tokenizer, config)
+    conversations = list(conversations)
+    units, stats = conversation_units(conversations, tokenizer, config)
     if stats.skipped:
         log.warning("onepass: skipped %s", stats.skip_summary())
     if not units:
         first = stats.skipped[0] if stats.skipped else "no conversations were given"
         raise ValueError(f"no trainable conversations; first skip: {first}")
     ds = rows_dataset([concat(u) for u in units])
+    # what OnePassTrainer's exactness guard checks on (lost if the dataset is mapped: then it uses
+    # the bundled MathChat pair); an n-pass dataset needs no check
+    ds.onepass_guard = {"schedule": schedule, "conversations": conversations[:32], "tokenizer": tokenizer,
+                        "render": render}
     return (ds, stats) if return_stats else ds
 
 
@@ -109,8 +123,16 @@ class OnePassCollator:
 class OnePassTrainer(Trainer):
     """``transformers.Trainer`` whose loss is the one-pass loss, normalised as N-pass (see module doc)."""
 
-    def __init__(self, *args: Any, data_collator: Any = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, data_collator: Any = None, allow_inexact: bool = False,
+                 exactness_conversations: Sequence[Conversation] | None = None, **kwargs: Any) -> None:
+        """``allow_inexact``: train even when the exactness guard (:mod:`onepass.guard`, run at the
+        start of :meth:`train`) finds that one-pass is not the N-pass loss for this model;
+        ``exactness_conversations``: what it checks on (default: the conversations
+        :func:`conversation_dataset` kept, else the bundled MathChat pair)."""
         super().__init__(*args, data_collator=data_collator or OnePassCollator(), **kwargs)
+        self.allow_inexact = allow_inexact
+        self.exactness_conversations = exactness_conversations
+        self.exactness: Any = None  # the guard's GuardResult, once train() ran it
         if self.args.n_gpu > 1:
             raise ValueError(f"OnePassTrainer does not run DataParallel over {self.args.n_gpu} GPUs in one "
                              "process; launch one process per GPU with torchrun or accelerate launch")
@@ -119,6 +141,33 @@ class OnePassTrainer(Trainer):
         self.label_names = ["targets"]
         # compute_loss divides by the step's weight sum itself: no extra division by grad-accum steps
         self.model_accepts_loss_kwargs = True
+
+    def check_exactness(self) -> Any:
+        """The exactness guard on a tiny float64 twin of the model; raises
+        :class:`onepass.guard.InexactModelError` (one line) unless ``allow_inexact``."""
+        from onepass.guard import check_exact_once, enforce, views_for_check
+
+        kept = getattr(self.train_dataset, "onepass_guard", None) or {}
+        if kept.get("schedule") == "n-pass":  # one view per row, no packing: nothing to check
+            self.exactness = {"checked": False, "why": "n-pass rows are each one plain sequence"}
+            return self.exactness
+        convs = self.exactness_conversations or kept.get("conversations") or []
+        tokenizer = kept.get("tokenizer") or self.processing_class
+        views, where = views_for_check(convs, tokenizer if hasattr(tokenizer, "apply_chat_template") else None,
+                                       kept.get("render"), source="the training conversations")
+        model = self.accelerator.unwrap_model(self.model)
+        result = check_exact_once(model, views, backend=model_backend(_base_model(model)))
+        enforce(result, allow_inexact=self.allow_inexact,
+                hint="train with schedule='n-pass', or pass allow_inexact=True to train anyway",
+                log=lambda line: log.info("exactness guard on %s: %s", where, line))
+        self.exactness = result
+        return result
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.train`` after the exactness guard (:meth:`check_exactness`)."""
+        if self.exactness is None:
+            self.check_exactness()
+        return super().train(*args, **kwargs)
 
     def _set_signature_columns_if_needed(self) -> None:
         if self._signature_columns is None:

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from onepass.flops import visible_pairs
 from onepass.loss import ForwardView, batch_loss
 from onepass.train.config import TrainConfig, TrainConfigError, write_yaml
 from onepass.train.data import (
@@ -71,15 +72,6 @@ class TrainResult:
     plot_path: Path | None
     seconds: float  # wall time of the optimizer steps run by this call
     tokens: int  # real (unpadded) row tokens processed by this call, all processes
-
-
-def visible_pairs(row: Layout) -> int:
-    """(query, key) pairs the tree mask lets attend: what a block-skipping kernel must compute at least.
-
-    Key k is visible to queries k .. kv_end[k]-1, so the count is sum(kv_end - k). A dense
-    kernel computes L * L pairs per row whatever the mask.
-    """
-    return int((row.kv_end - np.arange(len(row))).sum())
 
 
 def make_accelerator(config: TrainConfig, device: torch.device) -> Any:
@@ -183,7 +175,7 @@ def _load_data(config: TrainConfig, *, main: bool, say: Callable[[str], None]) -
     """Train (and eval) units; a tiny model's vocabulary is compacted to the ids that occur."""
     from onepass.train.model import load_tokenizer_for
 
-    raw = [s for s in (config.data, config.eval_data) if s is not None and not Path(s).is_dir()]
+    raw = [s for s in (config.data, config.eval_data) if s is not None and check_data(s).kind == "conversations"]
     tokenizer = load_tokenizer_for(config) if config.model is not None or raw else None
     data = load_train_data(config.data, config, tokenizer, progress=config.progress and main, log=say)
     eval_data = (load_train_data(config.eval_data, config, tokenizer, log=say)
@@ -263,6 +255,7 @@ def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callabl
     )
     from onepass.train.model import (
         check_environment,
+        check_exactness,
         count_parameters,
         load_model,
         make_optimizer,
@@ -287,6 +280,7 @@ def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callabl
     accelerator = make_accelerator(config, device)
     device, world, main = accelerator.device, accelerator.num_processes, accelerator.is_main_process
     say: Callable[[str], None] = log if main else (lambda _msg: None)
+    exactness = check_exactness(config, attention=attention, log=say)  # every process: a refusal stops all
     if main:
         out.mkdir(parents=True, exist_ok=True)
         write_yaml(config, out / "train_config.yaml")
@@ -310,7 +304,8 @@ def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callabl
               "dtype": config.dtype, "mixed_precision": config.mixed_precision, "schedule": config.schedule,
               "parameters": params, "trainable_parameters": trainable, "units": data.num_units,
               "unit": data.kind, "units_per_step": stepper.per_step, "total_steps": total,
-              "data_stats": {k: v for k, v in stats.items() if k != "skipped"}, "vocab_size": loaded.vocab_size}
+              "data_stats": {k: v for k, v in stats.items() if k != "skipped"}, "vocab_size": loaded.vocab_size,
+              "exactness": exactness}
     say(f"training {config.model or f'tiny {config.tiny} (random)'}: {params:,} parameters, {trainable:,} "
         f"trainable ({config.finetune}), {config.dtype}, attention {attention}, {device}, {world} process(es)")
     say(f"data {config.data}: {data.num_units} {data.kind}s, {stepper.per_step} per step, {total} steps; "

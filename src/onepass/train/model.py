@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from onepass.hub import hub_offline, offline_reason
 from onepass.train.config import QLORA_ON_CPU, TrainConfig, TrainConfigError
 
 
@@ -119,9 +119,8 @@ def check_model(spec: str) -> None:
     try:
         AutoConfig.from_pretrained(spec)
     except (OSError, ValueError) as e:
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        why = ("it is not a local path, not in the HF cache, and the hub is offline (HF_HUB_OFFLINE=1)"
-               if offline else str(e).splitlines()[0] if str(e) else type(e).__name__)
+        why = (f"it is not a local path, not in the HF cache, and the hub is offline ({offline_reason()})"
+               if hub_offline() else str(e).splitlines()[0] if str(e) else type(e).__name__)
         raise TrainConfigError(f"model {spec!r} cannot be loaded: {why}") from None
 
 
@@ -137,6 +136,38 @@ def _cached_tokenizer(spec: str, chat_template: str | None) -> Any:
     from onepass.tokenizer import load_tokenizer
 
     return load_tokenizer(spec, chat_template=chat_template)
+
+
+def check_exactness(config: TrainConfig, *, attention: str, log: Any = print) -> dict[str, Any]:
+    """The exactness guard (:mod:`onepass.guard`) for this run, before any training: one-pass
+    against N-pass on a tiny float64 twin of the model, on two of the run's conversations (on
+    the bundled MathChat pair rendered with the run's tokenizer when the data is prepared rows).
+
+    Raises :class:`onepass.guard.InexactModelError` (one line) when they differ, unless
+    ``allow_inexact``. Returns what metrics.json records under ``exactness``.
+    """
+    from onepass.data.load import ROWS, load_conversations, resolve_data
+    from onepass.guard import check_exact_once, enforce, views_for_check
+    from onepass.train.data import prepare_config
+
+    if config.schedule == "n-pass" and not config.pack:
+        return {"checked": False, "why": "n-pass rows without packing are each one plain sequence"}
+    source = resolve_data(config.data)
+    convs = ([] if source.kind == ROWS else  # prepared rows: the bundled pair, with the run's tokenizer
+             load_conversations(source, strict=False, limit=min(config.limit or 32, 32)).conversations)
+    views, where = views_for_check(convs, load_tokenizer_for(config), prepare_config(config).render,
+                                   source=config.data, empty="the data is prepared rows")
+    if config.tiny is not None:
+        from onepass.tiny import tiny_config
+
+        model_config = tiny_config(config.tiny, 64, **config.tiny_config)
+    else:
+        from transformers import AutoConfig
+
+        model_config = AutoConfig.from_pretrained(config.model)
+    result = check_exact_once(model_config, views, pack=config.pack, backend=attention)
+    enforce(result, allow_inexact=config.allow_inexact, log=lambda line: log(f"exactness guard on {where}: {line}"))
+    return {"checked": True, "data": where, **result.to_dict()}
 
 
 def load_model(config: TrainConfig, *, device: torch.device, attention: str, vocab_size: int | None = None

@@ -1,7 +1,7 @@
 """What a run leaves for a person: metrics.json, the loss curve PNG, tensorboard, the progress bar.
 
 Why this module exists: a run must be inspectable while it runs and after it
-crashes. ``metrics.json`` is rewritten atomically (temp file, then rename) at
+crashes. ``metrics.json`` is rewritten atomically (:func:`onepass.files.atomic_write_text`) at
 every logging step, so a killed run still has its curve; the PNG is drawn at
 every checkpoint and at the end. matplotlib and tensorboard are imported only
 when used.
@@ -13,19 +13,13 @@ when used.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-
-def write_json_atomic(path: str | Path, payload: Any) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+from onepass.files import atomic_write_text
 
 
 def plot_losses(history: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[str, Any]], out_path: str | Path,
@@ -138,7 +132,7 @@ class Reporter:
 
     def write(self, **extra: Any) -> None:
         if self.main:
-            write_json_atomic(self.metrics_path, self.payload(**extra))
+            atomic_write_text(self.metrics_path, json.dumps(self.payload(**extra), indent=1) + "\n")
 
     def plot(self) -> Path | None:
         if not self.main or not self.history:

@@ -1,0 +1,162 @@
+"""Where one-pass and N-pass part: the first layer whose output differs, its type and its mixer.
+
+Why this module exists: "the loss differs by 1e-5" does not tell a user (or us)
+what to fix; "layer type conv (Lfm2ShortConv)" does. Each decoder layer's
+output at every node of a one-pass tree row is compared with that layer's
+output at the same token of a plain forward of the node's root-to-node path
+(the N-pass view up to it). The first layer that differs while the layer before
+it agreed is the one that is not exact; later layers only carry it on. Used by
+the exactness guard (:mod:`onepass.guard`) and ``onepass verify``.
+
+    >>> found = locate(model, views)                               # doctest: +SKIP
+    >>> found.describe()                                           # doctest: +SKIP
+    'layer 0 (conv, Lfm2ShortConv) is the first whose output differs (by 6.7e-04 relative)'
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from onepass.render import View
+from onepass.twin import layer_types, text_config
+
+TOLERANCE = 1e-9  # relative, float64
+
+
+def decoder_layers(model: Any) -> torch.nn.ModuleList | None:
+    """The model's stack of decoder layers (the first ModuleList with one entry per layer)."""
+    num = getattr(text_config(model.config), "num_hidden_layers", None)
+    for _, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == num:
+            return module
+    return None
+
+
+_NOT_MIXERS = ("norm", "mlp", "moe", "expert", "ffn", "feed_forward", "dropout", "router", "rotary")
+
+
+def mixer_name(layer: torch.nn.Module) -> str:
+    """The class of a decoder layer's token mixer (``self_attn``, ``linear_attn``, ``mamba``,
+    ``mixer``, ``conv`` ...): its first child that is not a norm or a feed-forward block."""
+    children = list(layer.named_children())
+    mixers = [type(c).__name__ for n, c in children if not any(s in n.lower() for s in _NOT_MIXERS)]
+    others = [type(c).__name__ for n, c in children if "norm" not in n.lower()]
+    return (mixers or others or [type(layer).__name__])[0]
+
+
+def _leaf_paths(kv_end: np.ndarray) -> list[np.ndarray]:
+    """Root-to-leaf node paths of a tree row: the keys visible to each leaf (k <= q < kv_end[k]).
+
+        p       0  1  2  3  4
+        kv_end  5  3  3  5  5      leaves 2 and 4 (kv_end = p + 1): paths [0 1 2] and [0 3 4]
+
+    >>> [p.tolist() for p in _leaf_paths(np.array([5, 3, 3, 5, 5]))]
+    [[0, 1, 2], [0, 3, 4]]
+    """
+    nodes = np.arange(len(kv_end))
+    return [nodes[(nodes <= q) & (kv_end > q)] for q in nodes if kv_end[q] == q + 1]
+
+
+def _tree_mask(model: Any, batch: dict[str, torch.Tensor]) -> Any:
+    import inspect
+
+    from onepass.attention.backends import attention_mask_for
+
+    if "position_ids_BL" in inspect.signature(attention_mask_for).parameters:  # per-layer-type masks
+        return attention_mask_for(model, batch["kv_end"], position_ids_BL=batch["position_ids"])
+    return attention_mask_for(model, batch["kv_end"])
+
+
+def layer_differences(model: Any, conversations: Sequence[Sequence[View]]) -> list[float]:
+    """Per decoder layer: the largest relative difference between its output at a one-pass tree
+    node and its output at the same token of a plain forward of that node's path. Empty when the
+    layers cannot be found."""
+    from onepass.loss import layouts_to_batch
+    from onepass.schedule import parse_schedule, schedule_views
+
+    layers = decoder_layers(model)
+    if layers is None:
+        return []
+    seen: dict[int, torch.Tensor] = {}
+    hooks = [layer.register_forward_hook(
+        lambda _m, _i, out, i=i: seen.__setitem__(i, (out[0] if isinstance(out, tuple) else out)[0]))
+        for i, layer in enumerate(layers)]
+    worst = [0.0] * len(layers)
+    device = next(model.parameters()).device
+    try:
+        with torch.no_grad():
+            for views in conversations:
+                for layout in schedule_views(views, parse_schedule("one-pass")).layouts:
+                    batch = layouts_to_batch([layout], device=device)
+                    model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                          attention_mask=_tree_mask(model, batch), logits_to_keep=1, use_cache=False)
+                    tree = dict(seen)
+                    for path in _leaf_paths(layout.kv_end):
+                        ids = torch.as_tensor(layout.input_ids[path], device=device).long()[None]
+                        model(input_ids=ids, logits_to_keep=1, use_cache=False)
+                        for i, ref in seen.items():
+                            diff = (tree[i][torch.as_tensor(path, device=device)] - ref).norm(dim=-1)
+                            rel = diff / ref.norm(dim=-1).clamp_min(torch.finfo(ref.dtype).tiny)
+                            worst[i] = max(worst[i], float(rel.max()))
+    finally:
+        for h in hooks:
+            h.remove()
+    return worst
+
+
+def first_differing(diffs: Sequence[float], tolerance: float = TOLERANCE) -> int | None:
+    """The first layer whose difference is within 1e-3 of the largest: the one that introduces it
+    (rounding noise in earlier layers stays far below a structural difference)."""
+    if not diffs or max(diffs) <= tolerance:
+        return None
+    cut = max(tolerance, 1e-3 * max(diffs))
+    return next(i for i, d in enumerate(diffs) if d > cut)
+
+
+def layer_of_parameter(parameter: str) -> int | None:
+    """``model.layers.3.self_attn.q_proj.weight`` -> 3 (None outside the decoder layers)."""
+    match = re.search(r"\.(?:layers|h|blocks|layer)\.(\d+)\.", parameter)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerDiff:
+    """Where one-pass and N-pass part: the first layer whose output differs, its type and mixer."""
+
+    index: int | None
+    layer_type: str | None
+    mixer: str | None
+    max_diff: float | None  # the largest relative difference of any layer's output (None: not compared)
+
+    def describe(self) -> str:
+        if self.index is None:
+            return ("every layer's output agrees" if self.max_diff is None else
+                    f"every layer's output agrees within {self.max_diff:.1e}")
+        return f"layer {self.index} ({self.layer_type}, {self.mixer}) is the first whose output differs" + (
+            f" (by {self.max_diff:.1e} relative)" if self.max_diff is not None else "")
+
+
+def locate(model: Any, conversations: Sequence[Sequence[View]], *, worst_parameter: str = "",
+           tolerance: float = TOLERANCE) -> LayerDiff:
+    """The first layer of ``model`` whose output differs between one-pass and N-pass; when the
+    outputs cannot be compared, the layer of ``worst_parameter`` (the largest gradient difference)."""
+    diffs = layer_differences(model, conversations)
+    index = first_differing(diffs, tolerance)
+    if index is None and not diffs and worst_parameter:
+        index = layer_of_parameter(worst_parameter)
+    return named_layer(model, index, max(diffs) if diffs else None)
+
+
+def named_layer(model: Any, index: int | None, max_diff: float | None = None) -> LayerDiff:
+    """Layer ``index`` of ``model`` with its type (``config.layer_types`` or the hybrid pattern) and mixer."""
+    types, layers = layer_types(text_config(model.config)), decoder_layers(model)
+    return LayerDiff(index=index, max_diff=max_diff,
+                     layer_type=types[index] if index is not None and index < len(types) else None,
+                     mixer=mixer_name(layers[index]) if index is not None and layers is not None
+                     and index < len(layers) else None)

@@ -1,0 +1,304 @@
+"""Is one-pass exact for this model? Proved on a tiny float64 twin before training.
+
+Why this module exists: the promise is "the loss and every gradient equal
+N-pass, for your model", and it holds only if every layer type sees, at each
+tree node, exactly the node's ancestors (DESIGN.md). Attention with the tree
+mask does; a sliding window needs its own mask, attention sinks a backend that
+carries them, and a recurrent layer (Gated DeltaNet, Mamba2, a short
+convolution) mixes in every earlier token of the row. Rather than trust a
+list of known architectures, the guard checks the user's one, also one we have
+never seen: a tiny random twin (:mod:`onepass.twin`: same config class and
+layer types, small sizes, float64, eager MoE experts) runs
+:func:`onepass.verify.run_verify` on two of the user's conversations. When they
+differ it names the first layer whose output differs: every layer's output at
+every tree node is compared with a plain forward of the node's path (the
+layer before it agreed, so that layer itself is not exact).
+
+    >>> result = check_exact(Qwen3NextConfig(), views)            # doctest: +SKIP
+    >>> result.ok, result.message()                               # doctest: +SKIP
+    (False, 'one-pass is not exact for Qwen3NextForCausalLM: layer type linear_attention
+     (Qwen3NextGatedDeltaNet) differs: loss by 8.7e-06, gradients by 1.2e-01 relative ...')
+
+``onepass train`` and ``OnePassTrainer`` run it before the first step and stop
+with that one line (:class:`InexactModelError`) unless ``allow_inexact``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from onepass import divergence
+from onepass.divergence import LayerDiff, layer_of_parameter, locate, named_layer
+from onepass.errors import ConfigError, DataError, debug
+from onepass.render import RenderConfig, View
+from onepass.twin import layer_types as twin_layer_types
+from onepass.twin import text_config, tiny_twin
+
+TOLERANCE = divergence.TOLERANCE  # relative, float64; exact is ~1e-16
+# Some models compute a step in float32 even in float64 (an MoE router's softmax): where a shared
+# tree node sums its views' gradients before that cast and N-pass after it, gradients differ by
+# ~1e-8. Such a difference is accepted when every layer's output agrees within TOLERANCE at every
+# node (the same function, rounded differently); a structural one is 1e-4 and more.
+FLOAT32_STEPS = 1e-6
+CPU_BACKENDS = ("onepass_cpu", "sdpa", "eager")
+CLI_HINT = "train with --schedule n-pass, or pass --allow-inexact to train anyway"
+MAX_VIEW_TOKENS = 2048  # a conversation's later views are left out of the check beyond this
+
+
+class InexactModelError(ConfigError):
+    """One-pass is not exact for this model (or could not be checked); the message is one line."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GuardResult:
+    architecture: str  # the model class, e.g. Qwen3NextForCausalLM
+    model_type: str
+    layer_types: tuple[str, ...]  # of the twin
+    backend: str
+    num_conversations: int
+    num_views: int
+    packed: bool
+    rel_loss_diff: float
+    max_rel_grad_diff: float
+    worst_parameter: str  # of the twin, e.g. model.layers.0.linear_attn.in_proj_qkvz.weight
+    differing_layer: int | None  # the twin's first layer whose output differs
+    differing_layer_type: str | None  # e.g. linear_attention
+    mixer: str | None  # that layer's token mixer, e.g. Qwen3NextGatedDeltaNet
+    error: str | None  # the twin could not be built or run
+    max_layer_diff: float | None  # every layer's output, one-pass node vs plain forward (when compared)
+    tolerance: float
+    ok: bool
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "layer_types": list(self.layer_types)}
+
+    def where(self) -> str:
+        if self.differing_layer_type is None:
+            return f"the largest gradient difference is in {self.worst_parameter or '?'}"
+        return f"layer type {self.differing_layer_type}" + (f" ({self.mixer})" if self.mixer else "")
+
+    def message(self, hint: str = CLI_HINT) -> str:
+        """One line: what differs, by how much, how it was checked, and what to do."""
+        how = f"tiny float64 twin, {self.num_conversations} conversations, {self.backend} attention"
+        if self.error is not None:
+            return f"one-pass could not be checked for {self.architecture} ({how}): {self.error}; {hint}"
+        if self.ok:
+            rounded = (f"; float32 steps inside the model, every layer's output within {self.max_layer_diff:.1e}"
+                       if max(self.rel_loss_diff, self.max_rel_grad_diff) > self.tolerance else "")
+            return (f"one-pass is exact for {self.architecture} ({how}{', packed' if self.packed else ''}): "
+                    f"loss {self.rel_loss_diff:.1e}, gradients {self.max_rel_grad_diff:.1e} relative{rounded}")
+        return (f"one-pass is not exact for {self.architecture}: {self.where()} differs: loss by "
+                f"{self.rel_loss_diff:.1e}, gradients by {self.max_rel_grad_diff:.1e} relative ({how}); {hint}")
+
+
+# ---------------------------------------------------------------------------------------------
+# the twin model
+
+
+def _unwrap(model_or_config: Any) -> Any:
+    base = getattr(model_or_config, "get_base_model", None)  # peft
+    return base() if callable(base) else model_or_config
+
+
+def _auto_class(config: Any) -> Any | None:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM._model_mapping[type(config)]
+    except (KeyError, ValueError):
+        return None
+
+
+def describe(model_or_config: Any) -> tuple[Any, Any | None, str]:
+    """(the decoder's config, the model class to build the twin with, the architecture's name)."""
+    obj = _unwrap(model_or_config)
+    is_model = isinstance(obj, torch.nn.Module)
+    config = obj.config if is_model else obj
+    decoder = text_config(config)
+    cls = type(obj) if is_model and decoder is config else _auto_class(decoder)
+    named = type(obj).__name__ if is_model else (getattr(config, "architectures", None) or [None])[0]
+    return decoder, cls, named or (cls.__name__ if cls is not None else type(config).__name__)
+
+
+def guard_backend(config: Any, requested: str | None = None) -> str:
+    """The attention backend the twin runs on CPU: ``requested`` when it runs on CPU (the one
+    training uses), else the one :func:`onepass.attention.backends.supported_backend` picks."""
+    from onepass.attention.backends import supported_backend
+
+    return requested if requested in CPU_BACKENDS else str(supported_backend(config, "cpu"))
+
+
+def build_twin(model_or_config: Any, vocab_size: int, *, backend: str | None = None, seed: int = 0) -> Any:
+    """The tiny float64 twin of ``model_or_config`` with ``backend`` attention, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    from onepass.precision import float64_norms
+
+    config, cls, _ = describe(model_or_config)
+    twin = tiny_twin(config, vocab_size)
+    backend = guard_backend(twin, backend)
+    if backend == "onepass_cpu":
+        from onepass.attention.cpu import register
+
+        register()
+    twin._attn_implementation = backend
+    try:
+        twin._experts_implementation = "eager"  # grouped_mm has no float64 kernel
+    except AttributeError:
+        pass
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if cls is not None and hasattr(cls, "_from_config"):
+            model = cls._from_config(twin, dtype=torch.float64, attn_implementation=backend)
+        else:
+            model = AutoModelForCausalLM.from_config(twin, dtype=torch.float64, attn_implementation=backend)
+    float64_norms(model)
+    return model.eval()
+
+
+# ---------------------------------------------------------------------------------------------
+# the check
+
+
+def check_exact(model_or_config: Any, conversations: Sequence[Sequence[View]], *, pack: bool = False,
+                backend: str | None = None, seed: int = 0, tolerance: float = TOLERANCE) -> GuardResult:
+    """One-pass vs N-pass on a tiny float64 twin of ``model_or_config`` (a model or its config),
+    on ``conversations`` (their views; the vocabulary is compacted here). ``pack``: the trees
+    share one row, as in packed training. Never raises for the model: a twin that cannot be
+    built or run is a failed result with ``error`` set (``ONEPASS_DEBUG=1`` raises instead)."""
+    from onepass.verify import compact_vocab, run_verify
+
+    t0 = time.perf_counter()
+    config, _, architecture = describe(model_or_config)
+    views, vocab = compact_vocab(conversations)
+    common: dict[str, Any] = {"architecture": architecture, "model_type": str(getattr(config, "model_type", "")),
+                              "num_conversations": len(views), "num_views": sum(len(v) for v in views),
+                              "packed": pack, "tolerance": tolerance}
+    model, chosen, threads = None, backend or "?", torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: more threads only wait on each other
+    try:
+        with torch.random.fork_rng(devices=[]):
+            model = build_twin(model_or_config, vocab, backend=backend, seed=seed)
+            chosen = str(model.config._attn_implementation)
+            report = run_verify(views, model, schedule="one-pass", pack=pack)
+            worst = max(report.rel_loss_diff, report.max_rel_grad_diff)
+            exact = worst <= tolerance  # False for NaN too
+            where = (LayerDiff(index=None, layer_type=None, mixer=None, max_diff=None) if exact
+                     else locate(model, views, worst_parameter=report.worst_parameter, tolerance=tolerance))
+            ok = exact or (worst <= FLOAT32_STEPS and where.max_diff is not None and where.max_diff <= tolerance)
+    except Exception as e:  # the twin of an architecture we do not know may fail in any way
+        if debug():
+            raise
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        return GuardResult(**common, layer_types=tuple(twin_layer_types(model.config)) if model is not None else (),
+                           backend=chosen, rel_loss_diff=float("nan"), max_rel_grad_diff=float("nan"),
+                           worst_parameter="", differing_layer=None, differing_layer_type=None, mixer=None,
+                           max_layer_diff=None,
+                           error=f"{type(e).__name__}: {first}", ok=False, seconds=time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    if not ok and where.index is None:  # the outputs agree: name the layer of the worst gradient
+        where = named_layer(model, layer_of_parameter(report.worst_parameter), where.max_diff)
+    return GuardResult(
+        **common, layer_types=tuple(twin_layer_types(model.config)), backend=chosen,
+        rel_loss_diff=report.rel_loss_diff, max_rel_grad_diff=report.max_rel_grad_diff,
+        worst_parameter=report.worst_parameter, differing_layer=where.index, max_layer_diff=where.max_diff,
+        differing_layer_type=where.layer_type, mixer=where.mixer, error=None, ok=ok,
+        seconds=time.perf_counter() - t0)
+
+
+_RESULTS: dict[str, GuardResult] = {}
+
+
+def check_exact_once(model_or_config: Any, conversations: Sequence[Sequence[View]], *, pack: bool = False,
+                     backend: str | None = None) -> GuardResult:
+    """:func:`check_exact`, remembered for this process: runs that train the same architecture on
+    the same conversations (tests, the demo, a resumed run) check it once."""
+    import hashlib
+    import json
+
+    config, cls, _ = describe(model_or_config)
+    key = hashlib.sha256(json.dumps([config.to_dict(), getattr(cls, "__name__", None), backend, pack],
+                                    sort_keys=True, default=str).encode())
+    for views in conversations:
+        for view in views:
+            key.update(view.tokens.tobytes() + b"|")
+        key.update(b"#")
+    digest = key.hexdigest()
+    if digest not in _RESULTS:
+        _RESULTS[digest] = check_exact(model_or_config, conversations, pack=pack, backend=backend)
+    return _RESULTS[digest]
+
+
+def enforce(result: GuardResult, *, allow_inexact: bool, hint: str = CLI_HINT,
+            log: Callable[[str], None] = print) -> None:
+    """Raise :class:`InexactModelError` (one line) when ``result`` failed, unless ``allow_inexact``."""
+    if result.ok:
+        log(result.message())
+    elif allow_inexact:
+        log("warning: " + result.message(hint="training anyway (allow_inexact); the loss is not the N-pass loss"))
+    else:
+        raise InexactModelError(result.message(hint))
+
+
+# ---------------------------------------------------------------------------------------------
+# which conversations
+
+
+def sample_views(conversations: Sequence[Any], tokenizer: Any, render: RenderConfig | None = None, *,
+                 num: int = 2, max_view_tokens: int = MAX_VIEW_TOKENS) -> list[list[View]]:
+    """Views of ``num`` conversations for the check: the first ones with two or more views (a
+    tree needs two), each cut to its views of at most ``max_view_tokens``; conversations the
+    template cannot render are passed over (training counts them)."""
+    from onepass.render import render_views
+
+    multi: list[list[View]] = []
+    single: list[list[View]] = []
+    for conv in conversations:
+        try:
+            views = render_views(conv, tokenizer, render or RenderConfig())
+        except DataError:
+            continue
+        views = [v for v in views if len(v) <= max_view_tokens]
+        if len(views) >= 2:
+            multi.append(views)
+        elif views:
+            single.append(views)
+        if len(multi) >= num:
+            break
+    return (multi + single)[:num]
+
+
+def builtin_conversations(limit: int = 16) -> list[Any]:
+    """The first bundled MathChat conversations: the check's data when the user's are not at hand."""
+    from onepass.data.mathchat import load_sample
+
+    return load_sample(limit=limit)
+
+
+def views_for_check(conversations: Sequence[Any], tokenizer: Any | None, render: RenderConfig | None = None,
+                    *, source: str = "the data", empty: str = "no conversations at hand"
+                    ) -> tuple[list[list[View]], str]:
+    """The views the guard checks, and what they are: two of ``conversations`` rendered with
+    ``tokenizer``; else the bundled MathChat pair rendered with it; else with builtin:qwen3 (the
+    twin's vocabulary is compacted, so any tokenizer exercises the same layers). ``empty``: why
+    there are no conversations (said in the description)."""
+    if conversations and tokenizer is not None:
+        views = sample_views(conversations, tokenizer, render)
+        if views:
+            return views, f"{len(views)} conversations of {source}"
+    why = empty if not conversations else f"no usable conversation in {source}"
+    if tokenizer is not None:
+        views = sample_views(builtin_conversations(), tokenizer, render)
+        if views:
+            return views, f"the bundled MathChat pair ({why})"
+    from onepass.tokenizer import load_tokenizer
+
+    views = sample_views(builtin_conversations(), load_tokenizer("builtin:qwen3"))
+    return views, f"the bundled MathChat pair rendered with builtin:qwen3 ({why})"
