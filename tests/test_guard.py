@@ -14,9 +14,9 @@ import pytest
 import torch
 import transformers as tf
 
-from onepass import guard
+from onepass.guard import check as guard
 from onepass.cli import main
-from onepass.divergence import first_differing
+from onepass.guard.divergence import first_differing
 from onepass.guard import (
     TOLERANCE,
     InexactModelError,
@@ -26,7 +26,7 @@ from onepass.guard import (
     views_for_check,
 )
 from onepass.tiny import EXACT_ARCHS, HYBRID_ARCHS, TINY_ARCHS, tiny_config, tiny_model
-from onepass.twin import kept_layers, layer_types, tiny_twin
+from onepass.guard.twin import kept_layers, layer_types, tiny_twin
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

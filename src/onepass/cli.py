@@ -204,7 +204,7 @@ def _default_tolerance(dtype: str) -> float:
 def cmd_verify(args: argparse.Namespace) -> int:
     import torch
 
-    from onepass.divergence import locate
+    from onepass.guard.divergence import locate
     from onepass.guard import guard_backend
     from onepass.render import render_views
     from onepass.verify import compact_vocab, run_verify

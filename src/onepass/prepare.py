@@ -1,6 +1,6 @@
 """Prepare: conversations -> views -> scheduled trees -> rows, with honest statistics.
 
-Why this module exists: it is the data flow of DESIGN.md in one function, and
+Why this module exists: it is the data flow of docs/design.md in one function, and
 the place where nothing is lost silently. Every record that cannot be used
 (bad record, template that cannot split a turn, a view over the budget) is
 counted with its reason in :class:`PrepareStats`, printed, and written to

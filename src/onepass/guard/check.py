@@ -2,12 +2,12 @@
 
 Why this module exists: the promise is "the loss and every gradient equal
 N-pass, for your model", and it holds only if every layer type sees, at each
-tree node, exactly the node's ancestors (DESIGN.md). Attention with the tree
+tree node, exactly the node's ancestors (docs/design.md). Attention with the tree
 mask does; a sliding window needs its own mask, attention sinks a backend that
 carries them, and a recurrent layer (Gated DeltaNet, Mamba2, a short
 convolution) mixes in every earlier token of the row. Rather than trust a
 list of known architectures, the guard checks the user's one, also one we have
-never seen: a tiny random twin (:mod:`onepass.twin`: same config class and
+never seen: a tiny random twin (:mod:`onepass.guard.twin`: same config class and
 layer types, small sizes, float64, eager MoE experts) runs
 :func:`onepass.verify.run_verify` on two of the user's conversations. When they
 differ it names the first layer whose output differs: every layer's output at
@@ -32,12 +32,12 @@ from typing import Any
 
 import torch
 
-from onepass import divergence
-from onepass.divergence import LayerDiff, layer_of_parameter, locate, named_layer
+from onepass.guard import divergence
+from onepass.guard.divergence import LayerDiff, layer_of_parameter, locate, named_layer
 from onepass.errors import ConfigError, DataError, debug
 from onepass.render import RenderConfig, View
-from onepass.twin import layer_types as twin_layer_types
-from onepass.twin import text_config, tiny_twin
+from onepass.guard.twin import layer_types as twin_layer_types
+from onepass.guard.twin import text_config, tiny_twin
 
 TOLERANCE = divergence.TOLERANCE  # relative, float64; exact is ~1e-16
 # Some models compute a step in float32 even in float64 (an MoE router's softmax): where a shared

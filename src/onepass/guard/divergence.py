@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from onepass.render import View
-from onepass.twin import layer_types, text_config
+from onepass.guard.twin import layer_types, text_config
 
 TOLERANCE = 1e-9  # relative, float64
 

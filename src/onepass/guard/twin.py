@@ -1,7 +1,7 @@
 """A tiny random twin of any HF causal-LM config: the same class and layer types, small sizes.
 
 Why this module exists: one-pass is exact only if *every layer type* of the
-model sees, at each tree node, exactly the node's ancestors (DESIGN.md). That
+model sees, at each tree node, exactly the node's ancestors (docs/design.md). That
 is a property of the architecture, not of its size, so the guard
 (:mod:`onepass.guard`) checks it on a twin: the user's own config class with
 every size shrunk (hidden 64, 4 heads of 16, a few experts, a compacted

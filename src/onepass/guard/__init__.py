@@ -1,0 +1,24 @@
+"""Is one-pass exact for this model? Checked on a tiny float64 twin before training.
+
+    twin.py         a tiny random twin of any config: same class and layer types, small sizes
+    check.py        the check (``check_exact``), its result and the one-line refusal
+    divergence.py   which layer differs: every layer's output at every tree node vs a plain forward
+
+``onepass train``, ``OnePassTrainer`` and ``onepass verify`` use it; see docs/design.md.
+"""
+
+from onepass.guard.check import (
+    TOLERANCE,
+    GuardResult,
+    InexactModelError,
+    builtin_conversations,
+    check_exact,
+    check_exact_once,
+    enforce,
+    guard_backend,
+    sample_views,
+    views_for_check,
+)
+
+__all__ = ["TOLERANCE", "GuardResult", "InexactModelError", "builtin_conversations", "check_exact",
+           "check_exact_once", "enforce", "guard_backend", "sample_views", "views_for_check"]
