@@ -67,7 +67,7 @@ def test_visible_pairs_of_packed_padded_rows_equals_the_dense_mask(kv_end_BL):
 @FAST
 @given(batch_strategy(max_extra_pad=5))
 def test_the_cpu_plan_counts_the_same_visible_pairs(kv_end_BL):
-    from onepass.attention.blocks import segment_plan
+    from onepass.attention.segments import segment_plan
 
     assert segment_plan(kv_end_BL, chunk=3).visible_pairs == visible_pairs(kv_end_BL)
 

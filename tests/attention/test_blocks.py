@@ -16,9 +16,8 @@ from onepass.attention.blocks import (
     block_mask,
     block_plan,
     block_plan_reference,
-    plan_pairs_reference,
-    segment_plan,
 )
+from onepass.attention.segments import plan_pairs_reference, segment_plan
 from onepass.attention.mask import block_any, dense_mask, pad_kv_end, sdpa_mask, tree_block_mask
 from onepass.tree import build_layout, concat
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import onepass.attention.cpu as cpu
 import onepass.loss
-from onepass.attention.blocks import segment_plan
+from onepass.attention.segments import segment_plan
 from onepass.attention.cpu import (
     CpuAttentionError,
     cpu_attention_mask,

@@ -4,7 +4,7 @@ Why this module exists: dense SDPA with an L x L mask computes every masked
 pair anyway, and FlexAttention has no backward on CPU. In a packed row most
 pairs are masked (documents never see each other; a one-pass tree hides each
 turn's reasoning from later turns). Here the row runs as the tiles of a
-:class:`onepass.attention.blocks.SegmentPlan`, each one call of PyTorch's fused CPU flash
+:class:`onepass.attention.segments.SegmentPlan`, each one call of PyTorch's fused CPU flash
 attention kernel, forward and backward:
 
 - diagonal tiles (a chunk of a chain against itself, causal): the whole
@@ -32,7 +32,7 @@ Worked example (the row of :mod:`onepass.attention.blocks`, chunk 2)::
                                              q [6,8) x k (0 1 4 5)
 
 Sliding windows: the plan is cut for the window
-(:func:`onepass.attention.blocks.segment_plan`): chunks of at most W - 1 queries,
+(:func:`onepass.attention.segments.segment_plan`): chunks of at most W - 1 queries,
 rectangles that start at the window and carry an additive mask where the
 window cuts them; the work stays O(L * (W + chunk)). Attention sinks
 (gpt-oss: one learned logit per head in every softmax) are one more term in
@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from onepass.attention.blocks import SegmentPlan, segment_plan
+from onepass.attention.segments import SegmentPlan, segment_plan
 from onepass.errors import ConfigError
 
 BACKEND = "onepass_cpu"
