@@ -9,16 +9,16 @@
     paper.py      the seed paper's layout and role-id mask, kept as a separate reference
 """
 
-from onepass.attention.backends import (
-    BACKENDS,
-    BackendError,
-    attention_mask_for,
-    check_backend,
-    default_backend,
-    layer_windows,
-    model_backend,
-    supported_backend,
-)
+import importlib
+from typing import Any
 
+# The public names live in backends.py (torch). Loaded on first use, so the numpy-only plans
+# (blocks, segments, window, paper) can be imported without torch.
 __all__ = ["BACKENDS", "BackendError", "attention_mask_for", "check_backend", "default_backend",
-           "layer_windows", "model_backend", "supported_backend"]
+           "model_backend", "supported_backend"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("onepass.attention.backends"), name)
+    raise AttributeError(f"module 'onepass.attention' has no attribute {name!r}")
