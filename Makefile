@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-fast clean
+.PHONY: setup demo test test-fast clean gpu-check
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -25,11 +25,17 @@ setup: $(VENV)/.installed
 demo: setup
 	$(PY) -m onepass.demo --out runs/demo
 
+# One worker per core, whole files per worker (module fixtures are built once).
+PYTEST_PAR ?= -n auto --dist loadfile
+
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_PAR)
 
 test-fast: setup   # everything but the two whole-benchmark runs (marked slow)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(PYTEST_PAR) -m "not slow"
+
+gpu-check: setup   # CUDA only (refuses in one line elsewhere): CUDA tests + GPU bench -> benchmarks/results/gpu-<date>/
+	@$(PY) -m onepass.bench.gpu_check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis

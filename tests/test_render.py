@@ -8,7 +8,15 @@ import pytest
 
 from onepass.conversation import Conversation, Message, ToolCall, parse_record
 from onepass.prepare import PrepareConfig, prepare
-from onepass.render import RenderConfig, RenderError, render_texts, render_views
+from onepass.render import (
+    RenderConfig,
+    RenderError,
+    TemplateRaised,
+    render_conversation,
+    render_texts,
+    render_views,
+)
+from onepass.template_probe import template_fields
 from onepass.tokenizer import builtin_template, load_tokenizer
 
 SHARED_TEMPLATE = Path(__file__).resolve().parents[1] / ".." / "shared" / "fixtures" / "chat_templates" / "qwen3.jinja"
@@ -21,6 +29,11 @@ CHAIN = Conversation(messages=(
     Message(role="assistant", content="391", reasoning="tool says 391"),
     Message(role="user", content="plus 9?"),
     Message(role="assistant", content="400", reasoning="391+9"),
+))
+
+CHAIN_NO_REASONING = Conversation(messages=(
+    Message(role="user", content="17*23?"),
+    Message(role="assistant", content="", tool_calls=(ToolCall(name="calc", arguments={"expr": "17*23"}),)),
 ))
 
 # DeepSeek-R1 style: reasoning is never rendered, the generation prompt opens <think>.
@@ -85,9 +98,8 @@ def test_enable_thinking_false_puts_the_empty_block_in_the_prompt(qwen3_tokenize
     assert prompt.endswith("<think>\n\n</think>\n\n") and completion == "hello<|im_end|>\n"
 
 
-def test_template_that_does_not_start_with_its_generation_prompt_is_an_error(qwen3_tokenizer):
-    tok = load_tokenizer("builtin:qwen3")
-    tok.chat_template = R1_TEMPLATE
+def test_template_that_does_not_start_with_its_generation_prompt_is_an_error(with_template):
+    tok = with_template(R1_TEMPLATE)
     conv = parse_record({"messages": [{"role": "user", "content": "q"},
                                       {"role": "assistant", "content": "a", "reasoning": "r"}]},
                         source="r1.jsonl", index=7)
@@ -99,9 +111,8 @@ def test_template_that_does_not_start_with_its_generation_prompt_is_an_error(qwe
     assert tok.decode(view.tokens[view.num_prompt:]) == f"r\n</think>\n\na{tok.eos_token}"
 
 
-def test_template_that_never_renders_reasoning_is_an_error(qwen3_tokenizer):
-    tok = load_tokenizer("builtin:qwen3")
-    tok.chat_template = NO_REASONING_TEMPLATE
+def test_template_that_never_renders_reasoning_is_an_error(with_template):
+    tok = with_template(NO_REASONING_TEMPLATE)
     conv = parse_record({"messages": [{"role": "user", "content": "q"},
                                       {"role": "assistant", "content": "a", "reasoning": "why"}]})
     with pytest.raises(RenderError, match="does not render this turn's reasoning"):
@@ -110,10 +121,9 @@ def test_template_that_never_renders_reasoning_is_an_error(qwen3_tokenizer):
     assert tok.decode(view.tokens[view.num_prompt:]).startswith("<think>\nwhy\n</think>")
 
 
-def test_bpe_merge_across_the_boundary_is_counted(qwen3_tokenizer):
+def test_bpe_merge_across_the_boundary_is_counted(with_template):
     # R1 prompt ends "<think>\n"; an empty reasoning completion starts "\n</think>": "\n"+"\n" merge
-    tok = load_tokenizer("builtin:qwen3")
-    tok.chat_template = R1_TEMPLATE
+    tok = with_template(R1_TEMPLATE)
     conv = parse_record({"messages": [{"role": "user", "content": "q"},
                                       {"role": "assistant", "content": "a", "reasoning": ""}]})
     cfg = RenderConfig(completion_format="deepseek-r1")
@@ -167,3 +177,113 @@ def test_bundled_sample_views_equal_the_template_rendering(qwen3_tokenizer):
             full = tok.apply_chat_template(conv.template_messages(v.turn + 1), tokenize=False)
             assert v.tokens.tolist() == encode(tok, prompt) + encode(tok, full[len(prompt):])
             assert not v.boundary_merge
+
+
+@pytest.fixture
+def with_template(qwen3_tokenizer):
+    """Set the shared Qwen3 tokenizer's chat template for one test (loading a fresh one takes seconds)."""
+    before = qwen3_tokenizer.chat_template
+
+    def swap(template: str):
+        qwen3_tokenizer.chat_template = template
+        return qwen3_tokenizer
+
+    yield swap
+    qwen3_tokenizer.chat_template = before
+
+
+# Raises for a turn whose content is "boom" (as Cohere2 raises for roles it does not expect).
+RAISING_TEMPLATE = (
+    "{% for m in messages %}{% if m.content == 'boom' %}\n"
+    "{{ raise_exception('no boom here') }}{% endif %}"
+    "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_a_turn_that_cannot_be_split_is_skipped_alone_and_the_other_views_kept(with_template):
+    tok = with_template(NO_REASONING_TEMPLATE)  # renders no reasoning: turn 1 (with reasoning) cannot be kept
+    conv = parse_record({"messages": [{"role": "user", "content": "q"},
+                                      {"role": "assistant", "content": "a", "reasoning": "why"},
+                                      {"role": "user", "content": "q2"},
+                                      {"role": "assistant", "content": "b"}]}, source="x.jsonl", index=3)
+    rendered = render_conversation(conv, tok)
+    assert [v.turn for v in rendered.views] == [3]
+    (error,) = rendered.skipped
+    assert error.reason == "template" and str(error).startswith("x.jsonl record 3, message 1: ")
+    rows, stats = prepare([conv], tok)
+    assert (stats.views, stats.views_trained, stats.views_skipped, stats.conversations_used) == (2, 1, 1, 1)
+    assert stats.skipped_by_reason == {"template": 1} and len(rows) == 1
+    with pytest.raises(RenderError, match="message 1"):
+        prepare([conv], tok, strict=True)
+
+
+def test_a_template_that_raises_is_a_counted_skip_naming_record_turn_line_and_message(with_template):
+    tok = with_template(RAISING_TEMPLATE)
+    conv = parse_record({"messages": [{"role": "user", "content": "q"},
+                                      {"role": "assistant", "content": "a"},
+                                      {"role": "user", "content": "q2"},
+                                      {"role": "assistant", "content": "boom"}]}, source="x.jsonl", index=5)
+    rendered = render_conversation(conv, tok)
+    assert [v.turn for v in rendered.views] == [1]
+    (error,) = rendered.skipped
+    assert isinstance(error, TemplateRaised) and error.reason == "template error"
+    assert str(error) == ("x.jsonl record 5, message 3: the chat template raised at line 2 rendering the "
+                          "conversation: TemplateError: no boom here")
+    _, stats = prepare([conv], tok)
+    assert stats.skipped_by_reason == {"template error": 1} and stats.views_trained == 1
+    with pytest.raises(TemplateRaised):
+        render_views(conv, tok)
+
+
+def test_a_bug_outside_the_template_keeps_its_traceback(with_template, monkeypatch):
+    tok = with_template(NO_REASONING_TEMPLATE)
+    conv = parse_record({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("not the template's")
+
+    monkeypatch.setattr(tok, "apply_chat_template", broken)
+    with pytest.raises(ZeroDivisionError):
+        render_conversation(conv, tok)
+
+
+def test_a_template_that_does_not_compile_is_one_line(tmp_path):
+    from onepass.tokenizer import TokenizerError, check_template
+
+    with pytest.raises(TokenizerError, match=r"^the chat template of bad.jinja does not compile: line 2: "):
+        check_template("ok\n{% if %}\n", "bad.jinja")
+    path = tmp_path / "bad.jinja"
+    path.write_text("{% for m in messages %}\n{{ m.content }\n", encoding="utf-8")
+    with pytest.raises(TokenizerError, match=rf"^the chat template of {path} does not compile: line 2: "):
+        load_tokenizer("builtin:qwen3", chat_template=str(path))
+
+
+def test_tool_call_arguments_go_as_a_json_string_to_a_template_that_concatenates_them(with_template):
+    tok = with_template(  # as DeepSeek-V3: arguments + text, a dict would raise
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.name + ' ' + c.function.arguments }}"
+        "</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    ((_, _, completion),) = render_texts(CHAIN_NO_REASONING, tok)
+    assert completion == '<tool_call>calc {"expr": "17*23"}</tool_call><|im_end|>\n'
+    assert template_fields(tok, {}).arguments == "json"
+    tok.chat_template = builtin_template("qwen3")
+    assert template_fields(tok, {}).arguments == "dict"  # Qwen3: tojson
+
+
+def test_reasoning_goes_under_the_key_the_template_reads(with_template):
+    tok = with_template(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.reasoning %}<think>{{ m.reasoning }}</think>"
+        "{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    conv = parse_record({"messages": [{"role": "user", "content": "q"},
+                                      {"role": "assistant", "content": "a", "reasoning_content": "why"}]})
+    ((_, _, completion),) = render_texts(conv, tok)
+    assert completion == "<think>why</think>a<|im_end|>\n"
+
+
+def test_a_completion_format_without_tool_calls_does_not_drop_a_tool_call_silently(qwen3_tokenizer):
+    rendered = render_conversation(CHAIN, qwen3_tokenizer, RenderConfig(completion_format="deepseek-r1"))
+    (error,) = rendered.skipped
+    assert "message 1: the completion format has no {tool_calls} field" in str(error)
+    assert [v.turn for v in rendered.views] == [3, 5]

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from onepass import export as export_cli
+from onepass import template_report as templates_cli
 from onepass.bench import cli as bench_cli
 from onepass.data import cli as data_cli
 from onepass.evaluate import cli as eval_cli
@@ -41,7 +42,7 @@ from onepass.schedule import WEIGHTINGS, parse_schedule
 from onepass.train import cli as train_cli
 
 DTYPES = ("float64", "float32", "bfloat16")
-SUBCOMMAND_MODULES = (train_cli, data_cli, bench_cli, export_cli, eval_cli)  # subcommands that live beside their code
+SUBCOMMAND_MODULES = (train_cli, data_cli, bench_cli, export_cli, eval_cli, templates_cli)  # subcommands that live beside their code
 
 DESCRIPTION = """\
 Fine-tune reasoning models on multi-turn conversations with one forward pass per
@@ -107,7 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, help="row / tree token budget")
     p.add_argument("--pack", action="store_true", help="pack trees into rows of <= --max-tokens")
     p.add_argument("--weighting", choices=WEIGHTINGS, default="token")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True, help="output directory (new, empty, or an earlier prepare output)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out even when it holds files that are not an earlier onepass output")
     p.add_argument("--num-proc", type=int, default=1,
                    help="render and tokenise on N processes (datasets.map); same rows and stats")
     p.add_argument("--no-progress", action="store_true")
@@ -165,7 +168,15 @@ def _tokenizer(args: argparse.Namespace):
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
+    from onepass.data.parallel import exit_on_sigterm
+
+    with exit_on_sigterm():  # SIGTERM unwinds: temporaries removed, an earlier output kept whole
+        return _prepare(args)
+
+
+def _prepare(args: argparse.Namespace) -> int:
     from onepass.data.load import conversation_source
+    from onepass.files import check_output_dir
     from onepass.prepare import PrepareConfig, PrepareStats, prepare, write_dataset
 
     config = PrepareConfig(schedule=args.schedule, max_tokens=args.max_tokens, pack=args.pack,
@@ -173,14 +184,15 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     if args.num_proc < 1:
         raise UsageError(f"--num-proc must be >= 1, got {args.num_proc}")
     conversation_source(args.data)  # fails in one line before any work: missing, unrecognised, or prepared rows
+    check_output_dir(args.out, overwrite=args.overwrite)  # a file, unrelated files, or not writable: before the work
     if args.num_proc > 1:
         from onepass.data.parallel import prepare_parallel
 
         rows, stats = prepare_parallel(args.data, _tokenizer(args), config, num_proc=args.num_proc,
                                        limit=args.limit, strict=args.strict, progress=not args.no_progress)
     else:
+        tokenizer = _tokenizer(args)  # a template that does not compile: one line before data is read
         report = _read(args)
-        tokenizer = _tokenizer(args)
         stats = PrepareStats()
         for line in report.skipped:
             stats.skip("invalid record", line)

@@ -1,4 +1,4 @@
-"""Conversations: the frozen record every later stage reads, and the readers.
+"""Conversations: the frozen record every later stage reads, parsed and validated from any shape.
 
 Why this module exists: training data arrives in several shapes (OpenAI/TRL
 ``messages``, ShareGPT ``conversations``, the paper's re-upload
@@ -15,21 +15,31 @@ Worked example::
     >>> c.messages[1].reasoning, c.messages[1].content
     ('2+2=4', '4')
 
+Text that no tokenizer can take is refused here, where file and message are
+known: a lone surrogate (``"\\ud800"`` in JSON), a NUL character, or a
+.jsonl line that is not UTF-8. A lenient reader counts each as a skip naming
+the line; ``--strict`` stops at it. Two reasoning fields that disagree
+(``reasoning_content`` and ``thinking`` both set, different) are an error
+naming the record: keeping one and dropping the other would be a silent loss.
+
 No torch here: this is pure data.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onepass.errors import DataError, DataNotFound
+from onepass.errors import ConversationError
+from onepass.records import iter_records
 
 ROLES = ("system", "user", "assistant", "tool")
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+_BAD_TEXT = re.compile("[\x00\ud800-\udfff]")  # NUL or a lone surrogate (a pair is one code point in str)
 SHAREGPT_ROLES = {
     "human": "user",
     "user": "user",
@@ -43,10 +53,6 @@ SHAREGPT_ROLES = {
 }
 
 
-class ConversationError(DataError):
-    """A record that cannot be used; the message names file, record and message."""
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ToolCall:
     """One function call made by the assistant. ``arguments`` is always a dict."""
@@ -55,10 +61,13 @@ class ToolCall:
     arguments: dict[str, Any]
     id: str | None = None
 
-    def to_template(self) -> dict[str, Any]:
+    def to_template(self, *, arguments_json: bool = False) -> dict[str, Any]:
+        """The HF tool-call dict; ``arguments_json`` gives ``arguments`` as a JSON string, as the
+        DeepSeek-V3 and Kimi-K2 templates expect (:mod:`onepass.template_probe` finds out which)."""
+        args: Any = json.dumps(self.arguments, ensure_ascii=False) if arguments_json else self.arguments
         call: dict[str, Any] = {
             "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
+            "function": {"name": self.name, "arguments": args},
         }
         if self.id is not None:
             call["id"] = self.id
@@ -76,14 +85,16 @@ class Message:
     name: str | None = None
     tool_call_id: str | None = None
 
-    def to_template(self) -> dict[str, Any]:
-        """The dict a HF chat template expects (``reasoning_content`` as Qwen3/DeepSeek name it)."""
+    def to_template(self, *, arguments_json: bool = False,
+                    reasoning_key: str = "reasoning_content") -> dict[str, Any]:
+        """The dict a HF chat template expects (reasoning under ``reasoning_key``: ``reasoning_content``
+        as Qwen3/DeepSeek name it, ``thinking`` for gpt-oss)."""
         out: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.role == "assistant":
             if self.reasoning is not None:
-                out["reasoning_content"] = self.reasoning
+                out[reasoning_key] = self.reasoning
             if self.tool_calls:
-                out["tool_calls"] = [t.to_template() for t in self.tool_calls]
+                out["tool_calls"] = [t.to_template(arguments_json=arguments_json) for t in self.tool_calls]
         if self.name is not None:
             out["name"] = self.name
         if self.tool_call_id is not None:
@@ -109,10 +120,13 @@ class Conversation:
     def num_assistant_turns(self) -> int:
         return sum(m.role == "assistant" for m in self.messages)
 
-    def template_messages(self, upto: int | None = None) -> list[dict[str, Any]]:
-        """Messages as template dicts, system first, ``messages[:upto]``."""
+    def template_messages(self, upto: int | None = None, *, arguments_json: bool = False,
+                          reasoning_key: str = "reasoning_content") -> list[dict[str, Any]]:
+        """Messages as template dicts, system first, ``messages[:upto]`` (fields as in
+        :meth:`Message.to_template`)."""
         head = [{"role": "system", "content": self.system}] if self.system is not None else []
-        return head + [m.to_template() for m in self.messages[:upto]]
+        return head + [m.to_template(arguments_json=arguments_json, reasoning_key=reasoning_key)
+                       for m in self.messages[:upto]]
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         return list(self.tools) if self.tools else None
@@ -152,6 +166,56 @@ def _text(value: Any, what: str, where: _Where, i: int, *, allow_none: bool = Fa
     return value
 
 
+def bad_text(value: Any, path: str = "") -> str | None:
+    """Where in ``value`` (nested dicts/lists) a string holds a NUL or a lone surrogate, or None.
+
+    >>> print(bad_text({"messages": [{"content": "ok"}, {"content": "a\\ud800b"}]}))
+    messages[1].content: a lone surrogate U+D800 at character 1 (not encodable as UTF-8)
+    >>> bad_text({"content": "fine"}) is None
+    True
+    """
+    if isinstance(value, str):
+        found = _BAD_TEXT.search(value)
+        if found is None:
+            return None
+        ch = found.group()
+        what = "a NUL character" if ch == "\x00" else f"a lone surrogate U+{ord(ch):04X}"
+        return (f"{path or 'text'}: {what} at character {found.start()}"
+                + ("" if ch == "\x00" else " (not encodable as UTF-8)"))
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            key = str(k)
+            if _BAD_TEXT.search(key):
+                return f"{path or 'record'}: a key holds a NUL or a lone surrogate"
+            found = bad_text(v, f"{path}.{key}" if path else key)
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for j, v in enumerate(value):
+            found = bad_text(v, f"{path}[{j}]")
+            if found:
+                return found
+    return None
+
+
+def _check_text(record: Mapping[str, Any], where: _Where) -> None:
+    """Refuse a record with a string no tokenizer can encode, naming the message it is in."""
+    found = bad_text(record)
+    if found is None:
+        return
+    m = re.match(r"(messages|conversations|interactions)\[(\d+)\]", found)
+    raise where(f"{found}", int(m.group(2)) if m else None)
+
+
+def _reasoning_field(raw: Mapping[str, Any], where: _Where, i: int) -> str | None:
+    """The reasoning of an assistant message; several fields must agree (none is dropped silently)."""
+    given = {key: _text(raw[key], key, where, i) for key in REASONING_KEYS if raw.get(key) is not None}
+    if len(set(given.values())) > 1:
+        raise where("conflicting reasoning fields " + ", ".join(given)
+                    + " hold different text: keep one (onepass will not guess which)", i)
+    return next(iter(given.values()), None)
+
+
 def _tool_calls(raw: Any, where: _Where, i: int) -> tuple[ToolCall, ...]:
     if raw in (None, []):
         return ()
@@ -188,10 +252,7 @@ def _message(raw: Any, where: _Where, i: int) -> Message:
     content = _text(raw.get("content"), "content", where, i, allow_none=role == "assistant" and bool(calls))
     reasoning = None
     if role == "assistant":
-        for key in REASONING_KEYS:
-            if raw.get(key) is not None:
-                reasoning = _text(raw[key], key, where, i)
-                break
+        reasoning = _reasoning_field(raw, where, i)
         if "<think>" in content and "</think>" not in content:
             raise where("unclosed <think> in the content (a cut-off generation?)", i)
         inline, rest = split_inline_reasoning(content)
@@ -273,6 +334,7 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
     where = _Where(source=source, index=index, unit=unit)
     if not isinstance(record, Mapping):
         raise where(f"a record must be a JSON object, got {type(record).__name__}")
+    _check_text(record, where)
     system = record.get("system") if isinstance(record.get("system"), str) else None
     if "messages" in record:
         raw = record["messages"]
@@ -310,48 +372,6 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
         system = None  # an empty system field (common in parquet columns) means none
     return Conversation(messages=messages, system=system, tools=tuple(dict(t) for t in tools),
                         source=f"{source} {unit} {index}", id=str(rid) if rid is not None else None)
-
-
-def iter_records(path: str | Path) -> Iterator[tuple[int, Any]]:
-    """Yield ``(record_index, raw_record)`` from .jsonl, .json or .parquet, streaming where possible.
-
-    A .jsonl line that is not valid JSON is yielded as a :class:`ConversationError`
-    value (not raised), so a lenient reader can count it and go on.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise DataNotFound(f"data file not found: {path}")
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson"):
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    record = ConversationError(f"{path} line {lineno}: not valid JSON ({e.msg})")
-                yield lineno, record
-    elif suffix == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ConversationError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-        if isinstance(data, Mapping):
-            data = [data]
-        if not isinstance(data, list):
-            raise ConversationError(f"{path}: expected a list of records or one record")
-        yield from enumerate(data)
-    elif suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        index = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-            for row in batch.to_pylist():
-                yield index, row
-                index += 1
-    else:
-        raise ConversationError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .json or .parquet")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -94,8 +94,8 @@ def train_side_by_side(out: Path, steps: int) -> int:
 
     config = out / "train-demo.yaml"
     config.write_text(yaml.safe_dump({
-        "tiny": "qwen3", "tiny_config": DEMO_MODEL, "data": "builtin:mathchat", "batch_size": 8,
-        "pack": True, "max_tokens": 4096, "max_steps": steps, "lr": 3.0e-3, "lr_scheduler": "linear",
+        "tiny": "qwen3", "tiny_config": DEMO_MODEL, "data": "builtin:mathchat", "per_device_train_batch_size": 8,
+        "pack": True, "max_tokens": 4096, "max_steps": steps, "learning_rate": 3.0e-3, "lr_scheduler_type": "linear",
         "warmup_steps": 5, "seed": 0, "device": "cpu", "logging_steps": 10, "progress": False}, sort_keys=False))
     runs: dict[str, dict] = {}
     for schedule in ("one-pass", "n-pass"):

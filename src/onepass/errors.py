@@ -69,6 +69,10 @@ def debug() -> bool:
     return os.environ.get("ONEPASS_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
+class ConversationError(DataError):
+    """A record that cannot be used; the message names file, record and message."""
+
+
 def run_main(handler: Callable[[A], int], args: A) -> int:
     """``handler(args)``'s exit status; a :class:`OnePassError` is one line on stderr and exit 2.
 

@@ -8,6 +8,20 @@ so on the same filesystem) and renamed into place when complete. A rename
 within one filesystem is atomic: a reader sees the old version or the new
 one, never half of one. A write that fails removes its temporary.
 
+Replacing a directory takes two renames, and a crash (``kill -9``) can fall
+between them. The states, and what the next write of the same name does:
+
+    1. NAME (old)           .NAME.tmp-PID (new, being written)   -> the temporary of a dead PID is removed
+    2. .NAME.old-PID (old)  .NAME.tmp-PID (new, complete)        -> old renamed back to NAME, temporary removed
+    3. NAME (new)           .NAME.old-PID (old)                  -> the old copy is removed
+
+So the old directory stays complete until the new one is in place, and
+:func:`recover_dir` (run by :func:`atomic_dir` before it writes) puts things
+back in order. Only leftovers of processes that are no longer running are
+touched. A folder that an output will replace must be a previous output
+(:func:`check_output_dir`: it holds ``.onepass-output``) or be replaced on
+purpose (``--overwrite``): unrelated files are never deleted by default.
+
     >>> import tempfile
     >>> out = Path(tempfile.mkdtemp()) / "metrics.json"
     >>> atomic_write_text(out, "{}") == out, out.read_text()
@@ -22,12 +36,18 @@ one, never half of one. A write that fails removes its temporary.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+
+from onepass.errors import UsageError
+
+MARKER = ".onepass-output"  # in every directory onepass writes as a whole (prepared rows): safe to replace
 
 
 def temp_sibling(path: str | Path, *, per_process: bool = True) -> Path:
@@ -58,26 +78,120 @@ def atomic_write_text(path: str | Path, text: str, *, encoding: str = "utf-8") -
     return Path(path)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _leftovers(target: Path, kind: str) -> list[tuple[Path, int]]:
+    """``.NAME.{kind}-PID`` siblings of ``target`` whose process is not running, with the PID."""
+    prefix = f".{target.name}.{kind}-"
+    if not target.parent.is_dir():
+        return []
+    found = []
+    for p in target.parent.iterdir():
+        pid = p.name[len(prefix):]
+        if p.name.startswith(prefix) and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            found.append((p, int(pid)))
+    return found
+
+
+def recover_dir(target: str | Path) -> list[str]:
+    """Undo an interrupted :func:`publish_dir` of ``target`` (see the states above); what was done.
+
+    A missing ``target`` with an old copy beside it gets the old copy back; then the temporaries and
+    old copies of dead processes are removed.
+    """
+    target = Path(target)
+    done = []
+    olds = sorted(_leftovers(target, "old"), key=lambda x: x[0].stat().st_mtime)
+    if olds and not os.path.lexists(target):
+        path, _ = olds.pop()
+        os.replace(path, target)
+        done.append(f"restored {target} from {path.name} (an earlier replace was interrupted)")
+    for path, _ in olds + _leftovers(target, "tmp"):
+        _remove(path)
+        done.append(f"removed {path.name} (left by a process that is no longer running)")
+    return done
+
+
 def publish_dir(tmp: str | Path, target: str | Path, *, replace: bool = True) -> bool:
     """Rename the complete directory ``tmp`` to ``target``; returns whether it was published.
 
-    An existing ``target`` is removed first (``replace``), or kept and ``tmp`` dropped
-    (another process published the same content first: a cache).
+    An existing ``target`` is renamed aside to ``.NAME.old-PID``, ``tmp`` renamed into
+    place, then the old one removed (``replace``; a crash in between is undone by
+    :func:`recover_dir`); or it is kept and ``tmp`` dropped (another process published
+    the same content first: a cache).
     """
     tmp, target = Path(tmp), Path(target)
-    if target.exists():
+    old = None
+    if os.path.lexists(target):
         if not replace:
             shutil.rmtree(tmp, ignore_errors=True)
             return False
-        shutil.rmtree(target)
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        _remove(old)
+        os.replace(target, old)
     try:
         os.replace(tmp, target)
     except OSError:
+        if old is not None:
+            os.replace(old, target)  # put the old one back
         if replace or not target.exists():
             raise
         shutil.rmtree(tmp, ignore_errors=True)  # another process published between the check and here
         return False
+    if old is not None:
+        _remove(old)
     return True
+
+
+def is_output_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a directory onepass wrote (its marker, or a prepared dataset from before markers)."""
+    path = Path(path)
+    return (path / MARKER).is_file() or ((path / "stats.json").is_file() and (path / "dataset_info.json").is_file())
+
+
+def write_marker(folder: str | Path, kind: str) -> None:
+    """Mark ``folder`` (being written) as a onepass output that a later run may replace."""
+    (Path(folder) / MARKER).write_text(json.dumps({"kind": kind}) + "\n", encoding="utf-8")
+
+
+def check_output_dir(path: str | Path, *, overwrite: bool = False, flag: str = "--out") -> Path:
+    """Before any work: ``path`` can be written, and replacing it loses nothing the user wanted.
+
+    Refused: a file; a non-empty folder that is not a previous output (unless ``overwrite``);
+    a parent folder that cannot be created or written. Leftovers of an interrupted earlier
+    replace are recovered first (:func:`recover_dir`).
+    """
+    path = Path(path)
+    for line in recover_dir(path):
+        print(f"note: {line}")
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path} is a file, not a folder: choose another {flag}")
+    if path.is_dir() and any(path.iterdir()) and not is_output_dir(path) and not overwrite:
+        raise UsageError(f"{flag} {path} is a folder with other files in it (not an earlier onepass output); "
+                         f"it would be replaced: choose an empty or new folder, or pass --overwrite")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write in {path.parent} ({e.strerror or e})") from None
+    return path
 
 
 @contextmanager
@@ -85,6 +199,7 @@ def atomic_dir(path: str | Path, *, replace: bool = True) -> Iterator[Path]:
     """An empty temporary directory beside ``path`` to write into, published as ``path``
     (:func:`publish_dir`) when the block ends without error and removed otherwise."""
     path = Path(path)
+    recover_dir(path)
     tmp = temp_sibling(path)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -73,6 +73,7 @@ class ModelShape:
     head_dim: int
     ffn: int
     vocab: int
+    tied: bool = False  # LM head shares the input embedding (Qwen3 0.6B-4B): memory, not FLOPs
 
     @classmethod
     def from_config(cls, path: str | Path) -> ModelShape:
@@ -84,7 +85,8 @@ class ModelShape:
             return cls(name=str(path), num_layers=c["num_hidden_layers"], hidden=c["hidden_size"],
                        num_heads=heads, num_kv_heads=c.get("num_key_value_heads", heads),
                        head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-                       ffn=c["intermediate_size"], vocab=c["vocab_size"])
+                       ffn=c["intermediate_size"], vocab=c["vocab_size"],
+                       tied=bool(c.get("tie_word_embeddings", False)))
         except (OSError, json.JSONDecodeError, KeyError) as e:
             raise ValueError(f"{file}: not a usable HF model config ({e!r})") from None
 
@@ -108,11 +110,11 @@ TINY = ModelShape(name="tiny", num_layers=4, hidden=256, num_heads=4, num_kv_hea
 MODEL_SHAPES: dict[str, ModelShape] = {s.name: s for s in (
     TINY,
     ModelShape(name="qwen3-0.6b", num_layers=28, hidden=1024, num_heads=16, num_kv_heads=8, head_dim=128,
-               ffn=3072, vocab=151936),
+               ffn=3072, vocab=151936, tied=True),
     ModelShape(name="qwen3-1.7b", num_layers=28, hidden=2048, num_heads=16, num_kv_heads=8, head_dim=128,
-               ffn=6144, vocab=151936),
+               ffn=6144, vocab=151936, tied=True),
     ModelShape(name="qwen3-4b", num_layers=36, hidden=2560, num_heads=32, num_kv_heads=8, head_dim=128,
-               ffn=9728, vocab=151936),
+               ffn=9728, vocab=151936, tied=True),
     ModelShape(name="qwen3-8b", num_layers=36, hidden=4096, num_heads=32, num_kv_heads=8, head_dim=128,
                ffn=12288, vocab=151936),
 )}
@@ -132,7 +134,7 @@ def model_kwargs(shape: ModelShape) -> dict[str, int]:
     """HF config sizes of a Qwen3-style model of ``shape`` (the vocabulary is set separately)."""
     return dict(hidden_size=shape.hidden, intermediate_size=shape.ffn, num_hidden_layers=shape.num_layers,
                 num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads,
-                head_dim=shape.head_dim)
+                head_dim=shape.head_dim, tie_word_embeddings=shape.tied)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,6 +204,27 @@ def flops(counts: TokenCounts, shape: ModelShape) -> tuple[int, int]:
     return (forward_flops(shape, tokens=counts.n_pass_tokens, pairs=counts.n_pass_pairs, targets=counts.targets),
             forward_flops(shape, tokens=counts.one_pass_tokens, pairs=counts.one_pass_pairs,
                           targets=counts.targets))
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU tiles: what a block-sparse kernel actually computes
+
+TILE = 128  # FlexAttention's default block, and FA2's query block
+
+
+def causal_tiles(length: int, block: int = TILE) -> int:
+    """``block x block`` tiles a causal kernel (FA2 varlen, one sequence) computes: the lower triangle.
+
+    >>> causal_tiles(128), causal_tiles(129), causal_tiles(300)
+    (1, 3, 6)
+    """
+    m = -(-length // block)
+    return m * (m + 1) // 2
+
+
+def tile_step_flops(shape: ModelShape, *, tokens: int, tiles: int, targets: int, block: int = TILE) -> float:
+    """Training FLOPs (3x forward) when attention costs whole tiles, not visible pairs."""
+    return 3.0 * forward_flops(shape, tokens=tokens, pairs=tiles * block * block, targets=targets)
 
 
 def train_flops(rows: Sequence[Layout], shape: ModelShape, *, dense: bool = False) -> float:

@@ -4,7 +4,8 @@ Why this module exists: a row already holds shifted ``targets`` and their
 ``weights``, so the loss is one gather: run the model with the row's
 ``position_ids`` and tree mask, ask for logits only where there is a target
 (``logits_to_keep``; the vocabulary projection is the largest matmul), and
-sum ``cross_entropy * weight``. The reference runs each view alone, exactly as
+sum ``cross_entropy * weight``; the head and its CE run in chunks of targets
+(:mod:`onepass.head`), so [T, V] logits never exist. The reference runs each view alone, exactly as
 a user would without onepass: a plain forward with no position ids and no
 mask, full logits, the usual shift.
 
@@ -13,6 +14,7 @@ Legend: B batch, L row length, T targets in the batch, V vocabulary.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,6 +23,14 @@ import torch
 import torch.nn.functional as F
 
 from onepass.attention.backends import attention_mask_for
+from onepass.head import (
+    chunked_lm_head_loss,
+    head_as_identity,
+    head_mode,
+    head_of,
+    weighted_ce,
+)
+from onepass.mixers.tree import tree_kwargs
 from onepass.render import View
 from onepass.tree import IGNORE, ROW_SCHEMA, Layout
 
@@ -41,14 +51,6 @@ def layouts_to_batch(layouts: Sequence[Layout], *, device: torch.device | str = 
             for k, v in batch.items()}
 
 
-def weighted_ce(logits_TV: torch.Tensor, targets_T: torch.Tensor, weights_T: torch.Tensor) -> torch.Tensor:
-    """Sum of ``cross_entropy * weight`` (half-precision logits are upcast to float32)."""
-    if logits_TV.dtype in (torch.float16, torch.bfloat16):
-        logits_TV = logits_TV.float()
-    ce_T = F.cross_entropy(logits_TV, targets_T, reduction="none")
-    return (ce_T * weights_T.to(ce_T.dtype)).sum()
-
-
 class ForwardView:
     """What :func:`batch_loss` needs of a model: the wrapped forward (DDP, DeepSpeed, autocast)
     with the unwrapped model's ``config`` and ``dtype`` (the mask depends on them)."""
@@ -58,12 +60,64 @@ class ForwardView:
         self.config = unwrapped.config
         self.dtype = unwrapped.dtype
 
+        self.get_output_embeddings = unwrapped.get_output_embeddings  # the LM head (onepass.head)
+
     def __call__(self, **kwargs: Any) -> Any:
         return self._wrapped(**kwargs)
 
 
-def batch_loss(model: Any, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Weighted-sum loss of a batch of rows (no normalisation: the caller divides)."""
+def batch_loss(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | None = None) -> torch.Tensor:
+    """Weighted-sum loss of a batch of rows (no normalisation: the caller divides).
+
+    ``lm_head``: ``chunked`` (the default: :mod:`onepass.head`, never [T, V] logits),
+    ``plain`` (the model's own head on the kept positions, then :func:`weighted_ce`)
+    or ``cce``; unset, ``$ONEPASS_LM_HEAD`` decides. The chunked head runs after
+    the model's forward with the head made an identity, so the forward still goes
+    through every wrapper (DDP, autocast, peft); a model that changes what its head
+    returns (softcapping, scaling) is detected and takes the plain path.
+    """
+    mode = head_mode(lm_head)
+    head = None if mode == "plain" else head_of(model)
+    if head is not None and not getattr(head, _PLAIN_MARK, False):
+        with head_as_identity(head) as seen:
+            out_TD, targets_T, weights_T = _forward_kept(model, batch)
+        if getattr(head, _CHECKED_MARK, False) and len(seen) == 1:  # checked once per model: no sync per step
+            hidden_TD = out_TD if out_TD.dtype == seen[0].dtype else seen[0].reshape(out_TD.shape)
+        else:
+            hidden_TD = _returned_unchanged(out_TD, seen)
+        if hidden_TD is not None:
+            setattr(head, _CHECKED_MARK, True)
+            return chunked_lm_head_loss(hidden_TD, head, targets_T, weights_T, mode=mode)
+        setattr(head, _PLAIN_MARK, True)
+        warnings.warn(f"onepass: {type(model).__name__} changes what its LM head returns; "
+                      "using the plain LM head (full logits at the targets)", stacklevel=2)
+    logits_TV, targets_T, weights_T = _forward_kept(model, batch)
+    return weighted_ce(logits_TV, targets_T, weights_T)
+
+
+_PLAIN_MARK, _CHECKED_MARK = "_onepass_head_plain", "_onepass_head_checked"
+
+
+def _returned_unchanged(out_TD: torch.Tensor, seen: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The hidden states to project if the model returned what its (identity) head was given, else None.
+
+    Unchanged up to a copy (DDP): the returned tensor. Up to a half -> float32 upcast
+    (NemotronH's ``lm_head(h).float()``): the given one, since projecting it and
+    upcasting the logits is what the model's own path does.
+    """
+    if len(seen) != 1 or seen[0].numel() != out_TD.numel():
+        return None
+    given = seen[0].reshape(out_TD.shape)
+    if given.dtype == out_TD.dtype:
+        return out_TD if torch.equal(given, out_TD) else None
+    upcast = given.dtype in (torch.float16, torch.bfloat16) and out_TD.dtype == torch.float32
+    return given if upcast and torch.equal(given.float(), out_TD) else None
+
+
+def _forward_kept(model: Any, batch: Mapping[str, torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The model's output at the target positions ([T, V] logits, or [T, D] with an identity head),
+    the targets and their weights."""
     targets_BL = batch["targets"]
     keep_BL = targets_BL != IGNORE
     mask = attention_mask_for(model, batch["kv_end"], position_ids_BL=batch["position_ids"])
@@ -72,9 +126,9 @@ def batch_loss(model: Any, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     else:
         keep = keep_BL  # 2-D bool: logits come back flattened to [T, V]
     out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
-                attention_mask=mask, logits_to_keep=keep, use_cache=False)
-    logits_TV = out.logits.reshape(-1, out.logits.shape[-1])
-    return weighted_ce(logits_TV, targets_BL[keep_BL], batch["weights"][keep_BL])
+                attention_mask=mask, logits_to_keep=keep, use_cache=False,
+                **tree_kwargs(model, batch["kv_end"]))  # recurrent layers scan the tree chain by chain
+    return out.logits.reshape(-1, out.logits.shape[-1]), targets_BL[keep_BL], batch["weights"][keep_BL]
 
 
 def layout_loss(model: Any, layout: Layout) -> torch.Tensor:

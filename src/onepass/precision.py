@@ -89,4 +89,7 @@ def float64_norms(model: Any) -> tuple[int, list[str]]:
             patched += 1
         elif type(mod).__name__.endswith("RMSNorm"):
             skipped.append(name)
+    from onepass.mixers.float64 import float64_mixers  # the recurrent kernels' float32 casts
+
+    float64_mixers(model)
     return patched, skipped

@@ -12,7 +12,8 @@ packed row, or per tree when not packing; names and dtypes from
 :data:`onepass.tree.ROW_SCHEMA`, stored as ``ROW_DISK_DTYPES``) and
 ``stats.json``. The directory is written under a temporary name and renamed
 when complete (:func:`onepass.files.atomic_dir`), so a crash never leaves a
-half-written dataset behind.
+half-written dataset behind; a marker file (``.onepass-output``) says a later
+run may replace it (``onepass.files.check_output_dir``).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from typing import Any
 
 from onepass.conversation import Conversation
 from onepass.errors import DataNotFound, UsageError
-from onepass.files import atomic_dir
+from onepass.files import atomic_dir, write_marker
 from onepass.flops import token_ratio
 from onepass.pack import pack_layouts
-from onepass.render import RenderConfig, RenderError, render_views
+from onepass.render import RenderConfig, render_conversation
 from onepass.schedule import Schedule, parse_schedule, schedule_views
 from onepass.tree import COLUMNS, ROW_DISK_DTYPES, Layout, build_layout, row_from_columns, rows_to_columns
 
@@ -92,6 +93,10 @@ class PrepareStats:
             f"rows {self.rows}, row tokens {self.row_tokens:,}, padding {self.padding_tokens:,} "
             f"({self.padding_fraction:.1%}), targets {self.target_tokens:,}",
         ]
+        by_template = sum(self.skipped_by_reason.get(r, 0) for r in ("template", "template error"))
+        if by_template:
+            lines.append(f"template: {self.views - by_template} of {self.views} views split cleanly, "
+                         f"{by_template} skipped by the template (onepass templates check: why)")
         if self.boundary_merge_views:
             lines.append(f"{self.boundary_merge_views} views tokenize differently when prompt and "
                          "completion are joined (a BPE merge across the boundary); trained as at inference")
@@ -112,8 +117,8 @@ def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: Prepa
             total: int | None = None, strict: bool = False) -> tuple[list[Layout], PrepareStats]:
     """Rows (packed or one per tree) for ``conversations`` and their statistics.
 
-    A conversation the template cannot split is counted and skipped, or with
-    ``strict`` raises :class:`~onepass.render.RenderError`.
+    A turn the template cannot split (or raises for) is counted and skipped on its own, the
+    conversation's other views kept; with ``strict`` its :class:`~onepass.render.RenderError` is raised.
     """
     schedule: Schedule = parse_schedule(config.schedule)
     stats = stats or PrepareStats()
@@ -127,16 +132,16 @@ def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: Prepa
         items = tqdm(conversations, total=total, desc="prepare", unit="conv")
     for conv in items:
         stats.conversations += 1
-        try:
-            views = render_views(conv, tokenizer, config.render)
-        except RenderError as e:
-            if strict:
-                raise
-            stats.skip("template", str(e))
-            stats.views += conv.num_assistant_turns
-            stats.views_skipped += conv.num_assistant_turns
+        rendered = render_conversation(conv, tokenizer, config.render)
+        if strict and rendered.skipped:
+            raise rendered.skipped[0]
+        for error in rendered.skipped:
+            stats.skip(error.reason, str(error))
+        stats.views += len(rendered.views) + len(rendered.skipped)
+        stats.views_skipped += len(rendered.skipped)
+        views = list(rendered.views)
+        if not views:
             continue
-        stats.views += len(views)
         scheduled = schedule_views(views, schedule, weighting=config.weighting, max_tokens=config.max_tokens)
         for message in scheduled.skipped:
             stats.skip("over max_tokens", message)
@@ -148,7 +153,10 @@ def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: Prepa
         stats.views_trained += len(trained)
         stats.boundary_merge_views += sum(views[i].boundary_merge for i in trained)
         stats.n_pass_tokens += sum(len(views[i]) for i in trained)
-        stats.one_pass_tokens += len(build_layout([views[i] for i in trained]))
+        if len(scheduled.layouts) == 1:  # its one tree holds every trained view: the one-pass tree
+            stats.one_pass_tokens += len(scheduled.layouts[0])
+        else:
+            stats.one_pass_tokens += len(build_layout([views[i] for i in trained]))
         for layout in scheduled.layouts:
             stats.scheduled_tokens += len(layout)
             stats.target_tokens += layout.num_targets
@@ -186,6 +194,7 @@ def write_dataset(rows: list[Layout], stats: PrepareStats, out_dir: str | Path) 
             if bars_were_on:
                 datasets.enable_progress_bars()
         (tmp / "stats.json").write_text(json.dumps(stats.to_dict(), indent=2) + "\n", encoding="utf-8")
+        write_marker(tmp, "prepared")
     return out
 
 

@@ -56,6 +56,20 @@ def read_template(spec: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
+def check_template(template: str, name: str) -> None:
+    """Compile ``template`` as transformers does; a syntax error is one line naming ``name`` and the
+    template's line, raised before any data is read (a template that raises for one conversation
+    is a counted skip instead: :mod:`onepass.render`)."""
+    from jinja2.exceptions import TemplateSyntaxError
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    try:
+        _compile_jinja_template(template)
+    except TemplateSyntaxError as e:
+        raise TokenizerError(f"the chat template of {name} does not compile: line {e.lineno}: {e.message}"
+                             ) from None
+
+
 def cache_dir() -> Path:
     root = os.environ.get("ONEPASS_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "onepass")
@@ -115,4 +129,6 @@ def load_tokenizer(spec: str, *, chat_template: str | None = None) -> Any:
         tok.chat_template = read_template(chat_template)
     elif not getattr(tok, "chat_template", None):
         tok.chat_template = builtin_template("chatml_reasoning")
+    if isinstance(tok.chat_template, str):
+        check_template(tok.chat_template, chat_template or spec)
     return tok

@@ -89,3 +89,34 @@ def test_workload_names_are_data_specs_with_the_same_conversations(capsys):
     with pytest.raises(SystemExit) as e:
         main(["bench", "--out", "o", "--data", "builtin:mathchat", "--workload", "synthetic"])
     assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_shape_and_layers_run_the_cut_model_and_report_the_full_depth(tmp_path, monkeypatch, capsys):
+    """``--shape qwen3-0.6b --layers 2``: real widths and vocabulary, 2 of 28 layers; FLOPs of both, labelled.
+
+    The timer is replaced (a real-vocabulary step is minutes of CPU): this checks what is run and reported.
+    """
+    from onepass.flops import MODEL_SHAPES
+
+    jobs = []
+
+    def fake_timer(job, timer=None):
+        jobs.append(job)
+        return bench.Timing(epoch_seconds=[1.0], peak_memory_bytes=1)
+
+    monkeypatch.setattr(bench, "time_in_subprocess", fake_timer)
+    monkeypatch.setattr(bench, "matmul_peak_flops", lambda device, dtype: 1e9)
+    out = tmp_path / "b"
+    assert main(["bench", "--out", str(out), "--shape", "qwen3-0.6b", "--layers", "2", "--conversations", "2",
+                 "--repeats", "1", "--settings", "n-pass-packed,one-pass-packed", "--backends", "sdpa",
+                 "--device", "cpu"]) == 0
+    assert "layers: 2 run of 28" in capsys.readouterr().out
+    full = MODEL_SHAPES["qwen3-0.6b"]
+    assert {j.vocab for j in jobs} == {full.vocab}  # the real vocabulary, not compacted
+    assert all(j.shape_kwargs["num_hidden_layers"] == 2 and j.shape_kwargs["hidden_size"] == full.hidden
+               and j.shape_kwargs["tie_word_embeddings"] for j in jobs)
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["workload"]["layers"], summary["workload"]["full_layers"]) == (2, 28)
+    for s in summary["settings"]:
+        assert s["useful_flops"] < s["useful_flops_full_depth"] < 14 * s["useful_flops"]  # head + embed not scaled
+    assert main(["bench", "--out", str(out), "--model-shape", "qwen3-0.6b", "--layers", "0"]) == 2  # old name kept

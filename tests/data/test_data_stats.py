@@ -79,3 +79,37 @@ def test_depths_only_without_a_tokenizer():
 def test_plot_depths_writes_a_png(tmp_path):
     out = plot_depths({1: 10, 2: 5}, tmp_path / "f" / "depths.png", before={1: 100, 2: 50, 3: 1})
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gpu_tiles_by_hand():
+    """View A = 200 tokens, view B = A's first 150 + 150 more. FA2 varlen: 2 + 1 and 3 + 2 + 1 causal tiles = 9.
+    One-pass row of 350 nodes in 3 blocks: all 6 lower tiles are non-empty (B's suffix, block 2, sees the
+    shared prefix in blocks 0 and 1). Attention ratio 9 / 6."""
+    from onepass.attention.blocks import block_plan
+    from onepass.data.stats import gpu_cost
+    from onepass.flops import causal_tiles, tile_step_flops
+
+    a = view(np.arange(200) + 10, 10)
+    b = view(np.concatenate([np.arange(150) + 10, np.arange(150) + 500]), 160)
+    layout = build_layout([a, b])
+    plan = block_plan(layout.kv_end, 128)
+    assert len(layout) == 350 and plan.num_partial + plan.num_full == 6
+    assert causal_tiles(200) + causal_tiles(300) == 9
+    shape = MODEL_SHAPES["qwen3-8b"]
+    counts = conversation_counts([a, b], layout)
+    cost = gpu_cost(counts, 9, 6, shape)
+    assert cost["attention_ratio"] == 1.5
+    assert cost["step_ratio"] == (tile_step_flops(shape, tokens=500, tiles=9, targets=counts.targets)
+                                  / tile_step_flops(shape, tokens=350, tiles=6, targets=counts.targets))
+
+
+def test_stats_report_the_gpu_cost_model(qwen3_tokenizer, capsys):
+    from onepass.cli import main
+
+    assert main(["data", "stats", "--data", "builtin:mathchat", "--limit", "5", "--model", "qwen3-8b",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU cost (128x128 tiles): FlexAttention one-pass" in out and "predicted attention" in out
+    stats = compute_stats(load_conversations("builtin:mathchat", limit=5).conversations, qwen3_tokenizer)
+    g = stats.gpu_cost
+    assert g["n_pass_tiles"] > g["one_pass_tiles"] > 0 and g["step_ratio"] > 1.0

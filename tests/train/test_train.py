@@ -63,7 +63,7 @@ def exact_norms(monkeypatch):
 
 
 def run(tmp_path, name, **overrides):
-    values = dict(tiny="qwen3", batch_size=2, lr=3e-3, progress=False, save_model=False,
+    values = dict(tiny="qwen3", per_device_train_batch_size=2, learning_rate=3e-3, progress=False, save_model=False,
                   output_dir=str(tmp_path / name), seed=0)
     values.update(overrides)
     return train(load_config(None, values), log=lambda _m: None)
@@ -108,14 +108,14 @@ def test_float32_curves_agree_closely(tmp_path, chats):
 
 
 @pytest.mark.parametrize("layout", [
-    dict(batch_size=1, grad_accum=2),  # accumulation: same conversations per step
-    dict(batch_size=2, pack=True, max_tokens=1024),  # packed rows
-    dict(batch_size=2, max_batch_tokens=64, schedule="n-pass"),  # a micro-batch in several forwards
-    dict(batch_size=2, gradient_checkpointing=True),
+    dict(per_device_train_batch_size=1, gradient_accumulation_steps=2),  # accumulation: same conversations per step
+    dict(per_device_train_batch_size=2, pack=True, max_tokens=1024),  # packed rows
+    dict(per_device_train_batch_size=2, max_batch_tokens=64, schedule="n-pass"),  # a micro-batch in several forwards
+    dict(per_device_train_batch_size=2, gradient_checkpointing=True),
 ])
 def test_micro_batching_does_not_change_the_steps(tmp_path, chats, layout, exact_norms):
     base = dict(data=str(chats), dtype="float64", max_steps=4)
-    ref = run(tmp_path, "ref", batch_size=2, **base)
+    ref = run(tmp_path, "ref", per_device_train_batch_size=2, **base)
     other = run(tmp_path, "other", **{**base, **layout})
     assert max(rel(a, b) for a, b in zip(ref.losses, other.losses)) <= 1e-10
 
@@ -140,8 +140,10 @@ def test_every_unit_lands_once_per_epoch_on_one_rank(world, batch_size, grad_acc
 
 
 def test_one_process_and_two_processes_see_the_same_step():
-    one = load_config(None, dict(tiny="qwen3", data="x", batch_size=2, grad_accum=1))
-    two = load_config(None, dict(tiny="qwen3", data="x", batch_size=1, grad_accum=1))
+    one = load_config(None, dict(tiny="qwen3", data="x", per_device_train_batch_size=2,
+                                 gradient_accumulation_steps=1))
+    two = load_config(None, dict(tiny="qwen3", data="x", per_device_train_batch_size=1,
+                                 gradient_accumulation_steps=1))
     assert units_per_step(one, 1) == units_per_step(two, 2) == 2
     units = step_units(10, 3, seed=0, per_step=2)
     (a,) = rank_slots(units, rank=0, world=1, batch_size=2, grad_accum=1)
@@ -164,7 +166,7 @@ def test_forward_groups_respect_the_padded_token_budget():
 
 def test_a_rank_without_data_runs_a_zero_weight_row():
     data = TrainData(units=[[_row(4)]], kind="row", source="x", stats={})
-    config = load_config(None, dict(tiny="qwen3", data="x", batch_size=1))
+    config = load_config(None, dict(tiny="qwen3", data="x", per_device_train_batch_size=1))
     passes, real = _micro_passes(data, np.array([0]), config, rank=1, world=2)
     assert real == 0 and len(passes) == 1 and passes[0][0].weights.sum() == 0
     passes, real = _micro_passes(data, np.array([0]), config, rank=0, world=2)
@@ -174,7 +176,7 @@ def test_a_rank_without_data_runs_a_zero_weight_row():
 def test_sharded_ranks_run_as_many_passes_as_the_busiest():
     """FSDP gathers parameters in every forward: every process must run the same number of them."""
     data = TrainData(units=[[_row(4), _row(5), _row(6)], [_row(3)]], kind="conversation", source="x", stats={})
-    config = load_config(None, dict(tiny="qwen3", data="x", batch_size=1, max_batch_tokens=4))
+    config = load_config(None, dict(tiny="qwen3", data="x", per_device_train_batch_size=1, max_batch_tokens=4))
     busy, real_busy = _micro_passes(data, np.array([0, 1]), config, rank=0, world=2, even=True)
     idle, real_idle = _micro_passes(data, np.array([0, 1]), config, rank=1, world=2, even=True)
     assert len(busy) == len(idle) == 3 and (real_busy, real_idle) == (3, 1)
@@ -194,8 +196,8 @@ def test_resume_from_a_checkpoint_continues_the_identical_losses(tmp_path, chats
     assert (full.output_dir / "checkpoints" / "step-000003").is_dir()
     resumed_dir = tmp_path / "resumed"
     shutil.copytree(full.output_dir / "checkpoints" / "step-000003", resumed_dir / "checkpoints" / "step-000003")
-    config = load_config(None, dict(tiny="qwen3", batch_size=2, lr=3e-3, progress=False, save_model=False,
-                                    output_dir=str(resumed_dir), seed=0, **common))
+    config = load_config(None, dict(tiny="qwen3", per_device_train_batch_size=2, learning_rate=3e-3, progress=False,
+                                    save_model=False, output_dir=str(resumed_dir), seed=0, **common))
     resumed = train(config, resume=True, log=lambda _m: None)
     assert resumed.losses == full.losses  # bit for bit, dropout included (RNG restored)
 
@@ -220,8 +222,8 @@ def test_a_crash_leaves_a_checkpoint_to_resume_from(tmp_path, chats, monkeypatch
     assert (out / "checkpoints" / "step-000003").is_dir()
     assert len(json.loads((out / "metrics.json").read_text())["history"]) == 3
     monkeypatch.setattr(tr, "step_units", original)
-    config = load_config(None, dict(tiny="qwen3", batch_size=2, lr=3e-3, progress=False, save_model=False,
-                                    output_dir=str(out), seed=0, **common))
+    config = load_config(None, dict(tiny="qwen3", per_device_train_batch_size=2, learning_rate=3e-3, progress=False,
+                                    save_model=False, output_dir=str(out), seed=0, **common))
     assert train(config, resume=True, log=lambda _m: None).losses == ref.losses
 
 
@@ -229,9 +231,9 @@ def test_resume_refuses_different_settings(tmp_path, chats):
     from onepass.train.config import TrainConfigError
 
     run(tmp_path, "a", data=str(chats), max_steps=1)
-    config = load_config(None, dict(tiny="qwen3", data=str(chats), batch_size=3, output_dir=str(tmp_path / "a"),
-                                    progress=False))
-    with pytest.raises(TrainConfigError, match="batch_size was 2, now 3"):
+    config = load_config(None, dict(tiny="qwen3", data=str(chats), per_device_train_batch_size=3,
+                                    output_dir=str(tmp_path / "a"), progress=False))
+    with pytest.raises(TrainConfigError, match="per_device_train_batch_size was 2, now 3"):
         train(config, resume=True, log=lambda _m: None)
 
 
@@ -262,9 +264,15 @@ def test_lora_adapter_reloads_and_reproduces_the_eval_loss(tmp_path, chats, held
 
 def test_outputs_metrics_plot_tensorboard_and_model_with_tokenizer(tmp_path, chats):
     pytest.importorskip("tensorboard")
-    result = run(tmp_path, "out", data=str(chats), max_steps=2, report_to=["tensorboard"], save_model=True,
-                 compact_vocab=False, tiny_config={"hidden_size": 32, "intermediate_size": 64})
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    result = run(tmp_path, "out", data=str(chats), eval_data=str(chats), max_steps=2, report_to=["tensorboard"],
+                 save_model=True, compact_vocab=False, tiny_config={"hidden_size": 32, "intermediate_size": 64})
     out = result.output_dir
+    events = EventAccumulator(str(out / "tensorboard")).Reload()  # through accelerate's tracker
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2]
+    (final_eval,) = events.Scalars("eval/loss")  # logged before the writer closed
+    assert final_eval.step == 2 and abs(final_eval.value - result.eval_loss) < 1e-5
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["status"] == "finished" and [h["step"] for h in metrics["history"]] == [1, 2]
     assert metrics["data_stats"]["conversations"] == 12
@@ -282,7 +290,7 @@ def test_a_prepared_directory_trains_row_by_row(tmp_path, chats):
     prepared = tmp_path / "prepared"
     assert main(["prepare", "--data", str(chats), "--out", str(prepared), "--max-tokens", "512", "--pack",
                  "--no-progress"]) == 0
-    result = run(tmp_path, "rows", data=str(prepared), epochs=2, batch_size=1)
+    result = run(tmp_path, "rows", data=str(prepared), num_train_epochs=2, per_device_train_batch_size=1)
     metrics = json.loads(result.metrics_path.read_text())
     assert metrics["unit"] == "row" and result.steps == 2 * metrics["units"]
 
@@ -303,12 +311,14 @@ def test_torchrun_two_processes_give_the_same_losses_as_one(tmp_path, chats):
     import sys
 
     steps = 4
-    one = run(tmp_path, "one", data=str(chats), dtype="float64", batch_size=2, max_steps=steps, grad_accum=1)
+    one = run(tmp_path, "one", data=str(chats), dtype="float64", per_device_train_batch_size=2, max_steps=steps,
+              gradient_accumulation_steps=1)
     out = tmp_path / "two"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "onepass.train.cli", "--tiny", "qwen3", "--data", str(chats), "--dtype", "float64",
-           "--batch-size", "1", "--max-steps", str(steps), "--lr", "3e-3", "--seed", "0", "--device", "cpu",
+           "--per-device-train-batch-size", "1", "--max-steps", str(steps), "--learning-rate", "3e-3", "--seed", "0",
+           "--device", "cpu",
            "--output-dir", str(out), "--no-progress", "--no-save-model"]
     proc = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from onepass.train.cli import add_parser, main, overrides_from_args
-from onepass.train.config import config_keys, load_config
+from onepass.train.config import DEPRECATED_KEYS, config_keys, load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -48,7 +48,7 @@ def one_line_error(argv, capsys, tmp_path, monkeypatch):
     (["--tiny", "qwen3"], "no training data"),
     (["--tiny", "qwen3", "--data", "builtin:mathchat", "--schedule", "two-pass"], "unknown schedule 'two-pass'"),
     (["--tiny", "qwen3", "--data", "builtin:mathchat", "--pack"], "pack needs a row budget"),
-    (["--tiny", "qwen3", "--data", "builtin:mathchat", "--optimizer", "lion"], "unknown optimizer 'lion'"),
+    (["--tiny", "qwen3", "--data", "builtin:mathchat", "--optim", "lion"], "unknown optim 'lion'"),
     (["--tiny", "qwen3", "--data", "builtin:mathchat", "--output-dir", "o", "--resume"], "nothing to resume"),
     (["--config", "nope.yaml"], "config file not found: nope.yaml"),
 ])
@@ -59,8 +59,11 @@ def test_bad_settings_are_one_line(argv, message, capsys, tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("yaml_text,message", [
     ("tiny: qwen3\ndata: builtin:mathchat\nlerning_rate: 0.1\n", "unknown config key 'lerning_rate'"),
-    ("tiny: qwen3\ndata: builtin:mathchat\nlr: fast\n", "lr must be a number, got 'fast'"),
-    ("tiny: qwen3\ndata: builtin:mathchat\nbatch_size: 2.5\n", "batch_size must be an integer"),
+    ("tiny: qwen3\ndata: builtin:mathchat\nlearning_rate: fast\n", "learning_rate must be a number, got 'fast'"),
+    ("tiny: qwen3\ndata: builtin:mathchat\nper_device_train_batch_size: 2.5\n",
+     "per_device_train_batch_size must be an integer"),
+    ("tiny: qwen3\ndata: builtin:mathchat\nlr: 0.1\nlearning_rate: 0.2\n", "sets both 'lr' and 'learning_rate'"),
+    ("tiny: qwen3\ndata: builtin:mathchat\nreport_to: [tensorbord]\n", "unknown report_to tracker 'tensorbord'"),
     ("tiny: qwen3\ndata: builtin:mathchat\npack: maybe\n", "pack must be true or false"),
     ("- just\n- a list\n", "expected a mapping of config keys"),
     ("tiny: [unclosed\n", "not valid YAML"),
@@ -72,11 +75,11 @@ def test_bad_config_files_are_one_line(yaml_text, message, capsys, tmp_path, mon
 
 def test_flags_override_the_file_and_yaml_numbers_are_coerced(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("model: Qwen/Qwen3-8B\ndata: chats.jsonl\nlr: 1e-4\nbatch_size: 4\nreport_to: none\n"
-                    "lora_target_modules: q_proj\n")
-    config = load_config(path, {"tiny": "llama", "batch_size": 2, "lr": None})
+    path.write_text("model: Qwen/Qwen3-8B\ndata: chats.jsonl\nlearning_rate: 1e-4\nper_device_train_batch_size: 4\n"
+                    "report_to: none\nlora_target_modules: q_proj\n")
+    config = load_config(path, {"tiny": "llama", "per_device_train_batch_size": 2, "learning_rate": None})
     assert config.tiny == "llama" and config.model is None  # a flag picks the model source
-    assert config.lr == 1e-4 and config.batch_size == 2 and config.report_to == ()
+    assert config.learning_rate == 1e-4 and config.per_device_train_batch_size == 2 and config.report_to == ()
     from onepass.train.model import lora_config
 
     assert config.lora_target_modules == "q_proj"
@@ -87,13 +90,34 @@ def test_every_flag_is_a_config_key():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
     add_parser(sub)
-    args = parser.parse_args(["train", "--tiny", "qwen3", "--lr", "0.1", "--no-pack", "--lora-target-modules",
-                              "q_proj,v_proj", "--template-kwarg", "enable_thinking=true", "--backend", "eager"])
+    args = parser.parse_args(["train", "--tiny", "qwen3", "--learning-rate", "0.1", "--no-pack",
+                              "--lora-target-modules", "q_proj,v_proj", "--template-kwarg", "enable_thinking=true",
+                              "--backend", "eager", "--report-to", "tensorboard", "--gradient-accumulation-steps", "2"])
     overrides = overrides_from_args(args)
-    assert overrides == {"tiny": "qwen3", "lr": 0.1, "pack": False, "lora_target_modules": ["q_proj", "v_proj"],
-                         "template_kwargs": {"enable_thinking": True}, "attention": "eager"}
+    assert overrides == {"tiny": "qwen3", "learning_rate": 0.1, "pack": False,
+                         "lora_target_modules": ["q_proj", "v_proj"], "template_kwargs": {"enable_thinking": True},
+                         "attention": "eager", "report_to": "tensorboard", "gradient_accumulation_steps": 2}
     dests = {a.dest for a in sub.choices["train"]._actions} - {"help", "config", "resume"}
-    assert dests <= set(config_keys())
+    assert dests == set(config_keys()) | set(DEPRECATED_KEYS)  # one flag per field, generated from the dataclass
+
+
+def test_deprecated_short_names_give_the_same_config_with_one_warning_each(tmp_path, caplog):
+    new = dict(learning_rate=1e-3, per_device_train_batch_size=2, gradient_accumulation_steps=3,
+               num_train_epochs=2.0, lr_scheduler_type="cosine", optim="sgd", adam_epsilon=1e-6)
+    old = {old: new[key] for old, key in DEPRECATED_KEYS.items()}
+    path = tmp_path / "old.yaml"
+    path.write_text("tiny: qwen3\ndata: builtin:mathchat\n" + "".join(f"{k}: {v}\n" for k, v in old.items()))
+    with caplog.at_level("WARNING", logger="onepass"):
+        from_file = load_config(path)
+    assert from_file == load_config(None, dict(tiny="qwen3", data="builtin:mathchat", **new))
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(lines) == len(old) and "'lr' in" in lines[0] and "use 'learning_rate'" in lines[0]
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    flags = ["train", "--lr", "0.001", "--batch-size", "2", "--grad-accum", "3", "--epochs", "2"]
+    assert load_config(None, {"tiny": "qwen3", "data": "x", **overrides_from_args(parser.parse_args(flags))}) == \
+        load_config(None, dict(tiny="qwen3", data="x", learning_rate=1e-3, per_device_train_batch_size=2,
+                               gradient_accumulation_steps=3, num_train_epochs=2))
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml") if not p.name.startswith("accelerate")))
@@ -104,7 +128,7 @@ def test_shipped_configs_are_valid(name):
 
 def test_the_paper_setup_is_reachable_from_a_config():
     c = load_config(CONFIGS / "qwen3-8b-qlora.yaml")
-    assert (c.model, c.finetune, c.lora_r, c.lora_alpha, c.dtype, c.mixed_precision, c.epochs) == (
+    assert (c.model, c.finetune, c.lora_r, c.lora_alpha, c.dtype, c.mixed_precision, c.num_train_epochs) == (
         "Qwen/Qwen3-8B", "qlora", 32, 64.0, "bfloat16", "bf16", 3.0)
 
 
@@ -119,18 +143,21 @@ def test_accelerate_configs_are_accelerate_configs():
 def test_a_run_from_the_command_line(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "run"
-    argv = ["--config", str(CONFIGS / "tiny-cpu.yaml"), "--limit", "4", "--max-steps", "3", "--batch-size", "2",
-            "--output-dir", str(out), "--no-progress", "--logging-steps", "1", "--save-steps", "2"]
+    argv = ["--config", str(CONFIGS / "tiny-cpu.yaml"), "--limit", "4", "--max-steps", "3",
+            "--per-device-train-batch-size", "2",
+            "--output-dir", str(out), "--no-progress", "--logging-steps", "1", "--save-steps", "2",
+            "--report-to", "tensorboard"]
     assert main(argv) == 0
-    printed = capsys.readouterr().out
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))  # accelerate's tensorboard tracker
+    printed = capsys.readouterr().err  # logging, on stderr
     assert "step 3: loss" in printed and f"metrics {out / 'metrics.json'}" in printed
     metrics = json.loads((out / "metrics.json").read_text())
-    assert len(metrics["history"]) == 3 and metrics["config"]["batch_size"] == 2
+    assert len(metrics["history"]) == 3 and metrics["config"]["per_device_train_batch_size"] == 2
     assert (out / "final" / "model.safetensors").is_file() and (out / "loss.png").is_file()
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000002", "step-000003"]
     # asking for more steps continues the run
     assert main(argv + ["--max-steps", "4", "--resume"]) == 0
-    assert f"resumed from {out / 'checkpoints' / 'step-000003'} at step 3" in capsys.readouterr().out
+    assert f"resumed from {out / 'checkpoints' / 'step-000003'} at step 3" in capsys.readouterr().err
     history = json.loads((out / "metrics.json").read_text())["history"]
     assert [h["step"] for h in history] == [1, 2, 3, 4] and history[:3] == metrics["history"]
 
@@ -151,8 +178,8 @@ def _saved_tiny(tmp_path, vocab: int = 512) -> Path:
 def test_flex_blockmask_training_step_equals_sdpa_on_cuda(tmp_path):
     from onepass.train.loop import train
 
-    base = dict(tiny="qwen3", data="builtin:mathchat", limit=8, batch_size=2, max_steps=3, lr=1e-3,
-                device="cuda", progress=False, save_model=False, dtype="float32")
+    base = dict(tiny="qwen3", data="builtin:mathchat", limit=8, per_device_train_batch_size=2, max_steps=3,
+                learning_rate=1e-3, device="cuda", progress=False, save_model=False, dtype="float32")
     flex = train(load_config(None, {**base, "attention": "flex_attention", "output_dir": str(tmp_path / "f")}))
     sdpa = train(load_config(None, {**base, "attention": "sdpa", "output_dir": str(tmp_path / "s")}))
     for a, b in zip(flex.losses, sdpa.losses):
@@ -168,7 +195,8 @@ def test_qlora_trains_and_saves_an_adapter_on_cuda(tmp_path):
     model_dir = _saved_tiny(tmp_path, vocab=151_669)
     config = load_config(None, dict(model=str(model_dir), tokenizer="builtin:qwen3", data="builtin:mathchat",
                                     limit=8, finetune="qlora", lora_r=8, lora_alpha=16, dtype="bfloat16",
-                                    mixed_precision="bf16", batch_size=2, max_steps=4, lr=1e-3, progress=False,
+                                    mixed_precision="bf16", per_device_train_batch_size=2, max_steps=4,
+                                    learning_rate=1e-3, progress=False,
                                     output_dir=str(tmp_path / "q")))
     result = train(config)
     assert all(torch.isfinite(torch.tensor(result.losses)))
@@ -193,3 +221,23 @@ def test_only_user_errors_become_one_line(monkeypatch, capsys):
     monkeypatch.setattr(onepass.train.loop, "train", interrupted)
     assert main(["--tiny", "qwen3", "--data", "builtin:mathchat"]) == 130
     assert capsys.readouterr().err.strip().splitlines() == ["onepass: interrupted"]
+
+
+def test_a_tracker_that_is_not_installed_is_one_line(capsys, tmp_path, monkeypatch):
+    import importlib.util
+
+    missing = [t for t in ("wandb", "mlflow", "trackio", "swanlab") if importlib.util.find_spec(t) is None]
+    if not missing:
+        pytest.skip("every tracker is installed")
+    err = one_line_error(["--tiny", "qwen3", "--data", "builtin:mathchat", "--report-to", f"tensorboard,{missing[0]}"],
+                         capsys, tmp_path, monkeypatch)
+    assert f"report_to: {missing[0]} needs the {missing[0]!r} package: pip install {missing[0]}" in err
+
+
+def test_wandb_offline_needs_no_network(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    out = tmp_path / "run"
+    assert main(["--config", str(CONFIGS / "tiny-cpu.yaml"), "--limit", "2", "--max-steps", "2", "--output-dir",
+                 str(out), "--no-progress", "--no-save-model", "--report-to", "wandb"]) == 0
+    assert list((out / "wandb").glob("offline-run-*"))

@@ -15,7 +15,7 @@ from typing import Any
 # The public names live in backends.py (torch). Loaded on first use, so the numpy-only plans
 # (blocks, segments, window, paper) can be imported without torch.
 __all__ = ["BACKENDS", "BackendError", "attention_mask_for", "check_backend", "default_backend",
-           "model_backend", "supported_backend"]
+           "layer_windows", "model_backend", "supported_backend"]
 
 
 def __getattr__(name: str) -> Any:

@@ -9,6 +9,12 @@ names for ``builtin:mathchat`` and ``synthetic:mathchat-sync``.
 
     onepass bench --quick --out runs/bench
     onepass bench --quick --data chats.jsonl --out runs/bench-mine
+    onepass bench --quick --shape qwen3-0.6b --layers 2 --out runs/bench-0.6b   # real widths, 2 of 28 layers
+
+``--shape`` builds a random-weight Qwen3 of a real model's widths, heads, MLP
+and vocabulary; ``--layers N`` cuts its depth. Useful FLOPs are those of the
+model run; ``useful_flops_full_depth`` (per-layer FLOPs at the full depth, not
+run) is reported beside them.
 """
 
 from __future__ import annotations
@@ -40,9 +46,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--conversations", type=int, help="how many conversations (default: 24 quick, 300 full)")
     p.add_argument("--seed", type=int, default=0, help="model initialisation seed")
     p.add_argument("--tokenizer", default="builtin:qwen3")
-    p.add_argument("--model-shape", default="tiny", help="tiny | qwen3-0.6b | qwen3-4b | qwen3-8b")
+    p.add_argument("--shape", "--model-shape", dest="model_shape", default="tiny",
+                   help=f"model shape, random weights: {' | '.join(MODEL_SHAPES)} (real widths, heads, MLP and "
+                        "vocabulary; default tiny)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="cut the shape to N layers so a CPU run fits in minutes (FLOPs are counted for the model "
+                        "run; the full depth's are reported beside them, labelled)")
     p.add_argument("--full-vocab", action="store_true",
-                   help="keep the tokenizer's whole vocabulary (default: compact it to the ids that occur)")
+                   help="keep the tokenizer's whole vocabulary (default for every shape but tiny: the real "
+                        "model's; tiny compacts it to the ids that occur)")
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--backends", default=None, help="comma-separated attention backends (default: sdpa,onepass_cpu on CPU; flex_attention,sdpa on CUDA)")
@@ -82,12 +94,15 @@ def run(args: argparse.Namespace) -> int:
     from onepass.bench import harness as bench
     from onepass.bench.report import markdown, plots
     from onepass.data.load import conversation_source
+    from onepass.head import head_mode
     from onepass.render import render_views
     from onepass.tokenizer import load_tokenizer
     from onepass.verify import compact_vocab
 
     if args.model_shape not in MODEL_SHAPES:
-        raise UsageError(f"unknown --model-shape {args.model_shape!r}; use one of {', '.join(MODEL_SHAPES)}")
+        raise UsageError(f"unknown --shape {args.model_shape!r}; use one of {', '.join(MODEL_SHAPES)}")
+    if args.layers is not None and args.layers < 1:
+        raise UsageError(f"--layers must be >= 1, got {args.layers}")
     name, spec = workload_spec(args.data, args.workload)
     conversation_source(spec)  # fails in one line before any work: missing, unrecognised, or prepared rows
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -124,16 +139,21 @@ def run(args: argparse.Namespace) -> int:
     convs = load_workload(spec, n)
     tok = load_tokenizer(args.tokenizer)
     views = [render_views(c, tok) for c in convs]
-    vocab = len(tok)
-    if not args.full_vocab:
+    full = MODEL_SHAPES[args.model_shape]
+    vocab = max(len(tok), full.vocab)  # a real shape keeps its padded vocabulary (Qwen3: 151,936)
+    if not args.full_vocab and full.vocab == 0:
         views, vocab = compact_vocab(views)
     depth = [len(v) for v in views]
-    shape = dataclasses.replace(MODEL_SHAPES[args.model_shape], vocab=vocab)
+    full = dataclasses.replace(full, vocab=vocab)
+    shape = dataclasses.replace(full, num_layers=args.layers or full.num_layers)  # the model actually run
     shape_kwargs = model_kwargs(shape)
     peak = bench.matmul_peak_flops(device, dtype)
     print(f"workload {name}: {len(convs)} conversations, {sum(depth)} views; model "
-          f"{args.model_shape} {shape_kwargs}, vocab {vocab}, {dtype}; matmul peak {peak / 1e9:.1f} GFLOP/s",
-          flush=True)
+          f"{args.model_shape} {shape_kwargs}, vocab {vocab}, {dtype}, LM head {head_mode()}; "
+          f"matmul peak {peak / 1e9:.1f} GFLOP/s", flush=True)
+    print(f"layers: {shape.num_layers} run of {full.num_layers}"
+          + (" (--layers: FLOPs are the cut model's; full-depth FLOPs reported separately)"
+             if shape.num_layers != full.num_layers else ""), flush=True)
 
     groups: dict[str, list[int]] = {"all": list(range(len(views)))}
     if args.depth_groups:
@@ -160,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
                 timing = bench.time_in_subprocess(job)
                 useful = train_flops(rows, shape)
                 results.append(bench.summarise(name, backend, group, rows, timing, len(members), useful, peak))
+                results[-1]["useful_flops_full_depth"] = train_flops(rows, full)  # not run: per-layer scaled
                 r = results[-1]
                 print(f"{backend:>12} {group:>3} {name:>16}: {r['conversations_per_s']:7.2f} conv/s "
                       f"{r['tokens_per_s']:9,.0f} tok/s  peak {(r['peak_memory_bytes'] or 0) / 2**20:7.0f} MiB",
@@ -178,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
         n_rows = rows_of("all", "n-pass-packed")
         results.append(bench.summarise(bench_trl.SETTING, trl_backend, "all", n_rows, timing, len(views),
                                        train_flops(n_rows, shape), peak))
+        results[-1]["useful_flops_full_depth"] = train_flops(n_rows, full)
         r = results[-1]
         print(f"{trl_backend:>12} all {bench_trl.SETTING:>16}: {r['conversations_per_s']:7.2f} conv/s "
               f"{r['tokens_per_s']:9,.0f} tok/s  peak {(r['peak_memory_bytes'] or 0) / 2**20:7.0f} MiB "
@@ -186,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
     summary = {
         **env, "workload": {"name": name, "data": spec, "conversations": len(convs), "views": sum(depth),
                             "seed": args.seed, "model_shape": args.model_shape, "vocab": vocab,
+                            "layers": shape.num_layers, "full_layers": full.num_layers, "lm_head": head_mode(),
                             "dtype": str(dtype).replace("torch.", ""), "max_tokens": max_tokens,
                             "repeats": repeats, "depth_histogram": {d: depth.count(d) for d in sorted(set(depth))}},
         "ideal_speedup": ideal, "matmul_peak_flops": peak, "settings": results,

@@ -202,6 +202,15 @@ class AugmentResult:
         return "\n".join(lines)
 
 
+def scrub(text: str, secret: str | None) -> str:
+    """``text`` with the API key masked: a server may echo the auth header into an error we write.
+
+    >>> scrub("401: bad header 'Bearer sk-123'", "sk-123")
+    "401: bad header 'Bearer ***'"
+    """
+    return text.replace(secret, "***") if secret else text
+
+
 def _apply(conv: Conversation, reasoning: dict[int, str]) -> Conversation:
     messages = tuple(dataclasses.replace(m, reasoning=reasoning[k]) if k in reasoning else m
                      for k, m in enumerate(conv.messages))
@@ -274,7 +283,7 @@ def augment(conversations: Sequence[Conversation], client: ChatClient, cache_pat
             for t in missing:
                 error, attempts = failed.get(t.key, ("not requested (the run stopped)", 0))
                 result.failures.append({"conversation": t.conversation, "turn": t.turn, "key": t.key,
-                                        "error": error, "attempts": attempts})
+                                        "error": scrub(error, client.config.api_key()), "attempts": attempts})
             if missing:
                 result.conversations_incomplete += 1
                 continue

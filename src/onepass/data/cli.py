@@ -106,7 +106,8 @@ def add_parsers(data_parser: argparse.ArgumentParser) -> None:
     _data_args(t)
     t.add_argument("--tokenizer", default="builtin:qwen3", help="or 'none' for depths only")
     t.add_argument("--chat-template", help="a .jinja file or builtin:NAME replacing the tokenizer's template")
-    t.add_argument("--model-shape", default="qwen3-8b", help="qwen3-0.6b|1.7b|4b|8b or a config.json path")
+    t.add_argument("--model-shape", "--model", dest="model_shape", default="qwen3-8b",
+                   help="qwen3-0.6b|1.7b|4b|8b or a config.json path (FLOPs and the GPU tile cost model)")
     t.add_argument("--before", help="data before sampling (depths only), for the --plot comparison")
     t.add_argument("--plot", help="PNG of the depth distribution (before vs after with --before)")
     t.add_argument("--out", help="write the statistics as JSON")

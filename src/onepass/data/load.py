@@ -12,7 +12,7 @@ It is also the one place that says what a ``--data`` spec names
 (:func:`resolve_data`), for every command (prepare, verify, show, train, bench,
 data ...), so a spec one command accepts, all accept::
 
-    chats.jsonl | chats.json | chats.parquet     conversations: one file (onepass.conversation.iter_records)
+    chats.jsonl | chats.json | chats.parquet     conversations: one file (onepass.records.iter_records)
     path/to/dir                                  conversations: a folder of data files, or a saved dataset
                                                  (save_to_disk) with a messages/conversations/interactions column
     path/to/prepared                             prepared rows: a saved dataset with the row columns
@@ -43,16 +43,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onepass.conversation import (
-    Conversation,
-    ConversationError,
-    ReadReport,
-    iter_records,
-    parse_record,
-)
-from onepass.errors import DataError, DataNotFound
+from onepass.conversation import Conversation, ReadReport, parse_record
+from onepass.errors import ConversationError, DataError, DataNotFound
 from onepass.files import atomic_file
 from onepass.hub import hub_offline, offline_reason
+from onepass.records import iter_records
 from onepass.tree import COLUMNS
 
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")

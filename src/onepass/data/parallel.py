@@ -22,15 +22,27 @@ Serial reference it matches::
 Example::
 
     rows, stats = prepare_parallel("chats.jsonl", "builtin:qwen3", PrepareConfig(), num_proc=8)
+
+Faults: every process forked while this runs (the pool's workers and its
+manager) gets ``PR_SET_PDEATHSIG = SIGKILL`` on Linux, so ``kill -9`` of the
+parent takes them with it; SIGTERM unwinds normally (temporaries removed), and
+the temporary folder of a process killed outright (``onepass-prepare-PID-*``)
+is removed by the next run.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
+import os
+import shutil
+import signal
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +54,76 @@ from onepass.tree import COLUMNS, ROW_SCHEMA, Layout, row_from_columns
 ADDITIVE = ("conversations", "conversations_used", "views", "views_trained", "views_skipped",
             "boundary_merge_views", "n_pass_tokens", "one_pass_tokens", "scheduled_tokens", "target_tokens")
 _TOKENIZERS: dict[tuple[str, str | None], Any] = {}  # per worker process
+TEMP_PREFIX = "onepass-prepare-"
+PR_SET_PDEATHSIG = 1
+_FORKING: dict[str, Any] = {"active": False, "parent": 0, "hooked": False, "prctl": None}  # read in the child
+
+
+def _before_fork() -> None:
+    _FORKING["parent"] = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    """A child forked during :func:`workers_die_with_parent`: SIGKILL when its parent dies (Linux)."""
+    if not _FORKING["active"] or _FORKING["prctl"] is None:
+        return
+    _FORKING["prctl"](PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # resolved before the fork: no dlopen here
+    if os.getppid() != _FORKING["parent"]:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+@contextmanager
+def workers_die_with_parent() -> Iterator[None]:
+    """Children forked inside this block die with this process, even on ``kill -9``; SIGTERM
+    raises SystemExit here (so ``finally`` blocks and temporary folders are cleaned up)."""
+    if not _FORKING["hooked"]:
+        if sys.platform.startswith("linux"):  # looked up in the parent: dlopen in a forked child of a
+            _FORKING["prctl"] = ctypes.CDLL(None, use_errno=True).prctl  # threaded process can hang
+        os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+        _FORKING["hooked"] = True
+    with exit_on_sigterm():
+        _FORKING["active"] = True
+        try:
+            yield
+        finally:
+            _FORKING["active"] = False
+
+
+@contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """SIGTERM raises ``SystemExit(143)`` in the main thread instead of ending the process on the spot."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _exit(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def remove_stale_temporaries(root: str | Path | None = None) -> list[Path]:
+    """Remove ``onepass-prepare-PID-*`` folders of processes that no longer run (a ``kill -9``)."""
+    root = Path(root or tempfile.gettempdir())
+    removed = []
+    for p in root.glob(f"{TEMP_PREFIX}*"):
+        pid = p.name[len(TEMP_PREFIX):].split("-")[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+        except PermissionError:
+            pass
+    return removed
 
 
 def _records(spec: str, split: str | None, limit: int | None, strict: bool) -> Iterator[dict[str, Any]]:
@@ -62,6 +144,18 @@ def _records(spec: str, split: str | None, limit: int | None, strict: bool) -> I
             error = str(e)
         yield {"source": raw.source, "index": raw.index, "unit": raw.unit, "error": error,
                "record": None if error else json.dumps(raw.record, ensure_ascii=False, default=str)}
+
+
+@dataclasses.dataclass(kw_only=True)
+class _PairedStats(PrepareStats):
+    """Stats that also keep each skip's reason beside its message, in order (one conversation's
+    turns can be skipped for different reasons)."""
+
+    pairs: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+
+    def skip(self, reason: str, message: str) -> None:
+        super().skip(reason, message)
+        self.pairs.append((reason, message))
 
 
 def _tokenizer(tokenizer: Any, chat_template: str | None) -> Any:
@@ -87,10 +181,9 @@ def _prepare_batch(batch: dict[str, list], *, tokenizer: Any, chat_template: str
             info: dict[str, Any] = {"invalid": error}
         else:
             conv = parse_record(json.loads(record), source=source, index=index, unit=unit)
-            layouts, st = prepare([conv], tok, config, strict=strict)
-            assert len(st.skipped_by_reason) <= 1, st.skipped_by_reason  # one conversation, one kind of skip
-            reason = next(iter(st.skipped_by_reason), "")
-            info = {k: getattr(st, k) for k in ADDITIVE} | {"skipped": st.skipped, "reason": reason}
+            st = _PairedStats()
+            layouts, _ = prepare([conv], tok, config, stats=st, strict=strict)
+            info = {k: getattr(st, k) for k in ADDITIVE} | {"skips": st.pairs}
         for c in COLUMNS:
             out[c].append([getattr(x, c).tolist() for x in layouts])
         out["stats"].append(json.dumps(info))
@@ -134,8 +227,10 @@ def prepare_parallel(spec: str | Path, tokenizer: Any, config: PrepareConfig = P
     bars = datasets.utils.logging.is_progress_bar_enabled()
     if not progress:
         datasets.disable_progress_bars()
+    remove_stale_temporaries()
+    prefix = f"{TEMP_PREFIX}{os.getpid()}-"
     try:
-        with tempfile.TemporaryDirectory(prefix="onepass-prepare-") as tmp:
+        with workers_die_with_parent(), tempfile.TemporaryDirectory(prefix=prefix) as tmp:
             try:
                 records = datasets.Dataset.from_generator(
                     _records, features=_record_features(), cache_dir=tmp, fingerprint=uuid.uuid4().hex,
@@ -173,7 +268,7 @@ def _merge(done: Any, stats: PrepareStats) -> tuple[list[Layout], list[tuple[str
                 continue
             for k in ADDITIVE:
                 setattr(stats, k, getattr(stats, k) + info[k])
-            skips.extend((info["reason"], m) for m in info["skipped"])
+            skips.extend((reason, m) for reason, m in info["skips"])
             for arrays in zip(*(batch[c][i] for c in COLUMNS)):
                 layouts.append(row_from_columns(dict(zip(COLUMNS, arrays))))
     return layouts, skips

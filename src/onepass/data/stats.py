@@ -12,6 +12,14 @@ counted by :mod:`onepass.flops` (the same accounting ``onepass bench`` uses):
 block-sparse kernel). Example: one view of 4 tokens and one of 6 sharing a
 3-token prefix -> N-pass 10 tokens, 10 + 21 = 31 pairs; one-pass 7 nodes,
 1+2+3+4 + 4+5+6 = 25 pairs.
+
+GPU cost model (``gpu_cost``): kernels compute whole 128 x 128 tiles, not pairs.
+One-pass: the non-empty tiles of each conversation's tree row, from the same
+block plan FlexAttention runs (:func:`onepass.attention.blocks.block_plan`).
+N-pass: FA2 varlen computes each view's causal lower triangle of tiles
+(:func:`onepass.flops.causal_tiles`). The predicted ratios assume one tile
+costs the same in both kernels (FlexAttention is usually somewhat slower per
+tile than FA2, so read them as an upper bound) and count rows unpacked.
 """
 
 from __future__ import annotations
@@ -25,7 +33,16 @@ from typing import Any
 import numpy as np
 
 from onepass.conversation import Conversation
-from onepass.flops import ModelShape, TokenCounts, conversation_counts, flops, model_shape
+from onepass.flops import (
+    TILE,
+    ModelShape,
+    TokenCounts,
+    causal_tiles,
+    conversation_counts,
+    flops,
+    model_shape,
+    tile_step_flops,
+)
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -73,6 +90,7 @@ class DataStats:
     flops_one_pass: int = 0
     ideal_speedup: float = 0.0
     attention_speedup: float = 0.0  # attention pairs alone
+    gpu_cost: dict[str, Any] = field(default_factory=dict)  # 128x128 tiles: FlexAttention vs FA2 varlen
     skipped: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -94,6 +112,11 @@ class DataStats:
                          f"{self.tokens['one_pass_tokens']:,}  ratio {self.token_ratio:.2f}x")
             lines.append(f"ideal speedup for {self.model.get('name')}: {self.ideal_speedup:.2f}x "
                          f"(attention alone {self.attention_speedup:.2f}x)")
+        if self.gpu_cost:
+            g = self.gpu_cost
+            lines.append(f"GPU cost ({g['tile']}x{g['tile']} tiles): FlexAttention one-pass {g['one_pass_tiles']:,} "
+                         f"vs FA2 varlen N-pass {g['n_pass_tiles']:,}; predicted attention "
+                         f"{g['attention_ratio']:.2f}x, step {g['step_ratio']:.2f}x (equal cost per tile)")
         if self.skipped:
             lines.append(f"SKIPPED {len(self.skipped)}; first: {self.skipped[0]}")
         return "\n".join(lines)
@@ -111,6 +134,7 @@ def compute_stats(conversations: Iterable[Conversation], tokenizer: Any = None, 
     A conversation the template cannot render is counted in ``skipped`` (its segments and
     depth still count; its tokens do not).
     """
+    from onepass.attention.blocks import block_plan
     from onepass.render import RenderConfig, RenderError, render_views
     from onepass.tree import build_layout
 
@@ -119,6 +143,7 @@ def compute_stats(conversations: Iterable[Conversation], tokenizer: Any = None, 
     depths: Counter[int] = Counter()
     lengths: dict[str, list[int]] = {}
     counts = TokenCounts()
+    tiles = {"one_pass": 0, "n_pass": 0}
     items: Iterable[Conversation] = conversations
     if progress:
         from tqdm.auto import tqdm
@@ -143,7 +168,11 @@ def compute_stats(conversations: Iterable[Conversation], tokenizer: Any = None, 
             stats.skipped.append(str(e))
             continue
         if views:
-            counts.add(conversation_counts(views, build_layout(views)))
+            layout = build_layout(views)
+            counts.add(conversation_counts(views, layout))
+            plan = block_plan(layout.kv_end, TILE)
+            tiles["one_pass"] += plan.num_partial + plan.num_full
+            tiles["n_pass"] += sum(causal_tiles(len(v)) for v in views)
     stats.depths = dict(sorted(depths.items()))
     if tokenizer is None:
         return stats
@@ -155,7 +184,19 @@ def compute_stats(conversations: Iterable[Conversation], tokenizer: Any = None, 
     stats.flops_n_pass, stats.flops_one_pass = flops(counts, shape)
     stats.ideal_speedup = stats.flops_n_pass / stats.flops_one_pass if stats.flops_one_pass else 0.0
     stats.attention_speedup = counts.n_pass_pairs / counts.one_pass_pairs if counts.one_pass_pairs else 0.0
+    stats.gpu_cost = gpu_cost(counts, tiles["n_pass"], tiles["one_pass"], shape)
     return stats
+
+
+def gpu_cost(counts: TokenCounts, n_pass_tiles: int, one_pass_tiles: int, shape: ModelShape) -> dict[str, Any]:
+    """Tiles each kernel computes and the attention and step ratios they predict (N-pass / one-pass)."""
+    if not one_pass_tiles:
+        return {}
+    n_step = tile_step_flops(shape, tokens=counts.n_pass_tokens, tiles=n_pass_tiles, targets=counts.targets)
+    one_step = tile_step_flops(shape, tokens=counts.one_pass_tokens, tiles=one_pass_tiles, targets=counts.targets)
+    return {"tile": TILE, "one_pass_tiles": one_pass_tiles, "n_pass_tiles": n_pass_tiles,
+            "attention_ratio": n_pass_tiles / one_pass_tiles, "step_ratio": n_step / one_step,
+            "assumes": "equal cost per tile (FlexAttention vs FA2); one conversation per row"}
 
 
 def plot_depths(after: Mapping[int, int], out: str | Path, *, before: Mapping[int, int] | None = None,

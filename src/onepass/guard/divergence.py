@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from onepass.mixers.tree import tree_kwargs
 from onepass.render import View
 from onepass.guard.twin import layer_types, text_config
 
@@ -95,7 +96,8 @@ def layer_differences(model: Any, conversations: Sequence[Sequence[View]]) -> li
                 for layout in schedule_views(views, parse_schedule("one-pass")).layouts:
                     batch = layouts_to_batch([layout], device=device)
                     model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
-                          attention_mask=_tree_mask(model, batch), logits_to_keep=1, use_cache=False)
+                          attention_mask=_tree_mask(model, batch), logits_to_keep=1, use_cache=False,
+                          **tree_kwargs(model, batch["kv_end"]))  # recurrent layers on the tree
                     tree = dict(seen)
                     for path in _leaf_paths(layout.kv_end):
                         ids = torch.as_tensor(layout.input_ids[path], device=device).long()[None]

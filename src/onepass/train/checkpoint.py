@@ -9,17 +9,25 @@ of (seed, step) (:mod:`onepass.train.data`), so a checkpoint holds only:
       optimizer.pt            optimizer state
       scheduler.pt            learning-rate scheduler state
       rng-rank{r}.pt          every process's torch / CUDA / numpy / python RNG
-      state.json              step, the config, the loss history so far
+      state.json              step, run id, the config, the loss history so far
 
 A checkpoint is written under a temporary name and renamed when complete, so
 a crash while saving leaves the previous checkpoint as the latest. Sharded
 runs (FSDP, DeepSpeed through ``accelerate launch``) save through
 ``accelerator.save_state`` into ``accelerate/`` instead of the first three files.
+
+Every checkpoint carries its run's id (``state.json``: ``run_id``), so pruning
+to ``save_total_limit`` removes only this run's older checkpoints, and the
+``.pt`` files hold tensors and plain containers only: they are read with
+``torch.load(weights_only=True)``, so a checkpoint handed to ``--resume`` cannot
+run code.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -29,7 +37,12 @@ import numpy as np
 import torch
 
 from onepass.files import publish_dir, temp_sibling
-from onepass.train.config import RESUME_KEYS, TrainConfig, TrainConfigError
+from onepass.train.config import (
+    DEPRECATED_KEYS,
+    RESUME_KEYS,
+    TrainConfig,
+    TrainConfigError,
+)
 
 PREFIX = "step-"
 
@@ -65,6 +78,7 @@ def read_state(path: Path) -> dict[str, Any]:
 
 def check_compatible(saved: dict[str, Any], config: TrainConfig, path: Path) -> None:
     now = config.to_dict()
+    saved = {DEPRECATED_KEYS.get(k, k): v for k, v in saved.items()}  # a run saved before the HF key names
     diffs = [f"{k} was {saved[k]!r}, now {now[k]!r}" for k in RESUME_KEYS
              if k in saved and _norm(saved[k]) != _norm(now[k])]
     if diffs:
@@ -76,7 +90,9 @@ def _norm(value: Any) -> Any:
 
 
 def _rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    name, keys, pos, has_gauss, cached = np.random.get_state()  # a numpy array would need an unsafe unpickler
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached]}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -84,10 +100,45 @@ def _rng_state() -> dict[str, Any]:
 
 def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _load(path: Path) -> Any:
+    """A ``.pt`` file of tensors and plain containers; anything else is refused, never executed."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise TrainConfigError(f"{path} holds objects other than tensors and plain values (weights_only "
+                               f"load refused it; an untrusted or older checkpoint?): {str(e).splitlines()[0]}"
+                               ) from None
+
+
+def check_new_run(output_dir: str | Path, *, overwrite: bool) -> list[Path]:
+    """Before a run that does not resume: ``output_dir`` must not hold another run (its checkpoints would
+    mix with this one's and ``--resume`` could continue the wrong run) unless ``overwrite``.
+
+    Returns what the new run replaces (its ``checkpoints/`` is removed by the caller, on one process).
+    """
+    out = Path(output_dir)
+    used = [p for p in (out / "checkpoints", out / "metrics.json", out / "train_config.yaml")
+            if p.is_file() or (p.is_dir() and any(p.iterdir()))]
+    if used and not overwrite:
+        raise TrainConfigError(f"{out} holds another run ({', '.join(p.name for p in used)}): pass --resume to "
+                               "continue it, --overwrite to start a new run there, or choose another --output-dir")
+    return used
+
+
+def prune_checkpoints(output_dir: str | Path, keep: int, run_id: str | None) -> list[Path]:
+    """Remove this run's checkpoints but the latest ``keep``; another run's are never touched."""
+    mine = [p for p in list_checkpoints(output_dir) if read_state(p).get("run_id") == run_id]
+    drop = mine[:-keep] if keep > 0 else mine
+    for old in drop:
+        shutil.rmtree(old, ignore_errors=True)
+    return drop
 
 
 def is_sharded(accelerator: Any) -> bool:
@@ -121,8 +172,7 @@ def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
         (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=1) + "\n", encoding="utf-8")
         publish_dir(tmp, final, replace=True)
         if keep is not None:
-            for old in list_checkpoints(output_dir)[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
+            prune_checkpoints(output_dir, keep, state.get("run_id"))
     accelerator.wait_for_everyone()
     return final
 
@@ -144,11 +194,12 @@ def load_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
         with torch.no_grad():
             for n in names:
                 params[n].copy_(saved[n])
-        optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False))
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", map_location="cpu", weights_only=False))
+        optimizer.load_state_dict(_load(path / "optimizer.pt"))
+    scheduler.load_state_dict(_load(path / "scheduler.pt"))
     rng = path / f"rng-rank{accelerator.process_index}.pt"
     if rng.is_file():
-        _set_rng_state(torch.load(rng, map_location="cpu", weights_only=False))
+        _set_rng_state(_load(rng))
     elif accelerator.is_main_process:
-        print(f"note: {rng.name} not in {path} (another number of processes?): dropout will differ")
+        logging.getLogger("onepass").warning("note: %s not in %s (another number of processes?): dropout will "
+                                             "differ", rng.name, path)
     return read_state(path)

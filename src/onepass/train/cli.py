@@ -1,12 +1,16 @@
 """``onepass train``: a YAML config plus flag overrides -> :func:`onepass.train.train`.
 
 Why this module exists: the training command has many options; keeping its
-parser here keeps ``cli.py`` small. Every flag overrides the config key of
-the same name (dashes for underscores), so the YAML and the command line say
-the same things:
+parser here keeps ``cli.py`` small. The flags are generated from the fields of
+:class:`~onepass.train.config.TrainConfig` (type, default, help and group from
+the field), so every flag overrides the config key of the same name (dashes for
+underscores) and the YAML and the command line cannot drift apart. The names
+are ``transformers.TrainingArguments``' (``--learning-rate``,
+``--per-device-train-batch-size``, ``--report-to``, ...); the short ones of the
+last release (``--lr``, ``--batch-size``, ...) still work, with a warning.
 
     onepass train --config configs/qwen3-8b-qlora.yaml --data chats.jsonl --max-steps 100
-    onepass train --tiny qwen3 --data builtin:mathchat --max-steps 50 --lr 1e-3 --output-dir runs/t
+    onepass train --tiny qwen3 --data builtin:mathchat --max-steps 50 --learning-rate 1e-3 --output-dir runs/t
     onepass train --config configs/qwen3-8b-qlora.yaml --resume          # latest checkpoint
 
 Also runnable alone (``python -m onepass.train.cli ...``), which is what
@@ -16,7 +20,11 @@ Also runnable alone (``python -m onepass.train.cli ...``), which is what
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import logging
 import sys
+import types
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,8 +33,9 @@ from onepass.render import parse_key_value
 
 _DESCRIPTION = "Fine-tune a HF causal LM on one-pass rows: a YAML config (--config) plus flag overrides."
 _EPILOG = """\
-Every flag overrides the config key of the same name (--max-steps -> max_steps).
-The step covers batch_size * grad_accum * processes conversations (or prepared rows);
+Every flag overrides the config key of the same name (--max-steps -> max_steps); the
+names are transformers.TrainingArguments'. A step covers per_device_train_batch_size *
+gradient_accumulation_steps * processes conversations (or prepared rows);
 its loss is divided by the step's total target weight, so one-pass and n-pass take
 the same steps. Outputs in --output-dir: metrics.json, loss.png, checkpoints/, final/
 (save_pretrained: full model or LoRA adapter, with the tokenizer and chat template)."""
@@ -44,76 +53,55 @@ def _csv(value: str) -> list[str] | str:
     return parts[0] if len(parts) == 1 else parts
 
 
+_GROUPS = ("model", "data", "fine-tuning", "optimisation", "numerics and hardware", "outputs")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _kind(hint: Any) -> Any:
+    """The flag's type for a field's type hint: ``X | None`` is ``X``; ``str | tuple[str, ...]`` is a list."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return tuple if any(typing.get_origin(a) is tuple for a in args) else _kind(args[0])
+    origin = typing.get_origin(hint)
+    return origin if origin in (tuple, dict) else hint
+
+
+def _add_field(g: Any, f: dataclasses.Field, hint: Any) -> None:
+    kind = _kind(hint)
+    default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+    shown = "" if default in (None, (), {}) or kind is bool else f" (default: {default})"
+    names = [_flag(f.name), *f.metadata.get("flags", ())]
+    common: dict[str, Any] = dict(dest=f.name, default=None, help=f.metadata.get("help", "") + shown)
+    if kind is bool:
+        g.add_argument(*names, action=argparse.BooleanOptionalAction, **common)
+    elif kind is dict:
+        g.add_argument(*names, action="append", type=_pairs, metavar="KEY=VALUE", **common)
+    elif kind is tuple:
+        g.add_argument(*names, type=_csv, metavar="A,B", **common)
+    else:
+        g.add_argument(*names, type=kind if kind in (int, float) else str, **common)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """One flag per :class:`~onepass.train.config.TrainConfig` field (type, help and group from the field)."""
+    from onepass.train.config import DEPRECATED_KEYS, TrainConfig
+
     p.add_argument("--config", help="a YAML file of config keys (see configs/); flags override it")
     p.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
                    help="continue from the latest checkpoint in --output-dir, or from CHECKPOINT")
-
-    g = p.add_argument_group("model")
-    src = g.add_mutually_exclusive_group()
-    src.add_argument("--model", help="a hub id or a local directory of a HF causal LM")
-    src.add_argument("--tiny", metavar="ARCH", help="a random tiny model of ARCH (qwen3, llama, ...): tests, demos")
-    g.add_argument("--tokenizer", help="tokenizer spec (default: the model's; builtin:qwen3 with --tiny)")
-    g.add_argument("--chat-template", help="a .jinja file or builtin:NAME replacing the tokenizer's template")
-    g.add_argument("--completion-format", help="deepseek-r1, think-tags or a format string (see prepare)")
-    g.add_argument("--template-kwarg", dest="template_kwargs", action="append", type=_pairs, metavar="KEY=VALUE",
-                   help="extra chat template variable (repeatable)")
-
-    g = p.add_argument_group("data")
-    g.add_argument("--data", help="conversations (.jsonl/.json/.parquet, a folder of them, a saved dataset, "
-                                  "builtin:mathchat, synthetic:NAME, a hub id) or rows written by onepass prepare")
-    g.add_argument("--eval-data", help="held-out data in the same forms; eval loss at the end (and --eval-steps)")
-    g.add_argument("--limit", type=int, help="use only the first N conversations (rows for a prepared dir)")
-    g.add_argument("--schedule", help="one-pass (default) | n-pass | k-pass:K | budget")
-    g.add_argument("--max-tokens", type=int, help="tree / row token budget")
-    g.add_argument("--pack", action=argparse.BooleanOptionalAction, default=None,
-                   help="pack each micro-batch's trees into rows of <= --max-tokens")
-    g.add_argument("--weighting", help="token (default) | turn | conversation")
-    g.add_argument("--max-batch-tokens", type=int,
-                   help="split a micro-batch into forward passes of <= N padded tokens (same loss)")
-    g.add_argument("--allow-inexact", action="store_true", default=None,
-                   help="train even when the exactness guard finds that one-pass is not the N-pass loss "
-                        "for this model (the guard's result is recorded in metrics.json)")
-
-    g = p.add_argument_group("fine-tuning")
-    g.add_argument("--finetune", help="full (default) | lora | qlora (4-bit NF4, CUDA only)")
-    g.add_argument("--lora-r", type=int)
-    g.add_argument("--lora-alpha", type=float)
-    g.add_argument("--lora-dropout", type=float)
-    g.add_argument("--lora-target-modules", type=_csv, help="all-linear (default) or a comma list: q_proj,v_proj")
-
-    g = p.add_argument_group("optimisation")
-    g.add_argument("--optimizer", help="adamw (default) | sgd | adamw_8bit | paged_adamw_8bit")
-    g.add_argument("--lr", type=float)
-    g.add_argument("--weight-decay", type=float)
-    g.add_argument("--lr-scheduler", help="linear (default) | cosine | constant")
-    g.add_argument("--warmup-ratio", type=float)
-    g.add_argument("--warmup-steps", type=int)
-    g.add_argument("--epochs", type=float)
-    g.add_argument("--max-steps", type=int, help="optimizer steps (overrides --epochs)")
-    g.add_argument("--batch-size", type=int, help="conversations per micro-batch per process")
-    g.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step")
-    g.add_argument("--max-grad-norm", type=float)
-
-    g = p.add_argument_group("numerics and hardware")
-    g.add_argument("--dtype", help="weights: float32 (default) | bfloat16 | float64")
-    g.add_argument("--mixed-precision", help="no (default) | bf16 (autocast)")
-    g.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--attention", "--backend", dest="attention",
-                   help="auto (flex_attention on CUDA, else sdpa) | sdpa | eager | flex_attention")
-    g.add_argument("--device", help="auto (default) | cpu | cuda | cuda:N")
-
-    g = p.add_argument_group("outputs")
-    g.add_argument("--output-dir", "--out", dest="output_dir")
-    g.add_argument("--seed", type=int)
-    g.add_argument("--logging-steps", type=int)
-    g.add_argument("--save-steps", type=int, help="checkpoint every N steps (and at the end)")
-    g.add_argument("--save-total-limit", type=int)
-    g.add_argument("--eval-steps", type=int)
-    g.add_argument("--report-to", type=_csv, help="tensorboard, or none")
-    g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--save-model", action=argparse.BooleanOptionalAction, default=None,
-                   help="save_pretrained into OUTPUT_DIR/final at the end (default on)")
+    groups = {name: p.add_argument_group(name) for name in _GROUPS}
+    source = groups["model"].add_mutually_exclusive_group()  # --model or --tiny
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        group = source if f.name in ("model", "tiny") else groups[f.metadata.get("group", "outputs")]
+        _add_field(group, f, hints[f.name])
+    for old, new in DEPRECATED_KEYS.items():  # read for one more release, with a warning naming the new flag
+        kind = _kind(hints[new])
+        p.add_argument(_flag(old), dest=old, default=None, help=argparse.SUPPRESS,
+                       type=kind if kind in (int, float) else str)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -131,16 +119,41 @@ _NOT_CONFIG = ("config", "resume", "command", "func")
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     values = {k: v for k, v in vars(args).items() if k not in _NOT_CONFIG and v is not None}
-    if "template_kwargs" in values:
-        values["template_kwargs"] = dict(values["template_kwargs"])
+    for key in ("template_kwargs", "tiny_config"):
+        if key in values:
+            values[key] = dict(values[key])
     return values
+
+
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is now (test harnesses swap it)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
+def setup_logging() -> None:
+    """``onepass`` messages (INFO and up, the message alone) on stderr."""
+    logger = logging.getLogger("onepass")
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
 
 
 def run(args: argparse.Namespace) -> int:
     """``onepass train``: returns 0 when the run finished. Bad settings raise a OnePassError (one line)."""
-    from onepass.train.loop import train
     from onepass.train.config import load_config
+    from onepass.train.loop import train
 
+    setup_logging()
     config = load_config(args.config, overrides_from_args(args))
     train(config, resume=args.resume)
     return 0

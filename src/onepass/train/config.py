@@ -9,19 +9,29 @@ what was wrong and what to do, which ``onepass`` prints as
 ``onepass: error: ...``.
 
     >>> cfg = load_config(None, {"tiny": "qwen3", "data": "builtin:mathchat"})
-    >>> cfg.schedule, cfg.batch_size, cfg.grad_accum
+    >>> cfg.schedule, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
     ('one-pass', 1, 1)
+
+Key names follow ``transformers.TrainingArguments`` (``learning_rate``,
+``per_device_train_batch_size``, ``gradient_accumulation_steps``,
+``num_train_epochs``, ``lr_scheduler_type``, ``optim``, ``report_to``, ...).
+The short names of earlier releases (``lr``, ``batch_size``, ``grad_accum``,
+``epochs``, ...: :data:`DEPRECATED_KEYS`) are still read, with one warning line
+naming the new key. The fields are the one source of truth: ``onepass train``'s
+flags are generated from them (:mod:`onepass.train.cli`).
 
 Batch vocabulary: a *unit* is one conversation (raw data, prepared on the fly:
 all of its trees) or one row (a prepared directory). One optimizer step covers
-``batch_size * grad_accum * world_size`` units; each process takes
-``batch_size`` units per micro-batch, ``grad_accum`` micro-batches per step.
+``per_device_train_batch_size * gradient_accumulation_steps * world_size``
+units; each process takes ``per_device_train_batch_size`` units per
+micro-batch, ``gradient_accumulation_steps`` micro-batches per step.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import types
 import typing
 from collections.abc import Mapping
@@ -33,74 +43,113 @@ from onepass.errors import ConfigError
 
 FINETUNES = ("full", "lora", "qlora")
 OPTIMIZERS = ("adamw", "sgd", "adamw_8bit", "paged_adamw_8bit")
+OPTIMIZER_ALIASES = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw"}  # HF names of the same
 LR_SCHEDULERS = ("constant", "linear", "cosine")
 DTYPES = ("float32", "bfloat16", "float64")
 MIXED_PRECISION = ("no", "bf16")
-REPORT_TO = ("tensorboard",)
+REPORT_TO = ("tensorboard", "wandb", "mlflow", "trackio", "comet_ml", "aim", "clearml", "dvclive", "swanlab")
+# accelerate's tracker names (accelerate.utils.LoggerType); which are installed is checked when a run starts
+
+DEPRECATED_KEYS = {"lr": "learning_rate", "batch_size": "per_device_train_batch_size",
+                   "grad_accum": "gradient_accumulation_steps", "epochs": "num_train_epochs",
+                   "lr_scheduler": "lr_scheduler_type", "optimizer": "optim", "adam_eps": "adam_epsilon"}
+"""Short key names of earlier releases -> the ``TrainingArguments`` names; read for one more release."""
+
+log = logging.getLogger("onepass")
 
 
 class TrainConfigError(ConfigError):
     """A training setting that cannot work; the message is one line and says what to do."""
 
 
+def _meta(help: str, group: str, *, flags: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The ``--help`` line, group and extra names of a field's generated flag (onepass.train.cli)."""
+    return {"help": help, "group": group, "flags": flags}
+
+
+def _f(default: Any, help: str, group: str, *, flags: tuple[str, ...] = ()) -> Any:
+    """A config field with an immutable default."""
+    return field(default=default, metadata=_meta(help, group, flags=flags))
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
+    """Every setting of a run; the names follow ``transformers.TrainingArguments`` where it has one."""
+
     # model: exactly one of model / tiny
-    model: str | None = None  # a hub id or a local directory
-    tiny: str | None = None  # a random tiny model of this architecture (onepass.tiny), for tests/demos
-    tiny_config: dict[str, Any] = field(default_factory=dict)  # size overrides, e.g. {hidden_size: 128}
-    compact_vocab: bool = True  # tiny only: renumber the token ids that occur to 0..V-1
-    tokenizer: str | None = None  # default: the model's own; builtin:qwen3 for tiny
-    chat_template: str | None = None
-    completion_format: str | None = None
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    model: str | None = _f(None, "a hub id or a local directory of a HF causal LM", "model")
+    tiny: str | None = _f(None, "a random tiny model of this architecture (qwen3, llama, ...): tests, demos", "model")
+    tiny_config: dict[str, Any] = field(default_factory=dict, metadata=_meta(
+        "tiny model size overrides, e.g. hidden_size=128", "model"))
+    compact_vocab: bool = _f(True, "tiny only: renumber the token ids that occur to 0..V-1", "model")
+    tokenizer: str | None = _f(None, "tokenizer spec (default: the model's; builtin:qwen3 with --tiny)", "model")
+    chat_template: str | None = _f(None, "a .jinja file or builtin:NAME replacing the tokenizer's template",
+                                   "model")
+    completion_format: str | None = _f(None, "deepseek-r1, think-tags or a format string (see prepare)", "model")
+    template_kwargs: dict[str, Any] = field(default_factory=dict, metadata=_meta(
+        "extra chat template variable (repeatable)", "model", flags=("--template-kwarg",)))
     # data
-    data: str | None = None  # conversations file, builtin:mathchat, or a prepared directory
-    eval_data: str | None = None
-    limit: int | None = None  # first N conversations (or rows) only
-    schedule: str = "one-pass"
-    max_tokens: int | None = None
-    pack: bool = False  # pack each micro-batch's trees into rows of <= max_tokens
-    weighting: str = "token"
-    max_batch_tokens: int | None = None  # split a micro-batch into forwards of <= this many padded tokens
-    allow_inexact: bool = False  # train even when the exactness guard (onepass.guard) finds one-pass != N-pass
+    data: str | None = _f(None, "conversations (.jsonl/.json/.parquet, a folder of them, a saved dataset, "
+                          "builtin:mathchat, synthetic:NAME, a hub id) or rows written by onepass prepare", "data")
+    eval_data: str | None = _f(None, "held-out data in the same forms; eval loss at the end (and eval_steps)",
+                               "data")
+    limit: int | None = _f(None, "use only the first N conversations (rows for a prepared dir)", "data")
+    schedule: str = _f("one-pass", "one-pass (default) | n-pass | k-pass:K | budget", "data")
+    max_tokens: int | None = _f(None, "tree / row token budget", "data")
+    pack: bool = _f(False, "pack each micro-batch's trees into rows of <= max_tokens", "data")
+    weighting: str = _f("token", "token (default) | turn | conversation", "data")
+    max_batch_tokens: int | None = _f(None, "split a micro-batch into forward passes of <= N padded tokens "
+                                      "(same loss)", "data")
+    allow_inexact: bool = _f(False, "train even when the exactness guard finds that one-pass is not the N-pass "
+                             "loss for this model (the guard's result is recorded in metrics.json)", "data")
     # fine-tuning
-    finetune: str = "full"  # full | lora | qlora
-    lora_r: int = 16
-    lora_alpha: float = 32.0
-    lora_dropout: float = 0.05
-    lora_target_modules: str | tuple[str, ...] = "all-linear"
+    finetune: str = _f("full", "full (default) | lora | qlora (4-bit NF4, CUDA only)", "fine-tuning")
+    lora_r: int = _f(16, "LoRA rank", "fine-tuning")
+    lora_alpha: float = _f(32.0, "LoRA alpha", "fine-tuning")
+    lora_dropout: float = _f(0.05, "LoRA dropout", "fine-tuning")
+    lora_target_modules: str | tuple[str, ...] = _f("all-linear", "all-linear (default) or a comma list: "
+                                                    "q_proj,v_proj", "fine-tuning")
     # optimisation
-    optimizer: str = "adamw"
-    lr: float = 2e-5
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    lr_scheduler: str = "linear"
-    warmup_ratio: float = 0.0
-    warmup_steps: int = 0
-    epochs: float = 1.0
-    max_steps: int | None = None  # overrides epochs
-    batch_size: int = 1  # units per micro-batch per process
-    grad_accum: int = 1  # micro-batches per optimizer step
-    max_grad_norm: float | None = 1.0
+    optim: str = _f("adamw", "adamw (default; adamw_torch is the same) | sgd | adamw_8bit | paged_adamw_8bit",
+                    "optimisation")
+    learning_rate: float = _f(2e-5, "peak learning rate", "optimisation")
+    weight_decay: float = _f(0.0, "AdamW weight decay", "optimisation")
+    adam_beta1: float = _f(0.9, "AdamW beta1", "optimisation")
+    adam_beta2: float = _f(0.999, "AdamW beta2", "optimisation")
+    adam_epsilon: float = _f(1e-8, "AdamW epsilon", "optimisation")
+    lr_scheduler_type: str = _f("linear", "linear (default) | cosine | constant", "optimisation")
+    warmup_ratio: float = _f(0.0, "warmup as a fraction of the steps", "optimisation")
+    warmup_steps: int = _f(0, "warmup steps (wins over warmup_ratio when > 0)", "optimisation")
+    num_train_epochs: float = _f(1.0, "passes over the data", "optimisation")
+    max_steps: int | None = _f(None, "optimizer steps (overrides num_train_epochs)", "optimisation")
+    per_device_train_batch_size: int = _f(1, "conversations (or prepared rows) per micro-batch per process",
+                                          "optimisation")
+    gradient_accumulation_steps: int = _f(1, "micro-batches per optimizer step", "optimisation")
+    max_grad_norm: float | None = _f(1.0, "gradient clipping norm", "optimisation")
     # numerics and hardware
-    dtype: str = "float32"  # weights of the loaded model
-    mixed_precision: str = "no"  # "bf16": autocast the forward pass
-    gradient_checkpointing: bool = False
-    attention: str = "auto"  # auto | sdpa | eager | flex_attention | a registered backend name
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = _f("float32", "weights: float32 (default) | bfloat16 | float64", "numerics and hardware")
+    mixed_precision: str = _f("no", "no (default) | bf16 (autocast the forward pass)", "numerics and hardware")
+    gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass", "numerics and hardware")
+    attention: str = _f("auto", "auto (flex_attention on CUDA, else sdpa) | sdpa | eager | flex_attention | a "
+                        "registered backend", "numerics and hardware", flags=("--backend",))
+    device: str = _f("auto", "auto (default) | cpu | cuda | cuda:N", "numerics and hardware")
     # outputs
-    output_dir: str = "runs/train"
-    seed: int = 0
-    logging_steps: int = 1
-    save_steps: int | None = None  # checkpoint every N steps (and always at the end)
-    save_total_limit: int | None = 2
-    eval_steps: int | None = None
-    report_to: tuple[str, ...] = ()
-    progress: bool = True
-    save_model: bool = True  # save_pretrained into output_dir/final at the end
+    output_dir: str = _f("runs/train", "where metrics, checkpoints and the final model go", "outputs",
+                         flags=("--out",))
+    overwrite_output_dir: bool = _f(False, "start a new run in an output_dir that holds another run (its "
+                                    "checkpoints are removed); without it that is refused unless --resume",
+                                    "outputs", flags=("--overwrite",))
+    seed: int = _f(0, "data order and initialisation seed", "outputs")
+    logging_steps: int = _f(1, "write metrics every N steps", "outputs")
+    save_steps: int | None = _f(None, "checkpoint every N steps (and always at the end)", "outputs")
+    save_total_limit: int | None = _f(2, "checkpoints to keep", "outputs")
+    eval_steps: int | None = _f(None, "eval loss every N steps (needs eval_data)", "outputs")
+    report_to: tuple[str, ...] = _f((), "trackers through accelerate: tensorboard, wandb, mlflow, trackio, "
+                                    "comet_ml, aim, clearml, dvclive, swanlab (comma list), all, or none",
+                                    "outputs")
+    run_name: str | None = _f(None, "the run's name in the trackers (default: the output_dir's name)", "outputs")
+    progress: bool = _f(True, "a progress bar", "outputs")
+    save_model: bool = _f(True, "save_pretrained into OUTPUT_DIR/final at the end", "outputs")
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -139,15 +188,15 @@ def _validate(c: TrainConfig) -> None:
         _fail(str(e))
     _one_of("weighting", c.weighting, WEIGHTINGS)
     _one_of("finetune", c.finetune, FINETUNES)
-    _one_of("optimizer", c.optimizer, OPTIMIZERS)
-    _one_of("lr_scheduler", c.lr_scheduler, LR_SCHEDULERS)
+    _one_of("optim", c.optim, OPTIMIZERS)
+    _one_of("lr_scheduler_type", c.lr_scheduler_type, LR_SCHEDULERS)
     _one_of("dtype", c.dtype, DTYPES)
     _one_of("mixed_precision", c.mixed_precision, MIXED_PRECISION)
     for r in c.report_to:
-        _one_of("report_to", r, REPORT_TO)
+        _one_of("report_to tracker", r, REPORT_TO)
     if c.pack and c.max_tokens is None:
         _fail("pack needs a row budget: set max_tokens")
-    for name in ("batch_size", "grad_accum", "logging_steps", "lora_r"):
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps", "lora_r"):
         if getattr(c, name) < 1:
             _fail(f"{name} must be >= 1, got {getattr(c, name)}")
     for name in ("max_tokens", "max_batch_tokens", "max_steps", "save_steps", "eval_steps", "limit",
@@ -155,10 +204,10 @@ def _validate(c: TrainConfig) -> None:
         value = getattr(c, name)
         if value is not None and value < 1:
             _fail(f"{name} must be >= 1 (or unset), got {value}")
-    if c.lr <= 0:
-        _fail(f"lr must be > 0, got {c.lr}")
-    if c.epochs <= 0:
-        _fail(f"epochs must be > 0, got {c.epochs}")
+    if c.learning_rate <= 0:
+        _fail(f"learning_rate must be > 0, got {c.learning_rate}")
+    if c.num_train_epochs <= 0:
+        _fail(f"num_train_epochs must be > 0, got {c.num_train_epochs}")
     if not 0 <= c.warmup_ratio < 1 or c.warmup_steps < 0:
         _fail("warmup_ratio must be in [0, 1) and warmup_steps >= 0")
     if not 0 <= c.lora_dropout < 1:
@@ -167,8 +216,8 @@ def _validate(c: TrainConfig) -> None:
         _fail("qlora loads a saved model in 4 bits: save the tiny model and pass its directory as model")
     if c.finetune == "qlora" and c.dtype == "float64":
         _fail("qlora computes in bfloat16 or float32, not float64")
-    if c.optimizer.endswith("8bit") and c.device == "cpu":
-        _fail(f"optimizer {c.optimizer} (bitsandbytes) needs a CUDA GPU; use adamw on CPU")
+    if c.optim.endswith("8bit") and c.device == "cpu":
+        _fail(f"optim {c.optim} (bitsandbytes) needs a CUDA GPU; use adamw on CPU")
     if c.finetune == "qlora" and c.device == "cpu":
         _fail(QLORA_ON_CPU)
 
@@ -237,6 +286,26 @@ def config_keys() -> list[str]:
     return [f.name for f in dataclasses.fields(TrainConfig)]
 
 
+def rename_deprecated(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``values`` with the short names of :data:`DEPRECATED_KEYS` renamed, one warning line per old key.
+
+    >>> rename_deprecated({"lr": 0.1, "seed": 1}, "x.yaml")
+    {'learning_rate': 0.1, 'seed': 1}
+    """
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        new = DEPRECATED_KEYS.get(key)
+        if new is None:
+            out[key] = value
+            continue
+        if new in values:
+            _fail(f"{where} sets both {key!r} and {new!r}; keep {new!r} ({key!r} is its deprecated name)")
+        log.warning("onepass: config key %r in %s is deprecated; use %r (the old name is read until the next "
+                    "release)", key, where, new)
+        out[new] = value
+    return out
+
+
 def _check_keys(values: Mapping[str, Any], where: str) -> None:
     known = config_keys()
     for key in values:
@@ -248,10 +317,16 @@ def _check_keys(values: Mapping[str, Any], where: str) -> None:
 
 def config_from_dict(values: Mapping[str, Any], *, where: str = "the config") -> TrainConfig:
     """A validated :class:`TrainConfig` from plain values (YAML types are coerced)."""
+    values = rename_deprecated(values, where)
     _check_keys(values, where)
     hints = _hints()
-    if values.get("report_to") in ("none", None, []):
+    report = values.get("report_to")
+    if report in ("none", None, [], ["none"]):
         values = {**values, "report_to": ()}
+    elif report == "all" or report == ["all"]:
+        values = {**values, "report_to": REPORT_TO}
+    if values.get("optim") in OPTIMIZER_ALIASES:
+        values = {**values, "optim": OPTIMIZER_ALIASES[values["optim"]]}
     return TrainConfig(**{k: _coerce(k, v, hints[k]) for k, v in values.items()})
 
 
@@ -273,9 +348,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 def load_config(path: str | Path | None, overrides: Mapping[str, Any] | None = None) -> TrainConfig:
     """The config in ``path`` (YAML; may be None) with ``overrides`` (None values ignored) applied."""
-    values = read_yaml(path) if path is not None else {}
+    values = rename_deprecated(read_yaml(path), str(path)) if path is not None else {}
     _check_keys(values, str(path))
-    changes = {k: v for k, v in (overrides or {}).items() if v is not None}
+    changes = rename_deprecated({k: v for k, v in (overrides or {}).items() if v is not None}, "the overrides")
     _check_keys(changes, "the overrides")
     merged = {**values, **changes}
     if "tiny" in changes:  # a flag picks the model source: it replaces the file's
@@ -295,4 +370,5 @@ def write_yaml(config: TrainConfig, path: str | Path) -> None:
 # e.g. max_steps to train longer, save_steps, logging).
 RESUME_KEYS = ("model", "tiny", "tiny_config", "compact_vocab", "data", "limit", "schedule", "max_tokens",
                "pack", "weighting", "finetune", "lora_r", "lora_alpha", "lora_dropout",
-               "lora_target_modules", "optimizer", "batch_size", "grad_accum", "seed", "dtype")
+               "lora_target_modules", "optim", "per_device_train_batch_size", "gradient_accumulation_steps", "seed",
+               "dtype")

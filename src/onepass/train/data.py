@@ -25,6 +25,7 @@ No torch here, except :func:`collate` at the edge to the device.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ from onepass.tree import Layout, row_from_columns
 from onepass.vocab import layout_ids, remap_layout, used_ids
 
 Unit = list[Layout]
+
+_LOG = logging.getLogger("onepass")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,7 +108,7 @@ def conversation_units(conversations: Sequence[Any], tokenizer: Any, config: Pre
 
 
 def load_train_data(spec: str, config: TrainConfig, tokenizer: Any | None, *, progress: bool = False,
-                    log: Any = print) -> TrainData:
+                    log: Any = _LOG.info) -> TrainData:
     """Units of ``spec``: prepared rows (one unit per row) or conversations (one unit per conversation)."""
     source = resolve_data(spec)
     if source.kind == ROWS:
@@ -159,7 +162,7 @@ def compact_vocab(*datas: TrainData) -> tuple[list[TrainData], np.ndarray]:
 
 
 def units_per_step(config: TrainConfig, world: int) -> int:
-    return config.batch_size * config.grad_accum * world
+    return config.per_device_train_batch_size * config.gradient_accumulation_steps * world
 
 
 def steps_per_epoch(num_units: int, per_step: int) -> int:
@@ -169,7 +172,7 @@ def steps_per_epoch(num_units: int, per_step: int) -> int:
 def total_steps(config: TrainConfig, num_units: int, world: int) -> int:
     if config.max_steps is not None:
         return config.max_steps
-    return max(1, math.ceil(config.epochs * steps_per_epoch(num_units, units_per_step(config, world))))
+    return max(1, math.ceil(config.num_train_epochs * steps_per_epoch(num_units, units_per_step(config, world))))
 
 
 def epoch_order(num_units: int, *, seed: int, epoch: int) -> np.ndarray:

@@ -2,8 +2,12 @@
 
 Why this module exists: many users already drive training through HF's
 ``Trainer`` (directly, or through TRL, LLaMA-Factory or axolotl, which
-subclass it). :class:`OnePassTrainer` keeps everything the Trainer does and
-changes only what one-pass needs:
+subclass it). :class:`OnePassTrainer` takes what TRL's ``SFTTrainer`` takes
+(``model`` as a name or a model, ``args``, ``train_dataset``/``eval_dataset``
+of conversations or of rows, ``processing_class``, ``peft_config``), so a TRL
+script becomes a one-pass script by changing the import and the class names
+(``docs/train.md``; ``tests/train/test_sft_scripts.py``). It keeps everything
+the Trainer does and changes only what one-pass needs:
 
 - a dataset item is one **conversation** (its trees concatenated into one
   row, see :func:`conversation_dataset`), so a one-pass run and an N-pass run
@@ -19,11 +23,13 @@ changes only what one-pass needs:
   float64 twin of the model and refuses, in one line, a model for which
   one-pass is not the N-pass loss, unless ``allow_inexact=True``.
 
-    from transformers import TrainingArguments
-    from onepass.train.hf_trainer import OnePassTrainer, conversation_dataset
+    from datasets import load_dataset
+    from onepass.train import OnePassConfig, OnePassTrainer
 
-    train = conversation_dataset(conversations, tokenizer, schedule="one-pass")
-    trainer = OnePassTrainer(model=model, args=TrainingArguments("out"), train_dataset=train)
+    dataset = load_dataset("json", data_files="chats.jsonl", split="train")   # a messages column
+    args = OnePassConfig("out", schedule="one-pass", max_length=8192, learning_rate=1e-4)
+    trainer = OnePassTrainer(model="Qwen/Qwen3-0.6B", args=args, train_dataset=dataset,
+                             processing_class=tokenizer, peft_config=LoraConfig(r=16))
     trainer.train()
 
 Load the model with a backend that serves a tree mask: ``flex_attention`` on
@@ -96,6 +102,54 @@ def conversation_dataset(conversations: Iterable[Conversation], tokenizer: Any, 
     return (ds, stats) if return_stats else ds
 
 
+def _columns(ds: Any) -> list[str]:
+    names = getattr(ds, "column_names", None)
+    if names is None:  # an IterableDataset of unknown features: its first item says
+        first = next(iter(ds), None)
+        names = list(first) if isinstance(first, Mapping) else []
+    return list(names)
+
+
+def parse_dataset(ds: Any, *, source: str) -> list[Conversation]:
+    """The conversations of a ``datasets.Dataset`` / ``IterableDataset`` (or a list of records), in any
+    shape :func:`onepass.conversation.parse_record` reads (the column is detected). A record that is not a
+    conversation is a counted skip, logged with the first reason; none left is a :class:`DataError`."""
+    from onepass.conversation import ConversationError, parse_record
+    from onepass.errors import DataError
+
+    convs: list[Conversation] = []
+    skipped: list[str] = []
+    for i, record in enumerate(ds):
+        try:
+            convs.append(parse_record(record, source=source, index=i))
+        except ConversationError as e:
+            skipped.append(str(e))
+    if skipped:
+        log.warning("onepass: skipped %d of %d records of %s; first: %s", len(skipped), len(skipped) + len(convs),
+                    source, skipped[0])
+    if not convs:
+        raise DataError(f"{source} has no conversations"
+                        + (f"; first skip: {skipped[0]}" if skipped else " (it is empty)"))
+    return convs
+
+
+def as_rows(ds: Any, tokenizer: Any, args: Any, *, source: str) -> Any:
+    """What :class:`OnePassTrainer` trains on: prepared rows pass through; conversations (a ``messages``,
+    ``conversations`` or ``interactions`` column, or ShareGPT records) become :func:`conversation_dataset`
+    items with ``args``' schedule, max_tokens, weighting and template settings."""
+    from onepass.errors import UsageError
+
+    if ds is None or set(COLUMNS) <= set(_columns(ds)):
+        return ds
+    if tokenizer is None or not hasattr(tokenizer, "apply_chat_template"):
+        raise UsageError(f"{source} holds conversations: pass processing_class=tokenizer to render them")
+    render = args.render_config() if hasattr(args, "render_config") else None
+    return conversation_dataset(parse_dataset(ds, source=source), tokenizer,
+                                schedule=getattr(args, "schedule", "one-pass"),
+                                max_tokens=getattr(args, "max_tokens", None),
+                                weighting=getattr(args, "weighting", "token"), render=render)
+
+
 def prepared_dataset(path: str | Path) -> Any:
     """The rows written by ``onepass prepare`` as a dataset (one item per row).
 
@@ -120,17 +174,65 @@ class OnePassCollator:
         return layouts_to_batch(rows)
 
 
-class OnePassTrainer(Trainer):
-    """``transformers.Trainer`` whose loss is the one-pass loss, normalised as N-pass (see module doc)."""
+def _load_model(model: str, args: Any) -> Any:
+    from transformers import AutoModelForCausalLM
 
-    def __init__(self, *args: Any, data_collator: Any = None, allow_inexact: bool = False,
-                 exactness_conversations: Sequence[Conversation] | None = None, **kwargs: Any) -> None:
-        """``allow_inexact``: train even when the exactness guard (:mod:`onepass.guard`, run at the
-        start of :meth:`train`) finds that one-pass is not the N-pass loss for this model;
-        ``exactness_conversations``: what it checks on (default: the conversations
-        :func:`conversation_dataset` kept, else the bundled MathChat pair)."""
-        super().__init__(*args, data_collator=data_collator or OnePassCollator(), **kwargs)
-        self.allow_inexact = allow_inexact
+    return AutoModelForCausalLM.from_pretrained(model, **(getattr(args, "model_init_kwargs", None) or {}))
+
+
+def _with_template(tokenizer: Any, args: Any) -> Any:
+    path = getattr(args, "chat_template_path", None)
+    if path is not None and tokenizer is not None:
+        from onepass.tokenizer import read_template
+
+        tokenizer.chat_template = read_template(path)
+    return tokenizer
+
+
+class OnePassTrainer(Trainer):
+    """``transformers.Trainer`` whose loss is the one-pass loss, normalised as N-pass (see module doc).
+
+    Takes what TRL's ``SFTTrainer`` takes: ``model`` (a model, or a hub id / directory to load),
+    ``args`` (:class:`~onepass.train.hf_config.OnePassConfig` or any ``TrainingArguments``),
+    ``train_dataset`` / ``eval_dataset`` (conversations in any shape onepass reads, or prepared rows),
+    ``processing_class`` (the tokenizer: renders conversations, saved with every checkpoint) and
+    ``peft_config``.
+    """
+
+    def __init__(self, model: Any = None, args: Any = None, data_collator: Any = None, train_dataset: Any = None,
+                 eval_dataset: Any = None, processing_class: Any = None, *, peft_config: Any = None,
+                 allow_inexact: bool | None = None, exactness_conversations: Sequence[Conversation] | None = None,
+                 **kwargs: Any) -> None:
+        """``allow_inexact`` (default: ``args.allow_inexact``): train even when the exactness guard
+        (:mod:`onepass.guard`, run at the start of :meth:`train`) finds that one-pass is not the
+        N-pass loss for this model; ``exactness_conversations``: what it checks on (default: the
+        conversations :func:`conversation_dataset` kept, else the bundled MathChat pair)."""
+        from onepass.train.hf_config import OnePassConfig
+
+        if args is None:
+            name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "")
+            args = OnePassConfig(f"{str(name).rstrip('/').split('/')[-1] or 'model'}-onepass")
+        if isinstance(model, str):
+            if processing_class is None:
+                from transformers import AutoTokenizer
+
+                processing_class = AutoTokenizer.from_pretrained(model)
+            model = _load_model(model, args)
+        processing_class = _with_template(processing_class, args)
+        if peft_config is not None:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, peft_config)
+        train_dataset = as_rows(train_dataset, processing_class, args, source="train_dataset")
+        if isinstance(eval_dataset, Mapping):
+            eval_dataset = {k: as_rows(v, processing_class, args, source=f"eval_dataset[{k!r}]")
+                            for k, v in eval_dataset.items()}
+        else:
+            eval_dataset = as_rows(eval_dataset, processing_class, args, source="eval_dataset")
+        super().__init__(model=model, args=args, data_collator=data_collator or OnePassCollator(),
+                         train_dataset=train_dataset, eval_dataset=eval_dataset,
+                         processing_class=processing_class, **kwargs)
+        self.allow_inexact = getattr(args, "allow_inexact", False) if allow_inexact is None else allow_inexact
         self.exactness_conversations = exactness_conversations
         self.exactness: Any = None  # the guard's GuardResult, once train() ran it
         if self.args.n_gpu > 1:

@@ -31,8 +31,11 @@ checkpoints, resume) is here in plain sight.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import shutil
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,7 +77,8 @@ class TrainResult:
     tokens: int  # real (unpadded) row tokens processed by this call, all processes
 
 
-def make_accelerator(config: TrainConfig, device: torch.device) -> Any:
+def make_accelerator(config: TrainConfig, device: torch.device, log_with: Sequence[Any] = ()) -> Any:
+    """The run's ``Accelerator``; ``log_with``: its trackers (:func:`onepass.train.report.make_trackers`)."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
@@ -82,15 +86,16 @@ def make_accelerator(config: TrainConfig, device: torch.device) -> Any:
         AcceleratorState._reset_state(True)  # a second train() in one process may change precision
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)
-    return Accelerator(cpu=device.type == "cpu", mixed_precision=config.mixed_precision)
+    tracking = dict(log_with=list(log_with), project_dir=str(config.output_dir)) if log_with else {}
+    return Accelerator(cpu=device.type == "cpu", mixed_precision=config.mixed_precision, **tracking)
 
 
 def _rank_passes(data: TrainData, units: Sequence[int], config: TrainConfig, *, rank: int, world: int
                  ) -> list[list[Layout]]:
     """Forward passes (lists of rows) of ``rank`` for the step holding ``units``."""
     passes: list[list[Layout]] = []
-    for slot in rank_slots(units, rank=rank, world=world, batch_size=config.batch_size,
-                           grad_accum=config.grad_accum):
+    for slot in rank_slots(units, rank=rank, world=world, batch_size=config.per_device_train_batch_size,
+                           grad_accum=config.gradient_accumulation_steps):
         rows = micro_batch_rows(data, slot, pack=config.pack, max_tokens=config.max_tokens)
         passes.extend(forward_groups(rows, config.max_batch_tokens))
     return passes
@@ -125,9 +130,9 @@ def evaluate(accelerator: Any, model: Any, data: TrainData, config: TrainConfig)
     def passes(r: int) -> list[list[Layout]]:
         mine = list(range(r, data.num_units, world))
         out: list[list[Layout]] = []
-        for start in range(0, len(mine), config.batch_size):
-            rows = micro_batch_rows(data, mine[start:start + config.batch_size], pack=config.pack,
-                                    max_tokens=config.max_tokens)
+        for start in range(0, len(mine), config.per_device_train_batch_size):
+            rows = micro_batch_rows(data, mine[start:start + config.per_device_train_batch_size],
+                                    pack=config.pack, max_tokens=config.max_tokens)
             out.extend(forward_groups(rows, config.max_batch_tokens))
         return out
 
@@ -242,11 +247,14 @@ class _Stepper:
                 "seconds": seconds, "tokens_per_s": float(sums[1]) / seconds if seconds > 0 else 0.0}
 
 
-def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callable[[str], None] = print
+def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callable[[str], None] | None = None
           ) -> TrainResult:
-    """Run ``config``; with ``resume`` (True = latest checkpoint, or a checkpoint path) continue a run."""
+    """Run ``config``; with ``resume`` (True = latest checkpoint, or a checkpoint path) continue a run.
+
+    Messages go to ``log`` (default: the ``onepass`` logger at INFO level)."""
     from onepass.train.checkpoint import (
         check_compatible,
+        check_new_run,
         find_checkpoint,
         is_sharded,
         load_checkpoint,
@@ -264,7 +272,7 @@ def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callabl
         resolve_device,
         save_final,
     )
-    from onepass.train.report import Reporter
+    from onepass.train.report import Reporter, make_trackers
 
     device = resolve_device(config.device)  # everything that can fail on this machine fails here, in a second
     check_environment(config, device)
@@ -274,14 +282,21 @@ def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callabl
             check_data(spec)
     out = Path(config.output_dir)
     ckpt = find_checkpoint(out, resume) if resume else None
+    replaced = [] if resume else check_new_run(out, overwrite=config.overwrite_output_dir)  # never mix two runs
     if ckpt is not None:
         check_compatible(read_state(ckpt)["config"], config, ckpt)
+    run_id = read_state(ckpt).get("run_id") if ckpt is not None else uuid.uuid4().hex[:12]  # pruning: this run's
 
-    accelerator = make_accelerator(config, device)
+    log = log or logging.getLogger("onepass").info
+    initial = read_state(ckpt)["step"] if ckpt is not None else 0
+    accelerator = make_accelerator(config, device, make_trackers(config.report_to, out, initial=initial))
     device, world, main = accelerator.device, accelerator.num_processes, accelerator.is_main_process
     say: Callable[[str], None] = log if main else (lambda _msg: None)
     exactness = check_exactness(config, attention=attention, log=say)  # every process: a refusal stops all
     if main:
+        if out / "checkpoints" in replaced:
+            shutil.rmtree(out / "checkpoints")
+            say(f"--overwrite: removed the checkpoints of the earlier run in {out}")
         out.mkdir(parents=True, exist_ok=True)
         write_yaml(config, out / "train_config.yaml")
     loaded = _load_data(config, main=main, say=say)
@@ -312,12 +327,12 @@ def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callabl
         f"schedule {config.schedule}" + (f", {stats.get('n_pass_tokens', 0):,} N-pass tokens -> "
                                          f"{stats.get('scheduled_tokens', 0):,} in trees"
                                          if data.kind == "conversation" else ""))
-    reporter = Reporter(out, main=main, report_to=config.report_to, progress=config.progress, total=total,
-                        initial=start, header=header, history=history, evals=evals, log=say)
+    reporter = Reporter(out, main=main, progress=config.progress, total=total, initial=start, header=header,
+                        history=history, evals=evals, log=say, accelerator=accelerator, run_name=config.run_name)
 
     def save(at: int, *, plot: bool = True) -> None:
         state = {"config": config.to_dict(), "history": reporter.history, "evals": reporter.evals,
-                 "world_size": world, "total_steps": total}
+                 "world_size": world, "total_steps": total, "run_id": run_id}
         path = save_checkpoint(accelerator, model, optimizer, scheduler, output_dir=out, step=at, state=state,
                                keep=config.save_total_limit)
         if plot:
@@ -339,18 +354,19 @@ def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callabl
             if config.save_steps and step % config.save_steps == 0 and step < total:
                 save(step)
     except BaseException:  # Ctrl-C or an error between updates: keep what was trained (one process only)
+        reporter.close()
+        reporter.write(status=f"stopped at step {step}")
         if world == 1 and not stepper.updating and step > start:
-            reporter.close()
             say(f"interrupted after step {step}: saving a checkpoint to resume from")
             save(step)
         raise
+    reporter.write(status="finished")
+    try:  # the final eval reaches the trackers: they close after it
+        final_eval = evaluate(accelerator, model, eval_data, config) if eval_data is not None else None
+        if final_eval is not None:
+            reporter.log_eval(step, final_eval)
     finally:
         reporter.close()
-        reporter.write(status="finished" if step >= total else f"stopped at step {step}")
-
-    final_eval = evaluate(accelerator, model, eval_data, config) if eval_data is not None else None
-    if final_eval is not None:
-        reporter.log_eval(step, final_eval)
     if start < total or ckpt is None:
         save(step, plot=False)
     final_dir = None

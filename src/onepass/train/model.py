@@ -17,6 +17,7 @@ preparing data.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ import torch
 
 from onepass.hub import hub_offline, offline_reason
 from onepass.train.config import QLORA_ON_CPU, TrainConfig, TrainConfigError
+
+_LOG = logging.getLogger("onepass")
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -79,16 +82,16 @@ def check_environment(config: TrainConfig, device: torch.device) -> None:
         if device.type != "cuda":
             raise TrainConfigError(QLORA_ON_CPU)
         _require("bitsandbytes", "qlora", "pip install bitsandbytes")
-    if config.optimizer.endswith("8bit"):
+    if config.optim.endswith("8bit"):
         if device.type != "cuda":
-            raise TrainConfigError(f"optimizer {config.optimizer} (bitsandbytes) needs a CUDA GPU; use adamw")
-        _require("bitsandbytes", f"optimizer {config.optimizer}", "pip install bitsandbytes")
+            raise TrainConfigError(f"optimizer {config.optim} (bitsandbytes) needs a CUDA GPU; use adamw")
+        _require("bitsandbytes", f"optimizer {config.optim}", "pip install bitsandbytes")
     if config.finetune in ("lora", "qlora"):
         _require("peft", config.finetune, "pip install peft")
     if config.mixed_precision == "bf16" and config.dtype == "float64":
         raise TrainConfigError("mixed_precision bf16 with dtype float64 makes no sense; use dtype float32")
-    if "tensorboard" in config.report_to:
-        _require("tensorboard", "report_to: tensorboard", "pip install tensorboard")
+    for tracker in config.report_to:  # accelerate's trackers: the module is named as the tracker
+        _require(tracker, f"report_to: {tracker}", f"pip install {tracker.replace('_', '-')}")
     if config.model is not None:
         check_model(config.model)
 
@@ -138,7 +141,7 @@ def _cached_tokenizer(spec: str, chat_template: str | None) -> Any:
     return load_tokenizer(spec, chat_template=chat_template)
 
 
-def check_exactness(config: TrainConfig, *, attention: str, log: Any = print) -> dict[str, Any]:
+def check_exactness(config: TrainConfig, *, attention: str, log: Any = _LOG.info) -> dict[str, Any]:
     """The exactness guard (:mod:`onepass.guard`) for this run, before any training: one-pass
     against N-pass on a tiny float64 twin of the model, on two of the run's conversations (on
     the bundled MathChat pair rendered with the run's tokenizer when the data is prepared rows).
@@ -225,22 +228,22 @@ def make_optimizer(model: Any, config: TrainConfig) -> torch.optim.Optimizer:
     groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=config.lr)
+    if config.optim == "sgd":
+        return torch.optim.SGD(groups, lr=config.learning_rate)
     betas = (config.adam_beta1, config.adam_beta2)
-    if config.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=config.adam_eps)
+    if config.optim == "adamw":
+        return torch.optim.AdamW(groups, lr=config.learning_rate, betas=betas, eps=config.adam_epsilon)
     import bitsandbytes as bnb
 
-    cls = bnb.optim.PagedAdamW8bit if config.optimizer == "paged_adamw_8bit" else bnb.optim.AdamW8bit
-    return cls(groups, lr=config.lr, betas=betas, eps=config.adam_eps)
+    cls = bnb.optim.PagedAdamW8bit if config.optim == "paged_adamw_8bit" else bnb.optim.AdamW8bit
+    return cls(groups, lr=config.learning_rate, betas=betas, eps=config.adam_epsilon)
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig, total: int) -> Any:
     from transformers import get_scheduler
 
     warmup = config.warmup_steps or math.ceil(config.warmup_ratio * total)
-    name = "constant_with_warmup" if config.lr_scheduler == "constant" else config.lr_scheduler
+    name = "constant_with_warmup" if config.lr_scheduler_type == "constant" else config.lr_scheduler_type
     return get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total)
 
 

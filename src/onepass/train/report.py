@@ -1,18 +1,24 @@
-"""What a run leaves for a person: metrics.json, the loss curve PNG, tensorboard, the progress bar.
+"""What a run leaves for a person: metrics.json, the loss curve PNG, trackers, the progress bar.
 
 Why this module exists: a run must be inspectable while it runs and after it
 crashes. ``metrics.json`` is rewritten atomically (:func:`onepass.files.atomic_write_text`) at
 every logging step, so a killed run still has its curve; the PNG is drawn at
-every checkpoint and at the end. matplotlib and tensorboard are imported only
+every checkpoint and at the end. ``report_to`` trackers (tensorboard, wandb,
+mlflow, trackio, ...) are accelerate's (:func:`make_trackers`): the run's
+``Accelerator`` is made with them and :class:`Reporter` logs ``train/loss``,
+``train/grad_norm``, ``train/lr``, ``train/tokens_per_s`` and ``eval/loss``
+through it. Their offline modes (``WANDB_MODE=offline``, a local mlflow
+``file:`` store) need no network. matplotlib and the trackers are imported only
 when used.
 
-    >>> r = Reporter("runs/x", main=True, report_to=(), progress=False, total=10)   # doctest: +SKIP
+    >>> r = Reporter("runs/x", main=True, progress=False, total=10)                # doctest: +SKIP
     >>> r.log_step({"step": 1, "loss": 2.3, "lr": 1e-4}); r.close()               # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +26,29 @@ from typing import Any
 import numpy as np
 
 from onepass.files import atomic_write_text
+
+PROJECT = "onepass"  # the trackers' project (wandb project, mlflow experiment, ...)
+log = logging.getLogger("onepass")
+
+
+def make_trackers(report_to: Sequence[str], output_dir: str | Path, *, initial: int = 0) -> list[Any]:
+    """``log_with`` for ``accelerate.Accelerator``: tracker names, tensorboard as a tracker writing to
+    ``OUTPUT_DIR/tensorboard`` (a resumed run purges the steps after ``initial``)."""
+    from accelerate.tracking import TensorBoardTracker
+
+    purge = {"purge_step": initial + 1} if initial else {}
+    return [TensorBoardTracker("tensorboard", str(output_dir), **purge) if name == "tensorboard" else name
+            for name in report_to]
+
+
+def _tracker_kwargs(output_dir: Path, run_name: str) -> dict[str, dict[str, Any]]:
+    return {"wandb": {"name": run_name, "dir": str(output_dir)}, "mlflow": {"run_name": run_name},
+            "trackio": {"name": run_name}, "swanlab": {"experiment_name": run_name}}
+
+
+def _scalars(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The hyperparameters every tracker can store (tensorboard's hparams take scalars only)."""
+    return {k: v for k, v in values.items() if isinstance(v, (bool, int, float, str))}
 
 
 def plot_losses(history: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[str, Any]], out_path: str | Path,
@@ -67,10 +96,12 @@ def plot_losses(history: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[st
 class Reporter:
     """Progress bar, tensorboard scalars, metrics.json and loss.png for the main process (no-ops elsewhere)."""
 
-    def __init__(self, output_dir: str | Path, *, main: bool, report_to: Sequence[str], progress: bool,
-                 total: int, initial: int = 0, header: Mapping[str, Any] | None = None,
-                 history: list[dict[str, Any]] | None = None, evals: list[dict[str, Any]] | None = None,
-                 log: Any = print) -> None:
+    def __init__(self, output_dir: str | Path, *, main: bool, progress: bool, total: int, initial: int = 0,
+                 header: Mapping[str, Any] | None = None, history: list[dict[str, Any]] | None = None,
+                 evals: list[dict[str, Any]] | None = None, log: Any = log.info, accelerator: Any = None,
+                 run_name: str | None = None) -> None:
+        """``accelerator``: one made with ``log_with`` trackers (:func:`make_trackers`); they are
+        started here with the run's config as hyperparameters, named ``run_name``."""
         self.out = Path(output_dir)
         self.main = main
         self.header = dict(header or {})
@@ -78,17 +109,17 @@ class Reporter:
         self.evals: list[dict[str, Any]] = list(evals or [])
         self.log = log
         self.bar = None
-        self.writer = None
+        self.tracking = None  # the Accelerator whose trackers receive the scalars
         if not main:
             return
         if progress:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True)
-        if "tensorboard" in report_to:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(self.out / "tensorboard"), purge_step=initial + 1 if initial else None)
+        if accelerator is not None and accelerator.log_with:
+            accelerator.init_trackers(PROJECT, config=_scalars(self.header.get("config", {})),
+                                      init_kwargs=_tracker_kwargs(self.out, run_name or self.out.name))
+            self.tracking = accelerator
 
     @property
     def metrics_path(self) -> Path:
@@ -108,9 +139,9 @@ class Reporter:
         elif write:
             self.log(f"step {record['step']}: loss {record['loss']:.4f}  lr {record['lr']:.3g}  "
                      f"grad norm {record['grad_norm']:.3g}  {record['tokens_per_s']:,.0f} tok/s")
-        if self.writer is not None:
-            for key in ("loss", "grad_norm", "lr", "tokens_per_s"):
-                self.writer.add_scalar(f"train/{key}", record[key], record["step"])
+        if self.tracking is not None:
+            self.tracking.log({f"train/{key}": record[key] for key in ("loss", "grad_norm", "lr", "tokens_per_s")},
+                              step=record["step"])
         if write:
             self.write()
 
@@ -123,8 +154,8 @@ class Reporter:
             self.bar.write(message)
         else:
             self.log(message)
-        if self.writer is not None:
-            self.writer.add_scalar("eval/loss", loss, step)
+        if self.tracking is not None:
+            self.tracking.log({"eval/loss": loss}, step=step)
         self.write()
 
     def payload(self, **extra: Any) -> dict[str, Any]:
@@ -144,6 +175,7 @@ class Reporter:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+        if self.tracking is not None:  # not accelerator.end_training(): that also ends the process group
+            for tracker in self.tracking.trackers:
+                tracker.finish()
+            self.tracking = None

@@ -1,0 +1,166 @@
+"""Recurrent token mixers on a tree: each chain scanned from its parent chain's end state.
+
+Why this module exists: in a one-pass row a recurrent layer that scans the row
+left to right would carry one view's tokens into another's. Here every
+registered mixer (by module class) runs its *own* forward chain by chain
+(:mod:`onepass.mixers.chains`), given a small cache object that holds the
+parent chain's end states: the conv state (the last inputs of the causal
+convolution, fewer at the start of a path, which the convolution's zero padding
+makes equal) and the recurrent state (SSM / delta-rule matrix). That is the
+same prefill-with-a-cache path HF uses for generation, so no mixer math is
+copied here; states are never detached, so gradients flow through them.
+
+How the plan reaches the mixers: :func:`install` wraps the forward of each
+registered mixer instance once (idempotent); :func:`tree_kwargs` returns
+``{"onepass_chains": plan}`` for the model call, which HF forwards through the
+decoder layers' ``**kwargs`` to the mixer. A mixer called without it (the plain
+N-pass reference, generation) runs unchanged; with gradient checkpointing the
+recomputation gets the same kwargs, so it runs chain-wise too.
+
+Loops chain by chain (torch kernels, CPU and GPU). Faster GPU paths take
+``cu_seqlens`` plus per-sequence ``initial_state`` and could run all chains of
+one depth in one call: fla's ``chunk_gated_delta_rule`` (Gated DeltaNet),
+mamba_ssm's ``mamba_chunk_scan_combined`` (``seq_idx`` / ``initial_states``)
+and causal-conv1d's ``causal_conv1d_fn`` (``initial_states``).
+
+Legend: B batch, L row length, D hidden, C conv channels, T chain length.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from onepass.mixers.chains import Chain, batch_chains
+
+PLAN_KWARG = "onepass_chains"
+# mixer class name -> the name of its cache argument; each has a float64 test in tests/mixers
+MIXERS: dict[str, str] = {
+    "Lfm2ShortConv": "past_key_values",  # LFM2: gated short convolution
+    "Qwen3NextGatedDeltaNet": "cache_params",  # Qwen3-Next: conv1d front + gated delta rule
+    "Qwen3_5GatedDeltaNet": "cache_params",  # Qwen3.5 / 3.6 (text)
+    "NemotronHMamba2Mixer": "cache_params",  # Nemotron-H: Mamba2
+    "GraniteMoeHybridMambaLayer": "cache_params",  # Granite-4 hybrid: Mamba2
+}
+_WRAPPED = "_onepass_tree_forward"
+
+
+class ChainState:
+    """The slice of HF's linear-attention cache API a mixer calls, for one chain and one layer.
+
+    Holds the parent chain's end states on the way in and this chain's on the way out.
+    """
+
+    def __init__(self, conv: torch.Tensor | None, recurrent: torch.Tensor | None) -> None:
+        self.conv, self.recurrent = conv, recurrent
+
+    def get_conv_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
+        return self.conv
+
+    def get_recurrent_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
+        # a one-token step updates the state in place (Mamba2's selective_state_update): hand out a
+        # copy, which then holds this chain's end state
+        if self.recurrent is not None:
+            self.recurrent = self.recurrent.clone()
+        return self.recurrent
+
+    def is_recording_past(self, layer_idx: int) -> bool:
+        return True  # always the concatenating conv path, never the in-place decode update
+
+    def update_conv_state(self, conv_BCT: torch.Tensor, layer_idx: int, state_idx: int = 0,
+                          conv_kernel_size: int | None = None, **kwargs: Any) -> torch.Tensor:
+        """The chain's conv inputs after the parent's; keeps the last ``kernel - 1`` as the end state."""
+        full_BCT = conv_BCT if self.conv is None else torch.cat([self.conv.to(conv_BCT.dtype), conv_BCT], -1)
+        keep = (conv_kernel_size or full_BCT.shape[-1] + 1) - 1
+        self.conv = full_BCT[..., max(full_BCT.shape[-1] - keep, 0):]
+        return full_BCT
+
+    def update_recurrent_state(self, state: torch.Tensor, layer_idx: int, state_idx: int = 0,
+                               **kwargs: Any) -> torch.Tensor:
+        self.recurrent = state
+        return state
+
+
+def _one_token_state_update(fn: Any) -> Any:
+    """Run ``fn`` with saved tensors copied: a one-token step with a state updates it in place
+    (``state.copy_``) after using it, which autograd would otherwise refuse in the backward."""
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+        return fn()
+
+
+def run_chains(forward: Any, cache_kw: str, hidden_BLD: torch.Tensor, plan: Sequence[Sequence[Chain]],
+               **kwargs: Any) -> torch.Tensor:
+    """``forward`` (a mixer's own) run chain by chain, each from its parent chain's end states."""
+    mask = kwargs.pop("attention_mask", None)
+    rows = []
+    for b, chains in enumerate(plan):
+        states: list[ChainState] = []
+        outs = []
+        for c in chains:
+            parent = states[c.parent] if c.parent >= 0 else ChainState(None, None)
+            state = ChainState(parent.conv, parent.recurrent)
+            mask_1T = None if mask is None or mask.dim() != 2 else mask[b:b + 1, c.start:c.end]
+
+            def call(state=state, c=c, mask_1T=mask_1T):
+                return forward(hidden_BLD[b:b + 1, c.start:c.end], attention_mask=mask_1T,
+                               **{cache_kw: state}, **kwargs)
+            out = _one_token_state_update(call) if c.end - c.start == 1 and c.parent >= 0 else call()
+            states.append(state)
+            outs.append(out)
+        rows.append(torch.cat(outs, dim=1))
+    return torch.cat(rows, dim=0)
+
+
+def _tree_forward(module: torch.nn.Module, original: Any, cache_kw: str, *args: Any, **kwargs: Any) -> Any:
+    plan = kwargs.pop(PLAN_KWARG, None)
+    if plan is None:
+        return original(*args, **kwargs)
+    hidden = kwargs.pop("hidden_states") if "hidden_states" in kwargs else args[0]
+    if kwargs.get(cache_kw) is not None:
+        raise ValueError(f"{type(module).__name__}: a cache and a one-pass tree cannot be combined")
+    kwargs.pop(cache_kw, None)
+    assert hidden.shape[:2] == (len(plan), sum(c.end - c.start for c in plan[0])), "plan does not fit the batch"
+    return run_chains(original, cache_kw, hidden, plan, **kwargs)
+
+
+def _root(model: Any) -> torch.nn.Module | None:
+    root = getattr(model, "_wrapped", model)  # onepass.loss.ForwardView
+    return root if isinstance(root, torch.nn.Module) else None
+
+
+def install(model: Any) -> int:
+    """Wrap every registered mixer of ``model`` (once); returns how many it has."""
+    root = _root(model)
+    if root is None:
+        return 0
+    count = 0
+    for mod in root.modules():
+        cache_kw = MIXERS.get(type(mod).__name__)
+        if cache_kw is None:
+            continue
+        count += 1
+        if _WRAPPED not in mod.__dict__:
+            original = mod.forward
+            mod.forward = functools.partial(_tree_forward, mod, original, cache_kw)
+            mod.__dict__[_WRAPPED] = original
+    return count
+
+
+def uninstall(model: Any) -> None:
+    root = _root(model)
+    for mod in root.modules() if root is not None else ():
+        original = mod.__dict__.pop(_WRAPPED, None)
+        if original is not None:
+            mod.forward = original
+
+
+def tree_kwargs(model: Any, kv_end_BL: torch.Tensor | np.ndarray) -> dict[str, Any]:
+    """The extra model kwargs that run ``model``'s recurrent mixers on the rows' trees ({} if none)."""
+    if not install(model):
+        return {}
+    kv = kv_end_BL.detach().cpu().numpy() if isinstance(kv_end_BL, torch.Tensor) else kv_end_BL
+    return {PLAN_KWARG: batch_chains(kv)}

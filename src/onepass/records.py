@@ -1,0 +1,68 @@
+"""Record files: ``.jsonl`` (streamed line by line), ``.json`` and ``.parquet``, one raw record at a time.
+
+Why this module exists: reading bytes into records is where a file can be
+broken (a line that is not UTF-8 or not JSON) before any record is parsed;
+each such line becomes one :class:`~onepass.errors.ConversationError` value
+naming the file and line, so a lenient reader counts it and goes on.
+:mod:`onepass.conversation` parses the records; :mod:`onepass.data.load`
+reads every other kind of ``--data`` (folders, saved datasets, hub ids).
+
+No torch here: this is pure data.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from onepass.errors import ConversationError, DataNotFound
+
+
+def iter_records(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """Yield ``(record_index, raw_record)`` from .jsonl, .json or .parquet, streaming where possible.
+
+    A .jsonl line that is not valid JSON is yielded as a :class:`ConversationError`
+    value (not raised), so a lenient reader can count it and go on.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise DataNotFound(f"data file not found: {path}")
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        with path.open("rb") as f:  # decoded line by line: one bad line is one skip, not the end of the file
+            for lineno, data in enumerate(f, start=1):
+                try:
+                    line = data.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    yield lineno, ConversationError(f"{path} line {lineno}: not valid UTF-8 "
+                                                    f"(byte 0x{data[e.start]:02x} at byte {e.start})")
+                    continue
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    record = ConversationError(f"{path} line {lineno}: not valid JSON ({e.msg})")
+                yield lineno, record
+    elif suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ConversationError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        if isinstance(data, Mapping):
+            data = [data]
+        if not isinstance(data, list):
+            raise ConversationError(f"{path}: expected a list of records or one record")
+        yield from enumerate(data)
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        index = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+            for row in batch.to_pylist():
+                yield index, row
+                index += 1
+    else:
+        raise ConversationError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .json or .parquet")

@@ -1,0 +1,131 @@
+"""What a chat template expects of a message's fields, found by rendering probes once per template.
+
+Why this module exists: OpenAI-style records give a tool call's ``arguments``
+as a JSON string, most templates (Qwen3, gpt-oss, GLM) want a dict and render
+it with ``tojson`` or item by item, and the DeepSeek-V3 / Kimi-K2 templates
+concatenate it as a string (a dict makes them raise ``can only concatenate
+str (not "dict")``). Reasoning is read from ``reasoning_content`` (Qwen3,
+DeepSeek, GLM), ``thinking`` (gpt-oss, LFM2.5) or ``reasoning``. Rather than
+guessing from the template's name, each candidate is rendered once on a tiny
+conversation and the first one the template renders faithfully is used for
+every record (:func:`template_fields`, cached per template text and kwargs).
+
+Worked example (a template that concatenates arguments as text)::
+
+    >>> import jinja2
+    >>> class Tok:  # stands in for a HF tokenizer
+    ...     chat_template = ("{% for m in messages %}{% for c in m.tool_calls or [] %}<call>"
+    ...                      "{{ c.function.name + ' ' + c.function.arguments }}</call>{% endfor %}"
+    ...                      "{{ m.thinking }}{{ m.content }}{% endfor %}")
+    ...     def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=False):
+    ...         return jinja2.Environment().from_string(self.chat_template).render(messages=messages)
+    >>> template_fields(Tok(), {})
+    TemplateFields(arguments='json', reasoning_key='thinking')
+
+It also reads where a template raised (:func:`template_line`): jinja puts the
+template's own line number in the traceback under the file name ``<template>``.
+
+No torch here: this is pure data.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+ARGUMENT_KINDS = ("dict", "json")
+_KEY, _VALUE, _REASONING = "onepass_probe_key", "onepass_probe_value", "onepass probe reasoning"
+_CACHE: dict[tuple[str, str], TemplateFields] = {}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TemplateFields:
+    """How messages are handed to one template: tool-call ``arguments`` as a ``dict`` or a ``json``
+    string, and the message key the template reads reasoning from."""
+
+    arguments: str = "dict"
+    reasoning_key: str = "reasoning_content"
+
+    @property
+    def arguments_json(self) -> bool:
+        return self.arguments == "json"
+
+
+def template_line(error: BaseException) -> int | None:
+    """The chat template's line where ``error`` was raised (None when it is not from a template)."""
+    line = getattr(error, "lineno", None) if error.__class__.__name__ == "TemplateSyntaxError" else None
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+def is_template_error(error: BaseException) -> bool:
+    """True when ``error`` comes from the template's own code (``raise_exception``, a jinja error,
+    a type error in an expression), not from onepass or transformers."""
+    try:
+        from jinja2.exceptions import TemplateError
+    except ImportError:  # pragma: no cover - transformers depends on jinja2
+        TemplateError = ()
+    return isinstance(error, TemplateError) or template_line(error) is not None
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], kwargs: Mapping[str, Any],
+            tools: list[dict[str, Any]] | None = None) -> str | None:
+    try:
+        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                             add_generation_prompt=False, **kwargs)
+    except Exception as e:
+        if is_template_error(e):
+            return None
+        raise
+    return text if isinstance(text, str) else None
+
+
+def _arguments_ok(tokenizer: Any, kind: str, kwargs: Mapping[str, Any]) -> bool:
+    args: Any = {_KEY: _VALUE}
+    if kind == "json":
+        args = json.dumps(args)
+    tool = {"type": "function", "function": {"name": "onepass_probe", "description": "probe",
+                                             "parameters": {"type": "object", "properties": {
+                                                 _KEY: {"type": "string"}}}}}
+    messages = [
+        {"role": "user", "content": "probe"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "id": "call_0", "function": {"name": "onepass_probe", "arguments": args}}]},
+        {"role": "tool", "content": "probe result", "tool_call_id": "call_0", "name": "onepass_probe"},
+        {"role": "assistant", "content": "done"},
+    ]
+    text = _render(tokenizer, messages, kwargs, tools=[tool])
+    if text is None or _KEY not in text or _VALUE not in text:
+        return False
+    # A string re-encoded with tojson ("{\"k\"...") or a dict printed as Python ("{'k'...") is wrong.
+    return f'\\"{_KEY}' not in text and f"'{_KEY}'" not in text
+
+
+def _reasoning_ok(tokenizer: Any, key: str, kwargs: Mapping[str, Any]) -> bool:
+    messages = [{"role": "user", "content": "probe"},
+                {"role": "assistant", "content": "answer", key: _REASONING}]
+    text = _render(tokenizer, messages, kwargs)
+    return text is not None and _REASONING in text
+
+
+def probe_fields(tokenizer: Any, kwargs: Mapping[str, Any]) -> TemplateFields:
+    """Uncached :func:`template_fields`: the first candidate of each field that renders faithfully
+    (defaults when none does: the turn's own checks then report what is not rendered)."""
+    arguments = next((k for k in ARGUMENT_KINDS if _arguments_ok(tokenizer, k, kwargs)), "dict")
+    reasoning = next((k for k in REASONING_KEYS if _reasoning_ok(tokenizer, k, kwargs)), "reasoning_content")
+    return TemplateFields(arguments=arguments, reasoning_key=reasoning)
+
+
+def template_fields(tokenizer: Any, kwargs: Mapping[str, Any]) -> TemplateFields:
+    """:func:`probe_fields`, once per template text and template kwargs."""
+    key = (str(getattr(tokenizer, "chat_template", None)), json.dumps(dict(kwargs), sort_keys=True, default=str))
+    if key not in _CACHE:
+        _CACHE[key] = probe_fields(tokenizer, kwargs)
+    return _CACHE[key]

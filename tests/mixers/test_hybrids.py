@@ -1,0 +1,135 @@
+"""Hybrids are exact: recurrent layers scanned chain by chain equal N-pass (float64, <= 1e-9).
+
+Qwen3.5 and Qwen3-Next (Gated DeltaNet), Nemotron-H and Granite-4-hybrid (Mamba2), LFM2 (short
+convolution): loss and every gradient under one-pass, k-pass:2 and packed rows with padding, against
+the plain per-view forward. Float64 means float64 all the way (:func:`onepass.precision.float64_norms`
+also makes the recurrent kernels' float32 casts float64, :mod:`onepass.mixers.float64`); Nemotron-H's
+own head returns float32 logits, so its loss (a float32 sum) agrees to 1e-6 and its gradients to 1e-9.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import onepass.mixers.tree as tree
+from onepass.data.mathchat import load_sample
+from onepass.loss import batch_loss, layout_loss, layouts_to_batch, view_loss_reference
+from onepass.mixers.float64 import KERNELS, float64_kernels
+from onepass.pack import pack_layouts
+from onepass.precision import float64_norms
+from onepass.render import render_views
+from onepass.schedule import parse_schedule, schedule_views
+from onepass.tiny import HYBRID_ARCHS, tiny_model
+from onepass.verify import compact_vocab
+
+TOL = 1e-9
+LOSS_TOL = {"nemotron-h": 1e-6}  # float32 logits from its head
+
+
+@pytest.fixture(scope="module")
+def conversations(qwen3_tokenizer):
+    return compact_vocab([render_views(c, qwen3_tokenizer) for c in load_sample(limit=2)])
+
+
+def exact_model(arch, vocab, backend):
+    model = tiny_model(arch, vocab, dtype=torch.float64, attn_implementation=backend)
+    float64_norms(model)
+    return model
+
+
+def loss_and_grads(model, fn):
+    model.zero_grad(set_to_none=True)
+    loss = fn()
+    loss.backward()
+    grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return loss.item(), grads
+
+
+def max_rel_diff(got, want):
+    (loss_got, grads_got), (loss_want, grads_want) = got, want
+    worst = abs(loss_got - loss_want) / abs(loss_want)
+    for g, w in zip(grads_got, grads_want, strict=True):
+        worst = max(worst, ((g - w).norm() / w.norm().clamp_min(1e-300)).item())
+    return worst
+
+
+def n_pass(model, views):
+    return lambda: sum(view_loss_reference(model, v) for vs in views for v in vs)
+
+
+def tree_runs(model, views):
+    """One-pass trees, k-pass:2 trees, and packed rows of different lengths (so padded)."""
+    def scheduled(spec):
+        return [x for vs in views for x in schedule_views(vs, parse_schedule(spec)).layouts]
+
+    one = scheduled("one-pass")
+    rows = pack_layouts(one + scheduled("k-pass:2"), max(map(len, one)) + 8)
+    assert len(rows) >= 2 and len({len(r) for r in rows}) >= 2  # a real batch, padded
+    return {"one-pass": lambda: sum(layout_loss(model, x) for x in one),
+            "k-pass:2": lambda: sum(layout_loss(model, x) for x in scheduled("k-pass:2")),
+            "packed": lambda: batch_loss(model, layouts_to_batch(rows)) / 2}
+
+
+def rel_grad_diff(got, want):
+    return max_rel_diff((1.0, got[1]), (1.0, want[1]))
+
+
+@pytest.mark.parametrize("arch", HYBRID_ARCHS)
+def test_hybrid_loss_and_every_gradient_equal_n_pass(conversations, one_thread, arch):
+    views, vocab = conversations
+    model = exact_model(arch, vocab, "sdpa")
+    want = loss_and_grads(model, n_pass(model, views))
+    for name, run in tree_runs(model, views).items():
+        got = loss_and_grads(model, run)
+        loss_diff = abs(got[0] - want[0]) / abs(want[0])
+        assert loss_diff <= LOSS_TOL.get(arch, TOL), f"{arch} {name} loss: {loss_diff:.2e}"
+        assert rel_grad_diff(got, want) <= TOL, f"{arch} {name} gradients: {rel_grad_diff(got, want):.2e}"
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "qwen3.5", "nemotron-h"])
+def test_scanning_the_whole_row_differs(conversations, one_thread, monkeypatch, arch):
+    """The tests can fail: mixers given a single chain per row (the row as one sequence) differ."""
+    views, vocab = conversations
+    model = exact_model(arch, vocab, "sdpa")
+    want = loss_and_grads(model, n_pass(model, views))
+    monkeypatch.setattr(tree, "batch_chains", lambda kv: tuple(
+        (tree.Chain(start=0, end=len(row), parent=-1, depth=0),) for row in kv))
+    got = loss_and_grads(model, tree_runs(model, views)["one-pass"])
+    assert rel_grad_diff(got, want) > 1e-7
+
+
+def test_float64_kernels_agree_with_the_originals_in_float32():
+    """The float64 copies are the kernels' own code: on float32 inputs the dispatcher runs the original,
+    on float64 inputs the copy, which agrees with the original to float32 precision."""
+    import importlib
+
+    float64_kernels()
+    mod = importlib.import_module(next(iter(KERNELS)))
+    fn = mod.torch_chunk_gated_delta_rule
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 20, 2, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    g, beta = -torch.rand(1, 20, 2, generator=gen, dtype=torch.float64), torch.rand(1, 20, 2, generator=gen,
+                                                                                    dtype=torch.float64)
+    exact, _ = fn(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+    rounded, _ = fn.__wrapped__(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+    assert exact.dtype == torch.float64 and rounded.dtype == torch.float64
+    assert torch.allclose(exact, rounded, rtol=1e-5, atol=1e-6) and not torch.equal(exact, rounded)
+    got32, _ = fn(q.float(), k.float(), v.float(), g.float(), beta.float(), use_qk_l2norm_in_kernel=True)
+    want32, _ = fn.__wrapped__(q.float(), k.float(), v.float(), g.float(), beta.float(),
+                               use_qk_l2norm_in_kernel=True)
+    assert torch.equal(got32, want32)
+
+
+def test_a_mixer_without_the_plan_runs_unchanged(conversations):
+    """The plain forward (the N-pass reference, generation) is the model's own."""
+    _, vocab = conversations
+    model = tiny_model("lfm2", vocab, dtype=torch.float64)
+    ids = torch.arange(12)[None] % vocab
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        assert tree.install(model) == 1 and tree.install(model) == 1  # idempotent
+        assert torch.equal(model(input_ids=ids).logits, want)
+        tree.uninstall(model)
+    assert not any(tree._WRAPPED in m.__dict__ for m in model.modules())

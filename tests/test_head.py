@@ -1,0 +1,189 @@
+"""The chunked LM head equals the plain one (full logits, then weighted CE): loss and every gradient, float64."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from onepass import head as head_mod
+from onepass.head import chunked_lm_head_loss, head_mode, plain_lm_head_loss
+from onepass.loss import batch_loss
+from onepass.tiny import tiny_model
+from onepass.tree import IGNORE
+
+TOL = 1e-12
+VOCAB = 50
+
+
+def max_diff(got, want):
+    return max(float((g - w).abs().max()) if g.numel() else 0.0 for g, w in zip(got, want, strict=True))
+
+
+def linear_case(num_targets: int, *, bias: bool, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    head = nn.Linear(8, VOCAB, bias=bias, dtype=torch.float64)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(VOCAB, 8, generator=gen, dtype=torch.float64))
+        if bias:
+            head.bias.copy_(torch.randn(VOCAB, generator=gen, dtype=torch.float64))
+    hidden_TD = torch.randn(num_targets, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    targets_T = torch.randint(0, VOCAB, (num_targets,), generator=gen)
+    weights_T = torch.rand(num_targets, generator=gen, dtype=torch.float64)
+    weights_T[::3] = 0.0  # untrained-but-present targets
+    return head, hidden_TD, targets_T, weights_T
+
+
+def loss_and_grads(loss_fn, tensors):
+    for t in tensors:
+        t.grad = None
+    loss = loss_fn()
+    loss.backward()
+    return [loss.detach()] + [t.grad.clone() for t in tensors]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 64])
+@pytest.mark.parametrize("bias", [False, True])
+def test_chunked_linear_head_equals_plain(chunk, bias):
+    head, hidden_TD, targets_T, weights_T = linear_case(7, bias=bias)
+    tensors = [hidden_TD, *head.parameters()]
+    want = loss_and_grads(lambda: plain_lm_head_loss(hidden_TD, head, targets_T, weights_T), tensors)
+    got = loss_and_grads(lambda: chunked_lm_head_loss(hidden_TD, head, targets_T, weights_T, chunk=chunk), tensors)
+    assert max_diff(got, want) <= TOL
+    assert float(want[0]) > 0
+
+
+def test_zero_weights_and_no_targets_give_zero_loss_and_gradients():
+    head, hidden_TD, targets_T, _ = linear_case(5, bias=True)
+    got = loss_and_grads(lambda: chunked_lm_head_loss(hidden_TD, head, targets_T, torch.zeros(5, dtype=torch.float64),
+                                                      chunk=2), [hidden_TD, head.weight])
+    assert all(float(t.abs().max()) == 0.0 for t in got)
+    empty_TD = torch.zeros(0, 8, dtype=torch.float64, requires_grad=True)
+    loss = chunked_lm_head_loss(empty_TD, head, targets_T[:0], torch.zeros(0, dtype=torch.float64))
+    loss.backward()
+    assert float(loss.detach()) == 0.0
+
+
+def test_head_mode_comes_from_the_argument_then_the_environment(monkeypatch):
+    assert head_mode() == "chunked"
+    monkeypatch.setenv(head_mod.MODE_ENV, "plain")
+    assert head_mode() == "plain" and head_mode("chunked") == "chunked"
+    with pytest.raises(ValueError, match="not one of"):
+        head_mode("fused")
+
+
+def model_batch(seed: int = 0, length: int = 12):
+    gen = torch.Generator().manual_seed(seed)
+    targets = torch.randint(0, VOCAB, (1, length), generator=gen)
+    targets[0, :3] = IGNORE
+    weights = torch.rand(1, length, generator=gen, dtype=torch.float64) * (targets != IGNORE)
+    weights[0, 5] = 0.0
+    return {"input_ids": torch.randint(0, VOCAB, (1, length), generator=gen),
+            "position_ids": torch.arange(length)[None], "kv_end": torch.arange(1, length + 1)[None],
+            "targets": targets, "weights": weights}
+
+
+def model_loss_and_grads(model, batch, mode):
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.zero_grad(set_to_none=True)
+    loss = batch_loss(model, batch, lm_head=mode)
+    loss.backward()
+    return [loss.detach()] + [p.grad.clone() for p in params]
+
+
+def assert_chunked_equals_plain(model, monkeypatch, chunk=4):
+    monkeypatch.setenv(head_mod.CHUNK_ENV, str(chunk))
+    batch = model_batch()
+    want = model_loss_and_grads(model, batch, "plain")
+    got = model_loss_and_grads(model, batch, "chunked")
+    assert max_diff(got, want) <= TOL
+    assert float(want[0]) > 0
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_batch_loss_chunked_equals_plain_on_a_model(one_thread, monkeypatch, tied):
+    """Tied: the head weight is the embedding weight; both gradients land in the one tensor."""
+    model = tiny_model("qwen3", VOCAB, dtype=torch.float64, tie_word_embeddings=tied)
+    head = model.get_output_embeddings()
+    assert (head.weight is model.get_input_embeddings().weight) == tied
+    calls = []
+    monkeypatch.setattr(head_mod._ChunkedLinearCE, "apply", lambda *a: calls.append(1) or orig_apply(*a))
+    assert_chunked_equals_plain(model, monkeypatch)
+    assert calls, "the chunked route was not taken"
+
+
+orig_apply = head_mod._ChunkedLinearCE.apply
+
+
+def test_batch_loss_chunked_equals_plain_with_lora_on_the_head(one_thread, monkeypatch):
+    """peft wraps lm_head: each chunk calls the LoRA module itself under checkpoint."""
+    from peft import LoraConfig, get_peft_model
+
+    base = tiny_model("qwen3", VOCAB, dtype=torch.float64)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "lm_head"],
+                                            lora_dropout=0.0))
+    for name, p in model.named_parameters():  # B starts at zero: make the adapter count
+        if "lora_B" in name:
+            p.data.normal_(generator=torch.Generator().manual_seed(1))
+    head = model.get_output_embeddings()
+    assert type(head) is not nn.Linear and hasattr(head, "lora_A")
+    assert_chunked_equals_plain(model, monkeypatch, chunk=3)
+
+
+def test_a_model_that_changes_its_head_output_takes_the_plain_path(one_thread, monkeypatch):
+    """Granite divides logits by ``logits_scaling`` after the head: the identity check must notice it."""
+    model = tiny_model("granite-4-hybrid", VOCAB, dtype=torch.float64, logits_scaling=2.0)
+    monkeypatch.setattr(head_mod, "_POST_HEAD_FIELDS", ())  # hide the config field: the runtime check decides
+    batch = model_batch()
+    want = model_loss_and_grads(model, batch, "plain")
+    with pytest.warns(UserWarning, match="changes what its LM head returns"):
+        got = model_loss_and_grads(model, batch, "chunked")
+    assert max_diff(got, want) <= TOL
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # decided once per model
+        model_loss_and_grads(model, batch, "chunked")
+
+
+MEMORY_SCRIPT = """
+import resource, sys, torch
+from torch import nn
+from onepass.head import chunked_lm_head_loss
+torch.manual_seed(0)
+T, V, D = 1024, 151936, 16  # D only sets the time, not the [T, V] memory
+head = nn.Linear(D, V, bias=False)
+hidden = torch.randn(T, D, requires_grad=True)
+targets, weights = torch.randint(0, V, (T,)), torch.rand(T)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+chunked_lm_head_loss(hidden, head, targets, weights, chunk=int(sys.argv[1]), mode=sys.argv[2]).backward()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+
+
+def test_chunked_head_peak_memory_is_far_below_the_logits():
+    """T=1024 targets at Qwen3's vocabulary: [T, V] float32 is 0.6 GB; the chunked head stays under a quarter.
+
+    A fresh process, so ru_maxrss (Linux: KiB) measures this work alone (measured: ~93 MiB at chunk 32;
+    mode=plain or chunk=T grow it by ~1.8 GiB and fail).
+    """
+    run = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, "32", "chunked"], capture_output=True, text=True,
+                         check=True, env={"OMP_NUM_THREADS": "1", "PATH": "",
+                                          "MALLOC_MMAP_THRESHOLD_": str(2**20)})  # big frees go back to the OS
+    peak = int(run.stdout.split()[-1])
+    assert peak < 1024 * 151936 * 4 / 4, f"peak grew by {peak / 2**20:.0f} MiB"
+
+
+def test_a_half_model_that_upcasts_its_logits_keeps_the_chunked_head(one_thread):
+    """NemotronH returns ``lm_head(h).float()``: an exact upcast, so the chunked head (bf16 logits, then float32,
+    as the model's own path) stands in for it, with no fallback."""
+    model = tiny_model("nemotron-h", VOCAB, dtype=torch.bfloat16)
+    batch = model_batch()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("error", message="onepass")
+        want = batch_loss(model, batch, lm_head="plain")
+        got = batch_loss(model, batch, lm_head="chunked")
+    assert getattr(model.get_output_embeddings(), "_onepass_head_checked", False)
+    assert got.dtype == want.dtype == torch.float32 and float((got - want).abs()) <= 1e-6 * float(want)

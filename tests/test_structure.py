@@ -1,0 +1,93 @@
+"""The package's shape: no import cycles, the pure data layout imports no torch, files stay small."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import onepass
+
+SRC = Path(onepass.__file__).parent
+PURE = ("onepass.conversation", "onepass.render", "onepass.tree", "onepass.schedule", "onepass.pack",
+        "onepass.flops", "onepass.attention.blocks", "onepass.attention.segments", "onepass.attention.paper")
+
+
+def module_name(path: Path) -> str:
+    parts = ("onepass", *path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in SRC.rglob("*.py") if p.name != "__main__.py"}
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """Modules of ours imported when ``path`` is imported (module level; not under TYPE_CHECKING)."""
+    out: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            if isinstance(sub, ast.Import):
+                out |= {a.name for a in sub.names if a.name.startswith("onepass")}
+            elif isinstance(sub, ast.ImportFrom) and sub.module and sub.module.startswith("onepass"):
+                out.add(sub.module)
+                out |= {f"{sub.module}.{a.name}" for a in sub.names if f"{sub.module}.{a.name}" in MODULES}
+    return {m for m in out if m in MODULES}
+
+
+def _function_bodies_skipped_correctly():
+    src = "import onepass.a\ndef f():\n    import onepass.b\n"
+    return {n.names[0].name for n in ast.parse(src).body if isinstance(n, ast.Import)} == {"onepass.a"}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    assert _function_bodies_skipped_correctly()
+
+
+def test_no_import_cycles_between_our_modules():
+    # A package's __init__ re-exporting its submodules is not a cycle; a submodule importing the
+    # package that imports it back would be, and is caught (the edge to the package is kept).
+    graph = {name: top_level_imports(path) - {name} for name, path in MODULES.items()}
+    for name in graph:
+        if MODULES[name].name == "__init__.py":
+            graph[name] = {m for m in graph[name] if not m.startswith(name + ".")}
+    assert find_cycle(graph) is None
+
+
+def test_pure_layout_modules_import_no_torch():
+    code = "import sys\n" + "".join(f"import {m}\n" for m in PURE) + "print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_no_module_grows_past_450_lines():
+    long = {name: n for name, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 450}
+    assert not long, f"split these modules (one concept each): {long}"
