@@ -23,13 +23,14 @@ from onepass.attention.cpu import CpuAttentionError
 from onepass.attention.cpu import register as register_onepass_cpu
 from onepass.conversation import Conversation, Message
 from onepass.data.mathchat import load_sample
-from onepass.loss import batch_loss, layout_loss, layouts_to_batch, view_loss_reference
-from onepass.pack import pack_layouts
+from onepass.loss import layout_loss, view_loss_reference
 from onepass.precision import float64_norms
 from onepass.render import render_views
 from onepass.schedule import parse_schedule, schedule_views
 from onepass.tiny import EXACT_ARCHS, HYBRID_ARCHS, WINDOWED_ARCHS, tiny_config, tiny_model
 from onepass.verify import compact_vocab, run_verify
+
+from exactness import loss_and_grads, max_rel_diff, n_pass, tree_runs
 
 TOL = 1e-9
 
@@ -63,40 +64,6 @@ def exact_model(arch, vocab, backend):
     patched, left = float64_norms(model)
     assert patched > 0 and not left
     return model
-
-
-def loss_and_grads(model, fn):
-    model.zero_grad(set_to_none=True)
-    loss = fn()
-    loss.backward()
-    grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
-    return loss.item(), grads
-
-
-def max_rel_diff(got, want):
-    (loss_got, grads_got), (loss_want, grads_want) = got, want
-    worst = abs(loss_got - loss_want) / abs(loss_want)
-    for g, w in zip(grads_got, grads_want, strict=True):
-        worst = max(worst, ((g - w).norm() / w.norm().clamp_min(1e-300)).item())
-    return worst
-
-
-def n_pass(model, views):
-    return lambda: sum(view_loss_reference(model, v) for vs in views for v in vs)
-
-
-def tree_runs(model, views):
-    """The same loss three ways: one-pass trees, k-pass:2 trees, and packed rows with padding."""
-    def scheduled(spec):
-        return [x for vs in views for x in schedule_views(vs, parse_schedule(spec)).layouts]
-
-    one = scheduled("one-pass")
-    rows = pack_layouts(one, max(map(len, one)) + 60)
-    assert len(rows) >= 2 and len({len(r) for r in rows}) >= 2  # a real batch, padded
-    return {"one-pass": lambda: sum(layout_loss(model, x) for x in one),
-            "k-pass:2": lambda: sum(layout_loss(model, x) for x in scheduled("k-pass:2")),
-            "packed": lambda: batch_loss(model, layouts_to_batch(rows))}
 
 
 @pytest.mark.parametrize("arch", EXACT_ARCHS)
