@@ -24,7 +24,7 @@ CONVERSATION_KINDS = ("jsonl", "json", "parquet", "folder", "saved", "builtin", 
 SPEC_KINDS = (*CONVERSATION_KINDS, "rows")
 
 
-def write_records(path: Path, records: list[dict]) -> Path:
+def write_record_file(path: Path, records: list[dict]) -> Path:
     """``records`` as .jsonl, .json or .parquet, by the suffix of ``path``."""
     if path.suffix == ".jsonl":
         path.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -42,11 +42,11 @@ def write_spec(kind: str, folder: Path) -> str:
     """A ``--data`` spec of conversations of ``kind`` (one of :data:`CONVERSATION_KINDS`) under ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     if kind in ("jsonl", "json", "parquet"):
-        return str(write_records(folder / f"chats.{kind}", RECORDS))
+        return str(write_record_file(folder / f"chats.{kind}", RECORDS))
     if kind == "folder":
         (folder / "shards").mkdir()
-        write_records(folder / "shards" / "part-0.jsonl", RECORDS[:2])
-        write_records(folder / "shards" / "part-1.jsonl", RECORDS[2:])
+        write_record_file(folder / "shards" / "part-0.jsonl", RECORDS[:2])
+        write_record_file(folder / "shards" / "part-1.jsonl", RECORDS[2:])
         return str(folder / "shards")
     if kind == "saved":
         import datasets

@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from data_specs import RECORDS, write_prepared, write_spec
+from data_specs import RECORDS, write_prepared, write_record_file, write_spec
 
 from onepass.conversation import ConversationError, parse_record
 from onepass.data.load import (
@@ -38,23 +38,10 @@ def _strip(conv):
     return dataclasses.replace(conv, source="", id=None)
 
 
-def _write(path, records):
-    if path.suffix == ".jsonl":
-        path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    elif path.suffix == ".json":
-        path.write_text(json.dumps(records))
-    else:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        pq.write_table(pa.Table.from_pylist(records), path)
-    return path
-
-
 @pytest.mark.parametrize("suffix", [".jsonl", ".json", ".parquet"])
 @pytest.mark.parametrize("record", SHAPES, ids=["messages", "sharegpt", "interactions"])
 def test_every_shape_in_every_file_type_reads_to_the_same_conversation(tmp_path, suffix, record):
-    path = _write(tmp_path / f"d{suffix}", [record, record])
+    path = write_record_file(tmp_path / f"d{suffix}", [record, record])
     report = load_conversations(path)
     assert report.skipped == [] and len(report.conversations) == 2
     expected = _strip(parse_record(MESSAGES))
@@ -86,11 +73,11 @@ def test_saved_dataset_and_dataset_dict(tmp_path):
 
 def test_directory_of_data_files_with_splits(tmp_path):
     (tmp_path / "data").mkdir()
-    _write(tmp_path / "data" / "train-00000-of-00002.parquet", [MESSAGES])
-    _write(tmp_path / "data" / "train-00001-of-00002.jsonl", [SHAREGPT, SHAREGPT])
-    _write(tmp_path / "data" / "test-00000-of-00001.json", [INTERACTIONS])
+    write_record_file(tmp_path / "data" / "train-00000-of-00002.parquet", [MESSAGES])
+    write_record_file(tmp_path / "data" / "train-00001-of-00002.jsonl", [SHAREGPT, SHAREGPT])
+    write_record_file(tmp_path / "data" / "test-00000-of-00001.json", [INTERACTIONS])
     (tmp_path / ".cache").mkdir()
-    _write(tmp_path / ".cache" / "junk.jsonl", [MESSAGES])  # hidden: ignored
+    write_record_file(tmp_path / ".cache" / "junk.jsonl", [MESSAGES])  # hidden: ignored
     assert [p.name for p in data_files(tmp_path, "train")] == ["train-00000-of-00002.parquet",
                                                                "train-00001-of-00002.jsonl"]
     assert len(load_conversations(tmp_path).conversations) == 4
