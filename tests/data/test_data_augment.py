@@ -15,9 +15,10 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
+from local_server import JSONHandler, LocalServer
 
 from onepass.conversation import parse_record
 from onepass.data.augment import AugmentError, Cache, augment, plan_turns, request_key, write_failure_report
@@ -26,7 +27,7 @@ from onepass.data.chat_client import ChatClient, ClientConfig, parse_json_reply
 REPLY_MARK = "The assistant's reply:\n"
 
 
-class FakeOpenAI:
+class FakeOpenAI(LocalServer):
     """Chat-completions on an ephemeral loopback port. The behaviour of a request is chosen by the
     tag in the reply it asks about (``[ok]``, ``[500once]``, ``[hangonce]``, ``[badjsononce]``,
     ``[always500]``, ``[400]``, ``[401]``); ``received`` counts requests per augment key."""
@@ -36,12 +37,9 @@ class FakeOpenAI:
         self.lock = threading.Lock()
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep the test output clean
-                pass
-
+        class Handler(JSONHandler):
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                body = self.read_json()
                 key = request_key(body["model"], body["messages"])
                 reply = body["messages"][-1]["content"].split(REPLY_MARK, 1)[1]
                 tag = reply[reply.index("[") + 1:reply.index("]")]
@@ -54,37 +52,19 @@ class FakeOpenAI:
                     pass  # the client gave up (timeout): fine
 
         self.delay, self.hang = delay, hang
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
+        self.start(Handler)
 
-    def respond(self, h: BaseHTTPRequestHandler, tag: str, attempt: int, reply: str) -> None:
+    def respond(self, h: JSONHandler, tag: str, attempt: int, reply: str) -> None:
         if tag == "always500" or (tag == "500once" and attempt == 1):
-            return self.send(h, 500, {"error": "boom"})
+            return h.send_json(500, {"error": "boom"})
         if tag in ("400", "401"):
-            return self.send(h, int(tag), {"error": "no"})
+            return h.send_json(int(tag), {"error": "no"})
         if tag == "hangonce" and attempt == 1:
             time.sleep(self.hang)
         time.sleep(self.delay)
         content = "this is not JSON" if tag == "badjsononce" and attempt == 1 else \
             json.dumps({"reasoning": f"I think about {json.loads(reply)['content']}"})
-        self.send(h, 200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]})
-
-    @staticmethod
-    def send(h: BaseHTTPRequestHandler, status: int, obj: dict) -> None:
-        data = json.dumps(obj).encode()
-        h.send_response(status)
-        h.send_header("Content-Type", "application/json")
-        h.send_header("Content-Length", str(len(data)))
-        h.end_headers()
-        h.wfile.write(data)
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=5)
+        h.send_json(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]})
 
 
 @pytest.fixture

@@ -12,9 +12,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
+from local_server import JSONHandler, LocalServer
 
 from onepass.cli import main
 from onepass.conversation import parse_record
@@ -207,7 +208,7 @@ def test_user_regex_through_evaluate(convs, qwen3_tokenizer):
     assert [(r.predicted, r.reference, r.correct) for r in results] == [("4", "4", True), ("4", "40", False)]
 
 
-class FakeServer:
+class FakeServer(LocalServer):
     """/v1/completions and /v1/chat/completions on 127.0.0.1; the first request fails with 500."""
 
     def __init__(self) -> None:
@@ -215,40 +216,20 @@ class FakeServer:
         self.lock, self.failed = threading.Lock(), False
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
+        class Handler(JSONHandler):
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                body = self.read_json()
                 with server.lock:
                     server.bodies.append((self.path, body))
                     first, server.failed = not server.failed, True
                 if first:
-                    return self.reply(500, {"error": "boom"})
+                    return self.send_json(500, {"error": "boom"})
                 if self.path.endswith("/chat/completions"):
                     text = SCRIPT[body["messages"][-1]["content"]]
-                    return self.reply(200, {"choices": [{"message": {"role": "assistant", "content": text}}]})
-                return self.reply(200, {"choices": [{"text": SCRIPT[last_user(body["prompt"])]}]})
+                    return self.send_json(200, {"choices": [{"message": {"role": "assistant", "content": text}}]})
+                return self.send_json(200, {"choices": [{"text": SCRIPT[last_user(body["prompt"])]}]})
 
-            def reply(self, status, obj):
-                data = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=5)
+        self.start(Handler)
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
