@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from onepass.conversation import Conversation, Message, ToolCall
+from onepass.mixers.chains import parents
 from onepass.pack import pack_layouts
 from onepass.render import render_views
 from onepass.schedule import parse_schedule, schedule_views
@@ -50,20 +51,6 @@ MOD = (1 << 61) - 1
 BASE = 1_000_003
 
 
-def parents(row):
-    """Parent of each position by the mask rule: the nearest earlier k with k <= p < kv_end[k].
-
-    Uses a stack (subtrees nest); ``check_mask_rule`` compares it with the rule itself.
-    """
-    out, stack = np.full(len(row), -1), []
-    for p in range(len(row)):
-        while stack and row.kv_end[stack[-1]] <= p:
-            stack.pop()
-        out[p] = stack[-1] if stack else -1
-        stack.append(p)
-    return out
-
-
 def check_mask_rule(row, parent, positions):
     """The literal rule: keys visible to p, ordered by position id, are p's ancestor chain."""
     for p in positions:
@@ -80,7 +67,7 @@ def row_pairs(rows, rng):
     """(hash of visible context, its length, target) -> total weight, from the rows alone."""
     pairs: Counter = Counter()
     for row in rows:
-        parent = parents(row)
+        parent = parents(row.kv_end)  # onepass.mixers.chains; checked against the literal rule below
         targets = np.flatnonzero(row.targets != IGNORE)
         check_mask_rule(row, parent, rng.choice(targets, size=min(8, len(targets)), replace=False))
         h = [0] * len(row)
