@@ -140,3 +140,21 @@ def test_templates_check_command(capsys):
     assert out[1] == ("conversations 6 (0 with a kept view); views 12: 0 split cleanly, 0 use a derived format, "
                       "12 skipped")
     assert out[-1].startswith("reasoning trained on: tool-call turn 0/3, ")
+
+
+@pytest.mark.parametrize("template_tokenizer", ["deepseekv3"], indirect=True)
+def test_eval_prompts_use_the_fields_the_template_expects(template_tokenizer):
+    """`onepass eval` renders its prompts through render.render_prompt, with the probed fields: a
+    template that concatenates tool-call arguments as a JSON string gets one (a dict crashed it)."""
+    from onepass.evaluate.run import template_prompt
+
+    prompt = template_prompt(template_tokenizer)
+    for record in RECORDS:
+        conv = parse_record(record)
+        calls = [m for m in conv.messages if m.tool_calls]
+        for k, message in enumerate(conv.messages):
+            if message.role == "assistant":
+                assert isinstance(prompt(conv, k), str)  # renders (the dict form raised TypeError)
+        if calls:
+            last = len(conv.messages)
+            assert json.dumps(calls[0].tool_calls[0].arguments, ensure_ascii=False) in prompt(conv, last)

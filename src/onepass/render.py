@@ -168,6 +168,16 @@ def _render(tokenizer: Any, conv: Conversation, upto: int, *, generation: bool,
     return text
 
 
+def render_prompt(conv: Conversation, tokenizer: Any, upto: int,
+                  template_kwargs: Mapping[str, Any] | None = None) -> str:
+    """The prompt the model sees before message ``upto``: ``messages[:upto]`` with the generation
+    prompt, with the fields this template expects (:func:`onepass.template_probe.template_fields`),
+    exactly as training renders a view's prompt. Inference-time callers (``onepass eval``) use it."""
+    kwargs = dict(template_kwargs or {})
+    return _render(tokenizer, conv, upto, generation=True, kwargs=kwargs,
+                   fields=template_fields(tokenizer, kwargs), turn=upto)
+
+
 def _turn_text(conv: Conversation, k: int, tokenizer: Any, fmt: str | None, kwargs: Mapping[str, Any],
                fields: TemplateFields, eos: str) -> tuple[str, str]:
     """``(prompt, completion)`` of assistant message ``k``, or RenderError naming the turn."""

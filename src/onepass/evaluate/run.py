@@ -42,9 +42,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from onepass.conversation import Conversation, Message, split_inline_reasoning
-from onepass.errors import DataError, UsageError
+from onepass.errors import UsageError
 from onepass.evaluate.answers import answers_match, compile_answer_regex, extract_answer
 from onepass.evaluate.generate import Generator, MessagesGenerator
+from onepass.render import render_prompt
 
 HISTORY_MODES = ("reference", "model")
 
@@ -79,17 +80,10 @@ class TurnResult:
 
 def template_prompt(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = None) -> PromptFn:
     """The prompt function of a tokenizer's chat template: ``messages[:k]`` with the generation prompt,
-    rendered as :func:`onepass.render.render_texts` renders training prompts (system, tools, kwargs)."""
+    rendered by :func:`onepass.render.render_prompt`, as training renders prompts (system, tools,
+    kwargs, the fields the template expects)."""
     kwargs = dict(template_kwargs or {})
-
-    def prompt(conv: Conversation, k: int) -> str:
-        text = tokenizer.apply_chat_template(conv.template_messages(k), tools=conv.template_tools(),
-                                             tokenize=False, add_generation_prompt=True, **kwargs)
-        if not isinstance(text, str):
-            raise DataError(f"{conv.source}: the chat template returned {type(text).__name__}, not text")
-        return text
-
-    return prompt
+    return lambda conv, k: render_prompt(conv, tokenizer, k, kwargs)
 
 
 def split_reply(reply: str) -> tuple[str | None, str, bool]:
