@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -282,7 +282,14 @@ def iter_conversation_records(spec: str | Path | DataSource, *, split: str | Non
 def iter_conversations(spec: str | Path | DataSource, *, strict: bool = True, split: str | None = None,
                        skipped: list[str] | None = None) -> Iterator[Conversation]:
     """Stream validated conversations. A bad record raises (``strict``) or is appended to ``skipped``."""
-    for raw in iter_conversation_records(spec, split=split):
+    yield from parse_records(iter_conversation_records(spec, split=split), strict=strict, skipped=skipped)
+
+
+def parse_records(raws: Iterable[RawRecord], *, strict: bool = True,
+                  skipped: list[str] | None = None) -> Iterator[Conversation]:
+    """Validated conversations of raw records (any source: a spec's files, an in-memory dataset).
+    A bad record raises (``strict``) or is appended to ``skipped``."""
+    for raw in raws:
         try:
             yield raw.parse()
         except ConversationError as e:

@@ -114,16 +114,12 @@ def parse_dataset(ds: Any, *, source: str) -> list[Conversation]:
     """The conversations of a ``datasets.Dataset`` / ``IterableDataset`` (or a list of records), in any
     shape :func:`onepass.conversation.parse_record` reads (the column is detected). A record that is not a
     conversation is a counted skip, logged with the first reason; none left is a :class:`DataError`."""
-    from onepass.conversation import ConversationError, parse_record
+    from onepass.data.load import RawRecord, parse_records
     from onepass.errors import DataError
 
-    convs: list[Conversation] = []
     skipped: list[str] = []
-    for i, record in enumerate(ds):
-        try:
-            convs.append(parse_record(record, source=source, index=i))
-        except ConversationError as e:
-            skipped.append(str(e))
+    raws = (RawRecord(source=source, index=i, unit="record", record=r) for i, r in enumerate(ds))
+    convs = list(parse_records(raws, strict=False, skipped=skipped))
     if skipped:
         log.warning("onepass: skipped %d of %d records of %s; first: %s", len(skipped), len(skipped) + len(convs),
                     source, skipped[0])
