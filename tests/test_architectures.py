@@ -209,4 +209,4 @@ def test_hybrids_are_exact_on_one_pass(conversations, one_thread, arch):
     with torch.no_grad():
         want = sum(view_loss_reference(model, v).item() for v in views[0])
         got = sum(layout_loss(model, x).item() for x in layouts)
-    assert abs(got - want) <= (1e-6 if arch == "nemotron-h" else TOL) * want  # nemotron-h: float32 logits
+    assert abs(got - want) <= TOL * want

@@ -63,7 +63,7 @@ def test_twin_keeps_one_layer_of_every_kind(num_layers, values, expected):
 @pytest.mark.parametrize("config", [
     tf.Qwen3NextConfig(), tf.Qwen3Config(use_sliding_window=True, sliding_window=4096, max_window_layers=28),
     tf.GptOssConfig(), tf.Gemma3TextConfig(), tf.DeepseekV3Config(), tf.NemotronHConfig(),
-    tf.Lfm2Config(full_attn_idxs=[2, 5, 8]), tf.Qwen3MoeConfig(),
+    tf.Lfm2Config(full_attn_idxs=[2, 5, 8]), tf.Qwen3MoeConfig(), tf.FalconH1Config(),
 ], ids=lambda c: c.model_type)
 def test_twin_is_small_same_class_same_layer_types_and_windows_bite(config):
     before = config.to_dict()
@@ -116,6 +116,7 @@ HYBRIDS = [  # (config, architecture, the layer type that differs, its mixer), r
     (tf.NemotronHConfig(hybrid_override_pattern="M-M*-E"), "NemotronHForCausalLM", "linear_attention", "Mamba2"),
     (tf.GraniteMoeHybridConfig(num_hidden_layers=4, layer_types=["mamba", "mamba", "attention", "mamba"]),
      "GraniteMoeHybridForCausalLM", "linear_attention", "Mamba"),
+    (tf.FalconH1Config(num_hidden_layers=2), "FalconH1ForCausalLM", "hybrid", "FalconH1Mixer"),
 ]
 
 

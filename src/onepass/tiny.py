@@ -22,8 +22,8 @@ DENSE_ARCHS = ("qwen3", "llama", "qwen2", "mistral", "phi3", "olmo2")
 WINDOWED_ARCHS = ("mistral-window", "qwen3-window", "gpt-oss", "olmo3", "gemma3")
 MOE_ARCHS = ("gpt-oss", "deepseek-v3", "glm4-moe", "qwen3-next", "granite-4-hybrid")
 EXACT_ARCHS = DENSE_ARCHS + WINDOWED_ARCHS + ("deepseek-v3", "glm4-moe")
-# recurrent / convolutional layers next to attention: not exact yet (the tiny-twin guard refuses them)
-HYBRID_ARCHS = ("qwen3.5", "qwen3-next", "nemotron-h", "lfm2", "granite-4-hybrid")
+# recurrent / convolutional layers next to attention: exact with onepass.mixers (scanned chain by chain)
+HYBRID_ARCHS = ("qwen3.5", "qwen3-next", "nemotron-h", "lfm2", "granite-4-hybrid", "falcon-h1")
 TINY_ARCHS = EXACT_ARCHS + HYBRID_ARCHS
 
 _SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -72,6 +72,10 @@ _ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     "granite-4-hybrid": ("GraniteMoeHybridConfig", dict(layer_types=["mamba", "attention"], mamba_n_heads=4,
                                                         mamba_d_state=16, mamba_d_head=32, mamba_chunk_size=16,
                                                         num_local_experts=4, shared_intermediate_size=64)),
+    # every layer "hybrid": Mamba2 and attention side by side on the same input, muP multipliers
+    "falcon-h1": ("FalconH1Config", dict(mamba_d_ssm=64, mamba_n_heads=4, mamba_d_state=16, mamba_n_groups=2,
+                                         mamba_chunk_size=16, mamba_rms_norm=True, lm_head_multiplier=0.5,
+                                         embedding_multiplier=2.0, ssm_in_multiplier=0.5)),
 }
 
 

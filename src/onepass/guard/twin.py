@@ -153,7 +153,10 @@ def _shrink_sizes(d: dict[str, Any], vocab_size: int) -> None:
         grows = old["linear_num_value_heads"] > old["linear_num_key_heads"]
         d["linear_num_value_heads"] = 2 * d["linear_num_key_heads"] if grows else d["linear_num_key_heads"]
     if _is_int(old.get("mamba_d_head")) and _is_int(d.get("mamba_n_heads")) and hidden is not None:
-        d["mamba_d_head"] = d.get("mamba_expand", 2) * d[hidden] // d["mamba_n_heads"]
+        inner = d.get("mamba_expand", 2) * d[hidden]
+        if _is_int(old.get("mamba_d_ssm")):  # Falcon-H1: the Mamba width is set apart from the hidden size
+            d["mamba_d_ssm"] = inner = min(old["mamba_d_ssm"], inner)
+        d["mamba_d_head"] = inner // d["mamba_n_heads"]
     for k in _WINDOWS:
         if _is_int(old.get(k)) and old[k] > 0:
             d[k] = min(old[k], SMALL_WINDOW)

@@ -10,9 +10,13 @@ by a dispatcher: float64 inputs run a copy of the kernel's own source with the
 float32 casts made float64; any other dtype runs the original, unchanged.
 The gated RMSNorms inside the mixers (``*RMSNormGated``, not covered by
 :func:`onepass.precision.float64_norms`) get the same treatment per instance in
-a float64 model (:func:`float64_mixers`). The copies are the kernels' own code
-with one cast changed; tests/mixers/test_hybrids.py checks they agree with the
-originals to float32 precision.
+a float64 model (:func:`float64_mixers`), and so does a causal LM whose forward
+casts its logits (Nemotron-H's ``self.lm_head(hidden_states).float()``, meant
+to upcast half precision, rounds float64 logits to float32: the loss of both
+one-pass and N-pass becomes a float32 sum, ~1e-7 apart, although every layer
+agrees to 1e-16). The copies are the models' own code with one cast changed;
+tests/mixers/test_hybrids.py checks they agree with the originals to float32
+precision.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ KERNELS: dict[str, tuple[str, ...]] = {
     "transformers.models.nemotron_h.modeling_nemotron_h": ("mamba2_chunk_scan", "mamba2_selective_state_update"),
     "transformers.models.granitemoehybrid.modeling_granitemoehybrid": ("mamba2_chunk_scan",
                                                                       "mamba2_selective_state_update"),
+    "transformers.models.falcon_h1.modeling_falcon_h1": ("mamba2_chunk_scan", "mamba2_selective_state_update"),
 }
 _PATCHED = "_onepass_float64"
 
@@ -92,8 +97,9 @@ def _casts(cls: type) -> bool:
 
 def float64_mixers(model: torch.nn.Module) -> int:
     """:func:`float64_kernels`, and in a float64 ``model`` the forward of each registered mixer, gated
-    RMSNorm (``*RMSNormGated``, not covered by :func:`onepass.precision.float64_norms`) and MoE router
-    (``*Router``) that casts to float32, computed in float64 instead. Returns how many were patched."""
+    RMSNorm (``*RMSNormGated``, not covered by :func:`onepass.precision.float64_norms`), MoE router
+    (``*Router``) and causal LM (``*ForCausalLM``: its logits) that casts to float32, computed in
+    float64 instead. Returns how many were patched."""
     import types
 
     from onepass.mixers.tree import MIXERS
@@ -104,7 +110,7 @@ def float64_mixers(model: torch.nn.Module) -> int:
     count = 0
     for mod in model.modules():
         cls = type(mod)
-        wanted = cls.__name__ in MIXERS or cls.__name__.endswith(("RMSNormGated", "Router"))
+        wanted = cls.__name__ in MIXERS or cls.__name__.endswith(("RMSNormGated", "Router", "ForCausalLM"))
         if wanted and _PATCHED not in mod.__dict__ and "forward" not in mod.__dict__ and _casts(cls):
             exact = _float64_copy(cls.forward, importlib.import_module(cls.__module__))
             mod.forward = types.MethodType(exact, mod)
