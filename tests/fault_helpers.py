@@ -15,8 +15,9 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DAT
        "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
 
 
-def onepass(*argv: str, env: dict | None = None, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "onepass", *argv], env={**ENV, **(env or {})},
+def onepass(*argv: str, env: dict | None = None, module: str = "onepass", **kw) -> subprocess.Popen:
+    """``python -m onepass ARGV`` (or a lighter entry point: ``module="onepass.data.cli"``), output piped."""
+    return subprocess.Popen([sys.executable, "-m", module, *argv], env={**ENV, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 

@@ -1,10 +1,13 @@
 """A JSON HTTP server on 127.0.0.1 (an ephemeral port) for the tests of OpenAI-compatible clients
-(tests/data/test_data_augment.py, tests/evaluate/test_eval.py). Traffic stays on the loopback."""
+(tests/data/test_data_augment.py, tests/faults/test_augment_faults.py, tests/evaluate/test_eval.py),
+and :class:`FakeOpenAI`, the chat-completions server of the augment tests. Traffic stays on the loopback."""
 
 from __future__ import annotations
 
+import collections
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -40,3 +43,74 @@ class LocalServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(timeout=5)
+
+
+REPLY_MARK = "The assistant's reply:\n"
+REFUSAL = "I'm sorry, but I can't help with that."
+
+
+class FakeOpenAI(LocalServer):
+    """Chat-completions for ``onepass data augment``. The behaviour of a request is chosen by the tag in the
+    reply it asks about: ``[ok]``, ``[500once]``, ``[hangonce]``, ``[badjsononce]``, ``[always500]``,
+    ``[400]``, ``[401]``, ``[refuse]`` / ``[refuseonce]`` (a refusal in the requested JSON),
+    ``[echo500]`` / ``[echo401]`` / ``[echojson]`` / ``[echoreason]`` (the request's auth header echoed
+    back in an error body, in a reply that is not JSON, or in the reasoning itself). ``received`` counts requests per augment key, ``log`` keeps
+    their order."""
+
+    def __init__(self, *, delay: float = 0.0, hang: float = 1.0) -> None:
+        from onepass.data.augment import request_key
+
+        self.received: collections.Counter[str] = collections.Counter()
+        self.log: list[str] = []
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(JSONHandler):
+            def do_POST(self):
+                body = self.read_json()
+                key = request_key(body["model"], body["messages"])
+                reply = body["messages"][-1]["content"].split(REPLY_MARK, 1)[1]
+                tag = reply[reply.index("[") + 1:reply.index("]")]
+                with server.lock:
+                    server.received[key] += 1
+                    server.log.append(key)
+                    attempt = server.received[key]
+                try:
+                    server.respond(self, tag, attempt, reply)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (timeout): fine
+
+        self.delay, self.hang = delay, hang
+        self.start(Handler)
+
+    def respond(self, h: JSONHandler, tag: str, attempt: int, reply: str) -> None:
+        echo = f"Authorization: {h.headers.get('Authorization')}"
+        if tag == "always500" or (tag == "500once" and attempt == 1):
+            return h.send_json(500, {"error": "boom"})
+        if tag in ("400", "401"):
+            return h.send_json(int(tag), {"error": "no"})
+        if tag in ("echo500", "echo401"):
+            return h.send_json(int(tag[4:]), {"error": f"bad request, headers were {echo}"})
+        if tag == "hangonce" and attempt == 1:
+            time.sleep(self.hang)
+        time.sleep(self.delay)
+        reasoning = f"I think about {json.loads(reply)['content']}"
+        if tag == "refuse" or (tag == "refuseonce" and attempt == 1):
+            reasoning = REFUSAL
+        elif tag == "echoreason":
+            reasoning = f"I think about the request; {echo}"
+        content = json.dumps({"reasoning": reasoning})
+        if tag == "badjsononce" and attempt == 1:
+            content = "this is not JSON"
+        elif tag == "echojson":
+            content = f"cannot parse your request; {echo}"
+        h.send_json(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]})
+
+
+def conversation(i: int, tags: list[str]) -> dict:
+    """Record ``c{i}`` with one user/assistant pair per tag; the tag picks :class:`FakeOpenAI`'s answer."""
+    messages = []
+    for k, tag in enumerate(tags):
+        messages += [{"role": "user", "content": f"question {i}.{k}"},
+                     {"role": "assistant", "content": f"answer {i}.{k} [{tag}]"}]
+    return {"id": f"c{i}", "messages": messages}

@@ -1,70 +1,22 @@
 """``augment`` against a fake OpenAI-compatible server on 127.0.0.1 that fails, hangs and lies.
 
-Every turn ends with reasoning or in the failure report; a run killed with SIGKILL and
-restarted finishes with no request repeated after its result was cached and none lost.
-Everything is bounded: short timeouts, few retries, a server that stops with the test.
+Every turn ends with reasoning or in the failure report. Refusals, corrupt caches, credentials and
+``kill -9`` at random points: tests/faults/test_augment_faults.py. Everything is bounded: short
+timeouts, few retries, a server that stops with the test.
 """
 
 from __future__ import annotations
 
 import collections
 import json
-import os
-import signal
-import subprocess
-import sys
-import threading
-import time
 
 import pytest
 
-from local_server import JSONHandler, LocalServer
+from local_server import FakeOpenAI, conversation
 
 from onepass.conversation import parse_record
-from onepass.data.augment import AugmentError, Cache, augment, plan_turns, request_key, write_failure_report
+from onepass.data.augment import AugmentError, Cache, augment, plan_turns, write_failure_report
 from onepass.data.chat_client import ChatClient, ClientConfig, parse_json_reply
-
-REPLY_MARK = "The assistant's reply:\n"
-
-
-class FakeOpenAI(LocalServer):
-    """Chat-completions on an ephemeral loopback port. The behaviour of a request is chosen by the
-    tag in the reply it asks about (``[ok]``, ``[500once]``, ``[hangonce]``, ``[badjsononce]``,
-    ``[always500]``, ``[400]``, ``[401]``); ``received`` counts requests per augment key."""
-
-    def __init__(self, *, delay: float = 0.0, hang: float = 1.0) -> None:
-        self.received: collections.Counter[str] = collections.Counter()
-        self.lock = threading.Lock()
-        server = self
-
-        class Handler(JSONHandler):
-            def do_POST(self):
-                body = self.read_json()
-                key = request_key(body["model"], body["messages"])
-                reply = body["messages"][-1]["content"].split(REPLY_MARK, 1)[1]
-                tag = reply[reply.index("[") + 1:reply.index("]")]
-                with server.lock:
-                    server.received[key] += 1
-                    attempt = server.received[key]
-                try:
-                    server.respond(self, tag, attempt, reply)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (timeout): fine
-
-        self.delay, self.hang = delay, hang
-        self.start(Handler)
-
-    def respond(self, h: JSONHandler, tag: str, attempt: int, reply: str) -> None:
-        if tag == "always500" or (tag == "500once" and attempt == 1):
-            return h.send_json(500, {"error": "boom"})
-        if tag in ("400", "401"):
-            return h.send_json(int(tag), {"error": "no"})
-        if tag == "hangonce" and attempt == 1:
-            time.sleep(self.hang)
-        time.sleep(self.delay)
-        content = "this is not JSON" if tag == "badjsononce" and attempt == 1 else \
-            json.dumps({"reasoning": f"I think about {json.loads(reply)['content']}"})
-        h.send_json(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]})
 
 
 @pytest.fixture
@@ -72,14 +24,6 @@ def server():
     s = FakeOpenAI()
     yield s
     s.close()
-
-
-def conversation(i: int, tags: list[str]) -> dict:
-    messages = []
-    for k, tag in enumerate(tags):
-        messages += [{"role": "user", "content": f"question {i}.{k}"},
-                     {"role": "assistant", "content": f"answer {i}.{k} [{tag}]"}]
-    return {"id": f"c{i}", "messages": messages}
 
 
 def client(url: str, **kw) -> ChatClient:
@@ -148,41 +92,3 @@ def test_parse_json_reply(text, ok):
             parse_json_reply(text, "reasoning", ("thought",))
     else:
         assert parse_json_reply(text, "reasoning", ("thought",)) == ok
-
-
-def _lines(path):
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-
-
-def test_killed_and_restarted_run_repeats_and_loses_nothing(tmp_path):
-    server = FakeOpenAI(delay=0.03)
-    try:
-        data = tmp_path / "in.jsonl"
-        data.write_text("".join(json.dumps(conversation(i, ["ok", "ok"])) + "\n" for i in range(40)))
-        out, cache = tmp_path / "out.jsonl", tmp_path / "cache.jsonl"
-        cmd = [sys.executable, "-m", "onepass.data.cli", "augment", "--data", str(data), "--out", str(out),
-               "--cache", str(cache), "--base-url", server.url, "--model", "fake", "--concurrency", "3",
-               "--timeout", "5", "--retries", "1", "--backoff", "0.01", "--api-key-env", "NOPE", "--no-progress"]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 30
-        while len(_lines(cache)) < 20 and time.monotonic() < deadline and first.poll() is None:
-            time.sleep(0.02)
-        first.send_signal(signal.SIGKILL)
-        first.wait(timeout=10)
-        assert first.returncode == -signal.SIGKILL, first.stderr.read().decode()
-        done_before = {e["key"] for e in _lines(cache)}
-        assert 20 <= len(done_before) < 80 and not out.exists()
-
-        second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
-        assert second.returncode == 0, second.stderr
-        assert "turns 80:" in second.stdout and f"{len(done_before)} from the cache" in second.stdout
-        entries = _lines(cache)
-        keys = [e["key"] for e in entries]
-        assert len(keys) == len(set(keys)) == 80  # no duplicate, none lost
-        assert all(server.received[k] == 1 for k in done_before)  # never asked again once cached
-        assert set(server.received) == set(keys)
-        assert sum(server.received.values()) <= 80 + 3  # at most the in-flight ones were lost at the kill
-        assert len(_lines(out)) == 40
-    finally:
-        server.close()

@@ -1,6 +1,7 @@
 """Bad text is a counted skip naming file, line and message (an error under ``--strict``), in every command
-and on the ``--num-proc`` path; conflicting reasoning fields are never dropped silently
-(issue 13, items 4, 5 and 8)."""
+and on the ``--num-proc`` path; a template that raises for one conversation is a counted skip, one that
+does not compile a one-line error before any data is read; conflicting reasoning fields are never dropped
+silently (issue 13, items 4, 5, 6 and 8)."""
 
 from __future__ import annotations
 
@@ -62,6 +63,40 @@ def test_data_stats_skips_a_lone_surrogate(tmp_path, capsys):
     assert main(["data", "stats", "--data", str(data)]) == 0
     captured = capsys.readouterr()
     assert "line 2, message 0: messages[0].content: a lone surrogate" in captured.err + captured.out
+
+
+# Raises for a turn whose content is "boom", as real templates raise for roles that do not alternate.
+RAISING_TEMPLATE = ("{% for m in messages %}{% if m.content == 'boom' %}\n"
+                    "{{ raise_exception('roles must alternate') }}{% endif %}"
+                    "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_a_template_that_raises_for_one_conversation_is_a_counted_skip(tmp_path, capsys):
+    boom = {"messages": [*GOOD["messages"], {"role": "user", "content": "q2"}, {"role": "assistant", "content": "boom"}]}
+    data = _jsonl(tmp_path / "chats.jsonl", [json.dumps(r).encode() for r in (GOOD, boom, GOOD)])
+    template = tmp_path / "strict.jinja"
+    template.write_text(RAISING_TEMPLATE, encoding="utf-8")
+    argv = ["prepare", "--data", str(data), "--chat-template", str(template), "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 0
+    stats = json.loads((tmp_path / "o" / "stats.json").read_text())
+    assert stats["conversations"] == 3 and stats["skipped_by_reason"] == {"template error": 1}
+    assert stats["skipped"] == [f"{data} line 2, message 3: the chat template raised at line 2 rendering the "
+                                "conversation: TemplateError: roles must alternate"]
+    assert main([*argv, "--strict", "--out", str(tmp_path / "s")]) == 2
+    assert "line 2, message 3" in capsys.readouterr().err
+
+
+def test_a_template_that_does_not_compile_is_one_line_before_any_data_is_read(tmp_path, capsys):
+    bad_last = json.dumps({"messages": [{"role": "bot", "content": "x"}]}).encode()  # found only by reading it all
+    data = _jsonl(tmp_path / "chats.jsonl", [json.dumps(GOOD).encode(), bad_last])
+    template = tmp_path / "broken.jinja"
+    template.write_text("{% for m in messages %}\n{{ m.content }\n", encoding="utf-8")
+    assert main(["prepare", "--data", str(data), "--chat-template", str(template), "--strict", "--no-progress",
+                 "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"onepass: error: the chat template of {template} does not compile: line 2: ")
+    assert len(err.splitlines()) == 1
 
 
 def test_conflicting_reasoning_fields_name_the_record():

@@ -1,6 +1,9 @@
 """Train under faults: a used output folder is never mixed with a new run, pruning touches only this run's
 checkpoints, ``--resume`` never unpickles code, and ``kill -9`` leaves only complete checkpoints
-(issue 13, items 7 and 9)."""
+(issue 13, items 7 and 9).
+
+Names the fix added (``_load``, ``prune_checkpoints``) are imported inside the tests, so each test also
+runs, and fails on its own assertions, against the code before the fix (docs/faults.md)."""
 
 from __future__ import annotations
 
@@ -10,23 +13,24 @@ import pytest
 import torch
 from fault_helpers import kill9, onepass, wait_for
 
-from onepass.train.checkpoint import _load, list_checkpoints, prune_checkpoints, read_state
+from onepass.train.checkpoint import list_checkpoints, read_state
 from onepass.train.config import TrainConfigError, load_config
 from onepass.train.loop import train
 
 
-def _run(out, **overrides):
-    values = dict(tiny="qwen3", data="builtin:mathchat", limit=2, per_device_train_batch_size=1, max_steps=1,
-                  save_steps=1, save_total_limit=1, progress=False, save_model=False, output_dir=str(out))
-    return train(load_config(None, values | overrides), log=lambda _m: None)
+def _run(out, resume=None, **overrides):
+    # keys every release since the first checkpoints knows, so this runs on the code before the fix too
+    values = dict(tiny="qwen3", data="builtin:mathchat", limit=2, max_steps=1, save_steps=1, save_total_limit=1,
+                  progress=False, save_model=False, output_dir=str(out))
+    return train(load_config(None, values | overrides), resume=resume, log=lambda _m: None)
 
 
 def test_a_used_output_dir_is_refused_without_resume(tmp_path, one_thread):
     out = tmp_path / "run"
     _run(out)
-    first = read_state(list_checkpoints(out)[-1])["run_id"]
     with pytest.raises(TrainConfigError, match="--resume"):
         _run(out)
+    first = read_state(list_checkpoints(out)[-1])["run_id"]
     _run(out, overwrite_output_dir=True)
     runs = {read_state(p)["run_id"] for p in list_checkpoints(out)}
     assert len(runs) == 1 and first not in runs  # the earlier run's checkpoints went with --overwrite
@@ -39,6 +43,8 @@ def _fake_checkpoint(out, step, run_id):
 
 
 def test_pruning_touches_only_this_runs_checkpoints(tmp_path):
+    from onepass.train.checkpoint import prune_checkpoints
+
     for step, run in [(1, "a"), (2, "b"), (3, "a"), (9, "b"), (4, "a")]:
         _fake_checkpoint(tmp_path, step, run)
     removed = prune_checkpoints(tmp_path, 1, "a")
@@ -53,6 +59,8 @@ class _Evil:
 
 
 def test_a_checkpoint_cannot_run_code(tmp_path, monkeypatch):
+    from onepass.train.checkpoint import _load
+
     mark = tmp_path / "ran"
     monkeypatch.setenv("EVIL_MARK", str(mark))
     torch.save({"lr": 1.0, "x": _Evil()}, tmp_path / "scheduler.pt")
@@ -63,8 +71,23 @@ def test_a_checkpoint_cannot_run_code(tmp_path, monkeypatch):
     assert _load(tmp_path / "ok.pt")["lr"] == 1.0
 
 
+def test_resume_from_a_tampered_checkpoint_runs_no_code(tmp_path, monkeypatch, one_thread):
+    out = tmp_path / "run"
+    _run(out)
+    mark = tmp_path / "ran"
+    monkeypatch.setenv("EVIL_MARK", str(mark))
+    (checkpoint,) = list_checkpoints(out)
+    torch.save({"lr": 1.0, "x": _Evil()}, checkpoint / "scheduler.pt")  # what a stranger's checkpoint may hold
+    with pytest.raises(Exception) as raised:  # noqa: PT011 (checked below, after the mark)
+        _run(out, resume=str(checkpoint), max_steps=2)
+    assert not mark.exists(), f"resuming ran the checkpoint's code (then: {raised.value!r})"
+    assert isinstance(raised.value, TrainConfigError) and "weights_only" in str(raised.value)
+
+
 def test_kill_9_during_training_leaves_only_complete_checkpoints(tmp_path):
     from safetensors.torch import load_file
+
+    from onepass.train.checkpoint import _load
 
     out = tmp_path / "run"
     proc = onepass("train", "--tiny", "qwen3", "--data", "builtin:mathchat", "--limit", "4", "--max-steps", "400",

@@ -17,6 +17,13 @@ Guarantees:
 - A failed request is retried (:mod:`onepass.data.chat_client`) and then
   listed per turn in the failure report, never skipped silently; its
   conversation is left out of the output until a rerun succeeds.
+- A reply whose reasoning is a refusal (:mod:`onepass.data.refusal`, also when
+  wrapped in the requested JSON) is a failed attempt: retried, then reported;
+  a refusal cached by an earlier run is requested again. All are counted.
+- A cache line that does not parse, and a last line cut by a kill, are named
+  (file and line) in the summary; their turns are requested again.
+- Credentials (the key, auth headers, ``?key=``) are masked in everything
+  written: errors, the failure report, the cache.
 - The output holds every conversation whose turns all have reasoning, in
   input order, as OpenAI ``messages`` records with ``reasoning_content``.
 
@@ -35,6 +42,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -43,8 +51,9 @@ from pathlib import Path
 from typing import Any
 
 from onepass.conversation import Conversation
-from onepass.data.chat_client import ChatClient, FatalRequestError, RequestFailed
+from onepass.data.chat_client import ChatClient, FatalRequestError, RequestFailed, scrub
 from onepass.data.load import to_record
+from onepass.data.refusal import RefusalCheck
 from onepass.errors import OnePassError, UsageError
 
 SYSTEM_PROMPT = """You write the hidden reasoning of an AI assistant in a conversation.
@@ -114,18 +123,23 @@ def plan_turns(conversations: Sequence[Conversation], *, model: str, system_prom
     return plan
 
 
+REFUSAL = "refusal: "  # how the error of a refused reply starts
+
+
 class Cache:
     """Append-only JSON lines ``{"key", "conversation", "turn", "reasoning", ...}``, flushed per line.
 
     Opening it takes an exclusive lock and repairs a last line cut by a kill (truncated away:
-    its request was not finished, so it is sent again).
+    its request was not finished, so it is sent again); ``cut_line`` is its line number.
+    Lines that do not parse stay in the file and their numbers are in ``corrupt_lines``.
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.results: dict[str, str] = {}
         self.duplicates = 0
-        self.corrupt = 0
+        self.corrupt_lines: list[int] = []  # 1-based
+        self.cut_line: int | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a+b")
         try:
@@ -147,16 +161,17 @@ class Cache:
         if cut < len(data):  # a partial last line from a killed run
             self._file.truncate(cut)
             data = data[:cut]
-        for line in data.splitlines():
+            self.cut_line = data.count(b"\n") + 1
+        for number, line in enumerate(data.split(b"\n")[:-1], 1):
             if not line.strip():
                 continue
             try:
                 entry = json.loads(line)
                 key, reasoning = entry["key"], entry["reasoning"]
-                if not isinstance(reasoning, str):
+                if not isinstance(key, str) or not isinstance(reasoning, str):
                     raise TypeError
-            except (json.JSONDecodeError, KeyError, TypeError):
-                self.corrupt += 1
+            except (ValueError, KeyError, TypeError):  # ValueError: not JSON, or not UTF-8
+                self.corrupt_lines.append(number)
                 continue
             if key in self.results:
                 self.duplicates += 1
@@ -191,24 +206,50 @@ class AugmentResult:
     conversations: int = 0
     conversations_incomplete: int = 0
     skipped: list[str] = field(default_factory=list)  # invalid input records
+    refused_replies: int = 0  # replies rejected as refusals, retried ones included
+    refused_in_cache: int = 0  # cached refusals of an earlier run, requested again
+    cache: str = ""
+    cache_corrupt_lines: list[int] = field(default_factory=list)
+    cache_cut_line: int | None = None
+
+    @property
+    def refused_turns(self) -> int:
+        return sum(bool(f.get("refused")) for f in self.failures)
 
     def summary(self) -> str:
         lines = [f"turns {self.turns}: {self.from_cache} from the cache, {self.requested} requested, "
                  f"{self.succeeded} succeeded, {len(self.failures)} failed",
                  f"conversations {self.conversations}: {len(self.records)} complete, "
                  f"{self.conversations_incomplete} left out (a turn failed; rerun to retry it)"]
+        if self.refused_replies or self.refused_in_cache:
+            lines.append(f"REFUSALS: {self.refused_replies} replies were refusals (retried), "
+                         f"{self.refused_turns} turns failed on one; {self.refused_in_cache} cached refusals "
+                         "requested again")
+        if self.cache_corrupt_lines:
+            shown = ", ".join(map(str, self.cache_corrupt_lines[:20]))
+            more = f" and {len(self.cache_corrupt_lines) - 20} more" if len(self.cache_corrupt_lines) > 20 else ""
+            lines.append(f"CACHE {self.cache}: {len(self.cache_corrupt_lines)} corrupt lines ignored (lines "
+                         f"{shown}{more}); their turns were requested again")
+        if self.cache_cut_line is not None:
+            lines.append(f"CACHE {self.cache}: line {self.cache_cut_line} was cut (a killed run) and removed; "
+                         "its turn was requested again")
         if self.skipped:
             lines.append(f"SKIPPED {len(self.skipped)} invalid input records; first: {self.skipped[0]}")
         return "\n".join(lines)
 
 
-def scrub(text: str, secret: str | None) -> str:
-    """``text`` with the API key masked: a server may echo the auth header into an error we write.
+class _RefusalFilter:
+    """``check`` for :meth:`ChatClient.complete_json`: raises on a refusal and counts it (thread-safe)."""
 
-    >>> scrub("401: bad header 'Bearer sk-123'", "sk-123")
-    "401: bad header 'Bearer ***'"
-    """
-    return text.replace(secret, "***") if secret else text
+    def __init__(self, refusal: RefusalCheck) -> None:
+        self.refusal, self.count, self._lock = refusal, 0, threading.Lock()
+
+    def __call__(self, reasoning: str) -> None:
+        pattern = self.refusal.match(reasoning)
+        if pattern is not None:
+            with self._lock:
+                self.count += 1
+            raise ValueError(f"{REFUSAL}the reasoning matches {pattern!r}: {reasoning[:80]!r}")
 
 
 def _apply(conv: Conversation, reasoning: dict[int, str]) -> Conversation:
@@ -218,7 +259,7 @@ def _apply(conv: Conversation, reasoning: dict[int, str]) -> Conversation:
 
 
 def _run_requests(todo: list[Turn], client: ChatClient, cache: Cache, *, concurrency: int, progress: bool,
-                  total: int, initial: int) -> dict[str, tuple[str, int]]:
+                  total: int, initial: int, check: _RefusalFilter) -> dict[str, tuple[str, int]]:
     """Send ``todo`` with ``concurrency`` threads; results go to ``cache`` as they arrive.
     Returns the failures: key -> (error, attempts)."""
     from tqdm.auto import tqdm
@@ -232,7 +273,7 @@ def _run_requests(todo: list[Turn], client: ChatClient, cache: Cache, *, concurr
         def submit() -> None:
             while fatal is None and len(in_flight) < concurrency and (t := next(pending, None)) is not None:
                 in_flight[pool.submit(client.complete_json, t.messages, required="reasoning",
-                                      aliases=("thought",))] = t
+                                      aliases=("thought",), check=check)] = t
         try:
             submit()
             while in_flight:
@@ -248,42 +289,63 @@ def _run_requests(todo: list[Turn], client: ChatClient, cache: Cache, *, concurr
                     except Exception as e:  # an unforeseen error in one request: report the turn, go on
                         failures[turn.key] = (f"unexpected error: {e!r}", 0)
                     else:  # a failing cache write (disk full) stops the run: nothing is lost
-                        cache.add(turn, reasoning, attempts=attempts, model=client.config.model)
+                        cache.add(turn, scrub_key(reasoning, client.config.api_key()), attempts=attempts,
+                                  model=client.config.model)
                     bar.update(1)
                 submit()
         finally:
             bar.close()
     if fatal is not None:
-        raise AugmentError(str(fatal))
+        raise AugmentError(scrub(str(fatal), client.config.api_key()))
     return failures
+
+
+def scrub_key(text: str, secret: str | None) -> str:
+    """Only the key itself masked: for model output, where a header-like phrase may be content."""
+    return text.replace(secret, "***") if secret else text
 
 
 def augment(conversations: Sequence[Conversation], client: ChatClient, cache_path: str | Path, *,
             concurrency: int = 8, system_prompt: str = SYSTEM_PROMPT, only_missing: bool = False,
-            progress: bool = False) -> AugmentResult:
-    """Reasoning for every assistant turn of ``conversations``, resumable through ``cache_path``."""
+            progress: bool = False, refusal: RefusalCheck | None = None) -> AugmentResult:
+    """Reasoning for every assistant turn of ``conversations``, resumable through ``cache_path``.
+
+    ``refusal`` (default :meth:`RefusalCheck.default`; :meth:`RefusalCheck.none` for no check)
+    rejects reasoning that is a refusal, in replies and in the cache.
+    """
     if concurrency < 1:
         raise UsageError(f"concurrency must be >= 1, got {concurrency}")
     plan = plan_turns(conversations, model=client.config.model, system_prompt=system_prompt,
                       only_missing=only_missing)
-    result = AugmentResult(conversations=len(conversations), turns=sum(map(len, plan)))
+    refusal = RefusalCheck.default() if refusal is None else refusal
+    check = _RefusalFilter(refusal)
+    result = AugmentResult(conversations=len(conversations), turns=sum(map(len, plan)), cache=str(cache_path))
     with Cache(cache_path) as cache:
+        result.cache_corrupt_lines, result.cache_cut_line = list(cache.corrupt_lines), cache.cut_line
+        refused = [k for k, reasoning in cache.results.items() if refusal.match(reasoning) is not None]
+        for k in refused:  # from a run without the check (or with other patterns): ask again
+            del cache.results[k]
         unique: dict[str, Turn] = {}
         for turns in plan:
             for t in turns:
                 unique.setdefault(t.key, t)
         todo = [t for k, t in unique.items() if k not in cache.results]
+        result.refused_in_cache = sum(k in unique for k in refused)
         result.from_cache = sum(t.key in cache.results for turns in plan for t in turns)
         result.requested = len(todo)
-        failed = _run_requests(todo, client, cache, concurrency=concurrency, progress=progress,
-                               total=len(unique), initial=len(unique) - len(todo))
+        try:
+            failed = _run_requests(todo, client, cache, concurrency=concurrency, progress=progress,
+                                   total=len(unique), initial=len(unique) - len(todo), check=check)
+        finally:
+            result.refused_replies = check.count
         result.succeeded = len(todo) - len(failed)
         for conv, turns in zip(conversations, plan):
             missing = [t for t in turns if t.key not in cache.results]
             for t in missing:
                 error, attempts = failed.get(t.key, ("not requested (the run stopped)", 0))
                 result.failures.append({"conversation": t.conversation, "turn": t.turn, "key": t.key,
-                                        "error": scrub(error, client.config.api_key()), "attempts": attempts})
+                                        "error": scrub(error, client.config.api_key()), "attempts": attempts,
+                                        "refused": error.startswith(REFUSAL)})
             if missing:
                 result.conversations_incomplete += 1
                 continue
@@ -302,6 +364,9 @@ def write_failure_report(result: AugmentResult, path: str | Path) -> Path | None
         return None
     path.parent.mkdir(parents=True, exist_ok=True)
     report = {"failed_turns": len(result.failures), "incomplete_conversations": result.conversations_incomplete,
+              "refused_turns": result.refused_turns, "refused_replies": result.refused_replies,
+              "refused_in_cache": result.refused_in_cache, "cache": result.cache,
+              "cache_corrupt_lines": result.cache_corrupt_lines, "cache_cut_line": result.cache_cut_line,
               "failures": result.failures}
     path.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return path

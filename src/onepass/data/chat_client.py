@@ -38,6 +38,11 @@ from typing import Any
 from onepass.errors import ConfigError, UsageError
 
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+# A credential in text a server sent back (an echoed header, a URL): the name and separator are kept.
+_SECRET_HEADER = re.compile(r"""(?i)(\b(?:proxy-)?authorization|\bx-(?:goog-)?api-key|\bapi[-_]key)(["']?\s*[:=]\s*["']?)"""
+                            r"""((?:bearer|basic|token)\s+)?[^\s"',;&}\]]+""")
+_SECRET_BEARER = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{6,}")
+_SECRET_QUERY = re.compile(r"""(?i)([?&](?:key|api[-_]?key|access[-_]token|token|auth|sig|signature)=)[^&\s"'#]+""")
 FATAL_STATUS = frozenset({401, 403, 404})
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n?(.*?)\n?```\s*$", re.DOTALL)
 
@@ -87,6 +92,23 @@ class ClientConfig:
         return os.environ.get(self.api_key_env) or None
 
 
+def scrub(text: str, secret: str | None = None) -> str:
+    """``text`` with credentials masked: the API key itself, the value of an ``Authorization`` /
+    ``x-api-key`` / ``api-key`` header, a ``Bearer`` token and a ``?key=`` (``token=``, ...) query
+    parameter. A server may echo any of these into an error, which we print and write.
+
+    >>> scrub("401: bad header 'Bearer sk-123'", "sk-123")
+    "401: bad header 'Bearer ***'"
+    >>> scrub('echo {"x-api-key": "k9", "url": "https://h/v1?key=abc&alt=json"}')
+    'echo {"x-api-key": "***", "url": "https://h/v1?key=***&alt=json"}'
+    """
+    if secret:
+        text = text.replace(secret, "***")
+    text = _SECRET_HEADER.sub(lambda m: m.group(1) + m.group(2) + (m.group(3) or "") + "***", text)
+    text = _SECRET_BEARER.sub(r"\1***", text)
+    return _SECRET_QUERY.sub(r"\1***", text)
+
+
 def parse_json_reply(text: str, required: str, aliases: Sequence[str] = ()) -> str:
     """The non-empty string under ``required`` (or an alias) in a JSON object reply; ``ValueError`` else.
 
@@ -108,7 +130,11 @@ def parse_json_reply(text: str, required: str, aliases: Sequence[str] = ()) -> s
 
 
 class ChatClient:
-    """Thread-safe (one ``urllib`` request per call, no shared connection state)."""
+    """Thread-safe (one ``urllib`` request per call, no shared connection state).
+
+    Every error it raises has credentials masked (:func:`scrub`): its messages end up in
+    failure reports, logs and the one-line error a command prints.
+    """
 
     def __init__(self, config: ClientConfig, *, sleep: Callable[[float], None] = time.sleep) -> None:
         self.config = config
@@ -135,6 +161,7 @@ class ChatClient:
                 raw = response.read()
         except urllib.error.HTTPError as e:
             detail = e.read()[:200].decode("utf-8", "replace") if e.fp is not None else ""
+            detail, url = scrub(detail, self._key), scrub(url, self._key)
             if e.code in FATAL_STATUS:
                 raise FatalRequestError(f"{url} answered HTTP {e.code}: {detail}; check the "
                                         f"base URL, the model name and ${self.config.api_key_env}") from None
@@ -159,10 +186,20 @@ class ChatClient:
             raise _Retryable(f"the message content is {type(content).__name__}, not text")
         return content
 
-    def complete_json(self, messages: Sequence[dict[str, str]], *, required: str,
-                      aliases: Sequence[str] = ()) -> tuple[str, int]:
-        """``(value of required, attempts used)``; raises :class:`RequestFailed` after the retries."""
-        return self._retrying(self._body(messages), lambda text: parse_json_reply(text, required, aliases))
+    def complete_json(self, messages: Sequence[dict[str, str]], *, required: str, aliases: Sequence[str] = (),
+                      check: Callable[[str], None] | None = None) -> tuple[str, int]:
+        """``(value of required, attempts used)``; raises :class:`RequestFailed` after the retries.
+
+        ``check(value)`` may raise ``ValueError`` to reject a reply that parses (a refusal): the
+        attempt counts as failed and is retried like a reply that is not the JSON asked for.
+        """
+        def parse(text: str) -> str:
+            value = parse_json_reply(text, required, aliases)
+            if check is not None:
+                check(value)
+            return value
+
+        return self._retrying(self._body(messages), parse)
 
     def complete_text(self, prompt: str | None = None, *, messages: Sequence[dict[str, Any]] | None = None
                       ) -> tuple[str, int]:
@@ -189,18 +226,18 @@ class ChatClient:
             try:
                 return parse(self._post(body, url)), attempt + 1
             except _Retryable as e:
-                error, wait = str(e), e.wait
+                error, wait = scrub(str(e), self._key), e.wait
             except ValueError as e:
                 if isinstance(e, FatalRequestError):
                     raise
-                error = str(e)
+                error = scrub(str(e), self._key)
             except RequestFailed as e:
-                raise RequestFailed(e.error, attempt + 1) from None
+                raise RequestFailed(scrub(e.error, self._key), attempt + 1) from None
             if attempt + 1 < attempts:
                 delay = min(self.config.max_backoff, self.config.backoff * 2 ** attempt)
                 self._sleep(min(self.config.max_backoff, wait) if wait is not None
                             else delay * (0.5 + random.random() / 2))
-        raise RequestFailed(error, attempts)
+        raise RequestFailed(error, attempts)  # error is scrubbed
 
 
 def _retry_after(headers: Any) -> float | None:

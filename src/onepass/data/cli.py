@@ -99,6 +99,12 @@ def add_parsers(data_parser: argparse.ArgumentParser) -> None:
     a.add_argument("--system-prompt", help="file replacing the built-in instruction (must ask for JSON "
                                            "{\"reasoning\": ...})")
     a.add_argument("--only-missing", action="store_true", help="keep reasoning already in the data")
+    a.add_argument("--refusal-pattern", action="append", default=[], metavar="REGEX",
+                   help="reasoning matching this (case-insensitive, re.search) is a refusal: a failed attempt, "
+                        "retried, then reported; repeatable, added to the defaults (onepass.data.refusal)")
+    a.add_argument("--refusal-patterns", metavar="FILE",
+                   help="refusal patterns replacing the defaults: one regex a line, # comments")
+    a.add_argument("--no-refusal-check", action="store_true", help="accept every reply that parses")
     a.add_argument("--limit", type=int, help="only the first N valid conversations")
     a.add_argument("--no-progress", action="store_true")
 
@@ -167,7 +173,10 @@ def cmd_augment(args: argparse.Namespace) -> int:
     from onepass.data.augment import SYSTEM_PROMPT, augment, write_failure_report
     from onepass.data.chat_client import ChatClient, ClientConfig
     from onepass.data.load import load_conversations, write_records
+    from onepass.data.refusal import refusal_check
 
+    refusal = refusal_check(extra=args.refusal_pattern, patterns_file=args.refusal_patterns,
+                            off=args.no_refusal_check)
     config = ClientConfig(base_url=args.base_url, model=args.model, api_key_env=args.api_key_env,
                           temperature=args.temperature, max_tokens=args.max_tokens, timeout=args.timeout,
                           retries=args.retries, backoff=args.backoff, max_backoff=args.max_backoff,
@@ -181,7 +190,8 @@ def cmd_augment(args: argparse.Namespace) -> int:
     out = Path(args.out)
     cache = args.cache or str(out.with_name(out.name + ".cache.jsonl"))
     result = augment(report.conversations, ChatClient(config), cache, concurrency=args.concurrency,
-                     system_prompt=prompt, only_missing=args.only_missing, progress=not args.no_progress)
+                     system_prompt=prompt, only_missing=args.only_missing, progress=not args.no_progress,
+                     refusal=refusal)
     result.skipped = report.skipped
     write_records(result.records, out)
     failures = write_failure_report(result, args.failures or out.with_name(out.name + ".failures.json"))
