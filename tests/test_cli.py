@@ -90,7 +90,7 @@ def test_strict_stops_at_the_first_bad_record_with_one_line(tmp_path, capsys):
     assert main(["prepare", "--data", str(data), "--out", str(tmp_path / "o"), "--strict"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"onepass: error: {data} line 2, message 1: unknown role 'bot'; "
-                   "expected one of system, user, assistant, tool"]
+                   "expected one of system, developer, user, assistant, tool"]
     assert not (tmp_path / "o").exists()
 
 

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from onepass.pack import best_fit_decreasing, best_fit_reference, pack_layouts
 from onepass.render import View
 from onepass.schedule import contiguous_groups, parse_schedule, schedule_views, view_weights
-from onepass.tree import IGNORE, PrefixTree, ancestors_reference, build_layout, concat
+from onepass.tree import (COLUMNS, IGNORE, PrefixTree, ancestors_reference, build_layout, concat,
+                          view_targets)
 
 
 def V(tokens, num_prompt, turn=0):
@@ -111,6 +112,55 @@ def test_layout_invariants(views):
     # every trained token of every view is a target exactly once (weights count the views)
     expected = sum(max(0, len(v) - max(v.num_prompt, 1)) for v in views)
     assert layout.weights.sum() == expected
+
+
+def reference_layout(views, weights):
+    """The trie spelled out: one dict of children per node, a node matches when its token is the view's
+    and its target does not conflict (preferring one that has the view's next token as a child);
+    depth-first with children in creation order; kv_end = one past the subtree."""
+    tokens, targets, wsum, children, roots = [], [], [], [], {}
+    for view, weight in zip(views, weights):
+        vt, tt = view.tokens.tolist(), view_targets(view).tolist()
+        siblings = roots
+        for i, (token, target) in enumerate(zip(vt, tt)):
+            ok = [c for c in siblings.get(token, []) if IGNORE in (targets[c], target) or targets[c] == target]
+            following = [c for c in ok if i + 1 < len(vt) and vt[i + 1] in children[c]]
+            node = (following or ok or [None])[0]
+            if node is None:
+                node = len(tokens)
+                tokens.append(token), targets.append(IGNORE), wsum.append(0.0), children.append({})
+                siblings.setdefault(token, []).append(node)
+            if target != IGNORE:
+                targets[node], wsum[node] = target, wsum[node] + weight
+            siblings = children[node]
+    rows = []  # (node, depth); then kv_end from the subtree sizes
+
+    def visit(kids, depth):
+        for node in sorted(n for ns in kids.values() for n in ns):
+            start = len(rows)
+            rows.append([node, depth, 0])
+            visit(children[node], depth + 1)
+            rows[start][2] = len(rows)
+
+    visit(roots, 0)
+    order = [r[0] for r in rows]
+    return dict(input_ids=[tokens[n] for n in order], position_ids=[r[1] for r in rows],
+                kv_end=[r[2] for r in rows], targets=[targets[n] for n in order], weights=[wsum[n] for n in order])
+
+
+@settings(max_examples=300, deadline=None)
+@given(views_strategy, st.lists(st.sampled_from([1.0, 0.5, 1 / 3]), min_size=8, max_size=8))
+def test_tree_by_chains_and_segments_equals_the_node_by_node_reference(views, weights):
+    tree = PrefixTree()
+    for view, weight in zip(views, weights):
+        tree.insert(view, weight)
+    assert tree.dfs_order().tolist() == tree.dfs_order_reference().tolist()
+    fast, reference = tree.layout(), tree.layout_reference()
+    for c in COLUMNS:
+        assert getattr(fast, c).dtype == getattr(reference, c).dtype
+        np.testing.assert_array_equal(getattr(fast, c), getattr(reference, c))
+    for c, values in reference_layout(views, weights).items():
+        assert getattr(fast, c).tolist() == values, c
 
 
 def test_parse_schedule():

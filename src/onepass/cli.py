@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="replace --out even when it holds files that are not an earlier onepass output")
     p.add_argument("--num-proc", type=int, default=1,
-                   help="render and tokenise on N processes (datasets.map); same rows and stats")
+                   help="render and tokenise on N processes (forked workers); same rows and stats")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_prepare)
 
@@ -176,8 +176,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 def _prepare(args: argparse.Namespace) -> int:
     from onepass.data.load import conversation_source
+    from onepass.data.parallel import iter_prepared
     from onepass.files import check_output_dir
-    from onepass.prepare import PrepareConfig, PrepareStats, prepare, write_dataset
+    from onepass.prepare import INVALID, PrepareConfig, PrepareStats, write_prepared
 
     config = PrepareConfig(schedule=args.schedule, max_tokens=args.max_tokens, pack=args.pack,
                            weighting=args.weighting, render=_render_config(args))
@@ -185,26 +186,22 @@ def _prepare(args: argparse.Namespace) -> int:
         raise UsageError(f"--num-proc must be >= 1, got {args.num_proc}")
     conversation_source(args.data)  # fails in one line before any work: missing, unrecognised, or prepared rows
     check_output_dir(args.out, overwrite=args.overwrite)  # a file, unrelated files, or not writable: before the work
-    if args.num_proc > 1:
-        from onepass.data.parallel import prepare_parallel
-
-        rows, stats = prepare_parallel(args.data, _tokenizer(args), config, num_proc=args.num_proc,
-                                       limit=args.limit, strict=args.strict, progress=not args.no_progress)
-    else:
-        tokenizer = _tokenizer(args)  # a template that does not compile: one line before data is read
-        report = _read(args)
-        stats = PrepareStats()
-        for line in report.skipped:
-            stats.skip("invalid record", line)
-        rows, stats = prepare(report.conversations, tokenizer, config, stats=stats, strict=args.strict,
-                              progress=not args.no_progress, total=len(report.conversations))
+    tokenizer = _tokenizer(args)  # a template that does not compile: one line before data is read
+    stats = PrepareStats()
+    trees = iter_prepared(args.data, tokenizer, config, stats, num_proc=args.num_proc, limit=args.limit,
+                          strict=args.strict, progress=not args.no_progress)
+    out = write_prepared(trees, stats, config, args.out)  # streams: rows are written as they are made
+    invalid = stats.skipped[:stats.skipped_by_reason.get(INVALID, 0)]  # listed first
+    for line in invalid[:5]:
+        print(f"skipped: {line}", file=sys.stderr)
+    if len(invalid) > 5:
+        print(f"... and {len(invalid) - 5} more skipped records", file=sys.stderr)
     print(stats.summary())
-    if not rows:
+    if out is None:
         first = stats.skipped[0] if stats.skipped else "the data has no conversations"
         print(f"onepass: error: nothing to write, every conversation was skipped; first: {first}",
               file=sys.stderr)
         return 1
-    out = write_dataset(rows, stats, args.out)
     print(f"wrote {stats.rows} rows to {out} (stats in {out / 'stats.json'})")
     return 0
 

@@ -6,14 +6,17 @@ the place where nothing is lost silently. Every record that cannot be used
 counted with its reason in :class:`PrepareStats`, printed, and written to
 ``stats.json`` next to the rows.
 
-On disk (``write_dataset``): a HF ``datasets`` Arrow dataset with exactly the
-columns ``input_ids, position_ids, kv_end, targets, weights`` (one row per
-packed row, or per tree when not packing; names and dtypes from
+On disk: a HF ``datasets`` Arrow dataset with exactly the columns
+``input_ids, position_ids, kv_end, targets, weights`` (one row per packed row,
+or per tree when not packing; names and dtypes from
 :data:`onepass.tree.ROW_SCHEMA`, stored as ``ROW_DISK_DTYPES``) and
-``stats.json``. The directory is written under a temporary name and renamed
-when complete (:func:`onepass.files.atomic_dir`), so a crash never leaves a
-half-written dataset behind; a marker file (``.onepass-output``) says a later
-run may replace it (``onepass.files.check_output_dir``).
+``stats.json``. ``onepass prepare`` streams (:func:`write_prepared`: rows are
+written as each conversation's trees are made, stats are counters), so memory
+does not grow with the data; :func:`prepare` then :func:`write_dataset` is the
+same in memory, the reference it is tested against. The directory is written
+under a temporary name and renamed when complete (:func:`onepass.files.atomic_dir`),
+so a crash never leaves a half-written dataset behind; a marker file
+(``.onepass-output``) says a later run may replace it (``onepass.files.check_output_dir``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from onepass.flops import token_ratio
 from onepass.pack import pack_layouts
 from onepass.render import RenderConfig, render_conversation
 from onepass.schedule import Schedule, parse_schedule, schedule_views
-from onepass.tree import COLUMNS, ROW_DISK_DTYPES, Layout, build_layout, row_from_columns, rows_to_columns
+from onepass.tree import COLUMNS, ROW_DISK_DTYPES, Layout, count_nodes, row_from_columns, rows_to_columns
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +53,11 @@ class PrepareConfig:
             raise UsageError(f"max_tokens must be >= 2, got {self.max_tokens}")
 
 
+INVALID = "invalid record"  # the skip reason of a record that is not a conversation
+ADDITIVE = ("conversations", "conversations_used", "views", "views_trained", "views_skipped",
+            "views_derived", "boundary_merge_views", "n_pass_tokens", "one_pass_tokens", "scheduled_tokens", "target_tokens")
+
+
 @dataclass(kw_only=True)
 class PrepareStats:
     """Counts a user checks before training. Token counts are over kept views."""
@@ -58,11 +66,13 @@ class PrepareStats:
     weighting: str = ""
     max_tokens: int | None = None
     packed: bool = False
+    completion_format: str | None = None  # --completion-format: views built from it, none split by the template
     conversations: int = 0  # read and valid
     conversations_used: int = 0  # at least one view trained
     views: int = 0
     views_trained: int = 0
     views_skipped: int = 0
+    views_derived: int = 0  # rendered with the generation format derived from the template (not split by it)
     boundary_merge_views: int = 0  # prompt|completion tokenized apart differs from tokenized whole
     n_pass_tokens: int = 0  # sum of view lengths
     one_pass_tokens: int = 0  # one tree per conversation
@@ -78,8 +88,27 @@ class PrepareStats:
     skipped_by_reason: dict[str, int] = field(default_factory=dict)
 
     def skip(self, reason: str, message: str) -> None:
-        self.skipped.append(message)
+        """Count a skip. Invalid records are listed first, in their order (a reader that reads every
+        record before preparing reports them first), so a streaming run writes the same list."""
+        if reason == INVALID:
+            self.skipped.insert(self.skipped_by_reason.get(INVALID, 0), message)
+        else:
+            self.skipped.append(message)
         self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + 1
+
+    def configure(self, config: PrepareConfig) -> PrepareStats:
+        """Record what the counts are of (schedule, weighting, budget, packing)."""
+        self.schedule, self.weighting = str(parse_schedule(config.schedule)), config.weighting
+        self.max_tokens, self.packed = config.max_tokens, config.pack
+        self.completion_format = config.render.completion_format
+        return self
+
+    def add(self, counts: dict[str, int], skips: Iterable[tuple[str, str]]) -> None:
+        """Merge one conversation's counts (:data:`ADDITIVE`) and skips, counted elsewhere (a worker)."""
+        for k in ADDITIVE:
+            setattr(self, k, getattr(self, k) + counts[k])
+        for reason, message in skips:
+            self.skip(reason, message)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,8 +123,10 @@ class PrepareStats:
             f"({self.padding_fraction:.1%}), targets {self.target_tokens:,}",
         ]
         by_template = sum(self.skipped_by_reason.get(r, 0) for r in ("template", "template error"))
-        if by_template:
-            lines.append(f"template: {self.views - by_template} of {self.views} views split cleanly, "
+        if by_template or self.views_derived:
+            how = "from the completion format" if self.completion_format else "split cleanly"
+            lines.append(f"template: {self.views - by_template - self.views_derived} of {self.views} views {how}, "
+                         f"{self.views_derived} use the generation format derived from the template, "
                          f"{by_template} skipped by the template (onepass templates check: why)")
         if self.boundary_merge_views:
             lines.append(f"{self.boundary_merge_views} views tokenize differently when prompt and "
@@ -120,10 +151,7 @@ def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: Prepa
     A turn the template cannot split (or raises for) is counted and skipped on its own, the
     conversation's other views kept; with ``strict`` its :class:`~onepass.render.RenderError` is raised.
     """
-    schedule: Schedule = parse_schedule(config.schedule)
-    stats = stats or PrepareStats()
-    stats.schedule, stats.weighting = str(schedule), config.weighting
-    stats.max_tokens, stats.packed = config.max_tokens, config.pack
+    stats = (stats or PrepareStats()).configure(config)
     layouts: list[Layout] = []
     items: Iterable[Conversation] = conversations
     if progress:
@@ -131,55 +159,69 @@ def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: Prepa
 
         items = tqdm(conversations, total=total, desc="prepare", unit="conv")
     for conv in items:
-        stats.conversations += 1
-        rendered = render_conversation(conv, tokenizer, config.render)
-        if strict and rendered.skipped:
-            raise rendered.skipped[0]
-        for error in rendered.skipped:
-            stats.skip(error.reason, str(error))
-        stats.views += len(rendered.views) + len(rendered.skipped)
-        stats.views_skipped += len(rendered.skipped)
-        views = list(rendered.views)
-        if not views:
-            continue
-        scheduled = schedule_views(views, schedule, weighting=config.weighting, max_tokens=config.max_tokens)
-        for message in scheduled.skipped:
-            stats.skip("over max_tokens", message)
-        stats.views_skipped += scheduled.num_views_skipped
-        trained = sorted(i for g in scheduled.groups for i in g)
-        if not trained:
-            continue
-        stats.conversations_used += 1
-        stats.views_trained += len(trained)
-        stats.boundary_merge_views += sum(views[i].boundary_merge for i in trained)
-        stats.n_pass_tokens += sum(len(views[i]) for i in trained)
-        if len(scheduled.layouts) == 1:  # its one tree holds every trained view: the one-pass tree
-            stats.one_pass_tokens += len(scheduled.layouts[0])
-        else:
-            stats.one_pass_tokens += len(build_layout([views[i] for i in trained]))
-        for layout in scheduled.layouts:
-            stats.scheduled_tokens += len(layout)
-            stats.target_tokens += layout.num_targets
-        layouts.extend(scheduled.layouts)
+        layouts.extend(prepare_conversation(conv, tokenizer, config, stats, strict=strict))
     return finalize(layouts, stats, config)
+
+
+def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConfig, stats: PrepareStats, *,
+                         strict: bool = False) -> list[Layout]:
+    """The trees (unpacked) of one conversation; its counts and skips go into ``stats``."""
+    schedule: Schedule = parse_schedule(config.schedule)
+    stats.conversations += 1
+    rendered = render_conversation(conv, tokenizer, config.render)
+    if strict and rendered.skipped:
+        raise rendered.skipped[0]
+    for error in rendered.skipped:
+        stats.skip(error.reason, str(error))
+    stats.views += len(rendered.views) + len(rendered.skipped)
+    stats.views_skipped += len(rendered.skipped)
+    stats.views_derived += sum(v.derived for v in rendered.views)
+    views = list(rendered.views)
+    if not views:
+        return []
+    scheduled = schedule_views(views, schedule, weighting=config.weighting, max_tokens=config.max_tokens)
+    for message in scheduled.skipped:
+        stats.skip("over max_tokens", message)
+    stats.views_skipped += scheduled.num_views_skipped
+    trained = sorted(i for g in scheduled.groups for i in g)
+    if not trained:
+        return []
+    stats.conversations_used += 1
+    stats.views_trained += len(trained)
+    stats.boundary_merge_views += sum(views[i].boundary_merge for i in trained)
+    stats.n_pass_tokens += sum(len(views[i]) for i in trained)
+    if len(scheduled.layouts) == 1:  # its one tree holds every trained view: the one-pass tree
+        stats.one_pass_tokens += len(scheduled.layouts[0])
+    else:
+        stats.one_pass_tokens += count_nodes([views[i] for i in trained])
+    for layout in scheduled.layouts:
+        stats.scheduled_tokens += len(layout)
+        stats.target_tokens += layout.num_targets
+    return scheduled.layouts
 
 
 def finalize(layouts: list[Layout], stats: PrepareStats, config: PrepareConfig
              ) -> tuple[list[Layout], PrepareStats]:
     """After the per-conversation loop: pack, count rows and padding, the token ratio."""
-    stats.trees = len(layouts)
     rows = pack_layouts(layouts, config.max_tokens) if config.pack else layouts
-    stats.rows = len(rows)
-    stats.row_tokens = sum(len(r) for r in rows)
+    count_rows(stats, config, num_trees=len(layouts), num_rows=len(rows), row_tokens=sum(len(r) for r in rows))
+    return rows, stats
+
+
+def count_rows(stats: PrepareStats, config: PrepareConfig, *, num_trees: int, num_rows: int,
+               row_tokens: int) -> PrepareStats:
+    """The counts known once every row is made: trees, rows, padding, the token ratio."""
+    stats.trees, stats.rows, stats.row_tokens = num_trees, num_rows, row_tokens
     if config.pack and config.max_tokens:
         stats.padding_tokens = stats.rows * config.max_tokens - stats.row_tokens
         stats.padding_fraction = stats.padding_tokens / max(1, stats.rows * config.max_tokens)
     stats.token_ratio = token_ratio(stats.n_pass_tokens, stats.one_pass_tokens)
-    return rows, stats
+    return stats
 
 
 def write_dataset(rows: list[Layout], stats: PrepareStats, out_dir: str | Path) -> Path:
-    """Write the Arrow dataset and ``stats.json`` atomically (temp dir, then rename)."""
+    """Write the Arrow dataset and ``stats.json`` atomically (temp dir, then rename), from rows in
+    memory: the slow reference of :func:`write_prepared` (``tests/test_prepare_stream.py``)."""
     import datasets
 
     out = Path(out_dir)
@@ -195,6 +237,53 @@ def write_dataset(rows: list[Layout], stats: PrepareStats, out_dir: str | Path) 
                 datasets.enable_progress_bars()
         (tmp / "stats.json").write_text(json.dumps(stats.to_dict(), indent=2) + "\n", encoding="utf-8")
         write_marker(tmp, "prepared")
+    return out
+
+
+class _NothingToWrite(Exception):
+    pass
+
+
+def write_prepared(trees: Iterable[Layout], stats: PrepareStats, config: PrepareConfig,
+                   out_dir: str | Path) -> Path | None:
+    """Stream ``trees`` (unpacked, in order) into the prepared dataset ``out_dir``; what ``prepare`` then
+    ``write_dataset`` write, in memory that does not grow with the data (:mod:`onepass.shards`).
+
+    Rows are written as trees arrive; with packing the trees wait in a spool file and only their
+    lengths in memory, then are packed exactly as :func:`onepass.pack.pack_layouts` packs them.
+    ``stats`` is completed (:func:`count_rows`) and written beside the rows. Published atomically
+    when complete (:func:`onepass.files.atomic_dir`); when there is no row nothing is published
+    (an earlier output stays) and None is returned.
+    """
+    from onepass.pack import best_fit_decreasing
+    from onepass.shards import RowWriter, TreeSpool
+    from onepass.tree import concat
+
+    out = Path(out_dir)
+    try:
+        with atomic_dir(out, replace=True) as tmp:
+            with RowWriter(tmp) as rows:
+                num_trees = 0
+                if config.pack:
+                    assert config.max_tokens is not None
+                    with TreeSpool(tmp / ".trees.spool") as spool:
+                        for tree in trees:
+                            spool.append(tree)
+                        num_trees = len(spool.lengths)
+                        for b in best_fit_decreasing(spool.lengths, config.max_tokens):
+                            rows.write(concat([spool.read(i) for i in b]))
+                else:
+                    for tree in trees:
+                        rows.write(tree)
+                        num_trees += 1
+                if not rows.num_rows:
+                    raise _NothingToWrite
+            count_rows(stats, config, num_trees=num_trees, num_rows=rows.num_rows, row_tokens=rows.num_tokens)
+            (tmp / "stats.json").write_text(json.dumps(stats.to_dict(), indent=2) + "\n", encoding="utf-8")
+            write_marker(tmp, "prepared")
+    except _NothingToWrite:
+        count_rows(stats, config, num_trees=0, num_rows=0, row_tokens=0)
+        return None
     return out
 
 

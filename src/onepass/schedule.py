@@ -104,6 +104,7 @@ def schedule_views(views: Sequence[View], schedule: Schedule, *, weighting: str 
         return out
     weights = dict(zip(kept, view_weights([views[i] for i in kept], weighting)))
 
+    built: list[PrefixTree] = []  # the budget's trees, grown while grouping (not built twice)
     if schedule.kind == "budget":
         if max_tokens is None:
             groups = [kept]
@@ -112,10 +113,12 @@ def schedule_views(views: Sequence[View], schedule: Schedule, *, weighting: str 
             for i in kept:
                 if current and len(tree) + tree.count_new(views[i]) > max_tokens:
                     groups.append(current)
+                    built.append(tree)
                     tree, current = PrefixTree(), []
-                tree.insert(views[i])
+                tree.insert(views[i], weights[i])
                 current.append(i)
             groups.append(current)
+            built.append(tree)
     elif schedule.kind == "n-pass":
         groups = [[i] for i in kept]
     elif schedule.kind == "one-pass":
@@ -125,10 +128,13 @@ def schedule_views(views: Sequence[View], schedule: Schedule, *, weighting: str 
     else:
         raise ValueError(f"unknown schedule {schedule}")
 
-    for group in groups:
-        tree = PrefixTree()
-        for i in group:
-            tree.insert(views[i], weights[i])
+    for g, group in enumerate(groups):
+        if built:
+            tree = built[g]
+        else:
+            tree = PrefixTree()
+            for i in group:
+                tree.insert(views[i], weights[i])
         if max_tokens is not None and len(tree) > max_tokens:
             first = views[group[0]]
             out.skipped.append(f"{first.source}: {schedule} tree of {len(group)} views has {len(tree)} "

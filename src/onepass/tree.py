@@ -28,6 +28,7 @@ No torch here: numpy only.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -115,15 +116,23 @@ def view_targets(view: View) -> np.ndarray:
 
 
 class PrefixTree:
-    """A trie of views. Insert views, then :meth:`layout` flattens it depth-first."""
+    """A trie of views. Insert views, then :meth:`layout` flattens it depth-first.
+
+    Node ids grow with insertion, and the nodes one insertion adds are a chain of consecutive ids
+    (a *segment*: once a view leaves the tree, the rest of it is new). :meth:`layout` lays the tree
+    out a segment at a time (numpy ranges, no per-node Python); :meth:`layout_reference` walks it
+    node by node, the obviously-correct version it is tested against.
+    """
 
     def __init__(self) -> None:
         self.tokens: list[int] = []
         self.targets: list[int] = []
         self.weights: list[float] = []
-        self.children: list[dict[int, list[int]]] = []
+        # children by token; None for a node inside a chain, whose only child is node + 1 (see _kids)
+        self.children: list[dict[int, list[int]] | None] = []
         self.roots: dict[int, list[int]] = {}
         self.num_views = 0
+        self._segments: list[tuple[int, int, int]] = []  # (first node, parent node or -1, depth of first)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -139,7 +148,7 @@ class PrefixTree:
         for node in siblings.get(token, ()):
             t = self.targets[node]
             if t == IGNORE or target == IGNORE or t == target:
-                if following is None or following in self.children[node]:
+                if following is None or following in self._kids(node):
                     return node
                 found = node if found is None else found
         return found
@@ -158,7 +167,7 @@ class PrefixTree:
             node = self._match(siblings, token, target, following)
             if node is None:
                 return len(view.tokens) - i
-            siblings = self.children[node]
+            siblings = self._kids(node)
         return 0
 
     def insert(self, view: View, weight: float = 1.0) -> int:
@@ -169,50 +178,139 @@ class PrefixTree:
 
     def insert_path(self, view: View, weight: float = 1.0) -> list[int]:
         """Add ``view``; returns the node id of each of its positions (root first)."""
-        siblings = self.roots
-        path = []
-        for token, target, following in self._walk(view):
-            node = self._match(siblings, token, target, following)
-            if node is None:
-                node = len(self.tokens)
-                self.tokens.append(token)
-                self.targets.append(IGNORE)
-                self.weights.append(0.0)
-                self.children.append({})
-                siblings.setdefault(token, []).append(node)
+        tokens = view.tokens.tolist()
+        targets = view_targets(view).tolist()
+        tree_tokens, tree_targets, children = self.tokens, self.targets, self.children
+        n, siblings, parent, path = len(tokens), self.roots, -1, []
+        for i in range(n):
+            token, target = tokens[i], targets[i]
+            node = None
+            if siblings is None:  # the parent is inside a chain: its one child is parent + 1 (hot loop)
+                t = tree_targets[parent + 1]
+                if tree_tokens[parent + 1] == token and (t == IGNORE or target == IGNORE or t == target):
+                    node = parent + 1
+            elif (nodes := siblings.get(token)) is not None:
+                if len(nodes) == 1:  # what _match decides for a single candidate, inlined (hot loop)
+                    t = tree_targets[nodes[0]]
+                    if t == IGNORE or target == IGNORE or t == target:
+                        node = nodes[0]
+                else:
+                    node = self._match(siblings, token, target, tokens[i + 1] if i + 1 < n else None)
+            if node is None:  # the view leaves the tree here: the rest is one new chain
+                siblings = self.roots if parent < 0 else self._kids(parent)
+                path.extend(self._add_chain(tokens[i:], targets[i:], weight, siblings, parent, depth=i))
+                break
             if target != IGNORE:
-                self.targets[node] = target
+                tree_targets[node] = target
                 self.weights[node] += weight
-            siblings = self.children[node]
+            siblings, parent = children[node], node
             path.append(node)
         self.num_views += 1
         return path
 
+    def _kids(self, node: int) -> dict[int, list[int]]:
+        """The children of ``node`` by token; a node inside a chain gets its dict only when asked."""
+        kids = self.children[node]
+        if kids is None:
+            kids = self.children[node] = {self.tokens[node + 1]: [node + 1]}
+        return kids
+
+    def _add_chain(self, tokens: list[int], targets: list[int], weight: float, siblings: dict[int, list[int]],
+                   parent: int, *, depth: int) -> range:
+        """New nodes for ``tokens``, each the only child of the one before; the first joins ``siblings``."""
+        first = len(self.tokens)
+        ids = range(first, first + len(tokens))
+        self.tokens.extend(tokens)
+        self.targets.extend(targets)
+        self.weights.extend([0.0 if t == IGNORE else weight for t in targets])
+        self.children.extend([None] * (len(tokens) - 1))  # inside the chain: the child is the next id
+        self.children.append({})
+        siblings.setdefault(tokens[0], []).append(first)
+        self._segments.append((first, parent, depth))
+        return ids
+
+    def _preorder(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Node ids in layout order, with the depth and kv_end of each row position, by segments.
+
+        A node's children in id order are: the next node of its own segment (always the smallest
+        id), then the first nodes of the segments attached to it. So depth-first, a segment
+        ``a..b`` is laid out whole, followed by the subtrees of the segments attached to ``b``,
+        then to ``b-1``, ..., to ``a``; node ``x`` of it ends where the last of those attached at
+        or after ``x`` ends.
+        """
+        segs = self._segments
+        starts = [a for a, _, _ in segs]
+        ends = starts[1:] + [len(self.tokens)]
+        attached: list[list[tuple[int, int]]] = [[] for _ in segs]  # (-node, child segment), per segment
+        roots = []
+        for j, (_, parent, _) in enumerate(segs):
+            if parent < 0:
+                roots.append(j)
+            else:
+                attached[bisect.bisect_right(starts, parent) - 1].append((-parent, j))
+        size = [e - a for a, e in zip(starts, ends)]
+        for j in range(len(segs) - 1, -1, -1):  # a child segment is created after its parent's
+            for _, c in attached[j]:
+                size[j] += size[c]
+        order, depth, kv_end = [], [], []
+        stack, pos = roots[::-1], 0
+        while stack:
+            j = stack.pop()
+            a, b = starts[j], ends[j]
+            order.append(np.arange(a, b))
+            depth.append(np.arange(segs[j][2], segs[j][2] + b - a))
+            end = np.full(b - a, pos + b - a, dtype=np.int64)
+            if attached[j]:
+                attached[j].sort()  # deepest attachment first, children in id order
+                extra = np.zeros(b - a, dtype=np.int64)
+                for neg, c in attached[j]:
+                    extra[-neg - a] += size[c]
+                end += np.cumsum(extra[::-1])[::-1]
+                stack.extend(c for _, c in reversed(attached[j]))
+            kv_end.append(end)
+            pos += b - a
+        if not order:
+            return (np.zeros(0, dtype=np.int64),) * 3
+        return np.concatenate(order), np.concatenate(depth), np.concatenate(kv_end)
+
     def dfs_order(self) -> np.ndarray:
         """Node ids in layout order: depth-first pre-order, children in insertion order."""
+        return self._preorder()[0]
+
+    def layout(self) -> Layout:
+        """Depth-first flattening (see :meth:`dfs_order`)."""
+        order, depth, end = self._preorder()
+        tokens = np.asarray(self.tokens, dtype=np.int64)
+        targets = np.asarray(self.targets, dtype=np.int64)
+        weights = np.asarray(self.weights, dtype=np.float64)
+        return Layout(input_ids=tokens[order], position_ids=depth, kv_end=end,
+                      targets=targets[order], weights=weights[order])
+
+    def dfs_order_reference(self) -> np.ndarray:
+        """Slow reference of :meth:`dfs_order`: a stack of nodes."""
         order = []
         stack = _ordered(self.roots)[::-1]
         while stack:
             node = stack.pop()
             order.append(node)
-            stack.extend(_ordered(self.children[node])[::-1])
+            stack.extend(_ordered(self._kids(node))[::-1])
         return np.asarray(order, dtype=np.int64)
 
-    def layout(self) -> Layout:
-        """Depth-first flattening (see :meth:`dfs_order`)."""
+    def layout_reference(self) -> Layout:
+        """Slow reference of :meth:`layout`: node by node, depth and subtree end from the children."""
         n = len(self.tokens)
-        order = self.dfs_order()
+        order = self.dfs_order_reference()
         rank = np.empty(n, dtype=np.int64)
         rank[order] = np.arange(n)
         depth = np.zeros(n, dtype=np.int64)  # by row position; parents precede children
         end = np.arange(1, n + 1, dtype=np.int64)  # by row position
         for node in order:  # pre-order: a parent's depth is set before its children's
             p = rank[node]
-            for c in _ordered(self.children[node]):
+            for c in _ordered(self._kids(node)):
                 depth[rank[c]] = depth[p] + 1
         for node in order[::-1]:  # reverse pre-order: children's ends are final first
             p = rank[node]
-            for c in _ordered(self.children[node]):
+            for c in _ordered(self._kids(node)):
                 end[p] = max(end[p], end[rank[c]])
         tokens = np.asarray(self.tokens, dtype=np.int64)
         targets = np.asarray(self.targets, dtype=np.int64)
@@ -232,6 +330,14 @@ def build_layout(views: Sequence[View], weights: Sequence[float] | None = None) 
     for i, view in enumerate(views):
         tree.insert(view, 1.0 if weights is None else float(weights[i]))
     return tree.layout()
+
+
+def count_nodes(views: Sequence[View]) -> int:
+    """How many nodes the prefix tree of ``views`` has (``len(build_layout(views))``), without laying it out."""
+    tree = PrefixTree()
+    for view in views:
+        tree.insert(view)
+    return len(tree)
 
 
 def ancestors_reference(layout: Layout, q: int) -> list[int]:

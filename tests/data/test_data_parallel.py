@@ -1,4 +1,4 @@
-"""``prepare_parallel`` (datasets.map, num_proc=2) gives the serial pipeline's rows and stats exactly."""
+"""``prepare_parallel`` (forked workers, num_proc=2) gives the serial pipeline's rows and stats exactly."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Data: loading any ``--data`` spec, the bundled sample, synthetic data, the paper's pipeline.
 
 ``load``       any spec (file, dataset directory, hub id, builtin:mathchat, synthetic:NAME), streaming
-``parallel``   prepare on many processes (``datasets.map``), identical to the serial pipeline
+``parallel``   prepare as a stream, on one process or many (forked workers), identical to the serial pipeline
 ``mathchat``   MathChat (Liang et al. 2024, Apache-2.0) -> records, and the bundled 300-conversation
                sample (:func:`load_sample`); see ``README.md`` here for attribution
 ``synthetic``  seeded MathChat-shaped conversations with exact token lengths (benchmarks)

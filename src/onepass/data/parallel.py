@@ -1,15 +1,18 @@
-"""Prepare at scale: render and tokenise with ``datasets.map(num_proc=...)``, same result as serial.
+"""Prepare as a stream: records in, trees out in input order, on one process or ``num_proc``.
 
 Why this module exists: rendering every view with a Jinja chat template and
 tokenising it is pure Python per conversation, so one core does ~70
-conversations a second; a 145k-conversation corpus wants every core. This
-shards the conversations over ``num_proc`` processes with HF ``datasets``
-(records stream into an Arrow file in a temporary folder, never all in
-memory), runs :func:`onepass.prepare.prepare` on each conversation in the
-workers (unpacked), and merges in input order: layouts, then packing and the
-final counts exactly as ``prepare`` does them. The rows and
-:class:`~onepass.prepare.PrepareStats` equal the serial pipeline's
-(``tests/test_data_parallel.py``), including every skip and its reason.
+conversations a second; a 145k-conversation corpus wants every core, and must
+not be held in memory. :func:`iter_prepared` reads the records one at a time,
+validates them in this process (``limit`` counts valid conversations, as the
+serial reader), and runs :func:`onepass.prepare.prepare_conversation` on each,
+here or on a pool of ``num_proc`` forked workers fed chunks of conversations
+through a bounded window (at most ``WINDOW`` chunks in flight per worker), and
+yields each conversation's trees in input order while merging its counts into
+one :class:`~onepass.prepare.PrepareStats` (counters, nothing per
+conversation). :func:`onepass.prepare.write_prepared` writes them to disk as
+they come. The trees and stats equal the serial in-memory pipeline's
+(``tests/data/test_data_parallel.py``), including every skip and its reason.
 
 Serial reference it matches::
 
@@ -21,40 +24,36 @@ Serial reference it matches::
 
 Example::
 
-    rows, stats = prepare_parallel("chats.jsonl", "builtin:qwen3", PrepareConfig(), num_proc=8)
+    stats = PrepareStats()
+    write_prepared(iter_prepared("chats.jsonl", tok, config, stats, num_proc=8), stats, config, "out/")
 
-Faults: every process forked while this runs (the pool's workers and its
-manager) gets ``PR_SET_PDEATHSIG = SIGKILL`` on Linux, so ``kill -9`` of the
-parent takes them with it; SIGTERM unwinds normally (temporaries removed), and
-the temporary folder of a process killed outright (``onepass-prepare-PID-*``)
-is removed by the next run.
+Faults: every process forked while this runs gets ``PR_SET_PDEATHSIG =
+SIGKILL`` on Linux, so ``kill -9`` of the parent takes its workers with it;
+SIGTERM unwinds normally (the pool is terminated, temporaries removed). Nothing
+is staged in the temporary folder: the only partial output is the hidden
+temporary of ``--out``, removed by the next run (:func:`onepass.files.recover_dir`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import dataclasses
-import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
-import uuid
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from onepass.conversation import ConversationError, parse_record
+from onepass.conversation import Conversation, ConversationError
+from onepass.prepare import ADDITIVE, INVALID, PrepareConfig, PrepareStats, finalize, prepare_conversation
+from onepass.tree import Layout
 
-from onepass.prepare import PrepareConfig, PrepareStats, finalize, prepare
-from onepass.tree import COLUMNS, ROW_SCHEMA, Layout, row_from_columns
-
-ADDITIVE = ("conversations", "conversations_used", "views", "views_trained", "views_skipped",
-            "boundary_merge_views", "n_pass_tokens", "one_pass_tokens", "scheduled_tokens", "target_tokens")
-_TOKENIZERS: dict[tuple[str, str | None], Any] = {}  # per worker process
-TEMP_PREFIX = "onepass-prepare-"
+CHUNK = 8  # conversations per task sent to a worker
+WINDOW = 4  # tasks in flight per worker: bounds memory, keeps workers busy
+_WORKER: dict[str, Any] = {}  # in each worker: its tokenizer, config, strict
 PR_SET_PDEATHSIG = 1
 _FORKING: dict[str, Any] = {"active": False, "parent": 0, "hooked": False, "prctl": None}  # read in the child
 
@@ -108,48 +107,19 @@ def exit_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def remove_stale_temporaries(root: str | Path | None = None) -> list[Path]:
-    """Remove ``onepass-prepare-PID-*`` folders of processes that no longer run (a ``kill -9``)."""
-    root = Path(root or tempfile.gettempdir())
-    removed = []
-    for p in root.glob(f"{TEMP_PREFIX}*"):
-        pid = p.name[len(TEMP_PREFIX):].split("-")[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
-        except PermissionError:
-            pass
-    return removed
+def _tokenizer(tokenizer: Any, chat_template: str | None) -> Any:
+    """A loaded tokenizer as is; a spec (``builtin:qwen3``, a path) loaded."""
+    if not isinstance(tokenizer, str):
+        return tokenizer
+    from onepass.tokenizer import load_tokenizer
 
-
-def _records(spec: str, split: str | None, limit: int | None, strict: bool) -> Iterator[dict[str, Any]]:
-    """Raw records as JSON text with their origin; invalid ones carry their error instead."""
-    from onepass.data.load import iter_conversation_records
-
-    valid = 0
-    for raw in iter_conversation_records(spec, split=split):
-        if limit is not None and valid >= limit:
-            return
-        error = None
-        try:
-            raw.parse()
-            valid += 1
-        except ConversationError as e:
-            if strict:
-                raise
-            error = str(e)
-        yield {"source": raw.source, "index": raw.index, "unit": raw.unit, "error": error,
-               "record": None if error else json.dumps(raw.record, ensure_ascii=False, default=str)}
+    return load_tokenizer(tokenizer, chat_template=chat_template)
 
 
 @dataclasses.dataclass(kw_only=True)
 class _PairedStats(PrepareStats):
     """Stats that also keep each skip's reason beside its message, in order (one conversation's
-    turns can be skipped for different reasons)."""
+    turns can be skipped for different reasons): what a worker sends back."""
 
     pairs: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
@@ -158,117 +128,104 @@ class _PairedStats(PrepareStats):
         self.pairs.append((reason, message))
 
 
-def _tokenizer(tokenizer: Any, chat_template: str | None) -> Any:
-    if not isinstance(tokenizer, str):
-        return tokenizer
-    key = (tokenizer, chat_template)
-    if key not in _TOKENIZERS:
-        from onepass.tokenizer import load_tokenizer
-
-        _TOKENIZERS[key] = load_tokenizer(tokenizer, chat_template=chat_template)
-    return _TOKENIZERS[key]
+def _init_worker(tokenizer: Any, chat_template: str | None, config: PrepareConfig, strict: bool) -> None:
+    _WORKER.update(tokenizer=_tokenizer(tokenizer, chat_template), config=config, strict=strict)
 
 
-def _prepare_batch(batch: dict[str, list], *, tokenizer: Any, chat_template: str | None,
-                   config: PrepareConfig, strict: bool) -> dict[str, list]:
-    """Worker: one output row per input record (its layouts as nested lists, its counts as JSON)."""
-    tok = _tokenizer(tokenizer, chat_template)
-    out: dict[str, list] = {c: [] for c in (*COLUMNS, "stats")}
-    for source, index, unit, record, error in zip(batch["source"], batch["index"], batch["unit"],
-                                                   batch["record"], batch["error"]):
-        layouts: list[Layout] = []
-        if error is not None:
-            info: dict[str, Any] = {"invalid": error}
-        else:
-            conv = parse_record(json.loads(record), source=source, index=index, unit=unit)
-            st = _PairedStats()
-            layouts, _ = prepare([conv], tok, config, stats=st, strict=strict)
-            info = {k: getattr(st, k) for k in ADDITIVE} | {"skips": st.pairs}
-        for c in COLUMNS:
-            out[c].append([getattr(x, c).tolist() for x in layouts])
-        out["stats"].append(json.dumps(info))
+def _work(chunk: list[Conversation]) -> list[tuple[list[Layout], dict[str, int], list[tuple[str, str]]]]:
+    """Worker: each conversation's trees, counts and skips."""
+    out = []
+    for conv in chunk:
+        st = _PairedStats()
+        trees = prepare_conversation(conv, _WORKER["tokenizer"], _WORKER["config"], st, strict=_WORKER["strict"])
+        out.append((trees, {k: getattr(st, k) for k in ADDITIVE}, st.pairs))
     return out
 
 
-def _features() -> Any:
-    import datasets
+def _conversations(spec: str | Path, stats: PrepareStats, *, split: str | None, limit: int | None,
+                   strict: bool) -> Iterator[Conversation]:
+    """Valid conversations of ``spec``, at most ``limit``; invalid records counted in ``stats``."""
+    from onepass.data.load import iter_conversation_records
 
-    rows = {c: datasets.List(datasets.List(datasets.Value(dtype.name))) for c, dtype in ROW_SCHEMA.items()}
-    return datasets.Features({**rows, "stats": datasets.Value("string")})
+    if limit is not None and limit <= 0:
+        return
+    valid = 0
+    for raw in iter_conversation_records(spec, split=split):
+        try:
+            conv = raw.parse()
+        except ConversationError as e:
+            if strict:
+                raise
+            stats.skip(INVALID, str(e))
+            continue
+        yield conv
+        valid += 1
+        if limit is not None and valid >= limit:
+            return
 
 
-def _record_features() -> Any:
-    import datasets
+def _chunks(items: Iterable[Conversation], size: int) -> Iterator[list[Conversation]]:
+    chunk: list[Conversation] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
-    s = datasets.Value("string")
-    return datasets.Features({"source": s, "index": datasets.Value("int64"), "unit": s, "error": s, "record": s})
+
+def iter_prepared(spec: str | Path, tokenizer: Any, config: PrepareConfig, stats: PrepareStats, *,
+                  num_proc: int = 1, chat_template: str | None = None, split: str | None = None,
+                  limit: int | None = None, strict: bool = False, progress: bool = False) -> Iterator[Layout]:
+    """The trees (unpacked) of ``spec``'s conversations in input order, counted into ``stats``.
+
+    ``tokenizer`` is a loaded tokenizer (inherited by forked workers) or a spec (loaded once per
+    process). Memory holds at most ``num_proc * WINDOW * CHUNK`` conversations and their trees.
+    """
+    if num_proc < 1:
+        raise ValueError(f"num_proc must be >= 1, got {num_proc}")
+    stats.configure(config)
+    config = dataclasses.replace(config, pack=False)
+    convs: Iterable[Conversation] = _conversations(spec, stats, split=split, limit=limit, strict=strict)
+    if progress:
+        from tqdm.auto import tqdm
+
+        convs = tqdm(convs, total=limit, desc="prepare", unit="conv", delay=1.0)  # none for a short run
+    if num_proc == 1:
+        tok = _tokenizer(tokenizer, chat_template)
+        for conv in convs:
+            yield from prepare_conversation(conv, tok, config, stats, strict=strict)
+        return
+    import multiprocessing
+
+    with workers_die_with_parent():
+        pool = multiprocessing.get_context("fork").Pool(
+            num_proc, initializer=_init_worker, initargs=(tokenizer, chat_template, config, strict))
+        try:
+            pending: deque[Any] = deque()
+            chunks = _chunks(convs, CHUNK)
+            while True:
+                while len(pending) < WINDOW * num_proc and (chunk := next(chunks, None)) is not None:
+                    pending.append(pool.apply_async(_work, (chunk,)))
+                if not pending:
+                    break
+                for trees, counts, skips in pending.popleft().get():
+                    stats.add(counts, skips)
+                    yield from trees
+            pool.close()
+            pool.join()
+        finally:
+            pool.terminate()
 
 
 def prepare_parallel(spec: str | Path, tokenizer: Any, config: PrepareConfig = PrepareConfig(), *,
                      num_proc: int = 2, chat_template: str | None = None, split: str | None = None,
-                     limit: int | None = None, strict: bool = False, batch_size: int = 8,
+                     limit: int | None = None, strict: bool = False,
                      progress: bool = False) -> tuple[list[Layout], PrepareStats]:
-    """Rows and stats of ``spec`` (any :mod:`onepass.data.load` spec) prepared on ``num_proc`` processes.
-
-    ``tokenizer`` is a spec (``builtin:qwen3``, a path; each worker loads it once) or a loaded
-    tokenizer (pickled to each worker). ``limit`` counts valid conversations, as the serial reader.
-    """
-    import datasets
-    from datasets.exceptions import DatasetGenerationError
-
-    from onepass.schedule import parse_schedule
-
-    if num_proc < 1:
-        raise ValueError(f"num_proc must be >= 1, got {num_proc}")
-    stats = PrepareStats(schedule=str(parse_schedule(config.schedule)), weighting=config.weighting,
-                         max_tokens=config.max_tokens, packed=config.pack)
-    if limit is not None and limit <= 0:
-        return finalize([], stats, config)
-    bars = datasets.utils.logging.is_progress_bar_enabled()
-    if not progress:
-        datasets.disable_progress_bars()
-    remove_stale_temporaries()
-    prefix = f"{TEMP_PREFIX}{os.getpid()}-"
-    try:
-        with workers_die_with_parent(), tempfile.TemporaryDirectory(prefix=prefix) as tmp:
-            try:
-                records = datasets.Dataset.from_generator(
-                    _records, features=_record_features(), cache_dir=tmp, fingerprint=uuid.uuid4().hex,
-                    gen_kwargs={"spec": str(spec), "split": split, "limit": limit, "strict": strict})
-            except DatasetGenerationError as e:
-                cause = e.__cause__
-                raise cause if isinstance(cause, (ConversationError, FileNotFoundError)) else e from None
-            if len(records) == 0:
-                return finalize([], stats, config)
-            fn_kwargs = {"tokenizer": tokenizer, "chat_template": chat_template, "strict": strict,
-                         "config": dataclasses.replace(config, pack=False)}
-            done = records.map(_prepare_batch, batched=True, batch_size=batch_size, fn_kwargs=fn_kwargs,
-                               num_proc=min(num_proc, len(records)) if num_proc > 1 else None,
-                               remove_columns=records.column_names, features=_features(),
-                               load_from_cache_file=False, new_fingerprint=uuid.uuid4().hex, desc="prepare")
-            layouts, skips = _merge(done, stats)
-    finally:
-        if bars:
-            datasets.enable_progress_bars()
-    for reason, message in skips:
-        stats.skip(reason, message)
-    return finalize(layouts, stats, config)
-
-
-def _merge(done: Any, stats: PrepareStats) -> tuple[list[Layout], list[tuple[str, str]]]:
-    """Layouts in input order; invalid-record skips go straight into ``stats`` (the serial reader
-    reports them first), the others are returned in order."""
-    layouts: list[Layout] = []
-    skips: list[tuple[str, str]] = []
-    for batch in done.iter(batch_size=256):
-        for i, text in enumerate(batch["stats"]):
-            info = json.loads(text)
-            if "invalid" in info:
-                stats.skip("invalid record", info["invalid"])
-                continue
-            for k in ADDITIVE:
-                setattr(stats, k, getattr(stats, k) + info[k])
-            skips.extend((reason, m) for reason, m in info["skips"])
-            for arrays in zip(*(batch[c][i] for c in COLUMNS)):
-                layouts.append(row_from_columns(dict(zip(COLUMNS, arrays))))
-    return layouts, skips
+    """Rows and stats of ``spec`` (any :mod:`onepass.data.load` spec) prepared on ``num_proc``
+    processes, in memory (for a dataset that fits; ``onepass prepare`` streams to disk instead)."""
+    stats = PrepareStats()
+    trees = list(iter_prepared(spec, tokenizer, config, stats, num_proc=num_proc, chat_template=chat_template,
+                               split=split, limit=limit, strict=strict, progress=progress))
+    return finalize(trees, stats, config)
