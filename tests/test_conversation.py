@@ -242,6 +242,21 @@ def test_template_messages_are_what_hf_chat_templates_expect():
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
 
 
+def test_kimi_tool_ids_name_the_tool_count_every_call_and_follow_to_the_result():
+    """functions.NAME:IDX, IDX over the whole conversation; each result gets its call's new id, by the old
+    id or, without one, in order (the Kimi-K2 templates render a call and its result by these ids)."""
+    record = {"messages": [U("q"), A("", tool_calls=[{"id": "x", "function": {"name": "f", "arguments": "{}"}},
+                                                    {"function": {"name": "g", "arguments": "{}"}}]),
+                           {"role": "tool", "content": "2", "tool_call_id": "x"}, {"role": "tool", "content": "3"},
+                           A("", tool_calls=[{"id": "x9", "function": {"name": "f", "arguments": "{}"}}]),
+                           {"role": "tool", "content": "4", "tool_call_id": "x9"}, A("done")]}
+    got = one(record).template_messages(tool_ids="functions")
+    assert [[c["id"] for c in m["tool_calls"]] for m in got if "tool_calls" in m] == [
+        ["functions.f:0", "functions.g:1"], ["functions.f:2"]]
+    assert [m["tool_call_id"] for m in got if m["role"] == "tool"] == ["functions.f:0", "functions.g:1", "functions.f:2"]
+    assert one(record).template_messages()[2]["tool_call_id"] == "x"  # the record's ids by default
+
+
 def test_to_template_omits_absent_fields():
     assert Message(role="assistant", content="a").to_template() == {"role": "assistant", "content": "a"}
     # reasoning on a non-assistant message never reaches the template
@@ -358,7 +373,7 @@ def test_lenient_read_keeps_good_records_and_counts_skipped_ones(tmp_path):
     assert [c.messages[0].content for c in report.conversations] == ["q1", "q3", "q5"]
     assert report.skipped == [
         f"{path} line 2: no assistant turn: nothing to train",
-        f"{path} line 4, message 1: unknown role 'bot'; expected one of system, user, assistant, tool",
+        f"{path} line 4, message 1: unknown role 'bot'; expected one of system, developer, user, assistant, tool",
     ]
 
 

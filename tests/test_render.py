@@ -103,12 +103,14 @@ def test_template_that_does_not_start_with_its_generation_prompt_is_an_error(wit
     conv = parse_record({"messages": [{"role": "user", "content": "q"},
                                       {"role": "assistant", "content": "a", "reasoning": "r"}]},
                         source="r1.jsonl", index=7)
-    with pytest.raises(RenderError, match=r"r1.jsonl record 7, message 1: .*--completion-format deepseek-r1"):
+    with pytest.raises(RenderError, match=r"r1.jsonl record 7, message 1: .*generation prompt opens '<think>\\n'"
+                                          r".*--completion-format deepseek-r1"):
         render_views(conv, tok)
-    # with the documented completion format it works: prompt as rendered, completion from the format
+    # with the documented completion format it works: prompt as rendered, completion from the format,
+    # ended the way the template ends a turn (not the tokenizer's EOS, here Qwen's <|im_end|>)
     (view,) = render_views(conv, tok, RenderConfig(completion_format="deepseek-r1"))
     assert tok.decode(view.tokens[:view.num_prompt]).endswith("<think>\n")
-    assert tok.decode(view.tokens[view.num_prompt:]) == f"r\n</think>\n\na{tok.eos_token}"
+    assert tok.decode(view.tokens[view.num_prompt:]) == "r\n</think>\n\na<｜end▁of▁sentence｜>"
 
 
 def test_template_that_never_renders_reasoning_is_an_error(with_template):
@@ -283,7 +285,16 @@ def test_reasoning_goes_under_the_key_the_template_reads(with_template):
 
 
 def test_a_completion_format_without_tool_calls_does_not_drop_a_tool_call_silently(qwen3_tokenizer):
-    rendered = render_conversation(CHAIN, qwen3_tokenizer, RenderConfig(completion_format="deepseek-r1"))
+    fmt = "{reasoning}\n</think>\n\n{content}{eos}"
+    rendered = render_conversation(CHAIN, qwen3_tokenizer, RenderConfig(completion_format=fmt))
     (error,) = rendered.skipped
     assert "message 1: the completion format has no {tool_calls} field" in str(error)
     assert [v.turn for v in rendered.views] == [3, 5]
+
+
+def test_named_formats_train_tool_calls_as_the_template_renders_them(qwen3_tokenizer):
+    """deepseek-r1 has {tool_calls}: filled with the template's own tool-call text and end of turn."""
+    ((_, _, completion), *_) = render_texts(CHAIN, qwen3_tokenizer, RenderConfig(completion_format="deepseek-r1"))
+    full = qwen3_tokenizer.apply_chat_template(CHAIN.template_messages(2), tokenize=False)
+    calls = full[full.index("<tool_call>"):]  # the template's own "<tool_call>...<|im_end|>\n" (no "\n": no content)
+    assert completion == "call the tool\n</think>\n\n" + calls

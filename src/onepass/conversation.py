@@ -37,7 +37,7 @@ from typing import Any
 from onepass.errors import ConversationError
 from onepass.records import iter_records
 
-ROLES = ("system", "user", "assistant", "tool")
+ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: as system, role kept
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 _BAD_TEXT = re.compile("[\x00\ud800-\udfff]")  # NUL or a lone surrogate (a pair is one code point in str)
 SHAREGPT_ROLES = {
@@ -112,6 +112,7 @@ class Conversation:
 
     messages: tuple[Message, ...]
     system: str | None = None
+    system_role: str = "system"  # or "developer", as the record gave it (gpt-oss's templates read both)
     tools: tuple[dict[str, Any], ...] = ()
     source: str = "<memory>"
     id: str | None = None
@@ -121,15 +122,55 @@ class Conversation:
         return sum(m.role == "assistant" for m in self.messages)
 
     def template_messages(self, upto: int | None = None, *, arguments_json: bool = False,
-                          reasoning_key: str = "reasoning_content") -> list[dict[str, Any]]:
+                          reasoning_key: str = "reasoning_content", developer: bool = True,
+                          tool_ids: str = "given") -> list[dict[str, Any]]:
         """Messages as template dicts, system first, ``messages[:upto]`` (fields as in
-        :meth:`Message.to_template`)."""
-        head = [{"role": "system", "content": self.system}] if self.system is not None else []
-        return head + [m.to_template(arguments_json=arguments_json, reasoning_key=reasoning_key)
-                       for m in self.messages[:upto]]
+        :meth:`Message.to_template`; ``developer=False`` hands a developer prompt over as system;
+        ``tool_ids="functions"`` renames tool-call ids as :func:`functions_ids` does)."""
+        role = self.system_role if developer else "system"
+        head = [{"role": role, "content": self.system}] if self.system is not None else []
+        out = [m.to_template(arguments_json=arguments_json, reasoning_key=reasoning_key)
+               for m in self.messages[:upto]]
+        if tool_ids == "functions":
+            calls, results = functions_ids(self.messages)
+            for i, m in enumerate(out):
+                for j, call in enumerate(m.get("tool_calls", ())):
+                    call["id"] = calls[i, j]
+                if i in results:
+                    m["tool_call_id"] = results[i]
+        return head + out
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         return list(self.tools) if self.tools else None
+
+
+def functions_ids(messages: tuple[Message, ...]) -> tuple[dict[tuple[int, int], str], dict[int, str]]:
+    """Tool-call ids ``functions.NAME:IDX`` (IDX counts every call of the conversation, as vLLM's
+    Kimi-K2 parser does): the Kimi-K2 templates render a call by its id only, so an OpenAI id
+    ``call_0`` would hide the tool's name. Returns ``{(message, call): id}`` and ``{tool message: id}``;
+    a result gets its call's new id by the old id, else the next unanswered call of the turn before.
+
+    >>> functions_ids((Message(role="assistant", content="", tool_calls=(ToolCall(name="f", arguments={}),)),
+    ...                Message(role="tool", content="1")))
+    ({(0, 0): 'functions.f:0'}, {1: 'functions.f:0'})
+    """
+    calls: dict[tuple[int, int], str] = {}
+    results: dict[int, str] = {}
+    by_old: dict[str, str] = {}
+    pending: list[str] = []
+    for i, m in enumerate(messages):
+        if m.role == "assistant" and m.tool_calls:
+            pending = []
+            for j, call in enumerate(m.tool_calls):
+                calls[i, j] = f"functions.{call.name}:{len(calls)}"
+                pending.append(calls[i, j])
+                if call.id is not None:
+                    by_old[call.id] = calls[i, j]
+        elif m.role == "tool":
+            new = by_old.get(m.tool_call_id or "") or (pending[0] if m.tool_call_id is None and pending else None)
+            if new is not None:
+                results[i], pending = new, [p for p in pending if p != new]
+    return calls, results
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -276,8 +317,8 @@ def validate(messages: tuple[Message, ...], where: _Where, *, offset: int = 0) -
     if not messages:
         raise where("the conversation is empty")
     for i, m in enumerate(messages):
-        if m.role == "system":
-            raise where("a system message is only allowed first", i + offset)
+        if m.role in ("system", "developer"):
+            raise where(f"a {m.role} message is only allowed first", i + offset)
     if messages[0].role != "user":
         raise where(f"the first message must be from the user, got {messages[0].role!r}", offset)
     for i, m in enumerate(messages):
@@ -291,12 +332,11 @@ def validate(messages: tuple[Message, ...], where: _Where, *, offset: int = 0) -
         raise where("no assistant turn: nothing to train")
 
 
-def _from_messages(raw: list[Any], where: _Where) -> tuple[str | None, list[Message]]:
+def _from_messages(raw: list[Any], where: _Where) -> tuple[str | None, str, list[Message]]:
     msgs = [_message(m, where, i) for i, m in enumerate(raw)]
-    system = None
-    if msgs and msgs[0].role == "system":
-        system, msgs = msgs[0].content, msgs[1:]
-    return system, msgs
+    if msgs and msgs[0].role in ("system", "developer"):
+        return msgs[0].content, msgs[0].role, msgs[1:]
+    return None, "system", msgs
 
 
 def _sharegpt(raw: list[Any], where: _Where) -> list[dict[str, Any]]:
@@ -351,7 +391,7 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
                     + ", ".join(sorted(map(str, record))))
     if not isinstance(raw, list):
         raise where(f"the messages must be a list, got {type(raw).__name__}")
-    inline_system, msgs = _from_messages(raw, where)
+    inline_system, system_role, msgs = _from_messages(raw, where)
     offset = 1 if inline_system is not None else 0
     if inline_system is not None:
         if system is not None:
@@ -370,8 +410,9 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
     rid = record.get("id")
     if system is not None and not system.strip():
         system = None  # an empty system field (common in parquet columns) means none
-    return Conversation(messages=messages, system=system, tools=tuple(dict(t) for t in tools),
-                        source=f"{source} {unit} {index}", id=str(rid) if rid is not None else None)
+    return Conversation(messages=messages, system=system, system_role=system_role,
+                        tools=tuple(dict(t) for t in tools), source=f"{source} {unit} {index}",
+                        id=str(rid) if rid is not None else None)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -14,13 +14,14 @@ For assistant message k::
     full_k       = render(messages[:k+1])
     completion_k = full_k[len(prompt_k):]           if full_k starts with prompt_k
                  = completion_format.format(...)     if a format is given
-                 (else: RenderError naming the turn)
+                 = the derived generation format     else (onepass.generation_format)
+                 (else: RenderError naming the turn and what failed)
     tokens_k     = tokenize(prompt_k) + tokenize(completion_k)   (each on its own)
 
 Tokenizing the two parts on their own is what happens at inference (the prompt
 is encoded, then the model emits tokens); it differs from tokenizing ``full_k``
 when a BPE merge crosses the boundary. Such views are counted
-(``View.boundary_merge``).
+(``View.boundary_merge``, found on a window around the boundary: :func:`merges_across`).
 
 A turn that cannot be split, or for which the template raises, is skipped on
 its own (:func:`render_conversation` returns it with its error, naming record,
@@ -40,6 +41,7 @@ No torch here: this is pure data.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +50,7 @@ import numpy as np
 
 from onepass.conversation import Conversation, Message
 from onepass.errors import DataError, UsageError
+from onepass.generation_format import Render, completion_fields, derive_completion
 from onepass.template_probe import (
     TemplateFields,
     is_template_error,
@@ -58,14 +61,17 @@ from onepass.template_probe import (
 COMPLETION_FORMATS: dict[str, str] = {
     # DeepSeek-R1 style templates strip reasoning from every assistant turn and end
     # the generation prompt with "<think>\n": the model generates the rest.
-    "deepseek-r1": "{reasoning}\n</think>\n\n{content}{eos}",
+    "deepseek-r1": "{reasoning}\n</think>\n\n{content}{tool_calls}{eos}",
     # A template whose generation prompt ends with the assistant header only.
     "think-tags": "<think>\n{reasoning}\n</think>\n\n{content}{tool_calls}{eos}",
 }
 """Named completion formats. Fields: ``{reasoning}`` (empty string when absent),
-``{content}``, ``{tool_calls}`` (Qwen-style ``<tool_call>`` blocks, each on a
-new line) and ``{eos}`` (the tokenizer's EOS token). Any other string with these
-fields is accepted as a format too."""
+``{content}``, ``{tool_calls}`` and ``{eos}``: the turn's tool calls and the end of
+the turn as the template renders them after the content
+(:func:`onepass.generation_format.completion_fields`; where the template does not
+show them, Qwen-style ``<tool_call>`` blocks and the tokenizer's EOS token). Any
+other string with these fields is accepted as a format too; one without
+``{tool_calls}`` skips (and counts) a turn with tool calls, never drops them."""
 
 
 class RenderError(DataError):
@@ -89,6 +95,7 @@ class View:
     turn: int  # index of the assistant message in Conversation.messages
     source: str = "<memory>"
     boundary_merge: bool = False  # tokenizing prompt+completion as one text gives other tokens
+    derived: bool = False  # completion from the derived generation format (the template cannot split it)
 
     @property
     def num_completion(self) -> int:
@@ -140,8 +147,10 @@ def resolve_completion_format(spec: str | None) -> str | None:
     return fmt
 
 
-def format_completion(fmt: str, message: Message, eos: str) -> str:
-    calls = "".join(
+def format_completion(fmt: str, message: Message, eos: str, tool_calls: str | None = None) -> str:
+    """``fmt`` filled with the turn's fields; ``tool_calls`` is the template's own text for them
+    (:func:`onepass.generation_format.completion_fields`), else Qwen-style ``<tool_call>`` blocks."""
+    calls = tool_calls if tool_calls is not None else "".join(
         "\n<tool_call>\n" + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False)
         + "\n</tool_call>" for c in message.tool_calls)
     return fmt.format(reasoning=message.reasoning or "", content=message.content,
@@ -150,8 +159,28 @@ def format_completion(fmt: str, message: Message, eos: str) -> str:
 
 def _render(tokenizer: Any, conv: Conversation, upto: int, *, generation: bool,
             kwargs: Mapping[str, Any], fields: TemplateFields, turn: int) -> str:
-    messages = conv.template_messages(upto, arguments_json=fields.arguments_json,
-                                      reasoning_key=fields.reasoning_key)
+    messages = conv.template_messages(upto, **fields.message_options)
+    return _apply(tokenizer, conv, messages, generation=generation, kwargs=kwargs, turn=turn, blame=True)
+
+
+def _first_raising(tokenizer: Any, conv: Conversation, messages: list[dict[str, Any]],
+                   kwargs: Mapping[str, Any], error: str) -> int | None:
+    """The first message (numbered as in errors) whose rendering makes the template raise ``error``:
+    a later turn skipped because its prompt holds that message (gpt-oss) names the one to fix."""
+    head = 1 if conv.system is not None else 0  # the system prompt is not one of conv.messages
+    for n in range(1, len(messages) + 1):
+        try:
+            tokenizer.apply_chat_template(messages[:n], tools=conv.template_tools(), tokenize=False, **kwargs)
+        except Exception as e:
+            if not is_template_error(e):
+                raise
+            if str(e) == error:
+                return n - 1 - head
+    return None
+
+
+def _apply(tokenizer: Any, conv: Conversation, messages: list[dict[str, Any]], *, generation: bool,
+           kwargs: Mapping[str, Any], turn: int, blame: bool = False) -> str:
     try:
         text = tokenizer.apply_chat_template(messages, tools=conv.template_tools(), tokenize=False,
                                              add_generation_prompt=generation, **kwargs)
@@ -161,6 +190,9 @@ def _render(tokenizer: Any, conv: Conversation, upto: int, *, generation: bool,
         line = template_line(e)
         at = f" at line {line}" if line is not None else ""
         what = "prompt" if generation else "conversation"
+        culprit = _first_raising(tokenizer, conv, messages, kwargs, str(e)) if blame else None
+        if culprit is not None and culprit >= 0 and culprit != turn:
+            what += f", which holds message {culprit}, the first the template raises for"
         raise TemplateRaised(f"{conv.source}, message {turn}: the chat template raised{at} rendering "
                              f"the {what}: {type(e).__name__}: {e}") from None
     if not isinstance(text, str):  # transformers may return a list for batched input
@@ -178,44 +210,98 @@ def render_prompt(conv: Conversation, tokenizer: Any, upto: int,
                    fields=template_fields(tokenizer, kwargs), turn=upto)
 
 
+def _prober(tokenizer: Any, conv: Conversation, kwargs: Mapping[str, Any], turn: int) -> Render:
+    """Render probe messages; None where the template raises (the probe then says it found nothing)."""
+    def render(messages: list[dict[str, Any]], generation: bool) -> str | None:
+        try:
+            return _apply(tokenizer, conv, messages, generation=generation, kwargs=kwargs, turn=turn)
+        except RenderError:
+            return None
+    return render
+
+
+def _formatted(conv: Conversation, k: int, tokenizer: Any, fmt: str, kwargs: Mapping[str, Any],
+               fields: TemplateFields, eos: str) -> str:
+    """The completion from a ``--completion-format``, tool calls and end of turn as the template renders them."""
+    message = conv.messages[k]
+    if message.tool_calls and "{tool_calls}" not in fmt:
+        raise RenderError(f"{conv.source}, message {k}: the completion format has no {{tool_calls}} "
+                          "field, so this turn's tool calls would never be trained")
+    messages = conv.template_messages(k + 1, **fields.message_options)
+    read = completion_fields(_prober(tokenizer, conv, kwargs, k), messages[:-1], messages[-1],
+                             reasoning_key=fields.reasoning_key)
+    if read is None and message.tool_calls:
+        raise RenderError(f"{conv.source}, message {k}: the chat template does not show how it renders this "
+                          "turn's tool calls, so the completion format cannot fill {tool_calls}")
+    calls, end = read if read is not None else (None, eos)
+    names = [c.name for c in message.tool_calls]
+    missing = [n for n in names if (calls or "").count(n) < names.count(n)]
+    if missing and read is not None:
+        raise RenderError(
+            f"{conv.source}, message {k}: the chat template does not render this turn's tool call {missing[0]!r}, "
+            "so the completion format cannot fill {tool_calls}. A template that renders tool calls only when "
+            "the content is None (DeepSeek-R1-Distill) never does: transformers drops None-valued keys from "
+            "every message before rendering, at inference too; such a turn cannot be trained with this template")
+    return format_completion(fmt, message, end, calls)
+
+
+def _derived(conv: Conversation, k: int, tokenizer: Any, kwargs: Mapping[str, Any], fields: TemplateFields,
+             prompt: str) -> str:
+    """The completion from the derived generation format, or the RenderError saying what failed."""
+    message = conv.messages[k]
+    messages = conv.template_messages(k + 1, **fields.message_options)
+    result = derive_completion(_prober(tokenizer, conv, kwargs, k), messages[:-1], messages[-1], prompt,
+                               reasoning_key=fields.reasoning_key, reasoning=message.reasoning or "",
+                               content=message.content, tool_names=[c.name for c in message.tool_calls])
+    if result.text is None:
+        raise RenderError(
+            f"{conv.source}, message {k}: the chat template's rendering of the conversation up to this "
+            "assistant turn does not start with its own generation prompt, and no generation format could "
+            f"be derived from the template ({result.problem}): "
+            + (result.hint or "see onepass templates check"))
+    return result.text
+
+
 def _turn_text(conv: Conversation, k: int, tokenizer: Any, fmt: str | None, kwargs: Mapping[str, Any],
-               fields: TemplateFields, eos: str) -> tuple[str, str]:
-    """``(prompt, completion)`` of assistant message ``k``, or RenderError naming the turn."""
+               fields: TemplateFields, eos: str) -> tuple[str, str, bool]:
+    """``(prompt, completion, derived)`` of assistant message ``k``, or RenderError naming the turn."""
     message = conv.messages[k]
     prompt = _render(tokenizer, conv, k, generation=True, kwargs=kwargs, fields=fields, turn=k)
+    derived = False
     if fmt is not None:
-        if message.tool_calls and "{tool_calls}" not in fmt:
-            raise RenderError(f"{conv.source}, message {k}: the completion format has no {{tool_calls}} "
-                              "field, so this turn's tool calls would never be trained")
-        completion = format_completion(fmt, message, eos)
+        completion = _formatted(conv, k, tokenizer, fmt, kwargs, fields, eos)
     else:
         full = _render(tokenizer, conv, k + 1, generation=False, kwargs=kwargs, fields=fields, turn=k)
-        if not full.startswith(prompt):
-            raise RenderError(
-                f"{conv.source}, message {k}: the chat template's rendering of the conversation "
-                "up to this assistant turn does not start with its own generation prompt, so "
-                "prompt and completion cannot be split (DeepSeek-R1 style templates do this). "
-                "Pass a completion format, e.g. --completion-format deepseek-r1")
-        completion = full[len(prompt):]
         reasoning = (message.reasoning or "").strip()
+        if full.startswith(prompt) and reasoning in full[len(prompt):]:
+            completion = full[len(prompt):]
+        else:  # not a prefix, or the split drops the turn's reasoning (Kimi-K2 on a final answer)
+            try:
+                completion, derived = _derived(conv, k, tokenizer, kwargs, fields, prompt), True
+            except RenderError:
+                if not full.startswith(prompt):
+                    raise
+                completion = full[len(prompt):]  # the reasoning check below says why it is skipped
         if reasoning and reasoning not in completion:
             raise RenderError(
-                f"{conv.source}, message {k}: the chat template does not render this turn's "
-                "reasoning, so it would never be trained. Pass a completion format "
-                "(e.g. --completion-format think-tags) or a template that renders "
-                f"{fields.reasoning_key} on the last turn")
-        missing = [c.name for c in message.tool_calls if c.name not in completion]
+                f"{conv.source}, message {k}: the chat template does not render this turn's reasoning "
+                f"(looked for under {fields.reasoning_key!r}), so it would never be trained. Train it without "
+                "reasoning, use a thinking template, or pass a completion format (--completion-format "
+                "think-tags if the model writes <think> tags)")
+        calls = Counter(c.name for c in message.tool_calls)
+        missing = [name for name, n in calls.items() if completion.count(name) < n]
         if missing:
-            raise RenderError(f"{conv.source}, message {k}: the chat template does not render this "
-                              f"turn's tool call {missing[0]!r}, so it would never be trained")
+            raise RenderError(f"{conv.source}, message {k}: the chat template does not render this turn's "
+                              f"{calls[missing[0]]} tool call(s) {missing[0]!r} (found {completion.count(missing[0])}), "
+                              "so they would never be trained")
     if not completion:
         raise RenderError(f"{conv.source}, message {k}: the completion is empty")
-    return prompt, completion
+    return prompt, completion, derived
 
 
 def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig
-                ) -> Iterator[tuple[int, str, str] | tuple[int, RenderError]]:
-    """Per assistant turn: ``(turn, prompt, completion)``, or ``(turn, the RenderError that skips it)``."""
+                ) -> Iterator[tuple[int, str, str, bool] | tuple[int, RenderError]]:
+    """Per assistant turn: ``(turn, prompt, completion, derived)``, or ``(turn, the RenderError that skips it)``."""
     fmt = resolve_completion_format(config.completion_format)
     kwargs = dict(config.template_kwargs)
     eos = getattr(tokenizer, "eos_token", None) or ""
@@ -237,12 +323,27 @@ def render_texts(conv: Conversation, tokenizer: Any, config: RenderConfig = Rend
     for item in _iter_texts(conv, tokenizer, config):
         if isinstance(item[1], RenderError):
             raise item[1]
-        out.append(item)
+        out.append(item[:3])
     return out
 
 
 def _encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
     return tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+
+
+BOUNDARY_WINDOW = 64  # characters each side of the prompt|completion boundary
+
+
+def merges_across(tokenizer: Any, pairs: Sequence[tuple[str, str]], window: int = BOUNDARY_WINDOW) -> list[bool]:
+    """Per ``(prompt, completion)``: does tokenizing them as one text give other tokens than each on its
+    own? A BPE merge crosses the boundary only inside the pre-token holding it, so ``window`` characters
+    each side decide it, without encoding the whole view a third time (the slow reference, the whole
+    text, is compared with this in tests/test_render.py). Example: an R1 prompt ends ``<think>\\n`` and a
+    completion with empty reasoning starts ``\\n</think>``; joined, ``\\n\\n`` is one Qwen token: True.
+    """
+    texts = [t for p, c in pairs for t in (p[-window:] + c[:window], p[-window:], c[:window])]
+    ids = _encode(tokenizer, texts) if texts else []
+    return [ids[i] != ids[i + 1] + ids[i + 2] for i in range(0, len(ids), 3)]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -257,17 +358,17 @@ def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig
                         ) -> Rendered:
     """Every view of ``conv`` that renders; a turn that does not is skipped on its own, with its
     error, and the conversation's other views are kept (a view depends on its own turn only)."""
-    texts: list[tuple[int, str, str]] = []
+    texts: list[tuple[int, str, str, bool]] = []
     skipped: list[tuple[int, RenderError]] = []
     for item in _iter_texts(conv, tokenizer, config):
         (skipped if isinstance(item[1], RenderError) else texts).append(item)  # type: ignore[arg-type]
     if not texts:
         return Rendered(views=(), skipped=tuple(e for _, e in skipped))
-    prompts = _encode(tokenizer, [p for _, p, _ in texts])
-    completions = _encode(tokenizer, [c for _, _, c in texts])
-    wholes = _encode(tokenizer, [p + c for _, p, c in texts])
+    prompts = _encode(tokenizer, [p for _, p, _, _ in texts])
+    completions = _encode(tokenizer, [c for _, _, c, _ in texts])
+    merged = merges_across(tokenizer, [(p, c) for _, p, c, _ in texts])
     views = []
-    for (turn, _, _), p, c, w in zip(texts, prompts, completions, wholes):
+    for (turn, _, _, derived), p, c, merge in zip(texts, prompts, completions, merged):
         if not c:
             skipped.append((turn, RenderError(f"{conv.source}, message {turn}: the completion has no tokens")))
         elif not p:
@@ -275,7 +376,7 @@ def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig
                                               "the first completion token has nothing to be predicted from")))
         else:
             views.append(View(tokens=np.asarray(p + c, dtype=np.int64), num_prompt=len(p), turn=turn,
-                              source=conv.source, boundary_merge=(p + c) != w))
+                              source=conv.source, boundary_merge=merge, derived=derived))
     skipped.sort(key=lambda pair: pair[0])
     return Rendered(views=tuple(views), skipped=tuple(e for _, e in skipped))
 

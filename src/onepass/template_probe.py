@@ -5,7 +5,11 @@ as a JSON string, most templates (Qwen3, gpt-oss, GLM) want a dict and render
 it with ``tojson`` or item by item, and the DeepSeek-V3 / Kimi-K2 templates
 concatenate it as a string (a dict makes them raise ``can only concatenate
 str (not "dict")``). Reasoning is read from ``reasoning_content`` (Qwen3,
-DeepSeek, GLM), ``thinking`` (gpt-oss, LFM2.5) or ``reasoning``. Rather than
+DeepSeek, GLM), ``thinking`` (gpt-oss, LFM2.5) or ``reasoning``. A record's
+``developer`` prompt goes over as ``developer`` where the template renders that
+role (gpt-oss), else as ``system`` (Qwen3 would drop it silently). The Kimi-K2 templates render
+a tool call by its id alone, so an OpenAI id (``call_0``) hides the tool's name: there the ids are
+handed over in Kimi's form, ``functions.NAME:IDX``. Rather than
 guessing from the template's name, each candidate is rendered once on a tiny
 conversation and the first one the template renders faithfully is used for
 every record (:func:`template_fields`, cached per template text and kwargs).
@@ -20,7 +24,7 @@ Worked example (a template that concatenates arguments as text)::
     ...     def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=False):
     ...         return jinja2.Environment().from_string(self.chat_template).render(messages=messages)
     >>> template_fields(Tok(), {})
-    TemplateFields(arguments='json', reasoning_key='thinking')
+    TemplateFields(arguments='json', reasoning_key='thinking', developer=True, tool_ids='given')
 
 It also reads where a template raised (:func:`template_line`): jinja puts the
 template's own line number in the traceback under the file name ``<template>``.
@@ -37,6 +41,7 @@ from typing import Any
 
 REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 ARGUMENT_KINDS = ("dict", "json")
+TOOL_ID_KINDS = ("given", "functions")  # the record's ids, or Kimi-K2's functions.NAME:IDX
 _KEY, _VALUE, _REASONING = "onepass_probe_key", "onepass_probe_value", "onepass probe reasoning"
 _CACHE: dict[tuple[str, str], TemplateFields] = {}
 
@@ -48,10 +53,18 @@ class TemplateFields:
 
     arguments: str = "dict"
     reasoning_key: str = "reasoning_content"
+    developer: bool = False  # the template renders a "developer" message (else a developer prompt goes as system)
+    tool_ids: str = "given"  # "functions": ids renamed functions.NAME:IDX (the template renders a call by its id)
 
     @property
     def arguments_json(self) -> bool:
         return self.arguments == "json"
+
+    @property
+    def message_options(self) -> dict[str, Any]:
+        """Keyword arguments of :meth:`onepass.conversation.Conversation.template_messages`."""
+        return {"arguments_json": self.arguments_json, "reasoning_key": self.reasoning_key,
+                "developer": self.developer, "tool_ids": self.tool_ids}
 
 
 def template_line(error: BaseException) -> int | None:
@@ -115,12 +128,38 @@ def _reasoning_ok(tokenizer: Any, key: str, kwargs: Mapping[str, Any]) -> bool:
     return text is not None and _REASONING in text
 
 
+def _developer_ok(tokenizer: Any, kwargs: Mapping[str, Any]) -> bool:
+    """Does the template render a leading "developer" message (gpt-oss)? Qwen3 drops it silently."""
+    marker = "onepass probe developer"
+    text = _render(tokenizer, [{"role": "developer", "content": marker}, {"role": "user", "content": "probe"},
+                               {"role": "assistant", "content": "answer"}], kwargs)
+    return text is not None and marker in text
+
+
+def _tool_ids_ok(tokenizer: Any, kind: str, arguments: str, kwargs: Mapping[str, Any]) -> bool:
+    """Is a tool call's name rendered when its id has this form? (No tool list and no name on the
+    result, so the call itself is the only place the name can come from.)"""
+    call_id = "functions.onepass_probe:0" if kind == "functions" else "call_0"
+    messages = [
+        {"role": "user", "content": "probe"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "id": call_id, "function": {
+                "name": "onepass_probe", "arguments": "{}" if arguments == "json" else {}}}]},
+        {"role": "tool", "content": "probe result", "tool_call_id": call_id},
+        {"role": "assistant", "content": "done"},
+    ]
+    text = _render(tokenizer, messages, kwargs)
+    return text is not None and "onepass_probe" in text
+
+
 def probe_fields(tokenizer: Any, kwargs: Mapping[str, Any]) -> TemplateFields:
     """Uncached :func:`template_fields`: the first candidate of each field that renders faithfully
     (defaults when none does: the turn's own checks then report what is not rendered)."""
     arguments = next((k for k in ARGUMENT_KINDS if _arguments_ok(tokenizer, k, kwargs)), "dict")
     reasoning = next((k for k in REASONING_KEYS if _reasoning_ok(tokenizer, k, kwargs)), "reasoning_content")
-    return TemplateFields(arguments=arguments, reasoning_key=reasoning)
+    tool_ids = next((k for k in TOOL_ID_KINDS if _tool_ids_ok(tokenizer, k, arguments, kwargs)), "given")
+    return TemplateFields(arguments=arguments, reasoning_key=reasoning, developer=_developer_ok(tokenizer, kwargs),
+                          tool_ids=tool_ids)
 
 
 def template_fields(tokenizer: Any, kwargs: Mapping[str, Any]) -> TemplateFields:

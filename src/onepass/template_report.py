@@ -11,7 +11,7 @@ Example::
 
     $ onepass templates check --tokenizer builtin:qwen3 --chat-template gptoss.jinja
     template gptoss.jinja (tool-call arguments: dict, reasoning field: reasoning_content)
-    conversations 6 (5 with a kept view); views 12: 7 split cleanly, 0 use a derived format, 5 skipped
+    conversations 6 (5 with a kept view); views 12: 7 split cleanly, 1 use a derived format, 4 skipped
     ...
 
 Without ``--data`` it checks :data:`TOOL_CHAIN_RECORDS`, six small tool-chain conversations.
@@ -105,7 +105,8 @@ class TemplateReport:
     conversations_kept: int = 0
     views: int = 0
     views_split: int = 0
-    views_derived: int = 0  # a generation format derived from the template (issue 16 item 2): none yet
+    views_derived: int = 0  # rendered with the generation format derived from the template (render.View.derived)
+    views_formatted: int = 0  # built from a --completion-format (then nothing is split by the template)
     skipped_by_reason: dict[str, int] = field(default_factory=dict)
     first_skip: dict[str, str] = field(default_factory=dict)
     reasoning: dict[str, list[int]] = field(default_factory=lambda: {k: [0, 0] for k in KINDS})
@@ -115,11 +116,13 @@ class TemplateReport:
         return sum(self.skipped_by_reason.values())
 
     def lines(self) -> list[str]:
+        ids = "" if self.fields.tool_ids == "given" else f", tool-call ids: {self.fields.tool_ids}.NAME:IDX"
         out = [(f"template {self.name} (tool-call arguments: {self.fields.arguments}, "
-                f"reasoning field: {self.fields.reasoning_key})"),
+                f"reasoning field: {self.fields.reasoning_key}{ids})"),
                (f"conversations {self.conversations} ({self.conversations_kept} with a kept view); "
                 f"views {self.views}: {self.views_split} split cleanly, {self.views_derived} use a derived "
-                f"format, {self.views_skipped} skipped")]
+                f"format, " + (f"{self.views_formatted} from the completion format, " if self.views_formatted else "")
+                + f"{self.views_skipped} skipped")]
         for reason, n in sorted(self.skipped_by_reason.items()):
             out.append(f"  skipped ({reason}): {n}; first: {self.first_skip[reason]}")
         trained = ", ".join(f"{kind} {t}/{n}" for kind, (t, n) in self.reasoning.items() if n)
@@ -138,7 +141,11 @@ def template_report(conversations: Iterable[Conversation], tokenizer: Any, confi
         report.conversations += 1
         report.conversations_kept += bool(rendered.views)
         report.views += len(rendered.views) + len(rendered.skipped)
-        report.views_split += len(rendered.views)
+        if config.completion_format:
+            report.views_formatted += len(rendered.views)
+        else:
+            report.views_derived += sum(v.derived for v in rendered.views)
+            report.views_split += sum(not v.derived for v in rendered.views)
         for error in rendered.skipped:
             report.skipped_by_reason[error.reason] = report.skipped_by_reason.get(error.reason, 0) + 1
             report.first_skip.setdefault(error.reason, str(error))
