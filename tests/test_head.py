@@ -176,6 +176,20 @@ def test_chunked_head_peak_memory_is_far_below_the_logits():
     assert peak < 1024 * 151936 * 4 / 4, f"peak grew by {peak / 2**20:.0f} MiB"
 
 
+def test_chunked_head_peak_does_not_grow_with_the_number_of_chunks():
+    """Four chunks of 256 targets peak like one: a chunk's [C, V] is freed before the next one's.
+
+    A one-pass row holds more targets than an N-pass row, so more chunks; before the buffers were
+    freed chunk by chunk, backward held ~5 [C, V] at once from the second chunk on (one-pass packed
+    peaked ~0.5 GiB above N-pass packed at Qwen3-0.6B width). Now: logits + logsumexp's temporary.
+    """
+    run = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, "256", "chunked"], capture_output=True, text=True,
+                         check=True, env={"OMP_NUM_THREADS": "1", "PATH": "",
+                                          "MALLOC_MMAP_THRESHOLD_": str(2**20)})
+    peak, chunk_logits = int(run.stdout.split()[-1]), 256 * 151936 * 4
+    assert peak < 2.5 * chunk_logits, f"peak grew by {peak / chunk_logits:.1f} chunks of [C, V] logits"
+
+
 def test_a_half_model_that_upcasts_its_logits_keeps_the_chunked_head(one_thread):
     """NemotronH returns ``lm_head(h).float()``: an exact upcast, so the chunked head (bf16 logits, then float32,
     as the model's own path) stands in for it, with no fallback."""

@@ -95,6 +95,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
             part = ((lse_C - picked_C) * weights_T[start:start + chunk].to(lse_C.dtype)).sum()
             total = part if total is None else total + part
             lse_parts.append(lse_C)
+            del logits_CV  # before the next chunk's: one [C, V] at a time, however many chunks
         if total is None:  # no targets: a zero that still depends on the weight's dtype
             total = hidden_TD.new_zeros((), dtype=torch.promote_types(hidden_TD.dtype, torch.float32))
             lse_T = hidden_TD.new_zeros(0, dtype=total.dtype)
@@ -114,8 +115,9 @@ class _ChunkedLinearCE(torch.autograd.Function):
         for start in range(0, hidden_TD.shape[0], ctx.chunk):
             stop = start + ctx.chunk
             h_CD = hidden_TD[start:stop]
-            logits_CV = _float_logits(h_CD, weight_VD, bias_V)
-            g_CV = torch.exp(logits_CV - lse_T[start:stop, None])  # softmax
+            # softmax in place in the logits' buffer, and that buffer freed before the next chunk's:
+            # one [C, V] alive at a time (else a row with more chunks, e.g. a one-pass row, peaks higher)
+            g_CV = _float_logits(h_CD, weight_VD, bias_V).sub_(lse_T[start:stop, None]).exp_()
             g_CV.scatter_add_(1, targets_T[start:stop, None],
                               torch.full_like(lse_T[start:stop, None], -1.0))
             g_CV.mul_((weights_T[start:stop].to(g_CV.dtype) * grad_out)[:, None])
@@ -125,6 +127,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
                 grad_w.addmm_(g_CV.t(), h_CD.to(g_CV.dtype))
             if need_b:
                 grad_b.add_(g_CV.sum(0))
+            del g_CV
         return (grad_h, None if grad_w is None else grad_w.to(weight_VD.dtype),
                 None if grad_b is None else grad_b.to(bias_V.dtype), None, None, None)
 

@@ -120,3 +120,62 @@ def test_shape_and_layers_run_the_cut_model_and_report_the_full_depth(tmp_path, 
     for s in summary["settings"]:
         assert s["useful_flops"] < s["useful_flops_full_depth"] < 14 * s["useful_flops"]  # head + embed not scaled
     assert main(["bench", "--out", str(out), "--model-shape", "qwen3-0.6b", "--layers", "0"]) == 2  # old name kept
+
+
+def test_hybrid_arch_times_a_qwen35_and_reports_state_passing(qwen3_tokenizer, one_thread):
+    """``--arch qwen3.5``: the config's own 3:1 Gated DeltaNet / attention pattern at the shape's sizes; the
+    recurrent layers run chain by chain and the chain loop's cost lands in the summary (in-process, tiny)."""
+    import dataclasses
+
+    from onepass.data.mathchat import load_sample
+    from onepass.errors import UsageError
+    from onepass.mixers.chains import row_chains
+    from onepass.render import render_views
+    from onepass.tiny import tiny_config
+    from onepass.verify import compact_vocab
+
+    shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=16, tie_word_embeddings=False)
+    kwargs = bench.arch_kwargs("qwen3.5", shape)
+    assert tiny_config("qwen3.5", 50, **kwargs).layer_types == ["linear_attention"] * 3 + ["full_attention"]
+    assert bench.arch_kwargs("qwen3", shape) == shape
+    with pytest.raises(UsageError, match="unknown bench architecture"):
+        bench.arch_kwargs("mamba", shape)
+    views, vocab = compact_vocab([render_views(c, qwen3_tokenizer) for c in load_sample(limit=2)])
+    rows = bench.layout_setting(views, "one-pass-packed", 4096)
+    job = bench.Job(rows=rows, vocab=vocab, shape_kwargs=shape, dtype="float32", backend="sdpa", device="cpu",
+                    seed=0, repeats=1, threads=1, warmup=0, arch="qwen3.5")
+    timing = bench.time_training(job)
+    chains = sum(len(row_chains(r.kv_end)) for r in rows)
+    assert timing.chains == 3 * chains  # three Gated DeltaNet layers, every chain once per step
+    assert 0 < timing.chain_loop_seconds < timing.epoch_seconds[0] and timing.chain_mixer_seconds > 0
+    summary = bench.summarise("one-pass-packed", "sdpa", "all", rows, timing, 2, 1.0, 1e9)
+    assert 0 < summary["state_passing_fraction_of_step"] < 1 and summary["recurrent_chain_calls"] == 3 * chains
+    qwen3 = bench.time_training(dataclasses.replace(job, arch="qwen3"))
+    assert qwen3.chains is None  # no recurrent layers: nothing reported
+
+
+def test_arch_reaches_every_job_and_the_summary(tmp_path, monkeypatch, capsys):
+    """``--arch qwen3.5`` is what each timed job builds and what the summary names; TRL's baseline (a Qwen3)
+    is refused with it rather than timed as a different model."""
+    jobs = []
+
+    def fake_timer(job, timer=None):
+        jobs.append(job)
+        return bench.Timing(epoch_seconds=[2.0], peak_memory_bytes=1, chain_loop_seconds=0.1,
+                            chain_mixer_seconds=0.5, chains=30)
+
+    monkeypatch.setattr(bench, "time_in_subprocess", fake_timer)
+    monkeypatch.setattr(bench, "matmul_peak_flops", lambda device, dtype: 1e9)
+    out = tmp_path / "b"
+    assert main(["bench", "--out", str(out), "--arch", "qwen3.5", "--conversations", "2", "--repeats", "1",
+                 "--settings", "n-pass-packed,one-pass-packed", "--backends", "sdpa", "--device", "cpu"]) == 0
+    assert [j.arch for j in jobs] == ["qwen3.5", "qwen3.5"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["workload"]["arch"] == "qwen3.5" and summary["workload"]["name"] == "mathchat"
+    assert [s["state_passing_fraction_of_step"] for s in summary["settings"]] == [0.05, 0.05]
+    assert "state passing 5.0% of the step" in (out / "table.md").read_text()
+    capsys.readouterr()
+    assert main(["bench", "--out", str(out), "--arch", "qwen3.5", "--settings", "trl-sft-packed"]) == 2
+    assert "times a Qwen3" in capsys.readouterr().err
+    assert main(["bench", "--out", str(out), "--arch", "mamba"]) == 2

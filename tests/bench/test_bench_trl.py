@@ -49,14 +49,18 @@ def test_trl_packed_loss_is_the_n_pass_mean(tmp_path, qwen3_tokenizer):
 def test_bench_with_trl_reports_the_ratio(tmp_path):
     out = tmp_path / "bench"
     assert main(["bench", "--out", str(out), "--conversations", "3", "--repeats", "1", "--backends",
-                 "onepass_cpu", "--settings", "n-pass-packed,one-pass-packed,trl-sft-packed",
+                 "onepass_cpu", "--settings", "n-pass-packed,one-pass-packed,trl-sft-packed,trl-sft-packed-tuned",
                  "--max-tokens", "2048"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     by = {s["setting"]: s for s in summary["settings"]}
     assert by["trl-sft-packed"]["backend"] == "sdpa" and by["trl-sft-packed"]["conversations_per_s"] > 0
+    assert by["trl-sft-packed-tuned"]["backend"] == "onepass_cpu"
     ratio = by["one-pass-packed"]["conversations_per_s"] / by["trl-sft-packed"]["conversations_per_s"]
     assert by["one-pass-packed"]["speedup_vs_trl"] == pytest.approx(ratio)
-    assert "vs TRL SFTTrainer packed N-pass" in (out / "table.md").read_text()
+    tuned = by["one-pass-packed"]["conversations_per_s"] / by["trl-sft-packed-tuned"]["conversations_per_s"]
+    assert by["one-pass-packed"]["speedup_vs_trl_tuned"] == pytest.approx(tuned)
+    table = (out / "table.md").read_text()
+    assert "vs TRL SFTTrainer packed N-pass" in table and "vs TRL tuned (checkpointing off, onepass_cpu)" in table
 
 
 def test_unknown_setting_names_the_choices(tmp_path):
@@ -70,4 +74,49 @@ def test_unknown_setting_names_the_choices(tmp_path):
 
 
 def test_settings_are_known():
-    assert bench_trl.SETTING not in bench.SETTINGS
+    assert not set(bench_trl.SETTINGS) & set(bench.SETTINGS)
+
+
+def test_kv_end_from_position_ids_is_one_causal_block_per_sequence():
+    got = bench_trl.kv_end_from_position_ids(torch.tensor([0, 1, 2, 0, 1, 0]))
+    assert got.tolist() == [3, 3, 3, 5, 5, 6]
+    pos = torch.tensor([0, 1, 2, 3, 0, 1, 2, 0])
+    kv_end = bench_trl.kv_end_from_position_ids(pos)
+    doc = torch.cumsum((pos == 0).long(), 0)
+    q, k = torch.arange(8)[:, None], torch.arange(8)[None, :]
+    reference = (doc[:, None] == doc[None, :]) & (k <= q)  # block-diagonal causal, what transformers builds
+    assert torch.equal((k <= q) & (q < kv_end[None, :]), reference)
+    with pytest.raises(ValueError, match="position_ids"):
+        bench_trl.kv_end_from_position_ids(torch.tensor([1, 0]))
+
+
+def test_tuned_trl_trains_the_same_loss_on_onepass_cpu(tmp_path, qwen3_tokenizer, monkeypatch):
+    """The tuned TRL setting (onepass_cpu fed TRL's packed position_ids, no checkpointing) = TRL on sdpa."""
+    from onepass.attention import cpu
+
+    real_plan_of, plans = cpu.plan_of, []
+
+    def counting_plan_of(mask):
+        plans.append(mask)
+        return real_plan_of(mask)
+
+    monkeypatch.setattr(cpu, "plan_of", counting_plan_of)
+    views = [render_views(c, qwen3_tokenizer) for c in load_sample(limit=2)]
+    views, vocab = compact_vocab(views)
+    shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=8)
+    losses = {}
+    for backend, checkpointing in (("sdpa", True), ("onepass_cpu", False)):
+        job = bench_trl.TrlJob(examples=bench_trl.view_examples(views), vocab=vocab, shape_kwargs=shape,
+                               dtype="float64", backend=backend, device="cpu", seed=0, repeats=1, threads=1,
+                               max_tokens=8192, checkpointing=checkpointing)
+        trainer = bench_trl.make_trainer(job, str(tmp_path / backend))
+        assert trainer.args.gradient_checkpointing is checkpointing
+        batch = next(iter(trainer.get_train_dataloader()))
+        model = trainer.model.train()
+        loss = model(**{k: batch[k] for k in ("input_ids", "position_ids", "labels")}).loss
+        loss.backward()
+        losses[backend] = (float(loss.detach()), model.model.layers[0].self_attn.q_proj.weight.grad.clone())
+    assert len(plans) == shape["num_hidden_layers"]  # onepass_cpu ran its tree path (sdpa never builds a plan)
+    assert abs(losses["sdpa"][0] - losses["onepass_cpu"][0]) <= 1e-10 * losses["sdpa"][0]
+    torch.testing.assert_close(losses["onepass_cpu"][1], losses["sdpa"][1], rtol=1e-9, atol=1e-12)

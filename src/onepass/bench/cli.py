@@ -10,11 +10,14 @@ names for ``builtin:mathchat`` and ``synthetic:mathchat-sync``.
     onepass bench --quick --out runs/bench
     onepass bench --quick --data chats.jsonl --out runs/bench-mine
     onepass bench --quick --shape qwen3-0.6b --layers 2 --out runs/bench-0.6b   # real widths, 2 of 28 layers
+    onepass bench --quick --arch qwen3.5 --settings n-pass-packed,one-pass-packed --out runs/bench-hybrid
 
 ``--shape`` builds a random-weight Qwen3 of a real model's widths, heads, MLP
 and vocabulary; ``--layers N`` cuts its depth. Useful FLOPs are those of the
 model run; ``useful_flops_full_depth`` (per-layer FLOPs at the full depth, not
-run) is reported beside them.
+run) is reported beside them. ``--arch qwen3.5`` builds a Gated DeltaNet hybrid at the shape's sizes
+(:func:`onepass.bench.harness.arch_kwargs`) and reports the share of each step its recurrent layers
+spend passing states between chains (:func:`onepass.mixers.tree.timing`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--shape", "--model-shape", dest="model_shape", default="tiny",
                    help=f"model shape, random weights: {' | '.join(MODEL_SHAPES)} (real widths, heads, MLP and "
                         "vocabulary; default tiny)")
+    p.add_argument("--arch", default="qwen3",
+                   help="architecture at the shape's sizes: qwen3 (default) or qwen3.5 (Gated DeltaNet hybrid, "
+                        "three linear-attention layers to one attention layer; reports the share of the step "
+                        "spent passing recurrent states between chains; FLOPs still counted as Qwen3's)")
     p.add_argument("--layers", type=int, default=None,
                    help="cut the shape to N layers so a CPU run fits in minutes (FLOPs are counted for the model "
                         "run; the full depth's are reported beside them, labelled)")
@@ -103,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown --shape {args.model_shape!r}; use one of {', '.join(MODEL_SHAPES)}")
     if args.layers is not None and args.layers < 1:
         raise UsageError(f"--layers must be >= 1, got {args.layers}")
+    if args.arch not in bench.BENCH_ARCHS:
+        raise UsageError(f"unknown --arch {args.arch!r}; use one of {', '.join(bench.BENCH_ARCHS)}")
     name, spec = workload_spec(args.data, args.workload)
     conversation_source(spec)  # fails in one line before any work: missing, unrecognised, or prepared rows
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -114,18 +123,22 @@ def run(args: argparse.Namespace) -> int:
         register()
     from onepass.bench import trl as bench_trl
 
-    known = [*bench.SETTINGS, bench_trl.SETTING]
+    known = [*bench.SETTINGS, *bench_trl.SETTINGS]
     settings = (args.settings or ",".join(known)).split(",")
     unknown = [s for s in settings if s not in known]
     if unknown:
         raise UsageError(f"unknown setting {unknown[0]!r}; use any of {', '.join(known)}")
-    with_trl = bench_trl.SETTING in settings
-    settings = [s for s in settings if s != bench_trl.SETTING]
-    if with_trl and not bench_trl.available():
+    trl_settings = [s for s in settings if s in bench_trl.SETTINGS]
+    settings = [s for s in settings if s not in bench_trl.SETTINGS]
+    if trl_settings and args.arch != "qwen3":  # TRL's baseline builds a Qwen3
         if args.settings:
-            raise UsageError(f"{bench_trl.SETTING} needs TRL: pip install 'onepass[bench]'")
-        print(f"TRL is not installed: {bench_trl.SETTING} skipped (pip install 'onepass[bench]')", flush=True)
-        with_trl = False
+            raise UsageError(f"{', '.join(trl_settings)} times a Qwen3; drop it or --arch {args.arch}")
+        trl_settings = []
+    if trl_settings and not bench_trl.available():
+        if args.settings:
+            raise UsageError(f"{', '.join(trl_settings)} needs TRL: pip install 'onepass[bench]'")
+        print(f"TRL is not installed: {', '.join(trl_settings)} skipped (pip install 'onepass[bench]')", flush=True)
+        trl_settings = []
     if args.conversations is not None and args.conversations < 1:
         raise UsageError(f"--conversations must be >= 1, got {args.conversations}")
     n = args.conversations or (24 if args.quick else 300)
@@ -149,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
     shape_kwargs = model_kwargs(shape)
     peak = bench.matmul_peak_flops(device, dtype)
     print(f"workload {name}: {len(convs)} conversations, {sum(depth)} views; model "
-          f"{args.model_shape} {shape_kwargs}, vocab {vocab}, {dtype}, LM head {head_mode()}; "
+          f"{args.model_shape} {args.arch} {bench.arch_kwargs(args.arch, shape_kwargs)}, vocab {vocab}, {dtype}, "
+          f"LM head {head_mode()}; "
           f"matmul peak {peak / 1e9:.1f} GFLOP/s", flush=True)
     print(f"layers: {shape.num_layers} run of {full.num_layers}"
           + (" (--layers: FLOPs are the cut model's; full-depth FLOPs reported separately)"
@@ -172,21 +186,24 @@ def run(args: argparse.Namespace) -> int:
     for backend in backends:
         for group, members in groups.items():
             names = settings if group == "all" else ["n-pass-packed", "one-pass-packed"]
-            for name in names:
-                rows = rows_of(group, name)
+            for setting in names:  # not `name`: that is the workload's, written to the summary
+                rows = rows_of(group, setting)
                 job = bench.Job(rows=rows, vocab=vocab, shape_kwargs=shape_kwargs,
                                 dtype=str(dtype).replace("torch.", ""), backend=backend, device=str(device),
-                                seed=args.seed, repeats=repeats, threads=torch.get_num_threads())
+                                seed=args.seed, repeats=repeats, threads=torch.get_num_threads(), arch=args.arch)
                 timing = bench.time_in_subprocess(job)
                 useful = train_flops(rows, shape)
-                results.append(bench.summarise(name, backend, group, rows, timing, len(members), useful, peak))
+                results.append(bench.summarise(setting, backend, group, rows, timing, len(members), useful, peak))
                 results[-1]["useful_flops_full_depth"] = train_flops(rows, full)  # not run: per-layer scaled
                 r = results[-1]
-                print(f"{backend:>12} {group:>3} {name:>16}: {r['conversations_per_s']:7.2f} conv/s "
-                      f"{r['tokens_per_s']:9,.0f} tok/s  peak {(r['peak_memory_bytes'] or 0) / 2**20:7.0f} MiB",
-                      flush=True)
-    if with_trl:
-        trl_backend = "sdpa"
+                print(f"{backend:>12} {group:>3} {setting:>16}: {r['conversations_per_s']:7.2f} conv/s "
+                      f"{r['tokens_per_s']:9,.0f} tok/s  peak {(r['peak_memory_bytes'] or 0) / 2**20:7.0f} MiB"
+                      + (f"  state passing {r['state_passing_fraction_of_step']:.1%} of the step, recurrent "
+                         f"mixers {r['recurrent_mixer_fraction_of_step']:.1%} ({r['recurrent_chain_calls']} calls)"
+                         if r["recurrent_chain_calls"] else ""), flush=True)
+    for trl_setting in trl_settings:  # TRL's defaults; tuned: checkpointing off, onepass's CPU attention
+        tuned = trl_setting == bench_trl.TUNED
+        trl_backend = "onepass_cpu" if tuned else "sdpa"
         if device.type == "cuda":
             import importlib.util
 
@@ -194,20 +211,21 @@ def run(args: argparse.Namespace) -> int:
         job = bench_trl.TrlJob(examples=bench_trl.view_examples(views), vocab=vocab, shape_kwargs=shape_kwargs,
                                dtype=str(dtype).replace("torch.", ""), backend=trl_backend, device=str(device),
                                seed=args.seed, repeats=repeats, threads=torch.get_num_threads(),
-                               max_tokens=max_tokens)
+                               max_tokens=max_tokens, checkpointing=not tuned)
         timing = bench.time_in_subprocess(job, bench_trl.time_trl)
         n_rows = rows_of("all", "n-pass-packed")
-        results.append(bench.summarise(bench_trl.SETTING, trl_backend, "all", n_rows, timing, len(views),
+        results.append(bench.summarise(trl_setting, trl_backend, "all", n_rows, timing, len(views),
                                        train_flops(n_rows, shape), peak))
         results[-1]["useful_flops_full_depth"] = train_flops(n_rows, full)
         r = results[-1]
-        print(f"{trl_backend:>12} all {bench_trl.SETTING:>16}: {r['conversations_per_s']:7.2f} conv/s "
+        print(f"{trl_backend:>12} all {trl_setting:>16}: {r['conversations_per_s']:7.2f} conv/s "
               f"{r['tokens_per_s']:9,.0f} tok/s  peak {(r['peak_memory_bytes'] or 0) / 2**20:7.0f} MiB "
-              "(TRL SFTTrainer, packing bfd, completion-only loss)", flush=True)
+              f"(TRL SFTTrainer, packing bfd, completion-only loss, checkpointing {'off' if tuned else 'on'})",
+              flush=True)
     bench.add_ratios(results, ideal)
     summary = {
         **env, "workload": {"name": name, "data": spec, "conversations": len(convs), "views": sum(depth),
-                            "seed": args.seed, "model_shape": args.model_shape, "vocab": vocab,
+                            "seed": args.seed, "model_shape": args.model_shape, "arch": args.arch, "vocab": vocab,
                             "layers": shape.num_layers, "full_layers": full.num_layers, "lm_head": head_mode(),
                             "dtype": str(dtype).replace("torch.", ""), "max_tokens": max_tokens,
                             "repeats": repeats, "depth_histogram": {d: depth.count(d) for d in sorted(set(depth))}},

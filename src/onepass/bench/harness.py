@@ -50,6 +50,21 @@ SETTINGS: dict[str, tuple[str, bool]] = {
     "budget-packed": ("budget", True),
 }
 DEPTH_GROUPS = {"G1": (1, 5), "G2": (6, 7), "G3": (8, 16)}
+# --arch: the tiny architectures bench builds at a shape's sizes (onepass.tiny)
+BENCH_ARCHS = ("qwen3", "qwen3.5")
+
+
+def arch_kwargs(arch: str, shape_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Config sizes of ``arch`` at a Qwen3-style shape. Qwen3.5: its config's own layer pattern (three
+    Gated DeltaNet layers to one attention layer) and linear attention sized like Qwen3-Next's (key
+    heads x key dim = hidden size, twice as many value heads), here with the shape's heads and head dim."""
+    if arch == "qwen3":
+        return dict(shape_kwargs)
+    if arch == "qwen3.5":
+        heads, dim = shape_kwargs["num_attention_heads"], shape_kwargs["head_dim"]
+        return dict(shape_kwargs, layer_types=None, linear_num_key_heads=heads, linear_key_head_dim=dim,
+                    linear_num_value_heads=2 * heads, linear_value_head_dim=dim)
+    raise UsageError(f"unknown bench architecture {arch!r}; use one of {', '.join(BENCH_ARCHS)}")
 
 
 def peak_rss_reset() -> None:
@@ -131,6 +146,9 @@ class Timing:
     epoch_seconds: list[float] = field(default_factory=list)
     peak_memory_bytes: int | None = None  # CUDA: max allocated; CPU: peak RSS above the loaded model
     mask_seconds: float = 0.0  # building the attention mask objects, summed over one epoch
+    chain_loop_seconds: float | None = None  # recurrent layers: state passing per epoch (mixers.tree.timing)
+    chain_mixer_seconds: float | None = None  # recurrent layers: their own forwards, chain by chain, per epoch
+    chains: int | None = None  # recurrent layers: mixer calls per epoch (chains x mixer layers)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,6 +166,7 @@ class Job:
     threads: int
     warmup: int = 2
     lr: float = 1e-4
+    arch: str = "qwen3"  # one of BENCH_ARCHS
 
 
 def time_training(job: Job) -> Timing:
@@ -158,6 +177,7 @@ def time_training(job: Job) -> Timing:
     the CPU peak RSS is this setting's own.
     """
     from onepass.attention.backends import attention_mask_for
+    from onepass.mixers.tree import timing as chain_timing
     from onepass.tiny import tiny_model
 
     torch.set_num_threads(job.threads)
@@ -166,8 +186,8 @@ def time_training(job: Job) -> Timing:
         from onepass.attention.cpu import register
 
         register()
-    model = tiny_model("qwen3", job.vocab, dtype=getattr(torch, job.dtype), seed=job.seed,
-                       attn_implementation=job.backend, device=device, **job.shape_kwargs)
+    model = tiny_model(job.arch, job.vocab, dtype=getattr(torch, job.dtype), seed=job.seed,
+                       attn_implementation=job.backend, device=device, **arch_kwargs(job.arch, job.shape_kwargs))
     model.train()
     before = start_peak_memory(device)
     opt = torch.optim.AdamW(model.parameters(), lr=job.lr)
@@ -183,13 +203,18 @@ def time_training(job: Job) -> Timing:
     for batch in batches[:job.warmup]:  # the longest rows first
         step(batch)
     timing = Timing()
-    for _ in range(job.repeats):
-        sync_device(device)
-        t0 = time.perf_counter()
-        for batch in batches:
-            step(batch)
-        sync_device(device)
-        timing.epoch_seconds.append(time.perf_counter() - t0)
+    with chain_timing() as chains:
+        for _ in range(job.repeats):
+            sync_device(device)
+            t0 = time.perf_counter()
+            for batch in batches:
+                step(batch)
+            sync_device(device)
+            timing.epoch_seconds.append(time.perf_counter() - t0)
+    if chains.calls:
+        timing.chain_loop_seconds = chains.loop_seconds / job.repeats
+        timing.chain_mixer_seconds = chains.mixer_seconds / job.repeats
+        timing.chains = chains.chains // job.repeats
     timing.peak_memory_bytes = peak_memory_since(device, before)
     t0 = time.perf_counter()
     for batch in batches:
@@ -238,18 +263,30 @@ def summarise(name: str, backend: str, group: str, rows: Sequence[Layout], timin
         "target_tokens_per_s": sum(r.num_targets for r in rows) / med,
         "peak_memory_bytes": timing.peak_memory_bytes,
         "mask_fraction_of_step": timing.mask_seconds / step_seconds if step_seconds else None,
+        # recurrent layers (None without): forward time in the chain loops outside the mixers' own
+        # forwards (state passing), and in those forwards, as fractions of the epoch; mixer calls per epoch
+        "state_passing_fraction_of_step": _fraction(timing.chain_loop_seconds, med),
+        "recurrent_mixer_fraction_of_step": _fraction(timing.chain_mixer_seconds, med),
+        "recurrent_chain_calls": timing.chains,
         "useful_flops": useful, "useful_flop_utilisation": useful / med / peak if peak else None,
     }
+
+
+def _fraction(seconds: float | None, of: float) -> float | None:
+    return seconds / of if seconds is not None and of else None
 
 
 def add_ratios(settings: list[dict[str, Any]], ideal: dict[str, float]) -> None:
     """Speed and memory vs N-pass packed (same backend and depth group), and for one-pass
     settings the fraction of the ideal bound reached against N-pass *with the same packing*."""
     by_key = {(s["backend"], s["depth_group"], s["setting"]): s for s in settings}
-    trl = next((s for s in settings if s["setting"] == "trl-sft-packed"), None)
+    trl = next((s for s in settings if s["setting"] == "trl-sft-packed"), None)  # TRL's defaults
+    tuned = next((s for s in settings if s["setting"] == "trl-sft-packed-tuned"), None)  # its fastest honest config
     for s in settings:
         s["speedup_vs_trl"] = (s["conversations_per_s"] / trl["conversations_per_s"]
                                if trl and s["depth_group"] == "all" else None)
+        s["speedup_vs_trl_tuned"] = (s["conversations_per_s"] / tuned["conversations_per_s"]
+                                     if tuned and s["depth_group"] == "all" else None)
         b = by_key.get((s["backend"], s["depth_group"], "n-pass-packed"))
         s["speedup_vs_n_pass_packed"] = s["conversations_per_s"] / b["conversations_per_s"] if b else None
         mem, bmem = s["peak_memory_bytes"], b["peak_memory_bytes"] if b else None

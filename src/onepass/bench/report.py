@@ -27,7 +27,7 @@ def markdown(summary: dict[str, Any]) -> str:
         f"Device: {dev['device']} ({dev['gpu'] or dev['cpu']}, {dev['threads']} threads); "
         f"torch {ver['torch']}, transformers {ver['transformers']}",
         f"Workload: {wl['name']}: {wl['conversations']} conversations, {wl['views']} views, "
-        f"model {wl['model_shape']} ({wl['dtype']}), max_tokens {wl['max_tokens']}, "
+        f"model {wl['model_shape']}{_arch(wl)} ({wl['dtype']}), max_tokens {wl['max_tokens']}, "
         f"{wl['repeats']} timed epochs after warm-up; ideal speedup "
         + ", ".join(f"{g} {v:.2f}x" for g, v in summary["ideal_speedup"].items()),
         f"Matmul peak measured in this run: {summary['matmul_peak_flops'] / 1e9:.1f} GFLOP/s",
@@ -51,6 +51,11 @@ def markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _arch(workload: dict[str, Any]) -> str:
+    arch = workload.get("arch", "qwen3")
+    return "" if arch == "qwen3" else f" {arch} (FLOPs, ideal and utilisation counted as Qwen3's)"
+
+
 def headline(summary: dict[str, Any]) -> list[str]:
     """One line per backend and depth group: one-pass packed against the N-pass baselines."""
     out = []
@@ -62,10 +67,19 @@ def headline(summary: dict[str, Any]) -> list[str]:
                 f"{_fmt(s['fraction_of_ideal'], '.0%')} of the ideal "
                 f"{summary['ideal_speedup'].get(s['depth_group'], 0):.2f}x; memory "
                 f"{_fmt(s['memory_vs_n_pass_packed'], '.2f', 'x')}")
+        if s.get("recurrent_chain_calls"):
+            line += (f"; state passing {s['state_passing_fraction_of_step']:.1%} of the step (recurrent mixers "
+                     f"{s['recurrent_mixer_fraction_of_step']:.1%}, {s['recurrent_chain_calls']} calls per epoch)")
         if s.get("speedup_vs_trl"):
             line += f"; vs TRL SFTTrainer packed N-pass: {s['speedup_vs_trl']:.2f}x"
+        if s.get("speedup_vs_trl_tuned"):
+            line += f"; vs TRL tuned (checkpointing off, {tuned_backend(summary)}): {s['speedup_vs_trl_tuned']:.2f}x"
         out.append(line)
     return out
+
+
+def tuned_backend(summary: dict[str, Any]) -> str:
+    return next((s["backend"] for s in summary["settings"] if s["setting"] == "trl-sft-packed-tuned"), "-")
 
 
 def _save(fig: Any, path: Path) -> Path:

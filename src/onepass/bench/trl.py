@@ -8,8 +8,26 @@ onepass settings, in a fresh process like them. Each view becomes one
 pre-tokenized example (``input_ids`` = the view's tokens, ``completion_mask``
 = 1 on its completion), so TRL trains exactly the targets N-pass trains.
 
+Two settings, the same trainer, data and loss:
+
+- ``trl-sft-packed``: TRL's defaults, as a user runs it. ``SFTConfig`` turns
+  activation (gradient) checkpointing on, so every layer's forward runs twice;
+  the model's attention is ``sdpa`` on CPU (transformers builds a dense
+  block-diagonal [L, L] mask from the packed ``position_ids``, so every pair of
+  the 4096-token row is computed), FA2 varlen on CUDA when flash-attn is there.
+- ``trl-sft-packed-tuned``: TRL's fastest honest configuration: checkpointing
+  off, and on CPU the attention onepass uses (``onepass_cpu``), fed TRL's own
+  packing: a forward pre-hook turns the padding-free ``position_ids`` into the
+  block-diagonal causal ``kv_end`` mask (:func:`kv_end_from_position_ids`).
+
+Neither changes TRL's LM head: ``SFTTrainer`` patches the model with
+``add_fused_lm_head`` (never the [L, V] logits; tiles of 4096 positions x 32768
+ids) and always asks it for entropy and top-1 too, for its metrics. On CUDA it
+projects only the positions with a label; on a device without Triton (CPU) it
+projects *every* position of the row, prompts included, and masks after.
+
 Epochs are timed with a ``TrainerCallback``; the first epoch is the warm-up.
-Needs ``pip install 'onepass[bench]'`` (TRL); without it the setting is skipped
+Needs ``pip install 'onepass[bench]'`` (TRL); without it the settings are skipped
 with a line saying so.
 """
 
@@ -26,7 +44,9 @@ import torch
 from onepass.bench.harness import Timing, peak_memory_since, start_peak_memory, sync_device
 from onepass.render import View
 
-SETTING = "trl-sft-packed"
+SETTING = "trl-sft-packed"  # TRL's defaults
+TUNED = "trl-sft-packed-tuned"  # checkpointing off, onepass's attention backend where TRL can take it
+SETTINGS = (SETTING, TUNED)
 
 
 def available() -> bool:
@@ -52,6 +72,7 @@ class TrlJob:
     threads: int
     max_tokens: int
     lr: float = 1e-4
+    checkpointing: bool = True  # SFTConfig's default (activation checkpointing)
 
 
 def view_examples(views: list[list[View]]) -> list[tuple[list[int], int]]:
@@ -76,14 +97,44 @@ def _tokenizer() -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=inner, pad_token="<pad>", eos_token="<eos>")
 
 
+def kv_end_from_position_ids(position_ids_L: torch.Tensor) -> torch.Tensor:
+    """The ``kv_end`` of a padding-free packed row: each sequence starts at position 0 and is causal alone.
+
+    ``position_ids 0 1 2 0 1`` -> ``kv_end 3 3 3 5 5`` (key k is seen by queries k..kv_end[k]-1).
+    """
+    start_L = position_ids_L == 0
+    if position_ids_L.numel() and not bool(start_L[0]):
+        raise ValueError("a padding-free row must start a sequence (position_ids[0] == 0)")
+    starts = torch.nonzero(start_L).flatten()
+    ends = torch.cat([starts[1:], starts.new_tensor([position_ids_L.numel()])])
+    return ends[torch.cumsum(start_L.long(), 0) - 1]
+
+
+def _packed_mask_hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """TRL's padding-free batch (``position_ids``, no ``attention_mask``) -> onepass_cpu's kv_end mask."""
+    from onepass.attention.cpu import cpu_attention_mask
+
+    position_ids_BL = kwargs.get("position_ids")
+    if kwargs.get("attention_mask") is None and position_ids_BL is not None:
+        kv_end_BL = torch.stack([kv_end_from_position_ids(p) for p in position_ids_BL])
+        kwargs["attention_mask"] = cpu_attention_mask(kv_end_BL)
+    return args, kwargs
+
+
 def make_trainer(job: TrlJob, out_dir: str, callbacks: list[Any] | None = None) -> Any:
     """An ``SFTTrainer`` over the job's views: packed with BFD, loss on completions only."""
     from trl import SFTConfig, SFTTrainer
 
     from onepass.tiny import tiny_model
 
+    if job.backend == "onepass_cpu":  # a fresh process: register the backend again
+        from onepass.attention.cpu import register
+
+        register()
     model = tiny_model("qwen3", job.vocab, dtype=getattr(torch, job.dtype), seed=job.seed,
                        attn_implementation=job.backend, device=job.device, **job.shape_kwargs).train()
+    if job.backend == "onepass_cpu":
+        model.register_forward_pre_hook(_packed_mask_hook, with_kwargs=True)
     config = SFTConfig(
         output_dir=out_dir, packing=True, packing_strategy="bfd", max_length=job.max_tokens,
         completion_only_loss=True, per_device_train_batch_size=1, gradient_accumulation_steps=1,
@@ -91,6 +142,7 @@ def make_trainer(job: TrlJob, out_dir: str, callbacks: list[Any] | None = None) 
         optim="adamw_torch", logging_strategy="no", save_strategy="no", report_to=[], seed=job.seed,
         use_cpu=job.device == "cpu", disable_tqdm=True, dataloader_num_workers=0,
         bf16=job.dtype == "bfloat16", dataset_num_proc=None,
+        gradient_checkpointing=job.checkpointing,  # TRL's default True: activation checkpointing
     )
     return SFTTrainer(model=model, args=config, train_dataset=_dataset(job.examples),
                       processing_class=_tokenizer(), callbacks=callbacks or [])
