@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 REFUSAL = "gpu-check: no CUDA device here (torch.cuda.is_available() is False); run it on a CUDA machine"
-BENCH_SETTINGS = "n-pass-packed,one-pass-packed,trl-sft-packed"
+BENCH_SETTINGS = "n-pass-packed,one-pass-packed,trl-sft-packed,trl-sft-packed-tuned"
 # GPU memory (GiB) a bf16 full fine-tune of the shape needs (weights, grads, AdamW states, activations)
 SHAPE_MEMORY_GIB = {"qwen3-0.6b": 16, "qwen3-1.7b": 32, "qwen3-4b": 70, "qwen3-8b": 140}
 
