@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -121,7 +122,10 @@ def test_docstring_example_segment_plan():
     assert plan.seg_start_S.tolist() == [0, 4] and plan.seg_stop_S.tolist() == [4, 8]
     assert plan.keys(1).tolist() == [0, 1, 4, 5, 6, 7]  # ancestors h h, then its own positions
     assert plan.diag_runs_R3.tolist() == [[0, 2, 2], [4, 2, 2]] and plan.diag_buckets == ()
-    assert plan.rect_R4.tolist() == [[0, 2, 4, 2], [1, 4, 6, 2], [1, 6, 8, 4]]
+    # (segment, q0, q1, key stop) with first key rect_lo_R: t t x h h; r r r r x h h (its ancestors, once);
+    # r r x r r (its own earlier chunk, a view of the row)
+    assert plan.rect_R4.tolist() == [[0, 2, 4, 2], [1, 4, 8, 2], [1, 6, 8, 4]]
+    assert plan.rect_lo_R.tolist() == [0, 0, 2]
     assert plan.visible_pairs == int(dense_mask(DOC_EXAMPLE).sum()) == 28
     assert plan.num_kernel_calls == 5
 
@@ -141,6 +145,24 @@ def test_segment_plan_computes_each_visible_pair_once(kv_end_BL, chunk):
     assert count.max() <= 1
     assert (count.astype(bool) == flat_dense_mask(kv_end_BL)).all()
     assert plan.visible_pairs == int(dense_mask(kv_end_BL).sum())
+
+
+@FAST
+@given(batch_st, st.sampled_from([1, 2, 3, 128]))
+def test_each_segment_gathers_its_ancestors_once(kv_end_BL, chunk):
+    # without a window a rectangle is either a segment's ancestors for all its queries (one gather per
+    # segment) or a chunk against its own segment's earlier positions (contiguous in the row: a view)
+    plan = segment_plan(kv_end_BL, chunk=chunk)
+    num_anc_S = np.diff(plan.anc_ptr_S1)
+    seg_R, q0_R, q1_R, hi_R = plan.rect_R4.T
+    ancestral_R = plan.rect_lo_R < num_anc_S[seg_R]
+    assert (seg_R[ancestral_R] == np.flatnonzero(num_anc_S)).all()  # one each, in order
+    assert (q0_R[ancestral_R] == plan.seg_start_S[seg_R[ancestral_R]]).all()
+    assert (q1_R[ancestral_R] == plan.seg_stop_S[seg_R[ancestral_R]]).all()
+    assert (hi_R[ancestral_R] == num_anc_S[seg_R[ancestral_R]]).all()
+    for r in np.flatnonzero(~ancestral_R):
+        keys = plan.keys(seg_R[r])[plan.rect_lo_R[r]:hi_R[r]]
+        assert keys[0] == plan.seg_start_S[seg_R[r]] and (np.diff(keys) == 1).all() and keys[-1] < q0_R[r]
 
 
 def test_padding_runs_as_one_batched_call():

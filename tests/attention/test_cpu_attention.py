@@ -77,6 +77,12 @@ def test_long_segments_scale_and_chunks(chunk):
     assert_matches_dense(kv_end_BL, scale=0.3, dim=16, chunk=chunk)
 
 
+def test_without_native_grouped_query_heads(monkeypatch):
+    # an older torch's kernel: key/value heads are repeated once for the row, gradients summed back
+    monkeypatch.setattr(cpu, "native_gqa", lambda: False)
+    assert_matches_dense(pad_kv_end([SCATTERED, DOC_EXAMPLE], 9), chunk=2)
+
+
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-2)])
 def test_low_precision_close(dtype, tol):
     assert_matches_dense(pad_kv_end([SCATTERED, DOC_EXAMPLE], 9), dtype=dtype, tol=tol)

@@ -10,14 +10,15 @@ attention kernel, forward and backward:
 - diagonal tiles (a chunk of a chain against itself, causal): the whole
   chunks of a chain as one batched call on a strided view, the other chunks
   (short chains, last chunks) gathered into batches of similar width;
-- rectangles (a chunk against its ancestors and the earlier chunks of its
-  chain, every pair visible), no mask at all.
+- rectangles, every pair visible, no mask at all: a chunk against the
+  earlier chunks of its chain (a view of the row), and a whole chain against
+  its ancestors (one gather of the ancestors' keys per chain, one call).
 
-A query's two tiles are combined with their log-sum-exps, the way ring or
+A query's tiles are combined with their log-sum-exps, the way ring or
 flash-decoding attention combines key shards (the output moves towards the
 rectangle's by its share of the softmax mass, ``sigmoid(lse_rect - lse_diag)``).
-Grouped-query heads ride in the kernel's batch against shared (stride-0) keys,
-so key/value heads are never repeated across the row.
+Grouped-query heads are the kernel's own where it takes them (key/value heads
+are never repeated; :func:`native_gqa`); an older kernel gets them repeated once per row.
 The backward pass runs the flash backward of each tile with the *combined*
 output and log-sum-exp, which is exactly the gradient of one softmax over all
 visible keys. Chunking matters on CPU: the kernel does not skip masked work
@@ -27,9 +28,9 @@ of 128 queries keep the causal waste to the diagonal.
 Worked example (the row of :mod:`onepass.attention.blocks`, chunk 2)::
 
     p       0 1 2 3 4 5 6 7      diagonals   [0,2) [2,4)  |  [4,6) [6,8)   a batched call per chain
-    token   h h t t r r r r      rectangles  q [2,4) x k (0 1)
-    kv_end  8 8 4 4 8 8 8 8                  q [4,6) x k (0 1)             (ancestors h h)
-                                             q [6,8) x k (0 1 4 5)
+    token   h h t t r r r r      rectangles  q [2,4) x k [0,2)             (its chain's earlier chunk)
+    kv_end  8 8 4 4 8 8 8 8                  q [4,8) x k (0 1)             (ancestors h h, gathered)
+                                             q [6,8) x k [4,6)
 
 Sliding windows: the plan is cut for the window
 (:func:`onepass.attention.segments.segment_plan`): chunks of at most W - 1 queries,
@@ -47,13 +48,14 @@ itself; 4-D, so transformers hands it to every layer untouched) with its plan
 attached, so the plan is built once per batch. Any other mask (None, 2-D
 padding, 4-D bool/float) runs transformers' own ``sdpa``.
 
-Legend: B rows, H query heads, J key/value heads, G = H / J (inside a bucket:
-its chunks), L row length, T = B * L (rows flattened into one), D head dim,
-C chunk width, N chunks in a run, K keys of a segment, n queries of a tile.
+Legend: B rows, H query heads, J key/value heads, G chunks in a bucket, L row length,
+T = B * L (rows flattened into one), D head dim, C chunk width, N chunks in a run,
+K keys of a rectangle, n queries of a tile.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -118,25 +120,28 @@ def _accumulator(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _t_major(x_1HTD: torch.Tensor, dtype: torch.dtype, *, zeros: bool = False) -> torch.Tensor:
+def _t_major(x_1HTD: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A [1, H, T, D] buffer laid out [1, T, H, D], like transformers' tensors and the kernel's gradients."""
     one, H, T, D = x_1HTD.shape
-    return (x_1HTD.new_zeros if zeros else x_1HTD.new_empty)((one, T, H, D), dtype=dtype).transpose(1, 2)
+    return x_1HTD.new_empty((one, T, H, D), dtype=dtype).transpose(1, 2)
 
 
-def _by_group(x_1HnD: torch.Tensor, G: int) -> torch.Tensor:
-    """Query heads folded into the batch: ``[1, H, n, ...] -> [G, J, n, ...]`` (a view; head j*G + r)."""
-    return x_1HnD.unflatten(1, (-1, G)).movedim(2, 0)[:, 0]
-
-
-def _repeat(x_NJnD: torch.Tensor, G: int) -> torch.Tensor:
-    """Key/value heads repeated for their G query heads (transformers' ``repeat_kv`` order)."""
-    return x_NJnD if G == 1 else x_NJnD.repeat_interleave(G, dim=1)
-
-
-def _fold(dx_NHnD: torch.Tensor, G: int) -> torch.Tensor:
-    """Gradient of :func:`_repeat`: the G query heads' shares summed per key/value head."""
-    return dx_NHnD if G == 1 else dx_NHnD.unflatten(1, (-1, G)).sum(2)
+@functools.cache
+def native_gqa() -> bool:
+    """Whether this torch's CPU flash kernel takes fewer key/value heads than query heads (forward and
+    backward). Probed once, on first use, against stride-0 repeated heads; the one key/value head is a
+    view of two, so a kernel that ignores the grouping reads the other and fails the check. Without
+    it :func:`tree_attention` repeats keys and values once for the whole row."""
+    gen = torch.Generator().manual_seed(0)
+    q_1234, kv_1234 = torch.randn(1, 2, 3, 4, generator=gen), torch.randn(1, 2, 3, 4, generator=gen)
+    kv_1134 = kv_1234[:, :1]
+    try:
+        out_1234, lse_123 = _flash(q_1234, kv_1134, kv_1134, 0.0, True)
+        grads = _flash_backward(out_1234, q_1234, kv_1134, kv_1134, out_1234, lse_123, 0.0, True)
+    except RuntimeError:
+        return False
+    want_1234 = _flash(q_1234, kv_1134.expand(1, 2, 3, 4), kv_1134.expand(1, 2, 3, 4), 0.0, True)[0]
+    return tuple(grads[1].shape) == (1, 1, 3, 4) and torch.allclose(out_1234, want_1234)
 
 
 def _runs(x_1HTD: torch.Tensor, start: int, num: int, width: int) -> torch.Tensor:
@@ -171,15 +176,19 @@ def _real(x_GHC: torch.Tensor, slots: torch.Tensor | None, dtype: torch.dtype) -
     return (x_1HN if slots is None else x_1HN.index_select(2, slots)).to(dtype)
 
 
-def _no_ancestors(plan: SegmentPlan, i: int) -> bool:
-    return bool(plan.anc_ptr_S1[i] == plan.anc_ptr_S1[i + 1])
+def _rect_keys(plan: SegmentPlan, r: int) -> tuple[int, int] | torch.Tensor:
+    """Row positions of rectangle r's keys: ``(start, stop)`` when they are the segment's own earlier
+    positions (a view of the row), else an index tensor (ancestors, gathered)."""
+    i, _, _, hi = plan.rect_R4[r].tolist()
+    lo, num_anc = int(plan.rect_lo_R[r]), int(plan.anc_ptr_S1[i + 1] - plan.anc_ptr_S1[i])
+    if lo >= num_anc:
+        start = int(plan.seg_start_S[i]) - num_anc
+        return start + lo, start + hi
+    return torch.from_numpy(plan.keys(i)[lo:hi])
 
 
-def _segment_keys(x_1JTD: torch.Tensor, plan: SegmentPlan, i: int) -> torch.Tensor:
-    """``[1, J, K, D]``: ancestors then own positions of segment i (a view when it has no ancestors)."""
-    if _no_ancestors(plan, i):
-        return x_1JTD[:, :, int(plan.seg_start_S[i]):int(plan.seg_stop_S[i])]
-    return x_1JTD.index_select(2, torch.from_numpy(plan.keys(i)))
+def _take(x_1JTD: torch.Tensor, keys: tuple[int, int] | torch.Tensor) -> torch.Tensor:
+    return x_1JTD[:, :, keys[0]:keys[1]] if isinstance(keys, tuple) else x_1JTD.index_select(2, keys)
 
 
 def _rect_masks(plan: SegmentPlan, dtype: torch.dtype) -> list[torch.Tensor | None]:
@@ -193,33 +202,29 @@ def _rect_masks(plan: SegmentPlan, dtype: torch.dtype) -> list[torch.Tensor | No
 
 
 def _forward(q_1HTD, k_1JTD, v_1JTD, sinks_H, plan: SegmentPlan, masks, scale: float | None):
-    acc, G = _accumulator(q_1HTD.dtype), q_1HTD.shape[1] // k_1JTD.shape[1]
+    acc = _accumulator(q_1HTD.dtype)
     out_1HTD = _t_major(q_1HTD, acc)  # transformers' output layout: its final transpose is free
     lse_1HT1 = q_1HTD.new_empty((*q_1HTD.shape[:3], 1), dtype=acc)
     # every position is on one diagonal: plain writes
     for run in plan.diag_runs_R3.tolist():
-        o_NHCD, lse_NHC = _flash(_runs(q_1HTD, *run), _repeat(_runs(k_1JTD, *run), G),
-                                 _repeat(_runs(v_1JTD, *run), G), 0.0, True, scale=scale)
+        o_NHCD, lse_NHC = _flash(_runs(q_1HTD, *run), _runs(k_1JTD, *run), _runs(v_1JTD, *run), 0.0, True,
+                                 scale=scale)
         _runs(out_1HTD, *run).copy_(o_NHCD)
         _runs(lse_1HT1, *run).copy_(lse_NHC[..., None])
     for gather_GC, _, slots, positions in _buckets(plan):
-        o_GHCD, lse_GHC = _flash(_grouped(q_1HTD, gather_GC), _repeat(_grouped(k_1JTD, gather_GC), G),
-                                 _repeat(_grouped(v_1JTD, gather_GC), G), 0.0, True, scale=scale)
+        o_GHCD, lse_GHC = _flash(_grouped(q_1HTD, gather_GC), _grouped(k_1JTD, gather_GC),
+                                 _grouped(v_1JTD, gather_GC), 0.0, True, scale=scale)
         out_1HTD.index_copy_(2, positions, _real(o_GHCD, slots, acc))
         lse_1HT1.index_copy_(2, positions, _real(lse_GHC[..., None], slots, acc))
-    # rectangles merge into their diagonals; query heads ride in the batch, keys are shared (stride 0)
-    current, keys_1JKD, values_1JKD = -1, None, None
-    for r, (i, q0, q1, hi) in enumerate(plan.rect_R4.tolist()):
-        if i != current:
-            current, keys_1JKD, values_1JKD = i, _segment_keys(k_1JTD, plan, i), _segment_keys(v_1JTD, plan, i)
-        lo = int(plan.rect_lo_R[r])
-        o_GJnD, lse_GJn = _flash(_by_group(q_1HTD[:, :, q0:q1], G), keys_1JKD[:, :, lo:hi].expand(G, -1, -1, -1),
-                                 values_1JKD[:, :, lo:hi].expand(G, -1, -1, -1), 0.0, False, attn_mask=masks[r],
-                                 scale=scale)
-        old_lse_GJn1 = _by_group(lse_1HT1[:, :, q0:q1], G)
-        lse_GJn1 = lse_GJn[..., None].to(acc)
-        _by_group(out_1HTD[:, :, q0:q1], G).lerp_(o_GJnD.to(acc), torch.sigmoid(lse_GJn1 - old_lse_GJn1))
-        torch.logaddexp(old_lse_GJn1, lse_GJn1, out=old_lse_GJn1)
+    # rectangles merge into their diagonals by their log-sum-exps
+    for r, (q0, q1) in enumerate(plan.rect_R4[:, 1:3].tolist()):
+        keys = _rect_keys(plan, r)
+        o_1HnD, lse_1Hn = _flash(q_1HTD[:, :, q0:q1], _take(k_1JTD, keys), _take(v_1JTD, keys), 0.0, False,
+                                 attn_mask=masks[r], scale=scale)
+        old_lse_1Hn1 = lse_1HT1[:, :, q0:q1]
+        lse_1Hn1 = lse_1Hn[..., None].to(acc)
+        out_1HTD[:, :, q0:q1].lerp_(o_1HnD.to(acc), torch.sigmoid(lse_1Hn1 - old_lse_1Hn1))
+        torch.logaddexp(old_lse_1Hn1, lse_1Hn1, out=old_lse_1Hn1)
     if sinks_H is not None:  # one more logit per head in every softmax
         sink_1H11 = sinks_H.to(acc)[None, :, None, None]
         out_1HTD.mul_(torch.sigmoid(lse_1HT1 - sink_1H11))
@@ -228,55 +233,39 @@ def _forward(q_1HTD, k_1JTD, v_1JTD, sinks_H, plan: SegmentPlan, masks, scale: f
 
 
 def _backward(g_1HTD, q_1HTD, k_1JTD, v_1JTD, out_1HTD, lse_1HT, plan: SegmentPlan, masks, scale: float | None):
-    acc, G = _accumulator(q_1HTD.dtype), q_1HTD.shape[1] // k_1JTD.shape[1]
+    acc = _accumulator(q_1HTD.dtype)
     dq_1HTD, dk_1JTD, dv_1JTD = (_t_major(x, acc) for x in (q_1HTD, k_1JTD, v_1JTD))
     lse_1HT1 = lse_1HT[..., None]
     for run in plan.diag_runs_R3.tolist():  # diagonals tile the row: first writes
-        dq, dk, dv = _flash_backward(_runs(g_1HTD, *run), _runs(q_1HTD, *run), _repeat(_runs(k_1JTD, *run), G),
-                                     _repeat(_runs(v_1JTD, *run), G), _runs(out_1HTD, *run),
-                                     _runs(lse_1HT1, *run)[..., 0], 0.0, True, scale=scale)
+        dq, dk, dv = _flash_backward(_runs(g_1HTD, *run), _runs(q_1HTD, *run), _runs(k_1JTD, *run),
+                                     _runs(v_1JTD, *run), _runs(out_1HTD, *run), _runs(lse_1HT1, *run)[..., 0],
+                                     0.0, True, scale=scale)
         _runs(dq_1HTD, *run).copy_(dq)
-        _runs(dk_1JTD, *run).copy_(_fold(dk, G))
-        _runs(dv_1JTD, *run).copy_(_fold(dv, G))
+        _runs(dk_1JTD, *run).copy_(dk)
+        _runs(dv_1JTD, *run).copy_(dv)
     for gather_GC, pad_G1C1, slots, positions in _buckets(plan):
         g_GHCD, lse_GHC1 = _grouped(g_1HTD, gather_GC), _grouped(lse_1HT1, gather_GC)
         if pad_G1C1 is not None:  # padding rows: no gradient in, lse = +inf so their softmax weights are 0
             g_GHCD, lse_GHC1 = g_GHCD.masked_fill(pad_G1C1, 0), lse_GHC1.masked_fill(pad_G1C1, float("inf"))
-        dq, dk, dv = _flash_backward(g_GHCD, _grouped(q_1HTD, gather_GC), _repeat(_grouped(k_1JTD, gather_GC), G),
-                                     _repeat(_grouped(v_1JTD, gather_GC), G), _grouped(out_1HTD, gather_GC),
+        dq, dk, dv = _flash_backward(g_GHCD, _grouped(q_1HTD, gather_GC), _grouped(k_1JTD, gather_GC),
+                                     _grouped(v_1JTD, gather_GC), _grouped(out_1HTD, gather_GC),
                                      lse_GHC1[..., 0], 0.0, True, scale=scale)
         dq_1HTD.index_copy_(2, positions, _real(dq, slots, acc))
-        dk_1JTD.index_copy_(2, positions, _real(_fold(dk, G), slots, acc))
-        dv_1JTD.index_copy_(2, positions, _real(_fold(dv, G), slots, acc))
-    current, keys_1JKD, values_1JKD, dkeys_1JKD, dvalues_1JKD = -1, None, None, None, None
-    for r, (i, q0, q1, hi) in enumerate(plan.rect_R4.tolist()):
-        if i != current:
-            if current >= 0:
-                _scatter_keys(dk_1JTD, dv_1JTD, dkeys_1JKD, dvalues_1JKD, plan, current)
-            current, keys_1JKD, values_1JKD = i, _segment_keys(k_1JTD, plan, i), _segment_keys(v_1JTD, plan, i)
-            if _no_ancestors(plan, i):  # its own keys only: accumulate straight into the row (views)
-                dkeys_1JKD, dvalues_1JKD = _segment_keys(dk_1JTD, plan, i), _segment_keys(dv_1JTD, plan, i)
-            else:  # gathered keys: a buffer, scattered back when the segment is done
-                dkeys_1JKD, dvalues_1JKD = _t_major(keys_1JKD, acc, zeros=True), _t_major(values_1JKD, acc, zeros=True)
-        lo = int(plan.rect_lo_R[r])
-        dq_GJnD, dk_GJKD, dv_GJKD = _flash_backward(
-            _by_group(g_1HTD[:, :, q0:q1], G), _by_group(q_1HTD[:, :, q0:q1], G),
-            keys_1JKD[:, :, lo:hi].expand(G, -1, -1, -1), values_1JKD[:, :, lo:hi].expand(G, -1, -1, -1),
-            _by_group(out_1HTD[:, :, q0:q1], G), _by_group(lse_1HT1[:, :, q0:q1], G)[..., 0], 0.0, False,
-            attn_mask=masks[r], scale=scale)
-        _by_group(dq_1HTD[:, :, q0:q1], G).add_(dq_GJnD)
-        dkeys_1JKD[:, :, lo:hi] += dk_GJKD.sum(0, keepdim=True)
-        dvalues_1JKD[:, :, lo:hi] += dv_GJKD.sum(0, keepdim=True)
-    if current >= 0:
-        _scatter_keys(dk_1JTD, dv_1JTD, dkeys_1JKD, dvalues_1JKD, plan, current)
+        dk_1JTD.index_copy_(2, positions, _real(dk, slots, acc))
+        dv_1JTD.index_copy_(2, positions, _real(dv, slots, acc))
+    for r, (q0, q1) in enumerate(plan.rect_R4[:, 1:3].tolist()):  # rectangles add
+        keys = _rect_keys(plan, r)
+        dq_1HnD, dk_1JKD, dv_1JKD = _flash_backward(
+            g_1HTD[:, :, q0:q1], q_1HTD[:, :, q0:q1], _take(k_1JTD, keys), _take(v_1JTD, keys),
+            out_1HTD[:, :, q0:q1], lse_1HT[:, :, q0:q1], 0.0, False, attn_mask=masks[r], scale=scale)
+        dq_1HTD[:, :, q0:q1] += dq_1HnD
+        if isinstance(keys, tuple):
+            dk_1JTD[:, :, keys[0]:keys[1]] += dk_1JKD
+            dv_1JTD[:, :, keys[0]:keys[1]] += dv_1JKD
+        else:
+            dk_1JTD.index_add_(2, keys, dk_1JKD.to(acc))
+            dv_1JTD.index_add_(2, keys, dv_1JKD.to(acc))
     return dq_1HTD, dk_1JTD, dv_1JTD
-
-
-def _scatter_keys(dk_1JTD, dv_1JTD, dkeys_1JKD, dvalues_1JKD, plan: SegmentPlan, i: int) -> None:
-    if not _no_ancestors(plan, i):
-        index = torch.from_numpy(plan.keys(i))
-        dk_1JTD.index_add_(2, index, dkeys_1JKD)
-        dv_1JTD.index_add_(2, index, dvalues_1JKD)
 
 
 class _TreeAttention(torch.autograd.Function):
@@ -329,6 +318,8 @@ def tree_attention(q_BHLD: torch.Tensor, k_BHLD: torch.Tensor, v_BHLD: torch.Ten
 
     if sinks is not None and tuple(sinks.shape) != (H,):
         raise CpuAttentionError(f"attention sinks must be one per query head ({H}), got {tuple(sinks.shape)}")
+    if J != H and not native_gqa():  # older torch: key/value heads repeated once for the row
+        k_BHLD, v_BHLD = k_BHLD.repeat_interleave(H // J, 1), v_BHLD.repeat_interleave(H // J, 1)
     out_1HTD = _TreeAttention.apply(flat(q_BHLD), flat(k_BHLD), flat(v_BHLD), sinks, plan, scale)
     return out_1HTD.reshape(H, B, L, -1).transpose(0, 1)
 

@@ -15,21 +15,24 @@ iff ``kv_end[p - 1] > p``). The queries of a segment [s, e) see exactly its
 own keys causally and the ancestors of s, all of them (subtrees nest). Here:
 segment [0, 4) ``h h t t`` has no ancestors; segment [4, 8) ``r r r r`` sees
 ancestors [0, 2) ``h h``. Each segment is cut into query chunks of ``chunk``
-tokens; chunk [a, b) of segment [s, e) is two tiles, a causal square on its
-own diagonal and a no-mask rectangle against ``ancestors + [s, a)``::
+tokens; chunk [a, b) of segment [s, e) is a causal square on its own diagonal
+and a no-mask rectangle against its own earlier keys [s, a) (contiguous in the
+row: a view), and the whole segment is one no-mask rectangle against its
+ancestors (one gather, one call, however many chunks)::
 
-    segment [4, 8), chunk 2:   diagonal  q [4, 6) x k [4, 6) causal
-                               rectangle q [4, 6) x k (0 1)         (ancestors, no own prefix yet)
+    segment [4, 8), chunk 2:   rectangle q [4, 8) x k (0 1)         (its ancestors)
+                               diagonal  q [4, 6) x k [4, 6) causal
                                diagonal  q [6, 8) x k [6, 8) causal
-                               rectangle q [6, 8) x k (0 1 4 5)
+                               rectangle q [6, 8) x k [4, 6)        (its earlier chunk)
 
 Sliding windows (``pos[q] - pos[k] < W``, see :mod:`onepass.attention.window`): a
 segment's keys (ancestors, then its own positions) are exactly
   the path from the root, so key j of the list has depth j and query q (list
   index depth[q]) sees keys (depth[q] - W, depth[q]]: a band. Chunks are cut
   to at most W - 1 queries, so a diagonal square is never cut by the window
-  and every query of a chunk still sees the key just before it; a rectangle
-  covers only keys [depth[q0] - W + 1, depth[q0]) and carries a mask
+  and every query of a chunk still sees the key just before it; each chunk
+  has one rectangle (no separate ancestor one), over keys
+  [depth[q0] - W + 1, depth[q0]) of the list, with a mask
   (:meth:`SegmentPlan.rect_visible`) where the window cuts it.
 
 Legend: B rows, L row length, S segments, T = B * L (rows flattened into one), G chunks
@@ -57,7 +60,9 @@ class SegmentPlan:
     diag_buckets             int64 [G, C] each: the other diagonal chunks, -1 past a chunk's end
     rect_R4                  int64 [R, 4]: (segment, query start, query stop, key stop), keys taken from
                              ancestors + own positions of the segment, in that order
-    rect_lo_R                int64 [R]: the rectangle's first key in that list (0 without a window)
+    rect_lo_R                int64 [R]: the rectangle's first key in that list. Without a window: 0 for a
+                             segment's one rectangle against its ancestors (key stop = their number),
+                             else the number of ancestors (a chunk against its own earlier positions)
     window                   the sliding window (in positions) the plan was cut for, or None
     """
 
@@ -177,7 +182,16 @@ def segment_plan(kv_end: Any, *, chunk: int = 128, position_ids: Any = None,
     q0_R = start_S[seg_R] + first_R * chunk
     q1_R = np.minimum(q0_R + chunk, stop_S[seg_R])
     keys_R = num_anc_S[seg_R] + (q0_R - start_S[seg_R])  # = depth of q0: the list is the root path
-    lo_R = np.zeros_like(keys_R) if window is None else np.maximum(keys_R - window + 1, 0)
+    if window is None:  # one rectangle of the whole segment against its ancestors; chunks against own keys
+        lo_R = num_anc_S[seg_R]
+        anc = np.flatnonzero(num_anc_S)
+        seg_R = np.concatenate([anc, seg_R])
+        q0_R, q1_R = np.concatenate([start_S[anc], q0_R]), np.concatenate([stop_S[anc], q1_R])
+        keys_R, lo_R = np.concatenate([num_anc_S[anc], keys_R]), np.concatenate([np.zeros_like(anc), lo_R])
+    else:  # the chunk's own window of the root path
+        lo_R = np.maximum(keys_R - window + 1, 0)
+    order = np.argsort(seg_R, kind="stable")
+    seg_R, q0_R, q1_R, keys_R, lo_R = seg_R[order], q0_R[order], q1_R[order], keys_R[order], lo_R[order]
     rect_R4 = np.stack([seg_R, q0_R, q1_R, keys_R], axis=1)[keys_R > lo_R]
     # diagonals: the whole chunks of a segment are one batch (a strided view of the row); the rest
     # (short segments, last chunks) run in buckets of similar width, padded at the end (a causal
