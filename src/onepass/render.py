@@ -22,6 +22,8 @@ Tokenizing the two parts on their own is what happens at inference (the prompt
 is encoded, then the model emits tokens); it differs from tokenizing ``full_k``
 when a BPE merge crosses the boundary. Such views are counted
 (``View.boundary_merge``, found on a window around the boundary: :func:`merges_across`).
+The prompts of one conversation repeat its history: :mod:`onepass.encode` encodes each piece
+between added tokens once, giving the same ids as encoding every text whole.
 
 A turn that cannot be split, or for which the template raises, is skipped on
 its own (:func:`render_conversation` returns it with its error, naming record,
@@ -49,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from onepass.conversation import Conversation, Message
+from onepass.encode import encode_texts, split_between
 from onepass.errors import DataError, UsageError
 from onepass.generation_format import Render, completion_fields, derive_completion
 from onepass.template_probe import (
@@ -328,7 +331,8 @@ def render_texts(conv: Conversation, tokenizer: Any, config: RenderConfig = Rend
 
 
 def _encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
-    return tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    """Each text's ids; pieces shared between texts encoded once (:mod:`onepass.encode`)."""
+    return encode_texts(tokenizer, texts)
 
 
 BOUNDARY_WINDOW = 64  # characters each side of the prompt|completion boundary
@@ -340,10 +344,16 @@ def merges_across(tokenizer: Any, pairs: Sequence[tuple[str, str]], window: int 
     each side decide it, without encoding the whole view a third time (the slow reference, the whole
     text, is compared with this in tests/test_render.py). Example: an R1 prompt ends ``<think>\\n`` and a
     completion with empty reasoning starts ``\\n</think>``; joined, ``\\n\\n`` is one Qwen token: True.
+    A pair the tokenizer surely cuts at the boundary (an added token on either side:
+    :func:`onepass.encode.split_between`) is False without encoding anything.
     """
-    texts = [t for p, c in pairs for t in (p[-window:] + c[:window], p[-window:], c[:window])]
+    unknown = [i for i, (p, c) in enumerate(pairs) if not split_between(tokenizer, p, c)]
+    texts = [t for i in unknown for p, c in [pairs[i]] for t in (p[-window:] + c[:window], p[-window:], c[:window])]
     ids = _encode(tokenizer, texts) if texts else []
-    return [ids[i] != ids[i + 1] + ids[i + 2] for i in range(0, len(ids), 3)]
+    merged = [False] * len(pairs)
+    for j, i in enumerate(unknown):
+        merged[i] = ids[3 * j] != ids[3 * j + 1] + ids[3 * j + 2]
+    return merged
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -364,8 +374,8 @@ def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig
         (skipped if isinstance(item[1], RenderError) else texts).append(item)  # type: ignore[arg-type]
     if not texts:
         return Rendered(views=(), skipped=tuple(e for _, e in skipped))
-    prompts = _encode(tokenizer, [p for _, p, _, _ in texts])
-    completions = _encode(tokenizer, [c for _, _, c, _ in texts])
+    encoded = _encode(tokenizer, [p for _, p, _, _ in texts] + [c for _, _, c, _ in texts])
+    prompts, completions = encoded[:len(texts)], encoded[len(texts):]
     merged = merges_across(tokenizer, [(p, c) for _, p, c, _ in texts])
     views = []
     for (turn, _, _, derived), p, c, merge in zip(texts, prompts, completions, merged):

@@ -1,0 +1,125 @@
+"""Encoding a conversation's views: each distinct piece of text once.
+
+Why this module exists: view k's prompt holds the whole history before turn k, so encoding every
+prompt from scratch encodes the shared history again and again (N-pass text is about twice the
+one-pass text) and dominated ``prepare``. A HF fast tokenizer first splits the text at its added
+tokens (``<|im_start|>``, ``<think>``, ...) and encodes each piece between them on its own: no BPE
+merge ever crosses an added token. So a text's ids are the concatenation of its pieces' ids, and a
+piece that repeats across views (a user message, an old assistant turn) is encoded once.
+
+    "<|im_start|>user\\nq<|im_end|>\\n<|im_start|>assistant\\n"
+    -> "<|im_start|>" | "user\\nq" | "<|im_end|>" | "\\n" | "<|im_start|>" | "assistant\\n"
+
+That holds only when the tokenizer really encodes each piece independently of its neighbours, so
+:func:`piece_splitter` checks it once per tokenizer and returns None (use the plain encode) when it
+does not: an added token with ``lstrip``/``rstrip``/``single_word`` (it eats or looks at the text
+beside it), special tokens encoded as text, or a pre-tokenizer that treats the first piece
+differently (SentencePiece ``Metaspace`` with ``prepend_scheme="first"``), caught by a probe that
+encodes texts whole and by pieces. :func:`encode_plain` is the reference; tests/test_encode.py
+compares the two on every vendored template and on the bundled and synthetic data.
+
+No torch here: this is pure data.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+_PROBE_CONTEXTS = (("a", "b"), (" x", " y"), ("\n", "\n\n"), ("é ", "中文"), ("", " "), ("1", ""))
+_splitters: weakref.WeakKeyDictionary[Any, tuple[Any, re.Pattern[str] | None]] = weakref.WeakKeyDictionary()
+
+
+def encode_plain(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Each text encoded whole by the tokenizer's own call (no special tokens added): the reference."""
+    return tokenizer(list(texts), add_special_tokens=False)["input_ids"] if texts else []
+
+
+def _fingerprint(tokenizer: Any) -> Any:
+    backend = tokenizer.backend_tokenizer
+    return (backend.get_vocab_size(with_added_tokens=True), getattr(backend, "encode_special_tokens", None),
+            getattr(tokenizer, "split_special_tokens", None))
+
+
+def _probe(tokenizer: Any) -> re.Pattern[str] | None:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "split_special_tokens", False):
+        return None
+    added = backend.get_added_tokens_decoder()  # id -> tokenizers.AddedToken
+    if any(t.lstrip or t.rstrip or t.single_word for t in added.values()):
+        return None
+    # Tokens matched on the raw text (normalized=False) split it first; normalized ones are matched
+    # later inside each piece, so the tokenizer handles them when it encodes the piece.
+    raw = {t.content: i for i, t in added.items() if not t.normalized and t.content}
+    if not raw:
+        return None
+    # leftmost-longest, as the tokenizer's Aho-Corasick matcher: longer alternatives first
+    pattern = re.compile("(" + "|".join(re.escape(s) for s in sorted(raw, key=len, reverse=True)) + ")")
+    tokens = sorted(raw)
+    texts = [before + s + after for s in tokens for before, after in _PROBE_CONTEXTS]
+    texts += [tokens[i - 1] + "z" + tokens[i] + tokens[i - 1] for i in range(len(tokens))]
+    whole = encode_plain(tokenizer, texts)
+    alone = dict(zip(tokens, encode_plain(tokenizer, tokens)))
+    if any(alone[s] != [raw[s]] for s in tokens):  # the tokenizer does not split at it
+        return None
+    if _encode_by_pieces(tokenizer, pattern, texts) != whole:
+        return None
+    return pattern
+
+
+def piece_splitter(tokenizer: Any) -> re.Pattern[str] | None:
+    """The pattern of the added tokens ``tokenizer`` splits text at, when encoding by pieces gives
+    exactly its own ids (checked once per tokenizer, again if its added tokens change); else None."""
+    try:
+        key = _fingerprint(tokenizer)
+    except AttributeError:  # not a HF fast tokenizer
+        return None
+    try:
+        cached = _splitters.get(tokenizer)
+    except TypeError:  # not weak-referenceable or hashable: probe every time
+        return _probe(tokenizer)
+    if cached is None or cached[0] != key:
+        cached = (key, _probe(tokenizer))
+        _splitters[tokenizer] = cached
+    return cached[1]
+
+
+def split_pieces(pattern: re.Pattern[str], text: str) -> list[str]:
+    """``text`` cut before and after every added-token match, empty pieces dropped."""
+    return [p for p in pattern.split(text) if p]
+
+
+def _encode_by_pieces(tokenizer: Any, pattern: re.Pattern[str], texts: Sequence[str]) -> list[list[int]]:
+    split = [split_pieces(pattern, t) for t in texts]
+    cache: dict[str, list[int]] = dict.fromkeys(p for pieces in split for p in pieces)  # type: ignore[arg-type]
+    distinct = list(cache)
+    cache.update(zip(distinct, encode_plain(tokenizer, distinct)))
+    out = []
+    for pieces in split:
+        ids: list[int] = []
+        for p in pieces:
+            ids += cache[p]
+        out.append(ids)
+    return out
+
+
+def encode_texts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Each text's ids, exactly as :func:`encode_plain`; a piece shared by several texts (the history
+    the prompts of one conversation repeat) is encoded once, where the tokenizer allows it."""
+    pattern = piece_splitter(tokenizer)
+    if pattern is None:
+        return encode_plain(tokenizer, texts)
+    return _encode_by_pieces(tokenizer, pattern, texts)
+
+
+def split_between(tokenizer: Any, left: str, right: str) -> bool:
+    """True when the tokenizer surely cuts ``left + right`` between the two (an added token ends
+    ``left`` or starts ``right``, and none straddles the join): then encoding them together gives
+    ``ids(left) + ids(right)``. False means "not known", never "they merge"."""
+    pattern = piece_splitter(tokenizer)
+    if pattern is None or not left or not right:
+        return False
+    # Two text pieces meeting at the join would be one piece of the whole: the lists differ.
+    return split_pieces(pattern, left + right) == split_pieces(pattern, left) + split_pieces(pattern, right)
