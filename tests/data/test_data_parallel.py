@@ -59,3 +59,30 @@ def test_limit_and_strict_match_the_serial_reader(tmp_path, qwen3_tokenizer):
     data.write_text(sample_path().read_text(encoding="utf-8").splitlines()[0] + "\n{oops\n")
     with pytest.raises(ConversationError, match=r"bad\.jsonl line 2: not valid JSON"):
         prepare_parallel(data, qwen3_tokenizer, config, num_proc=1, strict=True)
+
+
+def test_workers_take_sigterm_at_its_default_action_while_the_parent_handles_it(qwen3_tokenizer):
+    # A worker that inherits the parent's Python SIGTERM handler can drop a SIGTERM sent during
+    # its after-fork start-up, and Pool.terminate then joins it forever (seen as a hung
+    # `--strict` test). Workers must be forked with the default action; the parent keeps its own.
+    import multiprocessing
+    import signal
+    from pathlib import Path
+
+    from onepass.data.parallel import exit_on_sigterm, iter_prepared
+
+    def catches_sigterm(pid: int) -> bool:
+        caught = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                      if line.startswith("SigCgt:"))
+        return bool(int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+
+    if not Path("/proc/self/status").exists():
+        pytest.skip("reads /proc (Linux)")
+    with exit_on_sigterm():
+        trees = iter_prepared("builtin:mathchat", qwen3_tokenizer, PrepareConfig(), PrepareStats(),
+                              num_proc=2, limit=40)
+        next(trees)
+        workers = multiprocessing.active_children()
+        assert workers and catches_sigterm(workers[0].pid) is False
+        assert catches_sigterm(__import__("os").getpid()) is True
+        trees.close()

@@ -107,6 +107,30 @@ def exit_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextmanager
+def default_sigterm_while_forking() -> Iterator[None]:
+    """Fork workers with SIGTERM at its default action, so ``Pool.terminate`` always ends them.
+
+    A child forked while the parent's Python handler is installed inherits it, and a SIGTERM that
+    arrives before the child's interpreter has finished its after-fork bookkeeping is dropped
+    (CPython clears tripped signals in the child): ``Pool.terminate`` right after the pool starts
+    (a ``--strict`` error in the first chunk) then waits forever on a worker that never heard it.
+    With the default action the kernel ends the worker whatever it is doing; workers hold nothing
+    to clean up. The parent's handler is back as soon as the pool exists (a SIGTERM to the parent
+    inside this short window ends it at once; its temporary folder is removed by the next run).
+    """
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _tokenizer(tokenizer: Any, chat_template: str | None) -> Any:
     """A loaded tokenizer as is; a spec (``builtin:qwen3``, a path) loaded."""
     if not isinstance(tokenizer, str):
@@ -200,8 +224,9 @@ def iter_prepared(spec: str | Path, tokenizer: Any, config: PrepareConfig, stats
     import multiprocessing
 
     with workers_die_with_parent():
-        pool = multiprocessing.get_context("fork").Pool(
-            num_proc, initializer=_init_worker, initargs=(tokenizer, chat_template, config, strict))
+        with default_sigterm_while_forking():
+            pool = multiprocessing.get_context("fork").Pool(
+                num_proc, initializer=_init_worker, initargs=(tokenizer, chat_template, config, strict))
         try:
             pending: deque[Any] = deque()
             chunks = _chunks(convs, CHUNK)
