@@ -11,7 +11,9 @@ import onepass
 
 SRC = Path(onepass.__file__).parent
 PURE = ("onepass.conversation", "onepass.render", "onepass.tree", "onepass.schedule", "onepass.pack",
-        "onepass.flops", "onepass.attention.blocks", "onepass.attention.segments", "onepass.attention.paper")
+        "onepass.flops", "onepass.attention.blocks", "onepass.attention.segments", "onepass.attention.paper",
+        "onepass.model_config", "onepass.shards", "onepass.generation_format", "onepass.template_probe",
+        "onepass.encode")
 
 
 def module_name(path: Path) -> str:

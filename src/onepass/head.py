@@ -54,6 +54,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from onepass.model_config import text_config
+
 DEFAULT_CHUNK = 1024  # [1024, 151936] float32 = 0.6 GB transient; big enough to keep a GPU busy
 MODES = ("chunked", "plain", "cce")
 MODE_ENV = "ONEPASS_LM_HEAD"  # chunked (default) | plain | cce
@@ -195,7 +197,7 @@ def head_of(model: Any) -> nn.Module | None:
     post-head transform (see ``_POST_HEAD_FIELDS``); the caller then uses the plain path.
     """
     config = getattr(model, "config", None)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     if any(getattr(c, f, None) is not None for c in (config, text) for f in _POST_HEAD_FIELDS):
         return None
     getter = getattr(model, "get_output_embeddings", None)

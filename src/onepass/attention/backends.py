@@ -36,6 +36,7 @@ from onepass.attention.cpu import cpu_attention_mask
 from onepass.attention.cpu import register as register_onepass_cpu
 from onepass.attention.mask import additive_mask, dense_mask
 from onepass.errors import ConfigError
+from onepass.model_config import text_config
 
 BACKENDS = ("onepass_cpu", "sdpa", "eager", "flex_attention")
 ONE_MASK = ""  # layer_windows' key for a model that takes one mask for every layer
@@ -80,8 +81,7 @@ def layer_windows(config: Any) -> dict[str, int | None]:
     ``{ONE_MASK: W or None}`` for a model that takes one mask for every layer.
     Raises :class:`BackendError` for attention that no tree mask can express.
     """
-    if hasattr(config, "get_text_config"):  # a multimodal config: its language model's layers
-        config = config.get_text_config(decoder=True)
+    config = text_config(config)  # a multimodal config: its language model's layers
     name = type(config).__name__
     if getattr(config, "use_bidirectional_attention", False):
         raise BackendError(f"{name} uses bidirectional attention: a causal tree mask cannot express it")

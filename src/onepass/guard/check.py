@@ -37,7 +37,8 @@ from onepass.guard.divergence import LayerDiff, layer_of_parameter, locate, name
 from onepass.errors import ConfigError, DataError, debug
 from onepass.render import RenderConfig, View
 from onepass.guard.twin import layer_types as twin_layer_types
-from onepass.guard.twin import text_config, tiny_twin
+from onepass.guard.twin import tiny_twin
+from onepass.model_config import text_config
 
 TOLERANCE = divergence.TOLERANCE  # relative, float64; exact is ~1e-16
 # Some models compute a step in float32 even in float64 (an MoE router's softmax): where a shared

@@ -25,7 +25,8 @@ import torch
 
 from onepass.mixers.tree import tree_kwargs
 from onepass.render import View
-from onepass.guard.twin import layer_types, text_config
+from onepass.guard.twin import layer_types
+from onepass.model_config import text_config
 
 TOLERANCE = 1e-9  # relative, float64
 

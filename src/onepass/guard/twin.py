@@ -33,6 +33,8 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from onepass.model_config import text_config
+
 SMALL_WINDOW = 8
 MAX_PREFIX_LAYERS = 8
 
@@ -178,17 +180,6 @@ def _declared_fields(config: Any) -> set[str]:
         return set()
     aliases = getattr(config, "attribute_map", {}) or {}  # e.g. num_local_experts -> num_experts
     return names | set(aliases) | set(aliases.values())
-
-
-def text_config(config: Any) -> Any:
-    """The decoder's config: ``config`` itself, or the text part of a multimodal config."""
-    getter = getattr(config, "get_text_config", None)
-    if getter is None:
-        return config
-    try:
-        return getter(decoder=True)
-    except TypeError:
-        return getter()
 
 
 def tiny_twin(config: Any, vocab_size: int) -> Any:
