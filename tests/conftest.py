@@ -29,6 +29,19 @@ def qwen3_tokenizer():
     return load_tokenizer("builtin:qwen3")
 
 
+@pytest.fixture
+def with_template(qwen3_tokenizer):
+    """Set the shared Qwen3 tokenizer's chat template for one test (loading a fresh one takes seconds)."""
+    before = qwen3_tokenizer.chat_template
+
+    def swap(template: str):
+        qwen3_tokenizer.chat_template = template
+        return qwen3_tokenizer
+
+    yield swap
+    qwen3_tokenizer.chat_template = before
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models run fastest on one thread, and do not crawl when other processes share the cores."""

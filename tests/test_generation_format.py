@@ -50,19 +50,6 @@ R1 = ("{% for m in messages %}{% if m.role == 'user' %}<U>{{ m.content }}{% else
       "{% endfor %}{% if add_generation_prompt %}<A><think>\n{% endif %}")
 
 
-@pytest.fixture
-def with_template(qwen3_tokenizer):
-    """The shared Qwen3 tokenizer with another chat template for one test."""
-    before = qwen3_tokenizer.chat_template
-
-    def swap(template: str):
-        qwen3_tokenizer.chat_template = template
-        return qwen3_tokenizer
-
-    yield swap
-    qwen3_tokenizer.chat_template = before
-
-
 def conv(*turns):
     messages = []
     for i, t in enumerate(turns):

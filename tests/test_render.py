@@ -181,19 +181,6 @@ def test_bundled_sample_views_equal_the_template_rendering(qwen3_tokenizer):
             assert not v.boundary_merge
 
 
-@pytest.fixture
-def with_template(qwen3_tokenizer):
-    """Set the shared Qwen3 tokenizer's chat template for one test (loading a fresh one takes seconds)."""
-    before = qwen3_tokenizer.chat_template
-
-    def swap(template: str):
-        qwen3_tokenizer.chat_template = template
-        return qwen3_tokenizer
-
-    yield swap
-    qwen3_tokenizer.chat_template = before
-
-
 # Raises for a turn whose content is "boom" (as Cohere2 raises for roles it does not expect).
 RAISING_TEMPLATE = (
     "{% for m in messages %}{% if m.content == 'boom' %}\n"
