@@ -150,8 +150,10 @@ def test_kill_9_of_num_proc_leaves_no_orphan_workers(tmp_path):
     """Item 3 alone, on any prepare (streaming or not, so it runs on the code before the fix too): the
     workers of ``--num-proc`` die with their parent; any survivor is killed here, not left running."""
     tmpdir = Path(tempfile.mkdtemp(prefix="op-"))  # short: the pool's AF_UNIX socket path is at most 107 bytes
-    # enough work that a worker left alone would run on for a minute (3 orphans, minutes of CPU, in the issue)
-    proc = onepass("prepare", "--data", "synthetic:mathchat-sync", "--limit", "3000", "--num-proc", "2",
+    # enough work that a worker left alone would run on for a minute (3 orphans, minutes of CPU, in the issue);
+    # the long-reasoning workload: the default one now prepares in ~4 CPU s per worker, too close to the
+    # 3 s the test waits for, so the run could end before the kill
+    proc = onepass("prepare", "--data", "synthetic:mathchat-sync-long", "--limit", "3000", "--num-proc", "2",
                    "--no-progress", "--out", str(tmp_path / "prepared"), env={"TMPDIR": str(tmpdir)})
     children = []
 
