@@ -36,6 +36,7 @@ temporary of ``--out``, removed by the next run (:func:`onepass.files.recover_di
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import os
@@ -89,26 +90,33 @@ def workers_die_with_parent() -> Iterator[None]:
 
 
 @contextmanager
-def exit_on_sigterm() -> Iterator[None]:
-    """SIGTERM raises ``SystemExit(143)`` in the main thread instead of ending the process on the spot."""
+def _sigterm(action: Any) -> Iterator[None]:
+    """SIGTERM handled by ``action`` inside the block, the previous handler back after it.
+
+    Only the main thread may set handlers; elsewhere the block runs with the handler as it is.
+    """
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def _exit(signum: int, _frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, _exit)
+    previous = signal.signal(signal.SIGTERM, action)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
-@contextmanager
-def default_sigterm_while_forking() -> Iterator[None]:
+def _raise_exit(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def exit_on_sigterm() -> contextlib.AbstractContextManager[None]:
+    """SIGTERM raises ``SystemExit(143)`` in the main thread instead of ending the process on the spot."""
+    return _sigterm(_raise_exit)
+
+
+def default_sigterm_while_forking() -> contextlib.AbstractContextManager[None]:
     """Fork workers with SIGTERM at its default action, so ``Pool.terminate`` always ends them.
 
     A child forked while the parent's Python handler is installed inherits it, and a SIGTERM that
@@ -119,16 +127,7 @@ def default_sigterm_while_forking() -> Iterator[None]:
     to clean up. The parent's handler is back as soon as the pool exists (a SIGTERM to the parent
     inside this short window ends it at once; its temporary folder is removed by the next run).
     """
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return _sigterm(signal.SIG_DFL)
 
 
 def _tokenizer(tokenizer: Any, chat_template: str | None) -> Any:
