@@ -173,6 +173,28 @@ def test_plan_is_built_once_per_batch(monkeypatch):
     assert len(calls) == 2
 
 
+def test_tiles_are_built_once_per_plan_and_shared_by_every_layer(monkeypatch):
+    calls = []
+    real = cpu._build_tiles
+    monkeypatch.setattr(cpu, "_build_tiles", lambda plan: calls.append(plan) or real(plan))
+    plan = segment_plan(np.asarray([SCATTERED, [2, 2, 7, 7, 7, 7, 7]]), chunk=2)  # buckets, runs, rectangles
+    q, k, v = random_qkv(2, 7)
+    outs = [tree_attention(q, k, v, plan) for _ in range(3)]  # three layers, one plan
+    torch.autograd.grad(sum(o.sum() for o in outs), (q, k, v))
+    assert calls == [plan]
+    tiles, fresh = cpu._tiles_of(plan), real(plan)  # the cached tiles are the plan's own
+    assert tiles.runs == fresh.runs and len(tiles.buckets) == len(fresh.buckets) > 0
+    for got, want in zip(tiles.buckets, fresh.buckets):
+        for a, b in zip(got, want):
+            assert (a is None and b is None) or torch.equal(a, b)
+    assert [(q0, q1) for q0, q1, _ in tiles.rects] == [(q0, q1) for q0, q1, _ in fresh.rects]
+    for (*_, got), (*_, want) in zip(tiles.rects, fresh.rects):
+        assert got == want if isinstance(want, tuple) else torch.equal(got, want)
+    other = segment_plan(DOC_EXAMPLE, chunk=2)  # another plan gets its own tiles
+    tree_attention(*random_qkv(1, 8), other)
+    assert calls == [plan, other] and cpu._tiles_of(other) is not tiles
+
+
 def test_unsupported_arguments_are_refused():
     q, k, v = random_qkv(1, 8)
     module = torch.nn.Module()

@@ -56,6 +56,8 @@ K keys of a rectangle, n queries of a tile.
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -191,6 +193,36 @@ def _take(x_1JTD: torch.Tensor, keys: tuple[int, int] | torch.Tensor) -> torch.T
     return x_1JTD[:, :, keys[0]:keys[1]] if isinstance(keys, tuple) else x_1JTD.index_select(2, keys)
 
 
+@dataclass(frozen=True)
+class _Tiles:
+    """A plan's tiles as the loops take them. Every layer, forward and backward, walks the same plan:
+    its numpy arrays become ints and index tensors once per batch (:func:`_tiles_of`), not per layer."""
+
+    runs: list[tuple[int, int, int]]  # (start, n, width) of each batched diagonal run
+    buckets: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]]  # _buckets
+    rects: list[tuple[int, int, tuple[int, int] | torch.Tensor]]  # (q0, q1, keys: _rect_keys)
+
+
+def _build_tiles(plan: SegmentPlan) -> _Tiles:
+    bounds = enumerate(plan.rect_R4[:, 1:3].tolist())
+    return _Tiles(runs=[tuple(run) for run in plan.diag_runs_R3.tolist()], buckets=list(_buckets(plan)),
+                  rects=[(q0, q1, _rect_keys(plan, r)) for r, (q0, q1) in bounds])
+
+
+_TILES: OrderedDict[int, tuple[SegmentPlan, _Tiles]] = OrderedDict()  # id(plan) -> (plan, tiles), newest last
+
+
+def _tiles_of(plan: SegmentPlan, keep: int = 8) -> _Tiles:
+    """``plan``'s tiles, built once; the last ``keep`` plans are held, so a cached id is never reused."""
+    plan_tiles = _TILES.pop(id(plan), None)
+    if plan_tiles is None or plan_tiles[0] is not plan:
+        plan_tiles = (plan, _build_tiles(plan))
+    _TILES[id(plan)] = plan_tiles
+    while len(_TILES) > keep:
+        _TILES.popitem(last=False)
+    return plan_tiles[1]
+
+
 def _rect_masks(plan: SegmentPlan, dtype: torch.dtype) -> list[torch.Tensor | None]:
     """Per rectangle: the additive ``[n, keys]`` mask of its window cut, or None (every pair visible)."""
     out: list[torch.Tensor | None] = []
@@ -203,22 +235,22 @@ def _rect_masks(plan: SegmentPlan, dtype: torch.dtype) -> list[torch.Tensor | No
 
 def _forward(q_1HTD, k_1JTD, v_1JTD, sinks_H, plan: SegmentPlan, masks, scale: float | None):
     acc = _accumulator(q_1HTD.dtype)
+    tiles = _tiles_of(plan)
     out_1HTD = _t_major(q_1HTD, acc)  # transformers' output layout: its final transpose is free
     lse_1HT1 = q_1HTD.new_empty((*q_1HTD.shape[:3], 1), dtype=acc)
     # every position is on one diagonal: plain writes
-    for run in plan.diag_runs_R3.tolist():
+    for run in tiles.runs:
         o_NHCD, lse_NHC = _flash(_runs(q_1HTD, *run), _runs(k_1JTD, *run), _runs(v_1JTD, *run), 0.0, True,
                                  scale=scale)
         _runs(out_1HTD, *run).copy_(o_NHCD)
         _runs(lse_1HT1, *run).copy_(lse_NHC[..., None])
-    for gather_GC, _, slots, positions in _buckets(plan):
+    for gather_GC, _, slots, positions in tiles.buckets:
         o_GHCD, lse_GHC = _flash(_grouped(q_1HTD, gather_GC), _grouped(k_1JTD, gather_GC),
                                  _grouped(v_1JTD, gather_GC), 0.0, True, scale=scale)
         out_1HTD.index_copy_(2, positions, _real(o_GHCD, slots, acc))
         lse_1HT1.index_copy_(2, positions, _real(lse_GHC[..., None], slots, acc))
     # rectangles merge into their diagonals by their log-sum-exps
-    for r, (q0, q1) in enumerate(plan.rect_R4[:, 1:3].tolist()):
-        keys = _rect_keys(plan, r)
+    for r, (q0, q1, keys) in enumerate(tiles.rects):
         o_1HnD, lse_1Hn = _flash(q_1HTD[:, :, q0:q1], _take(k_1JTD, keys), _take(v_1JTD, keys), 0.0, False,
                                  attn_mask=masks[r], scale=scale)
         old_lse_1Hn1 = lse_1HT1[:, :, q0:q1]
@@ -234,16 +266,17 @@ def _forward(q_1HTD, k_1JTD, v_1JTD, sinks_H, plan: SegmentPlan, masks, scale: f
 
 def _backward(g_1HTD, q_1HTD, k_1JTD, v_1JTD, out_1HTD, lse_1HT, plan: SegmentPlan, masks, scale: float | None):
     acc = _accumulator(q_1HTD.dtype)
+    tiles = _tiles_of(plan)
     dq_1HTD, dk_1JTD, dv_1JTD = (_t_major(x, acc) for x in (q_1HTD, k_1JTD, v_1JTD))
     lse_1HT1 = lse_1HT[..., None]
-    for run in plan.diag_runs_R3.tolist():  # diagonals tile the row: first writes
+    for run in tiles.runs:  # diagonals tile the row: first writes
         dq, dk, dv = _flash_backward(_runs(g_1HTD, *run), _runs(q_1HTD, *run), _runs(k_1JTD, *run),
                                      _runs(v_1JTD, *run), _runs(out_1HTD, *run), _runs(lse_1HT1, *run)[..., 0],
                                      0.0, True, scale=scale)
         _runs(dq_1HTD, *run).copy_(dq)
         _runs(dk_1JTD, *run).copy_(dk)
         _runs(dv_1JTD, *run).copy_(dv)
-    for gather_GC, pad_G1C1, slots, positions in _buckets(plan):
+    for gather_GC, pad_G1C1, slots, positions in tiles.buckets:
         g_GHCD, lse_GHC1 = _grouped(g_1HTD, gather_GC), _grouped(lse_1HT1, gather_GC)
         if pad_G1C1 is not None:  # padding rows: no gradient in, lse = +inf so their softmax weights are 0
             g_GHCD, lse_GHC1 = g_GHCD.masked_fill(pad_G1C1, 0), lse_GHC1.masked_fill(pad_G1C1, float("inf"))
@@ -253,8 +286,7 @@ def _backward(g_1HTD, q_1HTD, k_1JTD, v_1JTD, out_1HTD, lse_1HT, plan: SegmentPl
         dq_1HTD.index_copy_(2, positions, _real(dq, slots, acc))
         dk_1JTD.index_copy_(2, positions, _real(dk, slots, acc))
         dv_1JTD.index_copy_(2, positions, _real(dv, slots, acc))
-    for r, (q0, q1) in enumerate(plan.rect_R4[:, 1:3].tolist()):  # rectangles add
-        keys = _rect_keys(plan, r)
+    for r, (q0, q1, keys) in enumerate(tiles.rects):  # rectangles add
         dq_1HnD, dk_1JKD, dv_1JKD = _flash_backward(
             g_1HTD[:, :, q0:q1], q_1HTD[:, :, q0:q1], _take(k_1JTD, keys), _take(v_1JTD, keys),
             out_1HTD[:, :, q0:q1], lse_1HT[:, :, q0:q1], 0.0, False, attn_mask=masks[r], scale=scale)
