@@ -162,7 +162,7 @@ def test_data_convert_mathchat(tmp_path, capsys):
 def test_key_value_flags_parse_the_same_in_every_subcommand():
     import argparse
 
-    from onepass.render import parse_key_value, template_kwargs
+    from onepass.key_value import parse_key_value, template_kwargs
     from onepass.train.cli import add_parser
 
     assert parse_key_value("enable_thinking=false") == ("enable_thinking", False)

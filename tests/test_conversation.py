@@ -85,7 +85,7 @@ def test_every_format_reads_the_same_conversation(tmp_path, name, single, unit, 
     assert len(report.conversations) == (1 if single else 2)
     c = report.conversations[0]
     assert c == Conversation(messages=TOOL_MESSAGES, system="Be brief.", id="conv-1",
-                             source=f"{path} {unit} {first}")
+                             source=f"{path} {unit} {first}", first_message=1)  # the system message is 0
     if not single:
         assert report.conversations[1].source == f"{path} {unit} {first + 1}"
 

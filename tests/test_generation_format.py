@@ -191,7 +191,7 @@ def test_every_derived_view_is_the_templates_prompt_and_its_own_rendering_of_the
 def test_boundary_merges_on_a_window_equal_the_whole_text_reference(vendored, name):
     tok = vendored(name)
     pairs = [(p, c) for conv_ in tool_chain_conversations()
-             for _, p, c, *_ in _texts(conv_, tok)]
+             for _, t in _texts(conv_, tok) for p, c in [(t.prompt, t.completion)]]
     whole = [tok(p + c, add_special_tokens=False)["input_ids"]
              != tok(p, add_special_tokens=False)["input_ids"] + tok(c, add_special_tokens=False)["input_ids"]
              for p, c in pairs]

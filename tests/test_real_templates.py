@@ -11,6 +11,7 @@ issue's experiment did the same): the check is about text, not ids.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +20,10 @@ from typing import Any
 import pytest
 
 from onepass.conversation import parse_record
+from onepass.dropped_reasoning import without_reasoning
 from onepass.prepare import PrepareConfig, prepare
 from onepass.render import RenderConfig, render_conversation
-from onepass.template_probe import template_fields
+from onepass.template_probe import TemplateFields, template_fields
 from onepass.template_report import (
     TOOL_CHAIN_RECORDS,
     template_report,
@@ -42,17 +44,21 @@ FIELDS = {"deepseekv3": ("json", "reasoning_content", "given"), "deepseekv3_1": 
 class Case:
     """One vendored template run over the 6 tool-chain conversations (12 assistant turns), and what
     it keeps today: ``kept`` = (conversations with a kept view, views kept, views split by the
-    template itself; the rest of the kept views come from a completion format or a derived one)."""
+    template itself; the rest of the kept views come from a completion format or a derived one);
+    ``dropped`` = kept views leaving reasoning out (render.View.reasoning_dropped / history_reasoning_dropped)."""
 
     template: str
     kept: tuple[int, int, int]
     completion_format: str | None = None
+    reasoning: str = "keep"  # --reasoning
+    dropped: int = 0  # kept views that leave reasoning out: by choice (--reasoning drop) or the template's own
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     why: str = ""  # why the other turns are skipped (each is a counted skip, never a crash)
 
     @property
     def id(self) -> str:
         extra = [f"{k}={v}" for k, v in self.template_kwargs.items()] + [self.completion_format or ""]
+        extra += [f"reasoning={self.reasoning}"] if self.reasoning != "keep" else []
         return "+".join([self.template, *filter(None, extra)])
 
 
@@ -64,9 +70,11 @@ R1_STYLE = ("R1-style generation prompt (opens <think>, reasoning never rendered
             "--completion-format deepseek-r1 or a derived generation format (issue 16, item 2)")
 # THE table of what every vendored template keeps (issue 16 item 6). Rendering changes (a derived
 # generation format, issue 16 item 2) update the figures here and nowhere else; README "Templates
-# tested" quotes them. Below the issue's goal of 90% of conversations: deepseekv3, deepseekv3_1,
-# qwq_32b, deepseek_r1_distill (without a format: R1-style, documented flag), gptoss (5/6: data it cannot
-# express), cohere2 and qwen3_instruct_2507 (templates that render no reasoning).
+# tested" quotes them. Below the issue's goal of 90% of conversations: deepseekv3, qwq_32b,
+# deepseek_r1_distill (without a format: R1-style, documented flag), qwen3_instruct_2507 and deepseekv3_1
+# (non-thinking: 6/6 with --reasoning drop), cohere2 alone (its default template renders no tool use; the
+# tokenizer's named templates, cohere2_tool_use: 4/6, 6/6 with --reasoning drop). gptoss: 6/6 (one
+# turn's history without an analysis the template drops there, probed: `dropped`).
 CASES: tuple[Case, ...] = (
     Case(template="qwen3", kept=ALL),
     Case(template="qwen3_5_think", kept=ALL),
@@ -78,25 +86,39 @@ CASES: tuple[Case, ...] = (
     Case(template="nemotron_3_nano", kept=(6, 12, 10), why=EMPTY_THINK),
     Case(template="nemotron_3_super", kept=(6, 12, 10), why=EMPTY_THINK),
     Case(template="nemotron_3_ultra", kept=(6, 12, 10), why=EMPTY_THINK),
-    Case(template="gptoss", kept=(5, 8, 7),
+    Case(template="gptoss", kept=(6, 9, 8), dropped=1,
          why="renders a tool-call turn's text as its analysis and raises 'Cannot pass both content and "
              "thinking' for record 2's turn 1, which has both (harmony's commentary preamble beside the "
-             "analysis has no rendering in this template); its 3 later turns are skipped too, their "
-             "prompts holding it: a data change (reasoning or content, not both). It drops a tool call's "
-             "analysis once a final answer follows (that turn uses the derived generation format)"),
+             "analysis has no rendering in this template); turns 4 and 6, whose prompts hold it, are skipped "
+             "too (there the template would render its analysis): a data change (reasoning or content, not "
+             "both). Turn 8's prompt follows a final answer, where the template drops that analysis (probed): "
+             "rendered without it (history reasoning dropped). It drops a tool call's analysis once a final "
+             "answer follows (record 1's turn 3 uses the derived generation format)"),
     Case(template="qwen3_instruct_2507", kept=(2, 2, 2),
-         why="a non-thinking template never renders reasoning (only reasoning-free turns kept)"),
+         why="a non-thinking template never renders reasoning (only reasoning-free turns kept): --reasoning drop"),
+    Case(template="qwen3_instruct_2507", reasoning="drop", kept=(6, 12, 12), dropped=10,
+         why="--reasoning drop: the 10 turns with reasoning trained as the non-thinking model generates them"),
     Case(template="cohere2", kept=(1, 1, 1),
          why="Command R7B's default template renders system, user and assistant text only: no reasoning "
              "(5 turns skipped), no tool calls (1), no tool results (a tool message renders as an empty turn "
              "and the assistant turns after it raise 'roles must alternate': 5); the kept turn has neither"),
+    Case(template="cohere2_tool_use", kept=(4, 5, 5),
+         why="Command R7B's tokenizer as a user has it: a dict of named templates, 'tool_use' picked for a "
+             "conversation with tools (as transformers does), 'default' otherwise (no reasoning: 2 turns skipped). "
+             "tool_use renders reasoning as tool_plan on a tool-call turn only (probed: reasoning key tool_plan, "
+             "all 3 kept) and never on an answer (5 skipped: --reasoning drop); it appends its generation prompt "
+             "to a finished conversation too, so a turn ends at the tokenizer's EOS <|END_OF_TURN_TOKEN|>"),
+    Case(template="cohere2_tool_use", reasoning="drop", kept=(6, 12, 12), dropped=7,
+         why="--reasoning drop: the 7 answers with reasoning trained as the model generates them"),
     Case(template="kimi_k2_thinking", kept=(6, 12, 5),
          why="renders <think></think> (reasoning dropped) for a final answer, even the last turn, and for "
              "every turn before it: 7 answers use the derived format, their <think>R</think> block read off "
              "a tool-call turn in the same position; ids go over as functions.NAME:IDX (probed)"),
     Case(template="deepseekv3_1", kept=(2, 2, 2),
          why="non-thinking by default: the generation prompt closes </think> and reasoning is never "
-             "rendered (only reasoning-free turns kept)"),
+             "rendered (only reasoning-free turns kept): --reasoning drop"),
+    Case(template="deepseekv3_1", reasoning="drop", kept=(6, 12, 12), dropped=10,
+         why="--reasoning drop: the 10 turns with reasoning trained as the non-thinking model generates them"),
     Case(template="deepseekv3_1", template_kwargs={"thinking": True}, completion_format="deepseek-r1",
          kept=(6, 12, 0), why=WITH_FORMAT),
     Case(template="deepseekv3", kept=(0, 0, 0), why=R1_STYLE + "; after a tool output there is no "
@@ -114,13 +136,27 @@ CASES: tuple[Case, ...] = (
 KEPT = {c.template: c.kept[:2] for c in CASES if not c.completion_format and not c.template_kwargs}
 
 
+# Tokenizers with several named templates, as a real user has them: Command R7B's tokenizer_config.json
+# carries "default", "tool_use" and "rag" ("rag" not vendored); transformers renders a conversation with
+# tools with "tool_use", one without with "default".
+NAMED = {"cohere2_tool_use": {"default": "cohere2", "tool_use": "cohere2_tool_use"}}
+EOS = {"cohere2_tool_use": "<|END_OF_TURN_TOKEN|>"}  # Command R7B's eos_token, where its turns end
+
+
+def chat_template(name: str) -> str | dict[str, str]:
+    def read(stem: str) -> str:
+        return (FIXTURES / f"{stem}.jinja").read_text(encoding="utf-8")
+    return {k: read(v) for k, v in NAMED[name].items()} if name in NAMED else read(name)
+
+
 @pytest.fixture
 def template_tokenizer(qwen3_tokenizer, request):
-    """The Qwen3 tokenizer with a vendored template for the duration of one test."""
-    before = qwen3_tokenizer.chat_template
-    qwen3_tokenizer.chat_template = (FIXTURES / f"{request.param}.jinja").read_text(encoding="utf-8")
+    """The Qwen3 tokenizer with a vendored template (or a dict of them: NAMED) for one test."""
+    before, eos = qwen3_tokenizer.chat_template, qwen3_tokenizer.eos_token
+    qwen3_tokenizer.chat_template = chat_template(request.param)
+    qwen3_tokenizer.eos_token = EOS.get(request.param, eos)
     yield qwen3_tokenizer
-    qwen3_tokenizer.chat_template = before
+    qwen3_tokenizer.chat_template, qwen3_tokenizer.eos_token = before, eos
 
 
 def encode(tok, text):
@@ -131,6 +167,7 @@ def test_every_vendored_template_has_a_row_and_a_source():
     assert sorted({c.template for c in CASES}) == TEMPLATES
     assert len({c.id for c in CASES}) == len(CASES)
     sources = (FIXTURES / "SOURCES.md").read_text(encoding="utf-8")
+    assert set(NAMED) <= set(TEMPLATES)
     assert [t for t in TEMPLATES if f"`{t}.jinja`" not in sources] == []
 
 
@@ -142,11 +179,12 @@ def test_every_kept_view_is_the_templates_own_rendering(template_tokenizer, case
     tool calls; otherwise (a completion format, or a derived one) it must hold the turn's
     reasoning, content and tool calls."""
     tok = template_tokenizer
-    config = RenderConfig(completion_format=case.completion_format, template_kwargs=case.template_kwargs)
-    kept_conversations = kept_views = split_views = 0
-    fields = template_fields(tok, case.template_kwargs)
+    config = RenderConfig(completion_format=case.completion_format, template_kwargs=case.template_kwargs,
+                          reasoning=case.reasoning)
+    kept_conversations = kept_views = split_views = dropped = 0
     convs = [parse_record(r, source="chains.jsonl", index=i) for i, r in enumerate(RECORDS)]
     for conv in convs:
+        fields = template_fields(tok, case.template_kwargs, tools=bool(conv.tools))
         rendered = render_conversation(conv, tok, config)
         kept_conversations += bool(rendered.views)
         kept_views += len(rendered.views)
@@ -154,8 +192,24 @@ def test_every_kept_view_is_the_templates_own_rendering(template_tokenizer, case
         assert len(rendered.views) + len(rendered.skipped) == len(turns)
         for error in rendered.skipped:
             assert str(error).startswith(f"{conv.source}, message ") and error.reason.startswith("template")
+        dropped += sum(v.reasoning_dropped or v.history_reasoning_dropped for v in rendered.views)
         for view in rendered.views:
-            def text(upto, gen, conv=conv):
+            # The reference: the template's own rendering of the record, without the reasoning the view left
+            # out: its own by choice (--reasoning drop), or earlier turns' where the template drops it anyway.
+            seen = without_reasoning(conv, [view.turn] if view.reasoning_dropped else [])
+            if view.history_reasoning_dropped:
+                seen = without_reasoning(seen, range(view.turn))
+                # The probe's claim, checked on its own: with earlier turns' content emptied (so gpt-oss does
+                # not raise), the prompt is the same with and without their reasoning: the template drops it.
+                emptied = dataclasses.replace(conv, messages=tuple(
+                    dataclasses.replace(m, content="") if m.role == "assistant" and j < view.turn else m
+                    for j, m in enumerate(conv.messages)))
+                assert len({tok.apply_chat_template(c.template_messages(view.turn, **fields.message_options),
+                                                    tools=c.template_tools(), tokenize=False,
+                                                    add_generation_prompt=True)
+                            for c in (emptied, without_reasoning(emptied, range(view.turn)))}) == 1
+
+            def text(upto, gen, conv=seen, fields=fields):
                 return tok.apply_chat_template(
                     conv.template_messages(upto, **fields.message_options),
                     tools=conv.template_tools(), tokenize=False, add_generation_prompt=gen,
@@ -168,15 +222,21 @@ def test_every_kept_view_is_the_templates_own_rendering(template_tokenizer, case
             message = conv.messages[view.turn]
             names = [c.name for c in message.tool_calls]
             assert all(completion.count(n) >= names.count(n) for n in names)  # every tool call is trained
-            if (message.reasoning or "").strip():
+            if (message.reasoning or "").strip() and not view.reasoning_dropped:
                 assert message.reasoning.strip() in completion  # so is reasoning
-            if full.startswith(prompt) and completion == full[len(prompt):]:
+            if fields.generation_always and full.startswith(prompt + completion) and not view.derived:
+                # Command R7B tool_use appends its generation prompt to a finished conversation too: what is not
+                # trained after the turn's EOS is exactly that generation prompt, the end of the turn's prompt
+                assert completion.endswith(tok.eos_token) and prompt.endswith(full[len(prompt + completion):])
+                split_views += 1
+            elif full.startswith(prompt) and completion == full[len(prompt):]:
                 split_views += 1  # exactly what the template renders for this turn
             else:  # a completion format or a derived one: the turn's text is all there
                 assert case.completion_format or view.derived  # else the template's own split
                 assert (message.content or "").strip() in completion
     got = (kept_conversations, kept_views, split_views)
     assert got == case.kept, f"{case.id}: measured {got}, table says {case.kept} ({case.why})"
+    assert dropped == case.dropped, f"{case.id}: {dropped} views leave reasoning out, table says {case.dropped}"
 
 
 @pytest.mark.parametrize("template_tokenizer", TEMPLATES, indirect=True)
@@ -185,6 +245,13 @@ def test_the_probe_hands_fields_over_as_the_template_reads_them(template_tokeniz
     fields = template_fields(template_tokenizer, {})
     assert (fields.arguments, fields.reasoning_key, fields.tool_ids) == FIELDS.get(
         name, ("dict", "reasoning_content", "given"))
+    assert fields.generation_always is False
+    with_tools = template_fields(template_tokenizer, {}, tools=True)  # the same unless named templates pick
+    assert with_tools == (TOOL_USE_FIELDS if name in NAMED else fields)
+
+
+TOOL_USE_FIELDS = TemplateFields(arguments="dict", reasoning_key="tool_plan", generation_always=True)
+"""Command R7B tool_use: reasoning read as ``tool_plan`` on tool-call turns; generation prompt always rendered."""
 
 
 @pytest.mark.parametrize("template_tokenizer", ["gptoss"], indirect=True)
@@ -207,31 +274,60 @@ def test_parallel_prepare_counts_every_kind_of_skip_as_serial_does(template_toke
 def test_templates_check_reports_what_prepare_keeps(template_tokenizer):
     report = template_report(tool_chain_conversations(), template_tokenizer, name="gptoss.jinja")
     assert (report.conversations, report.conversations_kept) == (6, KEPT["gptoss"][0])
-    assert (report.views, report.views_split, report.views_derived, report.views_skipped) == (12, 7, 1, 4)
-    assert report.skipped_by_reason == {"template error": 4}
+    assert (report.views, report.views_split, report.views_derived, report.views_skipped) == (12, 8, 1, 3)
+    assert (report.views_history_reasoning_dropped, report.views_reasoning_dropped) == (1, 0)
+    assert report.skipped_by_reason == {"template error": 3}
     assert report.first_skip["template error"].startswith("tool-chain sample record 2, message 1: the chat "
                                                           "template raised at line 290")
     # turns with reasoning, kept: tool calls (record 1 turn 1 kept; record 2 turns 1, 3 raise),
     # answers after a tool result (record 5 kept; record 1 kept with the derived format: the template
     # drops the call's analysis once this answer follows; record 2 raises),
-    # answers after a user message (records 0, 3, 4 kept; record 2 turn 7 raises)
+    # answers after a user message (records 0, 3, 4 kept; record 2 turn 8 kept, message 1's reasoning,
+    # which the template drops after a final answer, left out of its history)
     assert report.reasoning == {"tool-call turn": [1, 3], "answer after a tool result": [2, 3],
-                                "answer after a user message": [3, 4]}
+                                "answer after a user message": [4, 4]}
     _, stats = prepare(tool_chain_conversations(), template_tokenizer)
-    assert (stats.views_trained, stats.views_derived) == (report.views_split + 1, 1)
+    assert (stats.views_trained, stats.views_derived, stats.views_history_reasoning_dropped) == (9, 1, 1)
     assert (f"template: {report.views_split} of {report.views} views split cleanly, 1 use the generation "
-            "format derived from the template, 4 skipped") in stats.summary()
+            "format derived from the template, 3 skipped") in stats.summary()
+    assert ("reasoning left out: 0 views by --reasoning drop, 1 views where the template drops an earlier "
+            "turn's reasoning") in stats.summary()
 
 
 @pytest.mark.parametrize("template_tokenizer", ["gptoss"], indirect=True)
 def test_a_turn_skipped_for_an_earlier_message_names_that_message(template_tokenizer):
-    """gpt-oss raises for record 2's tool-call turn (content and thinking both set); its later turns are
-    skipped because their prompts hold it, and say so: changing message 1 is what keeps them."""
+    """gpt-oss raises for record 2's tool-call turn (content and thinking both set); the later turns whose
+    prompts would show its analysis are skipped and say so: changing message 1 is what keeps them. Turn 8
+    follows a final answer, where the template drops that analysis (probed): kept, without it."""
     rendered = render_conversation(tool_chain_conversations()[2], template_tokenizer)
     first, *later = [str(e) for e in rendered.skipped]
     assert "message 1: the chat template raised at line 290 rendering the conversation: " in first
-    assert [e.split(": the chat")[0].rsplit(" ", 1)[1] for e in later] == ["4", "6", "8"]
+    assert [e.split(": the chat")[0].rsplit(" ", 1)[1] for e in later] == ["4", "6"]
     assert all("rendering the prompt, which holds message 1, the first the template raises for" in e for e in later)
+    (view,) = rendered.views
+    assert (view.turn, view.history_reasoning_dropped, view.reasoning_dropped) == (8, True, False)
+
+
+@pytest.mark.parametrize("template_tokenizer", ["gptoss"], indirect=True)
+def test_history_reasoning_is_left_out_only_where_the_probe_shows_the_template_drops_it(template_tokenizer,
+                                                                                      monkeypatch):
+    """At turn 6 (no final answer yet in its prompt) gpt-oss renders the earlier analyses: nothing is left
+    out, the skip stays. At turn 8 all three are dropped by the template. Without the probe's answer
+    (mutation), turn 8 is a counted skip again."""
+    import onepass.render as render_module
+    from onepass.dropped_reasoning import unrendered_history_reasoning
+
+    conv = tool_chain_conversations()[2]
+    options = template_fields(template_tokenizer, {}).message_options
+
+    def probe(k):
+        render = render_module._prober(template_tokenizer, conv, {}, k)
+        return unrendered_history_reasoning(render, conv, k, head=0, options=options)
+
+    assert (probe(6), probe(8)) == ([], [1, 4, 6])
+    monkeypatch.setattr(render_module, "unrendered_history_reasoning", lambda *a, **k: [])
+    rendered = render_conversation(conv, template_tokenizer)
+    assert rendered.views == () and len(rendered.skipped) == 4
 
 
 @pytest.mark.parametrize("template_tokenizer", ["gptoss"], indirect=True)
@@ -272,3 +368,39 @@ def test_eval_prompts_use_the_fields_the_template_expects(template_tokenizer):
         if calls:
             last = len(conv.messages)
             assert json.dumps(calls[0].tool_calls[0].arguments, ensure_ascii=False) in prompt(conv, last)
+
+
+@pytest.mark.parametrize("template_tokenizer", ["deepseekv3"], indirect=True)
+def test_eval_messages_use_the_fields_the_template_expects(template_tokenizer):
+    """`onepass eval` against a chat endpoint sends messages with the probed fields, as render hands them
+    to the template: DeepSeek-V3 concatenates tool-call arguments, so they go as a JSON string."""
+    from onepass.evaluate.run import evaluate, template_message_options, template_prompt
+
+    sent = []
+
+    class Chat:  # a MessagesGenerator
+        def generate_messages(self, conversations):
+            sent.extend(conversations)
+            return ["The answer is 1."] * len(conversations)
+
+    conv = parse_record(RECORDS[1])
+    options = template_message_options(template_tokenizer)
+    assert options["arguments_json"] is True
+    evaluate([conv], Chat(), template_prompt(template_tokenizer), message_options=options)
+    calls = [c for msgs in sent for m in msgs for c in m.get("tool_calls", ())]
+    assert calls and all(isinstance(c["function"]["arguments"], str) for c in calls)
+    assert sent[-1] == conv.template_messages(len(conv.messages) - 1, **options)
+
+
+@pytest.mark.parametrize("template_tokenizer", ["cohere2_tool_use"], indirect=True)
+def test_named_templates_are_picked_per_conversation_as_transformers_does(template_tokenizer):
+    """Command R7B's dict of templates: a conversation with tools renders with 'tool_use' (tool_plan kept on its
+    tool-call turns, turns ending at EOS), one without with 'default'; templates check says both."""
+    report = template_report(tool_chain_conversations(), template_tokenizer, name="r7b")
+    assert "with tools, the tokenizer's 'tool_use' template: arguments dict, reasoning field tool_plan" in report.lines()[0]
+    assert report.reasoning["tool-call turn"] == [3, 3]
+    conv = tool_chain_conversations()[1]  # has tools
+    (view, *_) = render_conversation(conv, template_tokenizer).views
+    completion = template_tokenizer.decode(view.tokens[view.num_prompt:].tolist())
+    assert completion.startswith("<|START_THINKING|>Need the tool.<|END_THINKING|><|START_ACTION|>")
+    assert completion.endswith("]<|END_ACTION|><|END_OF_TURN_TOKEN|>")  # the next header is not trained

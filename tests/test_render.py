@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from onepass.conversation import Conversation, Message, ToolCall, parse_record
+from onepass.errors import ConversationError, UsageError
 from onepass.prepare import PrepareConfig, prepare
 from onepass.render import (
     RenderConfig,
@@ -285,3 +286,43 @@ def test_named_formats_train_tool_calls_as_the_template_renders_them(qwen3_token
     full = qwen3_tokenizer.apply_chat_template(CHAIN.template_messages(2), tokenize=False)
     calls = full[full.index("<tool_call>"):]  # the template's own "<tool_call>...<|im_end|>\n" (no "\n": no content)
     assert completion == "call the tool\n</think>\n\n" + calls
+
+
+def test_skips_number_messages_as_record_errors_do(with_template):
+    """One numbering (Conversation.at): a leading system message is message 0 in both a parse error and a skip."""
+    tok = with_template(RAISING_TEMPLATE)
+    system = {"role": "system", "content": "s"}
+    with pytest.raises(ConversationError, match="x.jsonl record 5, message 2: tool message without"):
+        parse_record({"messages": [system, {"role": "user", "content": "q"}, {"role": "tool", "content": "t"}]},
+                     source="x.jsonl", index=5)
+    conv = parse_record({"messages": [system, {"role": "user", "content": "q"},
+                                      {"role": "assistant", "content": "boom"}]}, source="x.jsonl", index=5)
+    (error,) = render_conversation(conv, tok).skipped
+    assert str(error).startswith("x.jsonl record 5, message 2: ") and conv.at(1) == "x.jsonl record 5, message 2"
+    field = parse_record({"system": "s", "messages": [{"role": "user", "content": "q"},
+                                                      {"role": "assistant", "content": "boom"}]})
+    assert field.at(1).endswith("message 1")  # a system *field* is not in the record's list
+
+
+def test_reasoning_drop_trains_a_turn_the_template_never_renders_reasoning_for(with_template):
+    """--reasoning drop: the turn as the non-thinking model generates it (the template's own rendering without
+    the reasoning), counted; without the option, the skip names the option; a thinking template is unchanged."""
+    tok = with_template(NO_REASONING_TEMPLATE)
+    conv = parse_record({"messages": [{"role": "user", "content": "q"},
+                                      {"role": "assistant", "content": "a", "reasoning": "why"}]})
+    with pytest.raises(RenderError, match=r"--reasoning drop"):
+        render_views(conv, tok)
+    (view,) = render_views(conv, tok, RenderConfig(reasoning="drop"))
+    assert view.reasoning_dropped and tok.decode(view.tokens[view.num_prompt:]) == "a<|im_end|>\n"
+    _, stats = prepare([conv], tok, PrepareConfig(render=RenderConfig(reasoning="drop")))
+    assert (stats.views_trained, stats.views_reasoning_dropped, stats.reasoning) == (1, 1, "drop")
+    assert "reasoning left out: 1 views by --reasoning drop" in stats.summary()
+    with pytest.raises(UsageError, match="--reasoning must be one of keep, drop"):
+        RenderConfig(reasoning="strip")
+
+
+def test_reasoning_drop_changes_nothing_where_the_template_renders_reasoning(qwen3_tokenizer):
+    keep = render_views(CHAIN, qwen3_tokenizer)
+    drop = render_views(CHAIN, qwen3_tokenizer, RenderConfig(reasoning="drop"))
+    assert [v.tokens.tolist() for v in keep] == [v.tokens.tolist() for v in drop]
+    assert not any(v.reasoning_dropped for v in drop)

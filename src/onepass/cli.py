@@ -34,10 +34,12 @@ from onepass import export as export_cli
 from onepass import template_report as templates_cli
 from onepass.bench import cli as bench_cli
 from onepass.data import cli as data_cli
+from onepass.dropped_reasoning import REASONING_CHOICES
 from onepass.evaluate import cli as eval_cli
 from onepass.errors import UsageError, run_main
 from onepass.hub import hub_offline, offline_reason
-from onepass.render import COMPLETION_FORMATS, RenderConfig, template_kwargs
+from onepass.key_value import template_kwargs
+from onepass.render import COMPLETION_FORMATS, RenderConfig
 from onepass.schedule import WEIGHTINGS, parse_schedule
 from onepass.train import cli as train_cli
 
@@ -79,6 +81,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                         + ", ".join(COMPLETION_FORMATS) + " or a format string")
     p.add_argument("--template-kwarg", action="append", default=[], metavar="KEY=VALUE",
                    help="extra chat template variable, e.g. enable_thinking=true (repeatable)")
+    p.add_argument("--reasoning", choices=REASONING_CHOICES, default="keep",
+                   help="keep (default): a turn whose reasoning the template never renders is skipped; drop: "
+                        "train it without its reasoning, as a non-thinking model generates it (counted)")
     p.add_argument("--limit", type=int, help="use only the first N valid conversations")
     p.add_argument("--strict", action="store_true", help="stop at the first bad record instead of skipping it")
 
@@ -147,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _render_config(args: argparse.Namespace) -> RenderConfig:
     return RenderConfig(template_kwargs=template_kwargs(args.template_kwarg),
-                        completion_format=args.completion_format)
+                        completion_format=args.completion_format, reasoning=args.reasoning)
 
 
 def _read(args: argparse.Namespace):

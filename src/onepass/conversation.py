@@ -40,17 +40,8 @@ from onepass.records import iter_records
 ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: as system, role kept
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 _BAD_TEXT = re.compile("[\x00\ud800-\udfff]")  # NUL or a lone surrogate (a pair is one code point in str)
-SHAREGPT_ROLES = {
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "model": "assistant",
-    "system": "system",
-    "tool": "tool",
-    "function": "tool",
-    "observation": "tool",
-}
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "model": "assistant", "system": "system", "tool": "tool", "function": "tool", "observation": "tool"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -116,6 +107,12 @@ class Conversation:
     tools: tuple[dict[str, Any], ...] = ()
     source: str = "<memory>"
     id: str | None = None
+    first_message: int = 0  # the record's own number of messages[0]: 1 after a system message in the list
+
+    def at(self, k: int) -> str:
+        """``SOURCE, message N``: message ``k`` numbered as in the record, as parse errors number it
+        (the one numbering of every error and skip naming a message)."""
+        return f"{self.source}, message {k + self.first_message}"
 
     @property
     def num_assistant_turns(self) -> int:
@@ -412,7 +409,7 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
         system = None  # an empty system field (common in parquet columns) means none
     return Conversation(messages=messages, system=system, system_role=system_role,
                         tools=tuple(dict(t) for t in tools), source=f"{source} {unit} {index}",
-                        id=str(rid) if rid is not None else None)
+                        id=str(rid) if rid is not None else None, first_message=offset)
 
 
 @dataclass(kw_only=True, slots=True)

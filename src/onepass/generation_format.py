@@ -215,3 +215,15 @@ def completion_fields(render: Render, history: list[dict[str, Any]], turn: dict[
     if without and with_calls.endswith(without):
         return with_calls[:-len(without)], without
     return with_calls, ""
+
+
+def turn_end(completion: str, eos: str) -> str | None:
+    """``completion`` cut after the turn's end-of-turn token ``eos`` (the tokenizer's EOS), or None when it
+    is not in it. For a template that appends its generation prompt to a finished conversation too
+    (Command R7B ``tool_use``: ``...<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>``):
+    the next turn's header follows the turn, and the model, stopping at its EOS, never generates it.
+
+    >>> turn_end("<a>x<eot><sot><bot>", "<eot>")
+    '<a>x<eot>'
+    """
+    return completion[:completion.rindex(eos) + len(eos)] if eos and eos in completion else None

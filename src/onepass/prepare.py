@@ -55,7 +55,7 @@ class PrepareConfig:
 
 INVALID = "invalid record"  # the skip reason of a record that is not a conversation
 ADDITIVE = ("conversations", "conversations_used", "views", "views_trained", "views_skipped",
-            "views_derived", "boundary_merge_views", "n_pass_tokens", "one_pass_tokens", "scheduled_tokens", "target_tokens")
+            "views_derived", "views_reasoning_dropped", "views_history_reasoning_dropped", "boundary_merge_views", "n_pass_tokens", "one_pass_tokens", "scheduled_tokens", "target_tokens")
 
 
 @dataclass(kw_only=True)
@@ -67,12 +67,15 @@ class PrepareStats:
     max_tokens: int | None = None
     packed: bool = False
     completion_format: str | None = None  # --completion-format: views built from it, none split by the template
+    reasoning: str = "keep"  # --reasoning: "drop" trains a turn whose reasoning the template never renders without it
     conversations: int = 0  # read and valid
     conversations_used: int = 0  # at least one view trained
     views: int = 0
     views_trained: int = 0
     views_skipped: int = 0
     views_derived: int = 0  # rendered with the generation format derived from the template (not split by it)
+    views_reasoning_dropped: int = 0  # trained without their reasoning by choice (--reasoning drop)
+    views_history_reasoning_dropped: int = 0  # an earlier turn's reasoning the template drops there left out (probed)
     boundary_merge_views: int = 0  # prompt|completion tokenized apart differs from tokenized whole
     n_pass_tokens: int = 0  # sum of view lengths
     one_pass_tokens: int = 0  # one tree per conversation
@@ -100,7 +103,7 @@ class PrepareStats:
         """Record what the counts are of (schedule, weighting, budget, packing)."""
         self.schedule, self.weighting = str(parse_schedule(config.schedule)), config.weighting
         self.max_tokens, self.packed = config.max_tokens, config.pack
-        self.completion_format = config.render.completion_format
+        self.completion_format, self.reasoning = config.render.completion_format, config.render.reasoning
         return self
 
     def add(self, counts: dict[str, int], skips: Iterable[tuple[str, str]]) -> None:
@@ -128,6 +131,10 @@ class PrepareStats:
             lines.append(f"template: {self.views - by_template - self.views_derived} of {self.views} views {how}, "
                          f"{self.views_derived} use the generation format derived from the template, "
                          f"{by_template} skipped by the template (onepass templates check: why)")
+        if self.views_reasoning_dropped or self.views_history_reasoning_dropped:
+            lines.append(f"reasoning left out: {self.views_reasoning_dropped} views by --reasoning drop, "
+                         f"{self.views_history_reasoning_dropped} views where the template drops an earlier "
+                         "turn's reasoning")
         if self.boundary_merge_views:
             lines.append(f"{self.boundary_merge_views} views tokenize differently when prompt and "
                          "completion are joined (a BPE merge across the boundary); trained as at inference")
@@ -176,6 +183,8 @@ def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConf
     stats.views += len(rendered.views) + len(rendered.skipped)
     stats.views_skipped += len(rendered.skipped)
     stats.views_derived += sum(v.derived for v in rendered.views)
+    stats.views_reasoning_dropped += sum(v.reasoning_dropped for v in rendered.views)
+    stats.views_history_reasoning_dropped += sum(v.history_reasoning_dropped for v in rendered.views)
     views = list(rendered.views)
     if not views:
         return []

@@ -18,19 +18,15 @@ For assistant message k::
                  (else: RenderError naming the turn and what failed)
     tokens_k     = tokenize(prompt_k) + tokenize(completion_k)   (each on its own)
 
-Tokenizing the two parts on their own is what happens at inference (the prompt
-is encoded, then the model emits tokens); it differs from tokenizing ``full_k``
-when a BPE merge crosses the boundary. Such views are counted
-(``View.boundary_merge``, found on a window around the boundary: :func:`merges_across`).
-The prompts of one conversation repeat its history: :mod:`onepass.encode` encodes each piece
-between added tokens once, giving the same ids as encoding every text whole.
+Tokenizing the two parts on their own is what happens at inference (the prompt is encoded, then the model
+emits tokens); it differs from tokenizing ``full_k`` when a BPE merge crosses the boundary. Such views are
+counted (``View.boundary_merge``, found on a window around the boundary: :func:`merges_across`). The prompts
+of one conversation repeat its history: :mod:`onepass.encode` encodes each piece between added tokens once.
 
-A turn that cannot be split, or for which the template raises, is skipped on
-its own (:func:`render_conversation` returns it with its error, naming record,
-message and template line); the conversation's other views are well defined
-and kept. Message fields are handed over as the template reads them (tool-call
-arguments as a dict or a JSON string, reasoning under ``reasoning_content`` /
-``thinking`` / ``reasoning``): :mod:`onepass.template_probe`.
+A turn that cannot be split, or for which the template raises, is skipped on its own (:func:`render_conversation`
+returns it with its error, naming record, message and template line); the other views are kept. Message fields
+go over as the template reads them (:mod:`onepass.template_probe`); reasoning is left out only where
+:mod:`onepass.dropped_reasoning` says (``--reasoning drop``, or an earlier turn's the template drops anyway).
 
 Worked example (Qwen3, reasoning "r", answer "a")::
 
@@ -51,9 +47,20 @@ from typing import Any
 import numpy as np
 
 from onepass.conversation import Conversation, Message
+from onepass.dropped_reasoning import (
+    REASONING_CHOICES,
+    unrendered_history_reasoning,
+    without_reasoning,
+)
 from onepass.encode import encode_texts, split_between
 from onepass.errors import DataError, UsageError
-from onepass.generation_format import Render, completion_fields, derive_completion
+from onepass.generation_format import (
+    Render,
+    completion_fields,
+    derive_completion,
+    turn_end,
+)
+from onepass.key_value import parse_key_value  # noqa: F401  (re-exported: its home before)
 from onepass.template_probe import (
     TemplateFields,
     is_template_error,
@@ -83,6 +90,10 @@ class RenderError(DataError):
     reason = "template"
 
 
+class ReasoningNotRendered(RenderError):
+    """The template does not render the turn's reasoning (``--reasoning drop`` trains the turn without it)."""
+
+
 class TemplateRaised(RenderError):
     """The chat template itself raised (``raise_exception``, a jinja error) for one turn."""
 
@@ -99,6 +110,13 @@ class View:
     source: str = "<memory>"
     boundary_merge: bool = False  # tokenizing prompt+completion as one text gives other tokens
     derived: bool = False  # completion from the derived generation format (the template cannot split it)
+    reasoning_dropped: bool = False  # its own reasoning left out by choice (--reasoning drop)
+    history_reasoning_dropped: bool = False  # an earlier message's reasoning the template drops here left out
+    first_message: int = 0  # Conversation.first_message: errors number the turn as the record does
+
+    @property
+    def at(self) -> str:  # SOURCE, message N: as Conversation.at names this turn
+        return f"{self.source}, message {self.turn + self.first_message}"
 
     @property
     def num_completion(self) -> int:
@@ -114,27 +132,11 @@ class RenderConfig:
 
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     completion_format: str | None = None  # a name from COMPLETION_FORMATS or a format string
+    reasoning: str = "keep"  # or "drop": a turn whose reasoning the template never renders is trained without it
 
-
-def parse_key_value(text: str, *, flag: str = "--template-kwarg") -> tuple[str, Any]:
-    """``KEY=VALUE`` -> ``(KEY, VALUE)``; VALUE is parsed as JSON when it can be (true, 3, "x"),
-    else kept as text. Every ``KEY=VALUE`` flag of every subcommand (``--template-kwarg``) reads through this.
-
-    >>> parse_key_value("enable_thinking=false"), parse_key_value("name=qwen 3")
-    (('enable_thinking', False), ('name', 'qwen 3'))
-    """
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise UsageError(f"{flag} expects KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
-
-
-def template_kwargs(pairs: Sequence[str]) -> dict[str, Any]:
-    """``--template-kwarg KEY=VALUE`` pairs (:func:`parse_key_value`) as a dict."""
-    return dict(parse_key_value(pair) for pair in pairs)
+    def __post_init__(self) -> None:
+        if self.reasoning not in REASONING_CHOICES:
+            raise UsageError(f"--reasoning must be one of {', '.join(REASONING_CHOICES)}, got {self.reasoning!r}")
 
 
 def resolve_completion_format(spec: str | None) -> str | None:
@@ -195,8 +197,8 @@ def _apply(tokenizer: Any, conv: Conversation, messages: list[dict[str, Any]], *
         what = "prompt" if generation else "conversation"
         culprit = _first_raising(tokenizer, conv, messages, kwargs, str(e)) if blame else None
         if culprit is not None and culprit >= 0 and culprit != turn:
-            what += f", which holds message {culprit}, the first the template raises for"
-        raise TemplateRaised(f"{conv.source}, message {turn}: the chat template raised{at} rendering "
+            what += f", which holds {conv.at(culprit).rsplit(', ', 1)[1]}, the first the template raises for"
+        raise TemplateRaised(f"{conv.at(turn)}: the chat template raised{at} rendering "
                              f"the {what}: {type(e).__name__}: {e}") from None
     if not isinstance(text, str):  # transformers may return a list for batched input
         raise RenderError(f"{conv.source}: the chat template returned {type(text).__name__}, not text")
@@ -210,7 +212,7 @@ def render_prompt(conv: Conversation, tokenizer: Any, upto: int,
     exactly as training renders a view's prompt. Inference-time callers (``onepass eval``) use it."""
     kwargs = dict(template_kwargs or {})
     return _render(tokenizer, conv, upto, generation=True, kwargs=kwargs,
-                   fields=template_fields(tokenizer, kwargs), turn=upto)
+                   fields=template_fields(tokenizer, kwargs, tools=bool(conv.tools)), turn=upto)
 
 
 def _prober(tokenizer: Any, conv: Conversation, kwargs: Mapping[str, Any], turn: int) -> Render:
@@ -228,20 +230,20 @@ def _formatted(conv: Conversation, k: int, tokenizer: Any, fmt: str, kwargs: Map
     """The completion from a ``--completion-format``, tool calls and end of turn as the template renders them."""
     message = conv.messages[k]
     if message.tool_calls and "{tool_calls}" not in fmt:
-        raise RenderError(f"{conv.source}, message {k}: the completion format has no {{tool_calls}} "
+        raise RenderError(f"{conv.at(k)}: the completion format has no {{tool_calls}} "
                           "field, so this turn's tool calls would never be trained")
     messages = conv.template_messages(k + 1, **fields.message_options)
     read = completion_fields(_prober(tokenizer, conv, kwargs, k), messages[:-1], messages[-1],
                              reasoning_key=fields.reasoning_key)
     if read is None and message.tool_calls:
-        raise RenderError(f"{conv.source}, message {k}: the chat template does not show how it renders this "
+        raise RenderError(f"{conv.at(k)}: the chat template does not show how it renders this "
                           "turn's tool calls, so the completion format cannot fill {tool_calls}")
     calls, end = read if read is not None else (None, eos)
     names = [c.name for c in message.tool_calls]
     missing = [n for n in names if (calls or "").count(n) < names.count(n)]
     if missing and read is not None:
         raise RenderError(
-            f"{conv.source}, message {k}: the chat template does not render this turn's tool call {missing[0]!r}, "
+            f"{conv.at(k)}: the chat template does not render this turn's tool call {missing[0]!r}, "
             "so the completion format cannot fill {tool_calls}. A template that renders tool calls only when "
             "the content is None (DeepSeek-R1-Distill) never does: transformers drops None-valued keys from "
             "every message before rendering, at inference too; such a turn cannot be trained with this template")
@@ -258,15 +260,25 @@ def _derived(conv: Conversation, k: int, tokenizer: Any, kwargs: Mapping[str, An
                                content=message.content, tool_names=[c.name for c in message.tool_calls])
     if result.text is None:
         raise RenderError(
-            f"{conv.source}, message {k}: the chat template's rendering of the conversation up to this "
+            f"{conv.at(k)}: the chat template's rendering of the conversation up to this "
             "assistant turn does not start with its own generation prompt, and no generation format could "
             f"be derived from the template ({result.problem}): "
             + (result.hint or "see onepass templates check"))
     return result.text
 
 
-def _turn_text(conv: Conversation, k: int, tokenizer: Any, fmt: str | None, kwargs: Mapping[str, Any],
-               fields: TemplateFields, eos: str) -> tuple[str, str, bool]:
+def _turn_end(conv: Conversation, k: int, completion: str, fields: TemplateFields, eos: str) -> str:
+    """:func:`onepass.generation_format.turn_end`, or the RenderError saying why the end is not found."""
+    end = turn_end(completion, eos) if fields.generation_always else completion
+    if end is None:
+        raise RenderError(f"{conv.at(k)}: the chat template appends its generation prompt even to a finished "
+                          f"conversation, and the tokenizer's EOS token ({eos!r}) is not in this turn's rendering, "
+                          "so where the turn ends cannot be read off")
+    return end
+
+
+def _split_turn(conv: Conversation, k: int, tokenizer: Any, fmt: str | None, kwargs: Mapping[str, Any],
+                fields: TemplateFields, eos: str) -> tuple[str, str, bool]:
     """``(prompt, completion, derived)`` of assistant message ``k``, or RenderError naming the turn."""
     message = conv.messages[k]
     prompt = _render(tokenizer, conv, k, generation=True, kwargs=kwargs, fields=fields, turn=k)
@@ -277,7 +289,7 @@ def _turn_text(conv: Conversation, k: int, tokenizer: Any, fmt: str | None, kwar
         full = _render(tokenizer, conv, k + 1, generation=False, kwargs=kwargs, fields=fields, turn=k)
         reasoning = (message.reasoning or "").strip()
         if full.startswith(prompt) and reasoning in full[len(prompt):]:
-            completion = full[len(prompt):]
+            completion = _turn_end(conv, k, full[len(prompt):], fields, eos)
         else:  # not a prefix, or the split drops the turn's reasoning (Kimi-K2 on a final answer)
             try:
                 completion, derived = _derived(conv, k, tokenizer, kwargs, fields, prompt), True
@@ -286,34 +298,68 @@ def _turn_text(conv: Conversation, k: int, tokenizer: Any, fmt: str | None, kwar
                     raise
                 completion = full[len(prompt):]  # the reasoning check below says why it is skipped
         if reasoning and reasoning not in completion:
-            raise RenderError(
-                f"{conv.source}, message {k}: the chat template does not render this turn's reasoning "
-                f"(looked for under {fields.reasoning_key!r}), so it would never be trained. Train it without "
-                "reasoning, use a thinking template, or pass a completion format (--completion-format "
-                "think-tags if the model writes <think> tags)")
+            raise ReasoningNotRendered(
+                f"{conv.at(k)}: the chat template does not render this turn's reasoning "
+                f"(looked for under {fields.reasoning_key!r}), so it would never be trained. Train the turn "
+                "without it as a non-thinking model generates it (--reasoning drop), use a thinking template, "
+                "or pass a completion format (--completion-format think-tags if the model writes <think> tags)")
         calls = Counter(c.name for c in message.tool_calls)
         missing = [name for name, n in calls.items() if completion.count(name) < n]
         if missing:
-            raise RenderError(f"{conv.source}, message {k}: the chat template does not render this turn's "
+            raise RenderError(f"{conv.at(k)}: the chat template does not render this turn's "
                               f"{calls[missing[0]]} tool call(s) {missing[0]!r} (found {completion.count(missing[0])}), "
                               "so they would never be trained")
     if not completion:
-        raise RenderError(f"{conv.source}, message {k}: the completion is empty")
+        raise RenderError(f"{conv.at(k)}: the completion is empty")
     return prompt, completion, derived
 
 
+@dataclass(frozen=True, slots=True)
+class _Text:
+    """One turn's texts, and how they were obtained (the View's flags)."""
+
+    prompt: str
+    completion: str
+    derived: bool = False
+    reasoning_dropped: bool = False
+    history_reasoning_dropped: bool = False
+
+
+def _turn_text(conv: Conversation, k: int, tokenizer: Any, fmt: str | None, kwargs: Mapping[str, Any],
+               fields: TemplateFields, eos: str, reasoning: str) -> _Text:
+    """The texts of assistant message ``k``, or the RenderError naming the turn. Reasoning is left out
+    only where :mod:`onepass.dropped_reasoning` says so (by choice, or where the template drops it)."""
+    split = (tokenizer, fmt, kwargs, fields, eos)
+    try:
+        return _Text(*_split_turn(conv, k, *split))
+    except ReasoningNotRendered:
+        if reasoning != "drop":
+            raise
+        return _Text(*_split_turn(without_reasoning(conv, [k]), k, *split), reasoning_dropped=True)
+    except TemplateRaised as error:  # an earlier message the template raises for, in a position where it drops
+        head = len(conv.template_messages(0))  # its reasoning anyway (gpt-oss): probed, never assumed
+        dropped = unrendered_history_reasoning(_prober(tokenizer, conv, kwargs, k), conv, k, head=head,
+                                               options=fields.message_options)
+        if not dropped:
+            raise
+        try:
+            return _Text(*_split_turn(without_reasoning(conv, dropped), k, *split), history_reasoning_dropped=True)
+        except RenderError:
+            raise error from None
+
+
 def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig
-                ) -> Iterator[tuple[int, str, str, bool] | tuple[int, RenderError]]:
-    """Per assistant turn: ``(turn, prompt, completion, derived)``, or ``(turn, the RenderError that skips it)``."""
+                ) -> Iterator[tuple[int, _Text] | tuple[int, RenderError]]:
+    """Per assistant turn: ``(turn, its texts)``, or ``(turn, the RenderError that skips it)``."""
     fmt = resolve_completion_format(config.completion_format)
     kwargs = dict(config.template_kwargs)
     eos = getattr(tokenizer, "eos_token", None) or ""
-    fields = template_fields(tokenizer, kwargs)
+    fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
     for k, message in enumerate(conv.messages):
         if message.role != "assistant":
             continue
         try:
-            yield (k, *_turn_text(conv, k, tokenizer, fmt, kwargs, fields, eos))
+            yield k, _turn_text(conv, k, tokenizer, fmt, kwargs, fields, eos, config.reasoning)
         except RenderError as e:
             yield k, e
 
@@ -323,16 +369,11 @@ def render_texts(conv: Conversation, tokenizer: Any, config: RenderConfig = Rend
     """``(turn, prompt_text, completion_text)`` for every assistant message of ``conv``;
     raises the first turn's RenderError (:func:`render_conversation` skips that turn instead)."""
     out = []
-    for item in _iter_texts(conv, tokenizer, config):
-        if isinstance(item[1], RenderError):
-            raise item[1]
-        out.append(item[:3])
+    for turn, text in _iter_texts(conv, tokenizer, config):
+        if isinstance(text, RenderError):
+            raise text
+        out.append((turn, text.prompt, text.completion))
     return out
-
-
-def _encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
-    """Each text's ids; pieces shared between texts encoded once (:mod:`onepass.encode`)."""
-    return encode_texts(tokenizer, texts)
 
 
 BOUNDARY_WINDOW = 64  # characters each side of the prompt|completion boundary
@@ -349,7 +390,7 @@ def merges_across(tokenizer: Any, pairs: Sequence[tuple[str, str]], window: int 
     """
     unknown = [i for i, (p, c) in enumerate(pairs) if not split_between(tokenizer, p, c)]
     texts = [t for i in unknown for p, c in [pairs[i]] for t in (p[-window:] + c[:window], p[-window:], c[:window])]
-    ids = _encode(tokenizer, texts) if texts else []
+    ids = encode_texts(tokenizer, texts) if texts else []
     merged = [False] * len(pairs)
     for j, i in enumerate(unknown):
         merged[i] = ids[3 * j] != ids[3 * j + 1] + ids[3 * j + 2]
@@ -368,25 +409,27 @@ def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig
                         ) -> Rendered:
     """Every view of ``conv`` that renders; a turn that does not is skipped on its own, with its
     error, and the conversation's other views are kept (a view depends on its own turn only)."""
-    texts: list[tuple[int, str, str, bool]] = []
+    texts: list[tuple[int, _Text]] = []
     skipped: list[tuple[int, RenderError]] = []
     for item in _iter_texts(conv, tokenizer, config):
         (skipped if isinstance(item[1], RenderError) else texts).append(item)  # type: ignore[arg-type]
     if not texts:
         return Rendered(views=(), skipped=tuple(e for _, e in skipped))
-    encoded = _encode(tokenizer, [p for _, p, _, _ in texts] + [c for _, _, c, _ in texts])
+    encoded = encode_texts(tokenizer, [t.prompt for _, t in texts] + [t.completion for _, t in texts])
     prompts, completions = encoded[:len(texts)], encoded[len(texts):]
-    merged = merges_across(tokenizer, [(p, c) for _, p, c, _ in texts])
+    merged = merges_across(tokenizer, [(t.prompt, t.completion) for _, t in texts])
     views = []
-    for (turn, _, _, derived), p, c, merge in zip(texts, prompts, completions, merged):
+    for (turn, text), p, c, merge in zip(texts, prompts, completions, merged):
         if not c:
-            skipped.append((turn, RenderError(f"{conv.source}, message {turn}: the completion has no tokens")))
+            skipped.append((turn, RenderError(f"{conv.at(turn)}: the completion has no tokens")))
         elif not p:
-            skipped.append((turn, RenderError(f"{conv.source}, message {turn}: the prompt has no tokens, so "
+            skipped.append((turn, RenderError(f"{conv.at(turn)}: the prompt has no tokens, so "
                                               "the first completion token has nothing to be predicted from")))
         else:
             views.append(View(tokens=np.asarray(p + c, dtype=np.int64), num_prompt=len(p), turn=turn,
-                              source=conv.source, boundary_merge=merge, derived=derived))
+                              source=conv.source, boundary_merge=merge, derived=text.derived,
+                              reasoning_dropped=text.reasoning_dropped, first_message=conv.first_message,
+                              history_reasoning_dropped=text.history_reasoning_dropped))
     skipped.sort(key=lambda pair: pair[0])
     return Rendered(views=tuple(views), skipped=tuple(e for _, e in skipped))
 

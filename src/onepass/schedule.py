@@ -95,7 +95,7 @@ def schedule_views(views: Sequence[View], schedule: Schedule, *, weighting: str 
     kept = []
     for i, v in enumerate(views):
         if max_tokens is not None and len(v) > max_tokens:
-            out.skipped.append(f"{v.source}, message {v.turn}: view of {len(v)} tokens is longer "
+            out.skipped.append(f"{v.at}: view of {len(v)} tokens is longer "
                                f"than max_tokens={max_tokens}")
             out.num_views_skipped += 1
         else:

@@ -5,7 +5,11 @@ as a JSON string, most templates (Qwen3, gpt-oss, GLM) want a dict and render
 it with ``tojson`` or item by item, and the DeepSeek-V3 / Kimi-K2 templates
 concatenate it as a string (a dict makes them raise ``can only concatenate
 str (not "dict")``). Reasoning is read from ``reasoning_content`` (Qwen3,
-DeepSeek, GLM), ``thinking`` (gpt-oss, LFM2.5) or ``reasoning``. A record's
+DeepSeek, GLM), ``thinking`` (gpt-oss, LFM2.5), ``reasoning``, or ``tool_plan`` (Command R7B's
+``tool_use`` template, on tool-call turns only: probed on a tool-call turn when no answer renders it).
+A tokenizer with several named templates (a dict ``chat_template``: Command R7B's ``default``,
+``tool_use``, ``rag``) renders with ``tool_use`` when tools are passed, as transformers picks it
+(``get_chat_template``): the fields are probed per choice (:func:`template_fields` ``tools``). A record's
 ``developer`` prompt goes over as ``developer`` where the template renders that
 role (gpt-oss), else as ``system`` (Qwen3 would drop it silently). The Kimi-K2 templates render
 a tool call by its id alone, so an OpenAI id (``call_0``) hides the tool's name: there the ids are
@@ -20,11 +24,13 @@ Worked example (a template that concatenates arguments as text)::
     >>> class Tok:  # stands in for a HF tokenizer
     ...     chat_template = ("{% for m in messages %}{% for c in m.tool_calls or [] %}<call>"
     ...                      "{{ c.function.name + ' ' + c.function.arguments }}</call>{% endfor %}"
-    ...                      "{{ m.thinking }}{{ m.content }}{% endfor %}")
+    ...                      "{{ m.thinking }}{{ m.content }}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}")
     ...     def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=False):
-    ...         return jinja2.Environment().from_string(self.chat_template).render(messages=messages)
-    >>> template_fields(Tok(), {})
-    TemplateFields(arguments='json', reasoning_key='thinking', developer=True, tool_ids='given')
+    ...         return jinja2.Environment().from_string(self.chat_template).render(
+    ...             messages=messages, add_generation_prompt=add_generation_prompt)
+    >>> template_fields(Tok(), {})  # doctest: +NORMALIZE_WHITESPACE
+    TemplateFields(arguments='json', reasoning_key='thinking', developer=True, tool_ids='given',
+                   generation_always=False)
 
 It also reads where a template raised (:func:`template_line`): jinja puts the
 template's own line number in the traceback under the file name ``<template>``.
@@ -39,11 +45,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+REASONING_KEYS = ("reasoning_content", "thinking", "reasoning", "tool_plan")  # tool_plan: Command R7B tool_use
 ARGUMENT_KINDS = ("dict", "json")
 TOOL_ID_KINDS = ("given", "functions")  # the record's ids, or Kimi-K2's functions.NAME:IDX
 _KEY, _VALUE, _REASONING = "onepass_probe_key", "onepass_probe_value", "onepass probe reasoning"
-_CACHE: dict[tuple[str, str], TemplateFields] = {}
+_TOOLS = "onepass_probe_tools"  # in a probe's kwargs: the tool list every probe passes (not a template kwarg)
+_CACHE: dict[tuple[str, str, bool], TemplateFields] = {}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,6 +62,7 @@ class TemplateFields:
     reasoning_key: str = "reasoning_content"
     developer: bool = False  # the template renders a "developer" message (else a developer prompt goes as system)
     tool_ids: str = "given"  # "functions": ids renamed functions.NAME:IDX (the template renders a call by its id)
+    generation_always: bool = False  # appends its generation prompt to a finished conversation too (R7B tool_use)
 
     @property
     def arguments_json(self) -> bool:
@@ -88,11 +96,17 @@ def is_template_error(error: BaseException) -> bool:
     return isinstance(error, TemplateError) or template_line(error) is not None
 
 
+_TOOL = {"type": "function", "function": {"name": "onepass_probe", "description": "probe",
+                                          "parameters": {"type": "object", "properties": {
+                                              _KEY: {"type": "string"}}}}}
+
+
 def _render(tokenizer: Any, messages: list[dict[str, Any]], kwargs: Mapping[str, Any],
             tools: list[dict[str, Any]] | None = None) -> str | None:
+    tools = tools or kwargs.get(_TOOLS)
+    kwargs = {"add_generation_prompt": False, **{k: v for k, v in kwargs.items() if k != _TOOLS}}
     try:
-        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                             add_generation_prompt=False, **kwargs)
+        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
     except Exception as e:
         if is_template_error(e):
             return None
@@ -104,9 +118,6 @@ def _arguments_ok(tokenizer: Any, kind: str, kwargs: Mapping[str, Any]) -> bool:
     args: Any = {_KEY: _VALUE}
     if kind == "json":
         args = json.dumps(args)
-    tool = {"type": "function", "function": {"name": "onepass_probe", "description": "probe",
-                                             "parameters": {"type": "object", "properties": {
-                                                 _KEY: {"type": "string"}}}}}
     messages = [
         {"role": "user", "content": "probe"},
         {"role": "assistant", "content": "", "tool_calls": [
@@ -114,17 +125,21 @@ def _arguments_ok(tokenizer: Any, kind: str, kwargs: Mapping[str, Any]) -> bool:
         {"role": "tool", "content": "probe result", "tool_call_id": "call_0", "name": "onepass_probe"},
         {"role": "assistant", "content": "done"},
     ]
-    text = _render(tokenizer, messages, kwargs, tools=[tool])
+    text = _render(tokenizer, messages, kwargs, tools=[_TOOL])
     if text is None or _KEY not in text or _VALUE not in text:
         return False
     # A string re-encoded with tojson ("{\"k\"...") or a dict printed as Python ("{'k'...") is wrong.
     return f'\\"{_KEY}' not in text and f"'{_KEY}'" not in text
 
 
-def _reasoning_ok(tokenizer: Any, key: str, kwargs: Mapping[str, Any]) -> bool:
-    messages = [{"role": "user", "content": "probe"},
-                {"role": "assistant", "content": "answer", key: _REASONING}]
-    text = _render(tokenizer, messages, kwargs)
+def _reasoning_ok(tokenizer: Any, key: str, kwargs: Mapping[str, Any], arguments: str = "", *,
+                  tool_call: bool = False) -> bool:
+    """Is reasoning under ``key`` rendered on a last answer (or, ``tool_call``, on a tool-call turn)?"""
+    turn: dict[str, Any] = {"role": "assistant", "content": "answer", key: _REASONING}
+    if tool_call:
+        turn["tool_calls"] = [{"type": "function", "id": "call_0", "function": {
+            "name": "onepass_probe", "arguments": "{}" if arguments == "json" else {}}}]
+    text = _render(tokenizer, [{"role": "user", "content": "probe"}, turn], kwargs)
     return text is not None and _REASONING in text
 
 
@@ -156,15 +171,23 @@ def probe_fields(tokenizer: Any, kwargs: Mapping[str, Any]) -> TemplateFields:
     """Uncached :func:`template_fields`: the first candidate of each field that renders faithfully
     (defaults when none does: the turn's own checks then report what is not rendered)."""
     arguments = next((k for k in ARGUMENT_KINDS if _arguments_ok(tokenizer, k, kwargs)), "dict")
-    reasoning = next((k for k in REASONING_KEYS if _reasoning_ok(tokenizer, k, kwargs)), "reasoning_content")
+    reasoning = next((k for k in REASONING_KEYS if _reasoning_ok(tokenizer, k, kwargs)), None) or next(
+        (k for k in REASONING_KEYS if _reasoning_ok(tokenizer, k, kwargs, arguments, tool_call=True)),
+        "reasoning_content")
     tool_ids = next((k for k in TOOL_ID_KINDS if _tool_ids_ok(tokenizer, k, arguments, kwargs)), "given")
+    probe = [{"role": "user", "content": "probe"}]  # the generation prompt rendered without being asked for?
+    always = _render(tokenizer, probe, kwargs) == _render(tokenizer, probe, {**kwargs, "add_generation_prompt": True})
     return TemplateFields(arguments=arguments, reasoning_key=reasoning, developer=_developer_ok(tokenizer, kwargs),
-                          tool_ids=tool_ids)
+                          tool_ids=tool_ids, generation_always=always)
 
 
-def template_fields(tokenizer: Any, kwargs: Mapping[str, Any]) -> TemplateFields:
-    """:func:`probe_fields`, once per template text and template kwargs."""
-    key = (str(getattr(tokenizer, "chat_template", None)), json.dumps(dict(kwargs), sort_keys=True, default=str))
+def template_fields(tokenizer: Any, kwargs: Mapping[str, Any], *, tools: bool = False) -> TemplateFields:
+    """:func:`probe_fields`, once per template text and template kwargs; ``tools``: for a conversation
+    with tools, which matters only where the tokenizer has named templates (a dict with ``tool_use``,
+    picked by transformers when tools are passed): every probe then passes a tool."""
+    template = getattr(tokenizer, "chat_template", None)
+    selects = tools and isinstance(template, Mapping) and "tool_use" in template
+    key = (str(template), json.dumps(dict(kwargs), sort_keys=True, default=str), bool(selects))
     if key not in _CACHE:
-        _CACHE[key] = probe_fields(tokenizer, kwargs)
+        _CACHE[key] = probe_fields(tokenizer, {**kwargs, _TOOLS: [_TOOL]} if selects else kwargs)
     return _CACHE[key]

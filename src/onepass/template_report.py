@@ -11,7 +11,8 @@ Example::
 
     $ onepass templates check --tokenizer builtin:qwen3 --chat-template gptoss.jinja
     template gptoss.jinja (tool-call arguments: dict, reasoning field: reasoning_content)
-    conversations 6 (5 with a kept view); views 12: 7 split cleanly, 1 use a derived format, 4 skipped
+    conversations 6 (6 with a kept view); views 12: 8 split cleanly, 1 use a derived format, 3 skipped
+      reasoning left out: 0 by --reasoning drop, 1 where the template drops an earlier turn's
     ...
 
 Without ``--data`` it checks :data:`TOOL_CHAIN_RECORDS`, six small tool-chain conversations.
@@ -101,12 +102,15 @@ class TemplateReport:
 
     name: str
     fields: TemplateFields
+    tool_fields: TemplateFields | None = None  # for conversations with tools, where named templates pick another
     conversations: int = 0
     conversations_kept: int = 0
     views: int = 0
     views_split: int = 0
     views_derived: int = 0  # rendered with the generation format derived from the template (render.View.derived)
     views_formatted: int = 0  # built from a --completion-format (then nothing is split by the template)
+    views_reasoning_dropped: int = 0  # trained without their own reasoning (--reasoning drop; View.reasoning_dropped)
+    views_history_reasoning_dropped: int = 0  # an earlier turn's reasoning the template drops there left out
     skipped_by_reason: dict[str, int] = field(default_factory=dict)
     first_skip: dict[str, str] = field(default_factory=dict)
     reasoning: dict[str, list[int]] = field(default_factory=lambda: {k: [0, 0] for k in KINDS})
@@ -118,11 +122,19 @@ class TemplateReport:
     def lines(self) -> list[str]:
         ids = "" if self.fields.tool_ids == "given" else f", tool-call ids: {self.fields.tool_ids}.NAME:IDX"
         out = [(f"template {self.name} (tool-call arguments: {self.fields.arguments}, "
-                f"reasoning field: {self.fields.reasoning_key}{ids})"),
+                f"reasoning field: {self.fields.reasoning_key}{ids})"
+                + ("" if self.tool_fields in (None, self.fields) else  # type: ignore[union-attr]
+                   f"; with tools, the tokenizer's 'tool_use' template: arguments {self.tool_fields.arguments}, "
+                   f"reasoning field {self.tool_fields.reasoning_key}"
+                   + (", generation prompt always rendered (turns end at EOS)"
+                      if self.tool_fields.generation_always else ""))),
                (f"conversations {self.conversations} ({self.conversations_kept} with a kept view); "
                 f"views {self.views}: {self.views_split} split cleanly, {self.views_derived} use a derived "
                 f"format, " + (f"{self.views_formatted} from the completion format, " if self.views_formatted else "")
                 + f"{self.views_skipped} skipped")]
+        if self.views_reasoning_dropped or self.views_history_reasoning_dropped:
+            out.append(f"  reasoning left out: {self.views_reasoning_dropped} by --reasoning drop, "
+                       f"{self.views_history_reasoning_dropped} where the template drops an earlier turn's")
         for reason, n in sorted(self.skipped_by_reason.items()):
             out.append(f"  skipped ({reason}): {n}; first: {self.first_skip[reason]}")
         trained = ", ".join(f"{kind} {t}/{n}" for kind, (t, n) in self.reasoning.items() if n)
@@ -135,7 +147,8 @@ def template_report(conversations: Iterable[Conversation], tokenizer: Any, confi
     """Render every conversation (skips counted, nothing raised) and count what is kept."""
     config = config or RenderConfig()
     report = TemplateReport(name=name or "of the tokenizer",
-                            fields=template_fields(tokenizer, dict(config.template_kwargs)))
+                            fields=template_fields(tokenizer, dict(config.template_kwargs)),
+                            tool_fields=template_fields(tokenizer, dict(config.template_kwargs), tools=True))
     for conv in conversations:
         rendered = render_conversation(conv, tokenizer, config)
         report.conversations += 1
@@ -146,10 +159,12 @@ def template_report(conversations: Iterable[Conversation], tokenizer: Any, confi
         else:
             report.views_derived += sum(v.derived for v in rendered.views)
             report.views_split += sum(not v.derived for v in rendered.views)
+        report.views_reasoning_dropped += sum(v.reasoning_dropped for v in rendered.views)
+        report.views_history_reasoning_dropped += sum(v.history_reasoning_dropped for v in rendered.views)
         for error in rendered.skipped:
             report.skipped_by_reason[error.reason] = report.skipped_by_reason.get(error.reason, 0) + 1
             report.first_skip.setdefault(error.reason, str(error))
-        kept = {v.turn for v in rendered.views}
+        kept = {v.turn for v in rendered.views if not v.reasoning_dropped}
         for k, m in enumerate(conv.messages):
             if m.role == "assistant" and (m.reasoning or "").strip():
                 counts = report.reasoning[turn_kind(conv, k)]
@@ -160,6 +175,7 @@ def template_report(conversations: Iterable[Conversation], tokenizer: Any, confi
 
 def add_parser(sub: Any) -> None:
     """Add ``templates check`` to ``onepass``'s subcommands."""
+    from onepass.dropped_reasoning import REASONING_CHOICES
     from onepass.render import COMPLETION_FORMATS
 
     p = sub.add_parser("templates", help="check how a chat template splits conversations into views")
@@ -172,11 +188,13 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--limit", type=int, default=1000, help="check at most this many conversations")
     c.add_argument("--completion-format", help="a name (" + ", ".join(COMPLETION_FORMATS) + ") or a format string")
     c.add_argument("--template-kwarg", action="append", default=[], metavar="KEY=VALUE")
+    c.add_argument("--reasoning", choices=REASONING_CHOICES, default="keep",
+                   help="drop: train turns whose reasoning the template never renders without it (as prepare)")
     c.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from onepass.render import template_kwargs
+    from onepass.key_value import template_kwargs
     from onepass.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer, chat_template=args.chat_template)  # compiles: before data
@@ -190,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         conversations = tool_chain_conversations()
     config = RenderConfig(template_kwargs=template_kwargs(args.template_kwarg),
-                          completion_format=args.completion_format)
+                          completion_format=args.completion_format, reasoning=args.reasoning)
     report = template_report(conversations, tokenizer, config, name=args.chat_template or args.tokenizer)
     print("\n".join(report.lines()))
     return 0

@@ -128,10 +128,10 @@ def _generator(args: argparse.Namespace, tokenizer: Any) -> tuple[Any, str]:
 
 def run(args: argparse.Namespace) -> int:
     """``onepass eval``: writes the report and prints the per-turn table."""
-    from onepass.render import template_kwargs as _template_kwargs
+    from onepass.key_value import template_kwargs as _template_kwargs
     from onepass.data.load import load_conversations
     from onepass.evaluate.report import write_report
-    from onepass.evaluate.run import evaluate, template_prompt
+    from onepass.evaluate.run import evaluate, template_message_options, template_prompt
     from onepass.tokenizer import load_tokenizer
 
     _check_args(args)
@@ -147,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
     kwargs = _template_kwargs(args.template_kwarg)
     generator, label = _generator(args, tokenizer)
     results = evaluate(report.conversations, generator, template_prompt(tokenizer, kwargs), history=args.history,
-                       answer_regex=args.answer_regex, progress=not args.no_progress)
+                       answer_regex=args.answer_regex, progress=not args.no_progress,
+                       message_options=template_message_options(tokenizer, kwargs))
     settings = {"model": label, "data": args.data, "tokenizer": spec, "history": args.history,
                 "backend": args.backend, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                 "answer_regex": args.answer_regex, "template_kwargs": kwargs or None,

@@ -46,6 +46,7 @@ from onepass.errors import UsageError
 from onepass.evaluate.answers import answers_match, compile_answer_regex, extract_answer
 from onepass.evaluate.generate import Generator, MessagesGenerator
 from onepass.render import render_prompt
+from onepass.template_probe import template_fields
 
 HISTORY_MODES = ("reference", "model")
 
@@ -86,6 +87,13 @@ def template_prompt(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = 
     return lambda conv, k: render_prompt(conv, tokenizer, k, kwargs)
 
 
+def template_message_options(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The message fields the tokenizer's template expects (:func:`onepass.template_probe.template_fields`:
+    tool-call arguments, reasoning key, developer role, tool-call ids), as training and
+    :func:`template_prompt` hand messages over; for :func:`evaluate`'s messages path."""
+    return template_fields(tokenizer, dict(template_kwargs or {})).message_options
+
+
 def split_reply(reply: str) -> tuple[str | None, str, bool]:
     """``(reasoning, content, finished)`` of a generated reply.
 
@@ -117,12 +125,14 @@ def _score(conv_index: int, conv: Conversation, turn: int, k: int, reply: str,
 
 def evaluate(conversations: Sequence[Conversation], generator: Generator | MessagesGenerator, prompt: PromptFn,
              *, history: str = "reference", answer_regex: str | None = None,
-             progress: bool = False) -> list[TurnResult]:
+             progress: bool = False, message_options: Mapping[str, Any] | None = None) -> list[TurnResult]:
     """Generate and score every assistant turn of every conversation; results in (turn, conversation) order.
 
     ``prompt`` renders a conversation up to message k (:func:`template_prompt`); a
-    :class:`~onepass.evaluate.generate.MessagesGenerator` gets the messages instead.
+    :class:`~onepass.evaluate.generate.MessagesGenerator` gets the messages instead, with the fields
+    the template expects (``message_options``: :func:`template_message_options`, as render hands them over).
     """
+    options = dict(message_options or {})
     if history not in HISTORY_MODES:
         raise UsageError(f"history must be one of {', '.join(HISTORY_MODES)}, got {history!r}")
     regex = compile_answer_regex(answer_regex)
@@ -137,7 +147,7 @@ def evaluate(conversations: Sequence[Conversation], generator: Generator | Messa
     for t in tqdm(range(depth), desc="turns", unit="turn", disable=not progress):
         todo = [(i, positions[i][t]) for i in range(len(live)) if t < len(positions[i])]
         if isinstance(generator, MessagesGenerator):
-            replies = generator.generate_messages([live[i].template_messages(k) for i, k in todo])
+            replies = generator.generate_messages([live[i].template_messages(k, **options) for i, k in todo])
         else:
             replies = generator.generate([prompt(live[i], k) for i, k in todo])
         if len(replies) != len(todo):
