@@ -29,6 +29,24 @@ def test_hf_argument_parser_reads_our_fields_from_yaml_and_flags(tmp_path):
          '{"enable_thinking": true}', "--allow_inexact", "true", "--report_to", "none", "--use_cpu", "true"])
     assert (args.weighting, args.max_tokens, args.allow_inexact) == ("turn", 256, True)
     assert args.render_config().template_kwargs == {"enable_thinking": True}
+    assert args.render_config().reasoning == "keep"
+    (args,) = HfArgumentParser(OnePassConfig).parse_args_into_dataclasses(
+        ["--output_dir", "o", "--reasoning", "drop", "--report_to", "none", "--use_cpu", "true"])
+    assert args.render_config().reasoning == "drop"
+
+
+def test_train_config_reaches_the_render_config():
+    """``onepass train --reasoning drop`` renders as ``prepare --reasoning drop`` does; a bad value is one line."""
+    from onepass.train.config import TrainConfig
+    from onepass.train.data import prepare_config
+
+    from onepass.train.config import TrainConfigError
+
+    data = {"tiny": "qwen3", "data": "builtin:mathchat"}
+    assert prepare_config(TrainConfig(**data, reasoning="drop")).render.reasoning == "drop"
+    assert prepare_config(TrainConfig(**data)).render.reasoning == "keep"
+    with pytest.raises(TrainConfigError, match="unknown reasoning 'maybe'; use one of keep, drop"):
+        TrainConfig(**data, reasoning="maybe")
 
 
 def test_sft_names_we_cannot_honour_say_what_is_done_instead(caplog):

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onepass.dropped_reasoning import REASONING_CHOICES
 from onepass.errors import ConfigError
 
 FINETUNES = ("full", "lora", "qlora")
@@ -88,6 +89,8 @@ class TrainConfig:
     completion_format: str | None = _f(None, "deepseek-r1, think-tags or a format string (see prepare)", "model")
     template_kwargs: dict[str, Any] = field(default_factory=dict, metadata=_meta(
         "extra chat template variable (repeatable)", "model", flags=("--template-kwarg",)))
+    reasoning: str = _f("keep", "keep (default): a turn whose reasoning the template never renders is skipped; "
+                        "drop: train it without its reasoning (non-thinking templates; counted)", "model")
     # data
     data: str | None = _f(None, "conversations (.jsonl/.json/.parquet, a folder of them, a saved dataset, "
                           "builtin:mathchat, synthetic:NAME, a hub id) or rows written by onepass prepare", "data")
@@ -187,6 +190,7 @@ def _validate(c: TrainConfig) -> None:
     except ValueError as e:
         _fail(str(e))
     _one_of("weighting", c.weighting, WEIGHTINGS)
+    _one_of("reasoning", c.reasoning, REASONING_CHOICES)
     _one_of("finetune", c.finetune, FINETUNES)
     _one_of("optim", c.optim, OPTIMIZERS)
     _one_of("lr_scheduler_type", c.lr_scheduler_type, LR_SCHEDULERS)

@@ -78,7 +78,8 @@ def prepare_config(config: TrainConfig) -> PrepareConfig:
     return PrepareConfig(schedule=config.schedule, max_tokens=config.max_tokens, pack=False,
                          weighting=config.weighting,
                          render=RenderConfig(template_kwargs=dict(config.template_kwargs),
-                                             completion_format=config.completion_format))
+                                             completion_format=config.completion_format,
+                                             reasoning=config.reasoning))
 
 
 def conversation_units(conversations: Sequence[Any], tokenizer: Any, config: PrepareConfig, *,

@@ -5,7 +5,7 @@ class names, not arguments. :class:`OnePassConfig` subclasses
 ``TrainingArguments`` (not TRL's ``SFTConfig``: TRL is optional), so every
 HF argument, ``HfArgumentParser`` and YAML configs work as before, and adds
 the settings that shape one-pass rows (``schedule``, ``weighting``,
-``max_tokens``, ``completion_format``, ``template_kwargs``,
+``max_tokens``, ``completion_format``, ``template_kwargs``, ``reasoning``,
 ``allow_inexact``) and the ``SFTConfig`` names that mean something here:
 
 - ``max_length``: the per-tree token budget; an alias of ``max_tokens`` (a
@@ -62,6 +62,8 @@ class OnePassConfig(TrainingArguments):
         default=None, metadata={"help": "deepseek-r1, think-tags or a format string (see onepass prepare)"})
     template_kwargs: dict | str | None = field(
         default=None, metadata={"help": "extra chat template variables, e.g. {\"enable_thinking\": false}"})
+    reasoning: str = field(default="keep", metadata={
+        "help": "keep (default) | drop: train a turn whose reasoning the template never renders without it"})
     allow_inexact: bool = field(
         default=False, metadata={"help": "train even when the exactness guard finds one-pass != N-pass"})
     # SFTConfig names
@@ -97,4 +99,4 @@ class OnePassConfig(TrainingArguments):
         from onepass.render import RenderConfig
 
         return RenderConfig(template_kwargs=dict(self.template_kwargs or {}),
-                            completion_format=self.completion_format)
+                            completion_format=self.completion_format, reasoning=self.reasoning)
