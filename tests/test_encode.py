@@ -27,8 +27,8 @@ CONFIGS = (RenderConfig(), RenderConfig(completion_format="deepseek-r1"), Render
 
 
 def _texts(convs, tok, config):
-    return [(p, c) for conv in convs for item in _iter_texts(conv, tok, config)
-            if not isinstance(item[1], RenderError) for p, c in [item[1:3]]]
+    return [(text.prompt, text.completion) for conv in convs for _, text in _iter_texts(conv, tok, config)
+            if not isinstance(text, RenderError)]
 
 
 def _views(convs, tok, config):
