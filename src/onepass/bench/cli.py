@@ -198,6 +198,8 @@ def run(args: argparse.Namespace) -> int:
                 r = results[-1]
                 print(f"{backend:>12} {group:>3} {setting:>16}: {r['conversations_per_s']:7.2f} conv/s "
                       f"{r['tokens_per_s']:9,.0f} tok/s  peak {(r['peak_memory_bytes'] or 0) / 2**20:7.0f} MiB"
+                      + (f" (tensors {r['peak_tensor_bytes'] / 2**20:,.0f}, forward+backward "
+                         f"{r['peak_forward_backward_bytes'] / 2**20:,.0f} MiB)" if r["peak_tensor_bytes"] else "")
                       + (f"  state passing {r['state_passing_fraction_of_step']:.1%} of the step, recurrent "
                          f"mixers {r['recurrent_mixer_fraction_of_step']:.1%} ({r['recurrent_chain_calls']} calls)"
                          if r["recurrent_chain_calls"] else ""), flush=True)

@@ -67,6 +67,9 @@ def headline(summary: dict[str, Any]) -> list[str]:
                 f"{_fmt(s['fraction_of_ideal'], '.0%')} of the ideal "
                 f"{summary['ideal_speedup'].get(s['depth_group'], 0):.2f}x; memory "
                 f"{_fmt(s['memory_vs_n_pass_packed'], '.2f', 'x')}")
+        if s.get("tensor_memory_vs_n_pass_packed"):  # onepass.bench.memory: allocator-level, not RSS
+            line += (f" (RSS); tensors {s['tensor_memory_vs_n_pass_packed']:.2f}x, forward+backward "
+                     f"{s['forward_backward_memory_vs_n_pass_packed']:.2f}x")
         if s.get("recurrent_chain_calls"):
             line += (f"; state passing {s['state_passing_fraction_of_step']:.1%} of the step (recurrent mixers "
                      f"{s['recurrent_mixer_fraction_of_step']:.1%}, {s['recurrent_chain_calls']} calls per epoch)")
