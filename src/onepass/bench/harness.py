@@ -16,10 +16,18 @@ one-pass would gain if time followed useful work exactly. *Useful-FLOP
 utilisation* is a setting's useful FLOPs per second over a matmul peak
 measured in the same run (a dense backend computes masked pairs too, which
 count as work done but not as useful work).
+
+Peak memory, three figures per setting: ``peak_memory_bytes`` (CUDA: max allocated;
+CPU: peak RSS above the loaded model, over the timed steps: allocator effects included),
+``peak_tensor_bytes`` (live tensor bytes at the step's peak, parameters and optimizer
+state included, from the allocator's own events: :mod:`onepass.bench.memory`) and
+``peak_forward_backward_bytes`` (the same up to the optimizer step: the part a layout
+changes). Compare layouts by the tensor figures; RSS is reported beside them.
 """
 
 from __future__ import annotations
 
+import functools
 import platform
 import re
 import statistics
@@ -32,6 +40,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from onepass.bench.memory import (
+    OPTIMIZER_MARK,
+    persistent_tensors,
+    step_memory,
+    tensor_bytes,
+)
 from onepass.errors import UsageError
 from onepass.loss import batch_loss, layouts_to_batch
 from onepass.pack import pack_layouts
@@ -145,6 +159,9 @@ def layout_setting(views: Sequence[Sequence[View]], setting: str, max_tokens: in
 class Timing:
     epoch_seconds: list[float] = field(default_factory=list)
     peak_memory_bytes: int | None = None  # CUDA: max allocated; CPU: peak RSS above the loaded model
+    # live tensor bytes at the step's peak, all included, and up to the optimizer step (onepass.bench.memory)
+    peak_tensor_bytes: int | None = None
+    peak_forward_backward_bytes: int | None = None
     mask_seconds: float = 0.0  # building the attention mask objects, summed over one epoch
     chain_loop_seconds: float | None = None  # recurrent layers: state passing per epoch (mixers.tree.timing)
     chain_mixer_seconds: float | None = None  # recurrent layers: their own forwards, chain by chain, per epoch
@@ -167,6 +184,7 @@ class Job:
     warmup: int = 2
     lr: float = 1e-4
     arch: str = "qwen3"  # one of BENCH_ARCHS
+    tensor_memory: bool = True  # one more pass over the rows under the memory profiler (onepass.bench.memory)
 
 
 def time_training(job: Job) -> Timing:
@@ -190,14 +208,17 @@ def time_training(job: Job) -> Timing:
                        attn_implementation=job.backend, device=device, **arch_kwargs(job.arch, job.shape_kwargs))
     model.train()
     before = start_peak_memory(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=job.lr)
+    # fused: transformers' default optimizer with torch >= 2.8 (adamw_torch_fused; the TRL setting uses it too),
+    # and it holds no parameter-sized temporaries, so the step's peak is the layout's, not AdamW's
+    opt = torch.optim.AdamW(model.parameters(), lr=job.lr, fused=True)
     order = sorted(range(len(job.rows)), key=lambda i: -len(job.rows[i]))
     batches = [layouts_to_batch([job.rows[i]], device=device) for i in order]
 
     def step(batch: dict[str, torch.Tensor]) -> None:
         loss = batch_loss(model, batch) / batch["weights"].sum()
         loss.backward()
-        opt.step()
+        with torch.profiler.record_function(OPTIMIZER_MARK):  # splits forward+backward from the update
+            opt.step()
         opt.zero_grad(set_to_none=True)
 
     for batch in batches[:job.warmup]:  # the longest rows first
@@ -216,6 +237,12 @@ def time_training(job: Job) -> Timing:
         timing.chain_mixer_seconds = chains.mixer_seconds / job.repeats
         timing.chains = chains.chains // job.repeats
     timing.peak_memory_bytes = peak_memory_since(device, before)
+    if job.tensor_memory:  # after the RSS window: the profiler's own memory stays out of it
+        for batch in batches:
+            mem = step_memory(functools.partial(step, batch), tensor_bytes(persistent_tensors(model, opt, batch)), device)
+            timing.peak_tensor_bytes = max(timing.peak_tensor_bytes or 0, mem.peak_bytes)
+            timing.peak_forward_backward_bytes = max(timing.peak_forward_backward_bytes or 0,
+                                                     mem.forward_backward_bytes)
     t0 = time.perf_counter()
     for batch in batches:
         attention_mask_for(model, batch["kv_end"], position_ids_BL=batch["position_ids"])
@@ -262,6 +289,8 @@ def summarise(name: str, backend: str, group: str, rows: Sequence[Layout], timin
         "conversations_per_s": num_conversations / med, "tokens_per_s": sum(len(r) for r in rows) / med,
         "target_tokens_per_s": sum(r.num_targets for r in rows) / med,
         "peak_memory_bytes": timing.peak_memory_bytes,
+        "peak_tensor_bytes": timing.peak_tensor_bytes,
+        "peak_forward_backward_bytes": timing.peak_forward_backward_bytes,
         "mask_fraction_of_step": timing.mask_seconds / step_seconds if step_seconds else None,
         # recurrent layers (None without): forward time in the chain loops outside the mixers' own
         # forwards (state passing), and in those forwards, as fractions of the epoch; mixer calls per epoch
@@ -291,6 +320,10 @@ def add_ratios(settings: list[dict[str, Any]], ideal: dict[str, float]) -> None:
         s["speedup_vs_n_pass_packed"] = s["conversations_per_s"] / b["conversations_per_s"] if b else None
         mem, bmem = s["peak_memory_bytes"], b["peak_memory_bytes"] if b else None
         s["memory_vs_n_pass_packed"] = mem / bmem if mem and bmem else None
+        for key, ratio in (("peak_tensor_bytes", "tensor_memory_vs_n_pass_packed"),
+                           ("peak_forward_backward_bytes", "forward_backward_memory_vs_n_pass_packed")):
+            mem, bmem = s.get(key), b.get(key) if b else None
+            s[ratio] = mem / bmem if mem and bmem else None
         s["fraction_of_ideal"] = None
         if s["setting"] in ("one-pass", "one-pass-packed"):
             same = by_key.get((s["backend"], s["depth_group"], s["setting"].replace("one-pass", "n-pass")))
