@@ -139,7 +139,7 @@ def make_trainer(job: TrlJob, out_dir: str, callbacks: list[Any] | None = None) 
         output_dir=out_dir, packing=True, packing_strategy="bfd", max_length=job.max_tokens,
         completion_only_loss=True, per_device_train_batch_size=1, gradient_accumulation_steps=1,
         num_train_epochs=1 + job.repeats, learning_rate=job.lr, lr_scheduler_type="constant",
-        optim="adamw_torch", logging_strategy="no", save_strategy="no", report_to=[], seed=job.seed,
+        optim="adamw_torch_fused", logging_strategy="no", save_strategy="no", report_to=[], seed=job.seed,
         use_cpu=job.device == "cpu", disable_tqdm=True, dataloader_num_workers=0,
         bf16=job.dtype == "bfloat16", dataset_num_proc=None,
         gradient_checkpointing=job.checkpointing,  # TRL's default True: activation checkpointing
