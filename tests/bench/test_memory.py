@@ -77,3 +77,16 @@ def test_step_memory_matches_the_chrome_trace_on_a_training_step(tmp_path) -> No
     grads = sum(p.numel() * 4 for p in model.parameters())
     activations = 300 * (512 * 2 + 1000) * 4
     assert mem.forward_backward_bytes >= grads + activations // 2  # gradients and saved activations are counted
+
+
+def test_step_memory_holds_back_only_the_profilers_own_stderr_lines(capfd) -> None:
+    """The C++ profiler prints ``USDT: ... profiler_start/stop`` per step; the step's own stderr survives."""
+    import sys
+
+    def step() -> None:
+        (torch.randn(100, 100, requires_grad=True) * 2).sum().backward()
+        print("the step's own warning", file=sys.stderr)
+
+    step_memory(step, persistent=0, device=torch.device("cpu"))
+    err = capfd.readouterr().err
+    assert "the step's own warning" in err and "USDT" not in err
