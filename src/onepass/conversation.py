@@ -110,9 +110,8 @@ class Conversation:
     first_message: int = 0  # the record's own number of messages[0]: 1 after a system message in the list
 
     def at(self, k: int) -> str:
-        """``SOURCE, message N``: message ``k`` numbered as in the record, as parse errors number it
-        (the one numbering of every error and skip naming a message)."""
-        return f"{self.source}, message {k + self.first_message}"
+        """``SOURCE, message N``: message ``k`` numbered as in the record, as parse errors name it."""
+        return message_at(self.source, k + self.first_message)
 
     @property
     def num_assistant_turns(self) -> int:
@@ -170,6 +169,11 @@ def functions_ids(messages: tuple[Message, ...]) -> tuple[dict[tuple[int, int], 
     return calls, results
 
 
+def message_at(source: str, number: int) -> str:
+    """``SOURCE, message N``: the one wording of every error and skip naming a record's message N."""
+    return f"{source}, message {number}"
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _Where:
     source: str
@@ -178,9 +182,7 @@ class _Where:
 
     def __call__(self, msg: str, message: int | None = None) -> ConversationError:
         at = f"{self.source} {self.unit} {self.index}"
-        if message is not None:
-            at += f", message {message}"
-        return ConversationError(f"{at}: {msg}")
+        return ConversationError(f"{at if message is None else message_at(at, message)}: {msg}")
 
 
 def split_inline_reasoning(content: str) -> tuple[str | None, str]:

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from onepass.conversation import Conversation, Message
+from onepass.conversation import Conversation, Message, message_at
 from onepass.dropped_reasoning import (
     REASONING_CHOICES,
     unrendered_history_reasoning,
@@ -116,7 +116,7 @@ class View:
 
     @property
     def at(self) -> str:  # SOURCE, message N: as Conversation.at names this turn
-        return f"{self.source}, message {self.turn + self.first_message}"
+        return message_at(self.source, self.turn + self.first_message)
 
     @property
     def num_completion(self) -> int:
@@ -197,7 +197,7 @@ def _apply(tokenizer: Any, conv: Conversation, messages: list[dict[str, Any]], *
         what = "prompt" if generation else "conversation"
         culprit = _first_raising(tokenizer, conv, messages, kwargs, str(e)) if blame else None
         if culprit is not None and culprit >= 0 and culprit != turn:
-            what += f", which holds {conv.at(culprit).rsplit(', ', 1)[1]}, the first the template raises for"
+            what += f", which holds message {culprit + conv.first_message}, the first the template raises for"
         raise TemplateRaised(f"{conv.at(turn)}: the chat template raised{at} rendering "
                              f"the {what}: {type(e).__name__}: {e}") from None
     if not isinstance(text, str):  # transformers may return a list for batched input
