@@ -34,7 +34,7 @@ from onepass import export as export_cli
 from onepass import template_report as templates_cli
 from onepass.bench import cli as bench_cli
 from onepass.data import cli as data_cli
-from onepass.dropped_reasoning import REASONING_CHOICES
+from onepass.dropped_reasoning import REASONING_CHOICES, REASONING_HELP
 from onepass.evaluate import cli as eval_cli
 from onepass.errors import UsageError, run_main
 from onepass.hub import hub_offline, offline_reason
@@ -82,8 +82,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--template-kwarg", action="append", default=[], metavar="KEY=VALUE",
                    help="extra chat template variable, e.g. enable_thinking=true (repeatable)")
     p.add_argument("--reasoning", choices=REASONING_CHOICES, default="keep",
-                   help="keep (default): a turn whose reasoning the template never renders is skipped; drop: "
-                        "train it without its reasoning, as a non-thinking model generates it (counted)")
+                   help=REASONING_HELP)
     p.add_argument("--limit", type=int, help="use only the first N valid conversations")
     p.add_argument("--strict", action="store_true", help="stop at the first bad record instead of skipping it")
 

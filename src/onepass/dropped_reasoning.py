@@ -38,6 +38,10 @@ REASONING_CHOICES = ("keep", "drop")
 """``--reasoning``: ``keep`` (default: a turn whose reasoning the template does not render is a counted
 skip) or ``drop`` (train such a turn without its reasoning, as a non-thinking model generates it)."""
 
+REASONING_HELP = ("keep (default): a turn whose reasoning the template never renders is skipped; drop: train it "
+                  "without its reasoning, as a non-thinking model generates it (counted)")
+"""The ``--reasoning`` help of every subcommand and config that takes it."""
+
 SENTINEL = "ONEPASSxHISTORYxREASONINGx{}x"
 
 Render = Callable[[list[dict[str, Any]], bool], "str | None"]

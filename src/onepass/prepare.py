@@ -54,8 +54,9 @@ class PrepareConfig:
 
 
 INVALID = "invalid record"  # the skip reason of a record that is not a conversation
-ADDITIVE = ("conversations", "conversations_used", "views", "views_trained", "views_skipped",
-            "views_derived", "views_reasoning_dropped", "views_history_reasoning_dropped", "boundary_merge_views", "n_pass_tokens", "one_pass_tokens", "scheduled_tokens", "target_tokens")
+ADDITIVE = ("conversations", "conversations_used", "views", "views_trained", "views_skipped", "views_derived",
+            "views_reasoning_dropped", "views_history_reasoning_dropped", "boundary_merge_views", "n_pass_tokens",
+            "one_pass_tokens", "scheduled_tokens", "target_tokens")
 
 
 @dataclass(kw_only=True)

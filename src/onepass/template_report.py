@@ -175,7 +175,7 @@ def template_report(conversations: Iterable[Conversation], tokenizer: Any, confi
 
 def add_parser(sub: Any) -> None:
     """Add ``templates check`` to ``onepass``'s subcommands."""
-    from onepass.dropped_reasoning import REASONING_CHOICES
+    from onepass.dropped_reasoning import REASONING_CHOICES, REASONING_HELP
     from onepass.render import COMPLETION_FORMATS
 
     p = sub.add_parser("templates", help="check how a chat template splits conversations into views")
@@ -189,7 +189,7 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--completion-format", help="a name (" + ", ".join(COMPLETION_FORMATS) + ") or a format string")
     c.add_argument("--template-kwarg", action="append", default=[], metavar="KEY=VALUE")
     c.add_argument("--reasoning", choices=REASONING_CHOICES, default="keep",
-                   help="drop: train turns whose reasoning the template never renders without it (as prepare)")
+                   help=REASONING_HELP)
     c.set_defaults(func=run)
 
 

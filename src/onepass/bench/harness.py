@@ -239,7 +239,8 @@ def time_training(job: Job) -> Timing:
     timing.peak_memory_bytes = peak_memory_since(device, before)
     if job.tensor_memory:  # after the RSS window: the profiler's own memory stays out of it
         for batch in batches:
-            mem = step_memory(functools.partial(step, batch), tensor_bytes(persistent_tensors(model, opt, batch)), device)
+            persistent = tensor_bytes(persistent_tensors(model, opt, batch))
+            mem = step_memory(functools.partial(step, batch), persistent, device)
             timing.peak_tensor_bytes = max(timing.peak_tensor_bytes or 0, mem.peak_bytes)
             timing.peak_forward_backward_bytes = max(timing.peak_forward_backward_bytes or 0,
                                                      mem.forward_backward_bytes)

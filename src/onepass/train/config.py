@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onepass.dropped_reasoning import REASONING_CHOICES
+from onepass.dropped_reasoning import REASONING_CHOICES, REASONING_HELP
 from onepass.errors import ConfigError
 
 FINETUNES = ("full", "lora", "qlora")
@@ -89,8 +89,7 @@ class TrainConfig:
     completion_format: str | None = _f(None, "deepseek-r1, think-tags or a format string (see prepare)", "model")
     template_kwargs: dict[str, Any] = field(default_factory=dict, metadata=_meta(
         "extra chat template variable (repeatable)", "model", flags=("--template-kwarg",)))
-    reasoning: str = _f("keep", "keep (default): a turn whose reasoning the template never renders is skipped; "
-                        "drop: train it without its reasoning (non-thinking templates; counted)", "model")
+    reasoning: str = _f("keep", REASONING_HELP, "model")
     # data
     data: str | None = _f(None, "conversations (.jsonl/.json/.parquet, a folder of them, a saved dataset, "
                           "builtin:mathchat, synthetic:NAME, a hub id) or rows written by onepass prepare", "data")

@@ -34,6 +34,8 @@ from typing import Any
 
 from transformers import TrainingArguments
 
+from onepass.dropped_reasoning import REASONING_HELP
+
 log = logging.getLogger("onepass")
 
 
@@ -62,8 +64,7 @@ class OnePassConfig(TrainingArguments):
         default=None, metadata={"help": "deepseek-r1, think-tags or a format string (see onepass prepare)"})
     template_kwargs: dict | str | None = field(
         default=None, metadata={"help": "extra chat template variables, e.g. {\"enable_thinking\": false}"})
-    reasoning: str = field(default="keep", metadata={
-        "help": "keep (default) | drop: train a turn whose reasoning the template never renders without it"})
+    reasoning: str = field(default="keep", metadata={"help": REASONING_HELP})
     allow_inexact: bool = field(
         default=False, metadata={"help": "train even when the exactness guard finds one-pass != N-pass"})
     # SFTConfig names
