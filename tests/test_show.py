@@ -61,9 +61,9 @@ def test_completion_roles(roles_of):
         im_end = _segment(labels, roles, "<|im_end|>", after=end)
         assert all(r == "response" for r in roles[end + 1:im_end + 1])  # \n\n answer <|im_end|>
     # Empty reasoning: <think>\n\n</think> is trained markup and counts as reasoning.
-    second = think[1]
-    assert labels[second:second + 3] == ["<think>", "\\n\\n", "</think>"]
-    assert roles[second:second + 3] == ["reasoning"] * 3
+    empty = [p for p in think if labels[p + 1] == "\\n\\n"]  # view 2's
+    assert len(empty) == 1 and labels[empty[0]:empty[0] + 3] == ["<think>", "\\n\\n", "</think>"]
+    assert roles[empty[0]:empty[0] + 3] == ["reasoning"] * 3
 
 
 def test_prompt_roles(roles_of):
@@ -73,9 +73,10 @@ def test_prompt_roles(roles_of):
     assert labels[:3] == ["<|im_start|>", "user", "\\n"] and roles[:3] == ["template"] * 3
     # Turn 1's answer appears twice: trained (view 1) and as history in view 2's prompt.
     fours = [p for p, t in enumerate(labels) if t == "Four"]
-    assert [roles[p] for p in fours] == ["response", "history"]
-    hist = fours[1]
-    assert layout.position_ids[hist] < hist  # a second branch: it sits beside view 1's completion
+    assert sorted(roles[p] for p in fours) == ["history", "response"]
+    hist, trained = sorted(fours, key=lambda p: roles[p])
+    kv_end = layout.kv_end
+    assert not (hist < trained < kv_end[hist] or trained < hist < kv_end[trained])  # two branches
     assert roles[hist + 1] == "history"  # "." of "Four."
     assert roles[hist + 2] == "template"  # <|im_end|> after the history copy
 

@@ -34,12 +34,29 @@ def test_paper_shape_layout():
     v1 = V(h1 + t1 + r1, 2)
     v2 = V(h1 + r1h + h2 + t2 + r2, 5)
     layout = build_layout([v1, v2])
-    # h1 shared; then branch t1 r1 (trained) and r1' h2 t2 r2
-    assert layout.input_ids.tolist() == [10, 11, 20, 30, 31, 30, 31, 12, 21, 32]
-    assert layout.position_ids.tolist() == [0, 1, 2, 3, 4, 2, 3, 4, 5, 6]
+    # h1 shared; then the heavier branch r1' h2 t2 r2 (5 nodes) before t1 r1 (3 nodes)
+    assert layout.input_ids.tolist() == [10, 11, 30, 31, 12, 21, 32, 20, 30, 31]
+    assert layout.position_ids.tolist() == [0, 1, 2, 3, 4, 5, 6, 2, 3, 4]
     # the first completion token t1 is predicted from the last prompt token (not from a copy)
-    assert layout.targets.tolist() == [IGNORE, 20, 30, 31, IGNORE, IGNORE, IGNORE, 21, 32, IGNORE]
-    assert layout.kv_end.tolist() == [10, 10, 5, 5, 5, 10, 10, 10, 10, 10]
+    assert layout.targets.tolist() == [IGNORE, 20, IGNORE, IGNORE, 21, 32, IGNORE, 30, 31, IGNORE]
+    assert layout.kv_end.tolist() == [10, 10, 7, 7, 7, 7, 7, 10, 10, 10]
+
+
+def test_heaviest_child_first_keeps_the_history_one_range():
+    # three turns: view k = [history_k | completion_k]; the history of turn k + 1 holds turn k's answer
+    # without its reasoning, so each completion branches off the shared history
+    h, a1, a2 = [1, 2], [5, 6], [7, 8]
+    views = [V(h + [3, 4] + a1, 2), V(h + a1 + [9] + [3, 4] + a2, 5), V(h + a1 + [9] + a2 + [10, 3, 11], 8)]
+    layout = build_layout(views)
+    L = len(layout)
+    # the history (every view's prompt) comes first as one chain; a branch sees a prefix of the row and
+    # its own earlier nodes: two ranges
+    for p in range(L):
+        ancestors = [k for k in range(p) if p < layout.kv_end[k]]
+        gaps = sum(b != a + 1 for a, b in zip(ancestors, ancestors[1:] + [p]))
+        assert ancestors[:1] in ([], [0]) and gaps <= 1, (p, ancestors)
+    # ties keep insertion order: [1 | 2] and [1 | 3] branch the same size
+    assert build_layout([V([1, 2], 1), V([1, 3], 1)]).input_ids.tolist() == [1, 2, 1, 3]
 
 
 def test_first_response_token_predicted_from_last_reasoning_token():
@@ -117,7 +134,7 @@ def test_layout_invariants(views):
 def reference_layout(views, weights):
     """The trie spelled out: one dict of children per node, a node matches when its token is the view's
     and its target does not conflict (preferring one that has the view's next token as a child);
-    depth-first with children in creation order; kv_end = one past the subtree."""
+    depth-first with the largest subtree first (ties in creation order); kv_end = one past the subtree."""
     tokens, targets, wsum, children, roots = [], [], [], [], {}
     for view, weight in zip(views, weights):
         vt, tt = view.tokens.tolist(), view_targets(view).tolist()
@@ -135,8 +152,11 @@ def reference_layout(views, weights):
             siblings = children[node]
     rows = []  # (node, depth); then kv_end from the subtree sizes
 
+    def size(node):
+        return 1 + sum(size(c) for ns in children[node].values() for c in ns)
+
     def visit(kids, depth):
-        for node in sorted(n for ns in kids.values() for n in ns):
+        for node in sorted((n for ns in kids.values() for n in ns), key=lambda n: (-size(n), n)):
             start = len(rows)
             rows.append([node, depth, 0])
             visit(children[node], depth + 1)

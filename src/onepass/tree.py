@@ -120,7 +120,7 @@ class PrefixTree:
 
     Node ids grow with insertion, and the nodes one insertion adds are a chain of consecutive ids
     (a *segment*: once a view leaves the tree, the rest of it is new). :meth:`layout` lays the tree
-    out a segment at a time (numpy ranges, no per-node Python); :meth:`layout_reference` walks it
+    out a run of a segment at a time (numpy ranges, no per-node Python); :meth:`layout_reference` walks it
     node by node, the obviously-correct version it is tested against.
     """
 
@@ -230,51 +230,70 @@ class PrefixTree:
         return ids
 
     def _preorder(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Node ids in layout order, with the depth and kv_end of each row position, by segments.
+        """Node ids in layout order, with the depth and kv_end of each row position, by runs of a segment.
 
-        A node's children in id order are: the next node of its own segment (always the smallest
-        id), then the first nodes of the segments attached to it. So depth-first, a segment
-        ``a..b`` is laid out whole, followed by the subtrees of the segments attached to ``b``,
-        then to ``b-1``, ..., to ``a``; node ``x`` of it ends where the last of those attached at
-        or after ``x`` ends.
+        A node's children are visited heaviest subtree first, ties in id order (its own segment's
+        next node has the smallest id). A segment is therefore laid out in runs: a run ends at a
+        node where an attached segment is heavier than the rest of the run's own subtree; that
+        node's children follow in their order, and the lighter segments attached inside the run
+        follow the whole subtree of the run, deepest attachment first.
         """
         segs = self._segments
+        n = len(self.tokens)
         starts = [a for a, _, _ in segs]
-        ends = starts[1:] + [len(self.tokens)]
-        attached: list[list[tuple[int, int]]] = [[] for _ in segs]  # (-node, child segment), per segment
+        ends = starts[1:] + [n]
+        at: list[dict[int, list[int]]] = [{} for _ in segs]  # per segment: node -> attached child segments
         roots = []
         for j, (_, parent, _) in enumerate(segs):
             if parent < 0:
                 roots.append(j)
             else:
-                attached[bisect.bisect_right(starts, parent) - 1].append((-parent, j))
-        size = [e - a for a, e in zip(starts, ends)]
+                at[bisect.bisect_right(starts, parent) - 1].setdefault(parent, []).append(j)
+        size_N = np.zeros(n, dtype=np.int64)  # subtree size of every node
         for j in range(len(segs) - 1, -1, -1):  # a child segment is created after its parent's
-            for _, c in attached[j]:
-                size[j] += size[c]
-        order, depth, kv_end = [], [], []
-        stack, pos = roots[::-1], 0
-        while stack:
-            j = stack.pop()
             a, b = starts[j], ends[j]
-            order.append(np.arange(a, b))
-            depth.append(np.arange(segs[j][2], segs[j][2] + b - a))
-            end = np.full(b - a, pos + b - a, dtype=np.int64)
-            if attached[j]:
-                attached[j].sort()  # deepest attachment first, children in id order
-                extra = np.zeros(b - a, dtype=np.int64)
-                for neg, c in attached[j]:
-                    extra[-neg - a] += size[c]
-                end += np.cumsum(extra[::-1])[::-1]
-                stack.extend(c for _, c in reversed(attached[j]))
-            kv_end.append(end)
-            pos += b - a
+            extra = np.zeros(b - a, dtype=np.int64)
+            for node, kids in at[j].items():
+                extra[node - a] = sum(int(size_N[starts[c]]) for c in kids)
+            size_N[a:b] = np.arange(b - a, 0, -1) + np.cumsum(extra[::-1])[::-1]
+
+        def visit_order(tasks: list[tuple[int, int]]) -> list[tuple[int, int]]:  # heaviest first, then by id
+            return sorted(tasks, key=lambda task: (-int(size_N[task[1]]), task[1]))
+
+        splits: list[list[int]] = []  # per segment, ascending: nodes whose runs end there (a heavier child)
+        for j in range(len(segs)):
+            b = ends[j]
+            splits.append(sorted(node for node, kids in at[j].items()
+                                 if node + 1 == b or max(int(size_N[starts[c]]) for c in kids) > size_N[node + 1]))
+        order, depth, kv_end = [], [], []
+        stack = visit_order([(j, starts[j]) for j in roots])[::-1]  # tasks: (segment, first node of the run)
+        pos = 0
+        while stack:
+            j, x0 = stack.pop()
+            a, b = starts[j], ends[j]
+            k = bisect.bisect_left(splits[j], x0)
+            y = splits[j][k] if k < len(splits[j]) else b - 1  # the run is x0 .. y
+            m = y + 1 - x0
+            order.append(np.arange(x0, y + 1))
+            depth.append(np.arange(segs[j][2] + x0 - a, segs[j][2] + y + 1 - a))
+            kv_end.append(pos + np.arange(m) + size_N[x0:y + 1])
+            pos += m
+            for node in sorted(z for z in at[j] if x0 <= z < y):  # lighter than the run: after its subtree
+                stack.extend(visit_order([(c, starts[c]) for c in at[j][node]])[::-1])
+            kids = [(c, starts[c]) for c in at[j].get(y, [])] + ([(j, y + 1)] if y + 1 < b else [])
+            stack.extend(visit_order(kids)[::-1])
         if not order:
             return (np.zeros(0, dtype=np.int64),) * 3
         return np.concatenate(order), np.concatenate(depth), np.concatenate(kv_end)
 
     def dfs_order(self) -> np.ndarray:
-        """Node ids in layout order: depth-first pre-order, children in insertion order."""
+        """Node ids in layout order: depth-first pre-order, heaviest child first (ties: insertion order).
+
+        Heaviest first keeps the largest subtree's path contiguous: in a multi-turn conversation
+        the shared history is one run of the row and each turn's completion branches off it, so
+        a branch's ancestors are one range (the CPU kernel takes them as a view, not a gather,
+        and FlexAttention sees full blocks). Any depth-first order gives the same loss.
+        """
         return self._preorder()[0]
 
     def layout(self) -> Layout:
@@ -286,14 +305,22 @@ class PrefixTree:
         return Layout(input_ids=tokens[order], position_ids=depth, kv_end=end,
                       targets=targets[order], weights=weights[order])
 
+    def subtree_sizes_reference(self) -> list[int]:
+        """Nodes in each node's subtree, itself included, node by node (a child's id exceeds its parent's)."""
+        size = [1] * len(self.tokens)
+        for node in range(len(self.tokens) - 1, -1, -1):
+            size[node] += sum(size[c] for c in _ordered(self._kids(node)))
+        return size
+
     def dfs_order_reference(self) -> np.ndarray:
         """Slow reference of :meth:`dfs_order`: a stack of nodes."""
+        size = self.subtree_sizes_reference()
         order = []
-        stack = _ordered(self.roots)[::-1]
+        stack = _heaviest_first(_ordered(self.roots), size)[::-1]
         while stack:
             node = stack.pop()
             order.append(node)
-            stack.extend(_ordered(self._kids(node))[::-1])
+            stack.extend(_heaviest_first(_ordered(self._kids(node)), size)[::-1])
         return np.asarray(order, dtype=np.int64)
 
     def layout_reference(self) -> Layout:
@@ -322,6 +349,11 @@ class PrefixTree:
 def _ordered(siblings: dict[int, list[int]]) -> list[int]:
     """Sibling node ids in insertion order (node ids grow with insertion)."""
     return sorted(node for nodes in siblings.values() for node in nodes)
+
+
+def _heaviest_first(nodes: list[int], size: Sequence[int]) -> list[int]:
+    """``nodes`` (in insertion order) by subtree size, largest first; a stable sort keeps ties in order."""
+    return sorted(nodes, key=lambda node: -size[node])
 
 
 def build_layout(views: Sequence[View], weights: Sequence[float] | None = None) -> Layout:

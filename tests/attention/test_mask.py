@@ -24,7 +24,6 @@ from onepass.attention.paper import (
     ROLE_HUMAN,
     ROLE_RESPONSE_IN,
     ROLE_RESPONSE_OUT,
-    ROLE_THINK,
     paper_layout,
     paper_role_mask,
     paper_turn_ids,
@@ -65,19 +64,20 @@ def turn_views(turns):
     return views
 
 
-def paper_to_tree_order(p):
-    """Index of each tree node in the paper's sequence.
+def paper_to_tree_order(p, layout):
+    """Index in the paper's sequence of each node of the tree ``layout``.
 
-    The paper orders a turn ``h t r_in r_out``; the depth-first tree orders it
-    ``h t r_out r_in`` (the trained branch is inserted first) and never emits the last
-    turn's ``r_in``. A turn without reasoning has one response copy in both.
+    A node is found by its token and position: unique here (make_turns gives every segment its own
+    ids; a response's two copies sit at different positions whenever the turn has reasoning, and
+    has one copy when it has none). The tree never emits the last turn's ``r_in``, so that is the
+    only index of the paper's left out.
     """
-    rank = np.zeros(5, dtype=np.int64)
-    rank[[ROLE_HUMAN, ROLE_THINK, ROLE_RESPONSE_OUT, ROLE_RESPONSE_IN]] = [0, 1, 2, 3]
-    perm = np.lexsort((np.arange(len(p)), rank[p.role_ids], p.turn_ids))
-    last = p.turn_ids[perm] == p.turn_ids.max()
-    if (p.role_ids[last.nonzero()[0][0]:] == ROLE_RESPONSE_OUT).any():
-        perm = perm[~(last & (p.role_ids[perm] == ROLE_RESPONSE_IN))]
+    where = {(int(t), int(q)): i for i, (t, q) in enumerate(zip(p.input_ids, p.position_ids))}
+    assert len(where) == len(p)
+    perm = np.asarray([where[int(t), int(q)] for t, q in zip(layout.input_ids, layout.position_ids)])
+    left_out = np.setdiff1d(np.arange(len(p)), perm)
+    assert len(set(perm.tolist())) == len(perm) and (p.role_ids[left_out] == ROLE_RESPONSE_IN).all()
+    assert (p.turn_ids[left_out] == p.turn_ids.max()).all()
     return perm
 
 
@@ -104,10 +104,8 @@ def view_pairs(views):
 
 def test_docstring_example_paper_tree():
     h1, t1, r1, h2, t2, r2 = 1, 2, 3, 4, 5, 6
-    layout = build_layout([V([h1, t1, r1], 1), V([h1, r1, h2, t2, r2], 3)])
-    assert layout.input_ids.tolist() == [h1, t1, r1, r1, h2, t2, r2]
-    assert layout.position_ids.tolist() == [0, 1, 2, 1, 2, 3, 4]
-    assert layout.kv_end.tolist() == [7, 3, 3, 7, 7, 7, 7]
+    # the docstring's order: t1's branch first (any depth-first order is a valid layout)
+    kv_end = [7, 3, 3, 7, 7, 7, 7]
     expected = np.array([
         [1, 0, 0, 0, 0, 0, 0],
         [1, 1, 0, 0, 0, 0, 0],
@@ -117,8 +115,15 @@ def test_docstring_example_paper_tree():
         [1, 0, 0, 1, 1, 1, 0],
         [1, 0, 0, 1, 1, 1, 1],
     ], dtype=bool)
-    assert (dense_mask(layout.kv_end).numpy() == expected).all()
-    assert (dense_mask_reference(layout.kv_end) == expected).all()
+    assert (dense_mask(kv_end).numpy() == expected).all()
+    assert (dense_mask_reference(kv_end) == expected).all()
+    # build_layout lays the heavier branch (r1' h2 t2 r2) out first: the same mask, permuted
+    layout = build_layout([V([h1, t1, r1], 1), V([h1, r1, h2, t2, r2], 3)])
+    assert layout.input_ids.tolist() == [h1, r1, h2, t2, r2, t1, r1]
+    assert layout.position_ids.tolist() == [0, 1, 2, 3, 4, 1, 2]
+    assert layout.kv_end.tolist() == [7, 5, 5, 5, 5, 7, 7]
+    perm = [0, 5, 6, 1, 2, 3, 4]  # docstring position -> build_layout position
+    assert (dense_mask(layout.kv_end).numpy()[np.ix_(perm, perm)] == expected).all()
 
 
 def test_causal_is_the_special_case_kv_end_equals_length():
@@ -323,7 +328,7 @@ def test_paper_role_mask_equals_tree_mask(lengths):
     turns = make_turns(lengths)
     p = paper_layout(turns)
     layout = build_layout(turn_views(turns))
-    perm = paper_to_tree_order(p)
+    perm = paper_to_tree_order(p, layout)
     assert p.input_ids[perm].tolist() == layout.input_ids.tolist()
     assert p.position_ids[perm].tolist() == layout.position_ids.tolist()
     paper_mask = paper_role_mask(p.role_ids, p.turn_ids)
@@ -335,11 +340,12 @@ def test_paper_role_mask_equals_tree_mask(lengths):
 
 def test_paper_role_mask_relies_on_response_in_before_response_out():
     # The published expression lets r_in attend to its own turn's r_out whenever r_out
-    # comes first; only the paper's order (r_in first) plus causality hides it.
-    turns = make_turns([(2, 2, 2), (1, 1, 1)])
+    # comes first; only the paper's order (r_in first) plus causality hides it. Turn 1's reasoning is
+    # long, so its trained branch (t1 r_out) is the heavier and the tree lays it out before r_in.
+    turns = make_turns([(2, 5, 2), (1, 1, 1)])
     p = paper_layout(turns)
     layout = build_layout(turn_views(turns))
-    perm = paper_to_tree_order(p)
+    perm = paper_to_tree_order(p, layout)
     roles, turn = p.role_ids[perm], p.turn_ids[perm]
     wrong = paper_role_mask(roles, turn)
     diff = wrong != dense_mask(layout.kv_end).numpy()

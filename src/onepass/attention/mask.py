@@ -13,7 +13,9 @@ caller names, next to a slow double-loop reference the tests compare against.
 Worked example: the paper's two-turn case as a tree. View 1 = [h1 | t1 r1],
 view 2 = [h1 r1 h2 | t2 r2] (``|`` ends the prompt; t = reasoning, r = response).
 The two copies of r1 are the trained one (``r1``, after t1) and the history one
-(``r1'``, after h1)::
+(``r1'``, after h1). Laid out with t1's branch first (``build_layout`` puts the heavier
+branch, ``r1' h2 t2 r2``, first: the same mask with rows and columns permuted; any
+depth-first order is a valid layout)::
 
     p  token pos kv_end      q \\ k  h1 t1 r1 r1' h2 t2 r2
     0  h1    0   7           h1     x
