@@ -32,12 +32,42 @@ views_st = random_views(12)
 layout_st = views_st.map(build_layout)
 
 
+def any_dfs_order(kv_end, seed: int) -> np.ndarray:
+    """``kv_end`` of the same forest laid out depth-first with its siblings in a random order.
+
+    build_layout puts the heaviest child first, so its rows keep each branch's ancestors in one range;
+    rows prepared by other versions or tools need not, and the kernels must be exact for any order.
+    """
+    kv_end = np.asarray(kv_end)
+    L, rng = len(kv_end), random.Random(seed)
+    children: list[list[int]] = [[] for _ in range(L + 1)]  # index L: the forest's roots
+    open_nodes: list[int] = []
+    for p in range(L):
+        while open_nodes and kv_end[open_nodes[-1]] <= p:
+            open_nodes.pop()
+        children[open_nodes[-1] if open_nodes else L].append(p)
+        open_nodes.append(p)
+    order, stack = [], [L]
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        kids = children[node][:]
+        rng.shuffle(kids)
+        stack.extend(reversed(kids))
+    order = np.asarray(order[1:])
+    return np.arange(L) + (kv_end - np.arange(L))[order]  # a node's subtree size moves with it
+
+
 def batch_strategy(max_extra_pad: int):
-    """kv_end [B, L] of packed rows of trees, padded to a common length plus up to ``max_extra_pad``."""
+    """kv_end [B, L] of packed rows of trees, padded to a common length plus up to ``max_extra_pad``;
+    half of the rows in a random depth-first order (:func:`any_dfs_order`), not build_layout's."""
+    def rows(spec):
+        kv = [concat(row).kv_end for row in spec[0]]
+        kv = [any_dfs_order(k, spec[2]) if (spec[2] + b) % 2 else k for b, k in enumerate(kv)]
+        return pad_kv_end(kv, max(len(k) for k in kv) + spec[1])
+
     return st.tuples(st.lists(st.lists(layout_st, min_size=1, max_size=3), min_size=1, max_size=3),
-                     st.integers(0, max_extra_pad)).map(
-        lambda spec: pad_kv_end([concat(row).kv_end for row in spec[0]],
-                                max(len(concat(row)) for row in spec[0]) + spec[1]))
+                     st.integers(0, max_extra_pad), st.integers(0, 2**16)).map(rows)
 
 
 # --- conversations for the training tests (test_train, test_hf_trainer) ---

@@ -179,14 +179,13 @@ def _real(x_GHC: torch.Tensor, slots: torch.Tensor | None, dtype: torch.dtype) -
 
 
 def _rect_keys(plan: SegmentPlan, r: int) -> tuple[int, int] | torch.Tensor:
-    """Row positions of rectangle r's keys: ``(start, stop)`` when they are the segment's own earlier
-    positions (a view of the row), else an index tensor (ancestors, gathered)."""
+    """Row positions of rectangle r's keys: ``(start, stop)`` when they are one range of the row (a view:
+    a chunk's own earlier positions, or ancestors laid out heaviest child first), else an index tensor."""
     i, _, _, hi = plan.rect_R4[r].tolist()
-    lo, num_anc = int(plan.rect_lo_R[r]), int(plan.anc_ptr_S1[i + 1] - plan.anc_ptr_S1[i])
-    if lo >= num_anc:
-        start = int(plan.seg_start_S[i]) - num_anc
-        return start + lo, start + hi
-    return torch.from_numpy(plan.keys(i)[lo:hi])
+    keys = plan.keys(i)[int(plan.rect_lo_R[r]):hi]  # ascending
+    if keys[-1] - keys[0] == len(keys) - 1:
+        return int(keys[0]), int(keys[-1]) + 1
+    return torch.from_numpy(keys)
 
 
 def _take(x_1JTD: torch.Tensor, keys: tuple[int, int] | torch.Tensor) -> torch.Tensor:
