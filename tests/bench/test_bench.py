@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from onepass.bench import harness as bench
+from onepass.bench.report import headline
 from onepass.flops import ModelShape, train_flops, visible_pairs
 from onepass.cli import main
 from onepass.render import View
@@ -45,6 +46,20 @@ def test_ratios_use_the_same_backend_group_and_packing():
     assert by["one-pass-packed"]["fraction_of_ideal"] == 1.5 / 2.0
     assert by["one-pass"]["fraction_of_ideal"] == 1.5 / 2.0  # against unpacked N-pass
     assert by["n-pass"]["fraction_of_ideal"] is None
+    assert by["one-pass-packed"]["best_epoch_fraction_of_ideal"] is None  # no epoch times given
+
+
+def test_best_epoch_ratio_takes_each_settings_fastest_epoch():
+    def row(setting, conv_s, best):
+        return {"setting": setting, "backend": "sdpa", "depth_group": "all", "conversations_per_s": conv_s,
+                "peak_memory_bytes": None, "epoch_seconds_best": best}
+
+    rows = [row("n-pass-packed", 1.0, 8.0), row("one-pass-packed", 1.5, 4.0)]
+    bench.add_ratios(rows, {"all": 2.5})
+    one = rows[1]
+    assert one["speedup_vs_n_pass_packed"] == 1.5 and one["fraction_of_ideal"] == 1.5 / 2.5  # medians
+    assert one["best_epoch_speedup_vs_n_pass_packed"] == 2.0 and one["best_epoch_fraction_of_ideal"] == 2.0 / 2.5
+    assert "(fastest epochs: 2.00x, 80%)" in "\n".join(headline({"settings": rows, "ideal_speedup": {"all": 2.5}}))
 
 
 @pytest.mark.slow  # a whole benchmark run in fresh processes (still run by make test)

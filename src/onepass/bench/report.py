@@ -65,7 +65,10 @@ def headline(summary: dict[str, Any]) -> list[str]:
         line = (f"- one-pass packed vs N-pass packed ({s['backend']}, {s['depth_group']}): "
                 f"{_fmt(s['speedup_vs_n_pass_packed'], '.2f', 'x')}, "
                 f"{_fmt(s['fraction_of_ideal'], '.0%')} of the ideal "
-                f"{summary['ideal_speedup'].get(s['depth_group'], 0):.2f}x; memory "
+                f"{summary['ideal_speedup'].get(s['depth_group'], 0):.2f}x"
+                + (f" (fastest epochs: {s['best_epoch_speedup_vs_n_pass_packed']:.2f}x, "
+                   f"{s['best_epoch_fraction_of_ideal']:.0%})" if s.get("best_epoch_fraction_of_ideal") else "")
+                + "; memory "
                 f"{_fmt(s['memory_vs_n_pass_packed'], '.2f', 'x')}")
         if s.get("tensor_memory_vs_n_pass_packed"):  # onepass.bench.memory: allocator-level, not RSS
             line += (f" (RSS); tensors {s['tensor_memory_vs_n_pass_packed']:.2f}x, forward+backward "
