@@ -86,3 +86,47 @@ def test_workers_take_sigterm_at_its_default_action_while_the_parent_handles_it(
         assert workers and catches_sigterm(workers[0].pid) is False
         assert catches_sigterm(__import__("os").getpid()) is True
         trees.close()
+
+
+def test_an_early_stop_lets_in_flight_tasks_finish_before_the_workers_are_killed():
+    # Pool.terminate kills a worker wherever it is; one killed while writing a result holds the result
+    # queue's lock and terminate then hangs forever (1 in a few hundred early stops before this fix).
+    from onepass.data.parallel import _stop
+
+    calls = []
+
+    class Result:
+        def __init__(self, finishes: bool) -> None:
+            self.finishes = finishes
+
+        def wait(self, timeout: float) -> None:
+            calls.append(("wait", self.finishes))
+
+        def ready(self) -> bool:
+            return self.finishes
+
+    class Pool:
+        def close(self) -> None:
+            calls.append("close")
+
+        def join(self) -> None:
+            calls.append("join")
+
+        def terminate(self) -> None:
+            calls.append("terminate")
+
+    _stop(Pool(), [Result(True), Result(True)])
+    assert calls == ["close", ("wait", True), ("wait", True), "join", "terminate"]
+    calls.clear()
+    _stop(Pool(), [Result(True), Result(False)], timeout=0.0)  # a task that never ends: no join, terminate
+    assert calls == ["close", ("wait", True), ("wait", False), "terminate"]
+
+
+def test_early_stops_of_a_parallel_prepare_return(qwen3_tokenizer):
+    from onepass.data.parallel import iter_prepared
+
+    for _ in range(20):  # each closes the stream with tasks in flight
+        trees = iter_prepared("builtin:mathchat", qwen3_tokenizer, PrepareConfig(), PrepareStats(), num_proc=2,
+                              limit=40)
+        next(trees)
+        trees.close()

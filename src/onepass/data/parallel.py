@@ -42,6 +42,7 @@ import dataclasses
 import os
 import signal
 import sys
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -54,6 +55,7 @@ from onepass.tree import Layout
 
 CHUNK = 8  # conversations per task sent to a worker
 WINDOW = 4  # tasks in flight per worker: bounds memory, keeps workers busy
+STOP_SECONDS = 30.0  # on an early stop, how long in-flight tasks may finish before their workers are killed
 _WORKER: dict[str, Any] = {}  # in each worker: its tokenizer, config, strict
 PR_SET_PDEATHSIG = 1
 _FORKING: dict[str, Any] = {"active": False, "parent": 0, "hooked": False, "prctl": None}  # read in the child
@@ -226,8 +228,8 @@ def iter_prepared(spec: str | Path, tokenizer: Any, config: PrepareConfig, stats
         with default_sigterm_while_forking():
             pool = multiprocessing.get_context("fork").Pool(
                 num_proc, initializer=_init_worker, initargs=(tokenizer, chat_template, config, strict))
+        pending: deque[Any] = deque()
         try:
-            pending: deque[Any] = deque()
             chunks = _chunks(convs, CHUNK)
             while True:
                 while len(pending) < WINDOW * num_proc and (chunk := next(chunks, None)) is not None:
@@ -237,10 +239,28 @@ def iter_prepared(spec: str | Path, tokenizer: Any, config: PrepareConfig, stats
                 for trees, counts, skips in pending.popleft().get():
                     stats.add(counts, skips)
                     yield from trees
-            pool.close()
-            pool.join()
         finally:
-            pool.terminate()
+            _stop(pool, pending)
+
+
+def _stop(pool: Any, pending: Iterable[Any], timeout: float = STOP_SECONDS) -> None:
+    """Close ``pool`` once its ``pending`` tasks are done (at most ``timeout`` seconds), then terminate it.
+
+    ``Pool.terminate`` kills workers where they stand; one killed while it writes a result holds the
+    result queue's lock forever, and the pool's own task thread then blocks on that lock, so terminate
+    never returns (seen as a hung test when the consumer stopped early). Letting the <= ``WINDOW`` tasks
+    per worker finish first (a second or so) leaves every worker idle, and ``close`` + ``join`` ends
+    them cleanly; ``terminate`` is then only the fallback for a worker that does not finish.
+    """
+    try:
+        pool.close()
+        deadline = time.monotonic() + timeout
+        for result in pending:
+            result.wait(max(0.0, deadline - time.monotonic()))
+        if all(result.ready() for result in pending):
+            pool.join()
+    finally:  # also when a second signal interrupts the wait
+        pool.terminate()
 
 
 def prepare_parallel(spec: str | Path, tokenizer: Any, config: PrepareConfig = PrepareConfig(), *,
