@@ -39,10 +39,7 @@ def main(data: str, out: str, batch: int, vocab: int) -> None:
             "world_size": trainer.args.world_size, "initial_weight_norm": initial, "weight_norm": norm,
             "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h]}))
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        # end the gloo group before exit: a rank that exits with it alive can abort in its threads'
-        # teardown ("terminate called without an active exception"; seen once under a loaded suite)
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+        torch.distributed.destroy_process_group()  # end the gloo group before the interpreter tears down
 
 
 if __name__ == "__main__":
