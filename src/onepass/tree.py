@@ -260,11 +260,10 @@ class PrefixTree:
         def visit_order(tasks: list[tuple[int, int]]) -> list[tuple[int, int]]:  # heaviest first, then by id
             return sorted(tasks, key=lambda task: (-int(size_N[task[1]]), task[1]))
 
-        splits: list[list[int]] = []  # per segment, ascending: nodes whose runs end there (a heavier child)
-        for j in range(len(segs)):
-            b = ends[j]
-            splits.append(sorted(node for node, kids in at[j].items()
-                                 if node + 1 == b or max(int(size_N[starts[c]]) for c in kids) > size_N[node + 1]))
+        nodes = [sorted(at_j) for at_j in at]  # per segment, ascending: its nodes with attached segments
+        splits = [[node for node in nodes[j]  # those where a run ends (a heavier child, or the segment's end)
+                   if node + 1 == ends[j] or max(int(size_N[starts[c]]) for c in at[j][node]) > size_N[node + 1]]
+                  for j in range(len(segs))]
         order, depth, kv_end = [], [], []
         stack = visit_order([(j, starts[j]) for j in roots])[::-1]  # tasks: (segment, first node of the run)
         pos = 0
@@ -278,7 +277,8 @@ class PrefixTree:
             depth.append(np.arange(segs[j][2] + x0 - a, segs[j][2] + y + 1 - a))
             kv_end.append(pos + np.arange(m) + size_N[x0:y + 1])
             pos += m
-            for node in sorted(z for z in at[j] if x0 <= z < y):  # lighter than the run: after its subtree
+            inside = nodes[j][bisect.bisect_left(nodes[j], x0):bisect.bisect_left(nodes[j], y)]
+            for node in inside:  # lighter than the run: after its subtree
                 stack.extend(visit_order([(c, starts[c]) for c in at[j][node]])[::-1])
             kids = [(c, starts[c]) for c in at[j].get(y, [])] + ([(j, y + 1)] if y + 1 < b else [])
             stack.extend(visit_order(kids)[::-1])
