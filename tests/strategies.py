@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from onepass.attention.mask import pad_kv_end
+from onepass.mixers.chains import parents
 from onepass.render import View
 from onepass.tree import build_layout, concat
 
@@ -41,12 +42,8 @@ def any_dfs_order(kv_end, seed: int) -> np.ndarray:
     kv_end = np.asarray(kv_end)
     L, rng = len(kv_end), random.Random(seed)
     children: list[list[int]] = [[] for _ in range(L + 1)]  # index L: the forest's roots
-    open_nodes: list[int] = []
-    for p in range(L):
-        while open_nodes and kv_end[open_nodes[-1]] <= p:
-            open_nodes.pop()
-        children[open_nodes[-1] if open_nodes else L].append(p)
-        open_nodes.append(p)
+    for p, parent in enumerate(parents(kv_end).tolist()):
+        children[parent if parent >= 0 else L].append(p)
     order, stack = [], [L]
     while stack:
         node = stack.pop()
