@@ -80,6 +80,9 @@ def float64_norms(model: Any) -> tuple[int, list[str]]:
 
     Returns (patched, RMSNorms left alone).
     """
+    from onepass.couplings import upcast_kept_parameters
+
+    upcast_kept_parameters(model)  # e.g. MoE router weights kept float32 in a float64 model
     patched, skipped = 0, []
     for name, mod in model.named_modules():
         candidates = _candidates(mod)

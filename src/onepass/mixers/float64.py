@@ -5,8 +5,8 @@ model dtype (``x.to(torch.float32)`` in the gated delta rule, ``x.float()`` in
 the Mamba2 chunk scan). One-pass splits a row into chains where N-pass scans a
 whole view, so the float32 roundings differ (~1e-7 relative; more for the
 small gradients of the decay parameters) although the math is identical. To
-check equivalence at 1e-9, :func:`float64_kernels` replaces each known kernel
-by a dispatcher: float64 inputs run a copy of the kernel's own source with the
+check equivalence at 1e-9, :func:`float64_kernels` replaces each kernel a
+mixer calls (found in its source, not named here) by a dispatcher: float64 inputs run a copy of the kernel's own source with the
 float32 casts made float64; any other dtype runs the original, unchanged.
 The gated RMSNorms inside the mixers (``*RMSNormGated``, not covered by
 :func:`onepass.precision.float64_norms`) get the same treatment per instance in
@@ -16,7 +16,9 @@ to upcast half precision, rounds float64 logits to float32: the loss of both
 one-pass and N-pass becomes a float32 sum, ~1e-7 apart, although every layer
 agrees to 1e-16). The copies are the models' own code with one cast changed;
 tests/mixers/test_hybrids.py checks they agree with the originals to float32
-precision.
+precision. The rewrite cannot silently stop applying: :func:`check_float64_mixers`
+watches a short float64 forward and refuses in one line if any op inside a
+mixer still returns float32.
 """
 
 from __future__ import annotations
@@ -25,22 +27,15 @@ import functools
 import importlib
 import inspect
 import re
+import sys
 import textwrap
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-# module -> kernel functions that cast to float32 inside
-KERNELS: dict[str, tuple[str, ...]] = {
-    "transformers.models.qwen3_next.modeling_qwen3_next": ("torch_chunk_gated_delta_rule",
-                                                           "torch_recurrent_gated_delta_rule"),
-    "transformers.models.qwen3_5.modeling_qwen3_5": ("torch_chunk_gated_delta_rule",
-                                                     "torch_recurrent_gated_delta_rule"),
-    "transformers.models.nemotron_h.modeling_nemotron_h": ("mamba2_chunk_scan", "mamba2_selective_state_update"),
-    "transformers.models.granitemoehybrid.modeling_granitemoehybrid": ("mamba2_chunk_scan",
-                                                                      "mamba2_selective_state_update"),
-    "transformers.models.falcon_h1.modeling_falcon_h1": ("mamba2_chunk_scan", "mamba2_selective_state_update"),
-}
+from onepass.couplings import CouplingError, called_kernels, mixer_classes
+
 _PATCHED = "_onepass_float64"
 
 
@@ -59,19 +54,24 @@ def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor
                  and a.is_floating_point()), None)
 
 
-def float64_kernels() -> int:
-    """Make the known recurrent kernels compute float64 inputs in float64 (idempotent, process-wide:
-    other dtypes are untouched). Returns how many kernels are patched."""
+def _casts(fn: Any) -> bool:
+    """Whether ``fn``'s source casts to float32 (``torch.float32``, ``torch.float``, ``.float()``)."""
+    try:
+        src = inspect.getsource(inspect.unwrap(fn))
+    except (OSError, TypeError):
+        return False
+    return re.search(r"torch\.float(32)?\b", src) is not None or ".float()" in src
+
+
+def float64_kernels(classes: Iterable[type]) -> int:
+    """Make the kernels the mixer ``classes`` call by name, and that cast to float32 inside, compute
+    float64 inputs in float64 (idempotent, process-wide: other dtypes run the original). Found in the
+    installed code (:func:`onepass.couplings.called_kernels`), not from a table of names. Returns how
+    many kernels are patched."""
     count = 0
-    for name, kernels in KERNELS.items():
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        for kernel in kernels:
-            original = getattr(module, kernel, None)
-            if original is None:
-                continue
+    for cls in classes:
+        module = sys.modules[cls.__module__]
+        for name, original in called_kernels(cls, wanted=lambda f: getattr(f, _PATCHED, False) or _casts(f)).items():
             if not getattr(original, _PATCHED, False):
                 exact = _float64_copy(original, module)
 
@@ -82,38 +82,79 @@ def float64_kernels() -> int:
 
                 functools.update_wrapper(dispatch, original)
                 setattr(dispatch, _PATCHED, True)
-                setattr(module, kernel, dispatch)
+                setattr(module, name, dispatch)
             count += 1
     return count
 
 
-def _casts(cls: type) -> bool:
-    try:
-        src = inspect.getsource(inspect.unwrap(cls.forward))
-    except (OSError, TypeError):
-        return False
-    return re.search(r"torch\.float(32)?\b", src) is not None or ".float()" in src
-
-
 def float64_mixers(model: torch.nn.Module) -> int:
-    """:func:`float64_kernels`, and in a float64 ``model`` the forward of each registered mixer, gated
+    """:func:`float64_kernels`, and in a float64 ``model`` the forward of each recurrent mixer, gated
     RMSNorm (``*RMSNormGated``, not covered by :func:`onepass.precision.float64_norms`), MoE router
     (``*Router``) and causal LM (``*ForCausalLM``: its logits) that casts to float32, computed in
-    float64 instead. Returns how many were patched."""
+    float64 instead. Then :func:`check_float64_mixers` makes sure nothing inside a mixer still rounds
+    to float32 (:class:`onepass.couplings.CouplingError` if it does). Returns how many were patched."""
     import types
 
-    from onepass.mixers.tree import MIXERS
-
-    float64_kernels()
+    mixers = mixer_classes(model.modules())
+    float64_kernels(mixers)
     if next(model.parameters()).dtype != torch.float64:
         return 0
     count = 0
     for mod in model.modules():
         cls = type(mod)
-        wanted = cls.__name__ in MIXERS or cls.__name__.endswith(("RMSNormGated", "Router", "ForCausalLM"))
-        if wanted and _PATCHED not in mod.__dict__ and "forward" not in mod.__dict__ and _casts(cls):
+        wanted = cls in mixers or cls.__name__.endswith(("RMSNormGated", "Router", "ForCausalLM"))
+        if wanted and _PATCHED not in mod.__dict__ and "forward" not in mod.__dict__ and _casts(cls.forward):
             exact = _float64_copy(cls.forward, importlib.import_module(cls.__module__))
             mod.forward = types.MethodType(exact, mod)
             mod.__dict__[_PATCHED] = True
             count += 1
+    if mixers:
+        check_float64_mixers(model)
     return count
+
+
+def float32_inside_mixers(model: torch.nn.Module, num_tokens: int = 6) -> dict[str, set[str]]:
+    """The ops that return a tensor below float64 inside each recurrent mixer, on a short float64
+    forward of ``model`` (mixer class name -> op names; empty when float64 is float64 all the way)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    inside: list[str] = []
+    found: dict[str, set[str]] = {}
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            if inside and any(isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+                              for t in (out if isinstance(out, (tuple, list)) else (out,))):
+                found.setdefault(inside[-1], set()).add(str(func.overloadpacket.__name__))
+            return out
+
+    mixers = mixer_classes(model.modules())
+    hooks = []
+    for mod in model.modules():
+        if type(mod) in mixers:
+            hooks.append(mod.register_forward_pre_hook(lambda m, a: inside.append(type(m).__name__) and None))
+            hooks.append(mod.register_forward_hook(lambda m, a, o: inside.pop() and None))
+    vocab = model.get_input_embeddings().num_embeddings
+    ids = (torch.arange(num_tokens) % vocab)[None].to(next(model.parameters()).device)
+    try:
+        with torch.no_grad(), Watch():
+            model(input_ids=ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return found
+
+
+def check_float64_mixers(model: torch.nn.Module) -> None:
+    """Raise :class:`onepass.couplings.CouplingError` naming each mixer of a float64 ``model`` that
+    still computes below float64 (a kernel the patches no longer reach): a float64 one-pass vs N-pass
+    comparison would then differ for rounding (~1e-7), not for the layout."""
+    found = float32_inside_mixers(model)
+    if found:
+        import transformers
+
+        what = "; ".join(f"{name}: {', '.join(sorted(ops)[:4])}" for name, ops in sorted(found.items()))
+        raise CouplingError(f"float64 verification: recurrent mixers still compute in float32 on transformers "
+                            f"{transformers.__version__} ({what}); onepass's float64 kernel patches no longer "
+                            f"reach them")

@@ -2,7 +2,8 @@
 
 Why this module exists: in a one-pass row a recurrent layer that scans the row
 left to right would carry one view's tokens into another's. Here every
-registered mixer (by module class) runs its *own* forward chain by chain
+recurrent mixer (found by :func:`onepass.couplings.recurrent_mixer`: a module
+whose forward reads conv / recurrent states from its cache argument) runs its *own* forward chain by chain
 (:mod:`onepass.mixers.chains`), given a small cache object that holds the
 parent chain's end states: the conv state (the last inputs of the causal
 convolution, fewer at the start of a path, which the convolution's zero padding
@@ -11,7 +12,7 @@ same prefill-with-a-cache path HF uses for generation, so no mixer math is
 copied here; states are never detached, so gradients flow through them.
 
 How the plan reaches the mixers: :func:`install` wraps the forward of each
-registered mixer instance once (idempotent); :func:`tree_kwargs` returns
+mixer instance once (idempotent); :func:`tree_kwargs` returns
 ``{"onepass_chains": plan}`` for the model call, which HF forwards through the
 decoder layers' ``**kwargs`` to the mixer. A mixer called without it (the plain
 N-pass reference, generation) runs unchanged; with gradient checkpointing the
@@ -45,18 +46,21 @@ from typing import Any
 import numpy as np
 import torch
 
+from onepass.couplings import check_cache_api, recurrent_mixer
 from onepass.mixers.chains import Chain, batch_chains
 
 PLAN_KWARG = "onepass_chains"
-# mixer class name -> the name of its cache argument; each has a float64 test in tests/mixers
-MIXERS: dict[str, str] = {
-    "Lfm2ShortConv": "past_key_values",  # LFM2: gated short convolution
-    "Qwen3NextGatedDeltaNet": "cache_params",  # Qwen3-Next: conv1d front + gated delta rule
-    "Qwen3_5GatedDeltaNet": "cache_params",  # Qwen3.5 / 3.6 (text)
-    "NemotronHMamba2Mixer": "cache_params",  # Nemotron-H: Mamba2
-    "GraniteMoeHybridMambaLayer": "cache_params",  # Granite-4 hybrid: Mamba2
-    "FalconH1Mixer": "cache_params",  # Falcon-H1: Mamba2 beside attention in every layer
-}
+# The mixers with a float64 equivalence test (tests/mixers/test_hybrids.py), for the docs: which modules
+# are mixers, and which argument takes their cache, is read off the installed code
+# (onepass.couplings.recurrent_mixer), never from this list.
+TESTED_MIXERS: tuple[str, ...] = (
+    "Lfm2ShortConv",  # LFM2: gated short convolution
+    "Qwen3NextGatedDeltaNet",  # Qwen3-Next: conv1d front + gated delta rule
+    "Qwen3_5GatedDeltaNet",  # Qwen3.5 / 3.6 (text)
+    "NemotronHMamba2Mixer",  # Nemotron-H: Mamba2
+    "GraniteMoeHybridMambaLayer",  # Granite-4 hybrid: Mamba2
+    "FalconH1Mixer",  # Falcon-H1: Mamba2 beside attention in every layer
+)
 _WRAPPED = "_onepass_tree_forward"
 
 
@@ -94,6 +98,9 @@ class ChainState:
                                **kwargs: Any) -> torch.Tensor:
         self.recurrent = state
         return state
+
+
+CHAIN_STATE_METHODS = frozenset(n for n in vars(ChainState) if not n.startswith("_"))
 
 
 def _one_token_state_update(fn: Any) -> Any:
@@ -193,15 +200,18 @@ def _root(model: Any) -> torch.nn.Module | None:
 
 
 def install(model: Any) -> int:
-    """Wrap every registered mixer of ``model`` (once); returns how many it has."""
+    """Wrap every recurrent mixer of ``model`` (once); returns how many it has. Raises
+    :class:`onepass.couplings.CouplingError` if a mixer calls a cache method the chain state lacks."""
     root = _root(model)
     if root is None:
         return 0
     count = 0
     for mod in root.modules():
-        cache_kw = MIXERS.get(type(mod).__name__)
-        if cache_kw is None:
+        coupling = recurrent_mixer(type(mod))
+        if coupling is None:
             continue
+        check_cache_api(coupling, CHAIN_STATE_METHODS, type(mod))
+        cache_kw = coupling.cache_arg
         count += 1
         if _WRAPPED not in mod.__dict__:
             original = mod.forward

@@ -1,0 +1,220 @@
+"""Every place onepass relies on another library's internals, detected from the code in front of us.
+
+Why this module exists: transformers ships a release every few weeks and
+renames what it does not promise to keep (5.24 renamed every recurrent mixer's
+cache argument from ``past_key_values`` / ``cache_params`` to ``cache``; a
+table of names true for 5.23 silently dropped the chain states and every
+hybrid ran left to right over the whole row). So onepass does not *name* what
+it couples to: it reads it off the installed code (a forward's signature, the
+cache methods its source calls, the float32 casts a kernel makes) and, where a
+coupling no longer holds, stops at model load with one line naming the class,
+what changed and the installed version (:class:`CouplingError`). The guard
+(:mod:`onepass.guard`) stays the last line of defence: it compares one-pass
+with N-pass on a tiny twin whatever this module concluded.
+
+:data:`COUPLINGS` lists each coupling, what it relies on and where it lives;
+``tests/test_couplings.py`` checks each against the installed releases (and
+``make test-latest`` against the newest ones).
+
+Example: a recurrent mixer is a module whose forward reads conv or recurrent
+states from one of its arguments; that argument is its cache argument.
+
+>>> class Mixer:
+...     def forward(self, hidden_states, state=None, attention_mask=None):
+...         conv = state.get_conv_state(0) if state is not None else None
+...         return hidden_states
+>>> recurrent_mixer(Mixer)
+MixerCoupling(cls_name='Mixer', cache_arg='state', cache_methods=frozenset({'get_conv_state'}))
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from onepass.errors import OnePassError
+
+
+class CouplingError(OnePassError):
+    """An internal of transformers / peft / torch that onepass relies on no longer holds."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Coupling:
+    """One place onepass relies on something a library does not promise to keep."""
+
+    name: str
+    relies_on: str  # what exactly, in the library's words
+    detected_by: str  # how onepass finds it in the installed code (never a table of names)
+    fails_as: str  # what a user sees when it no longer holds
+    where: str  # the onepass module that holds it
+    checked: str  # releases it was checked on
+
+
+COUPLINGS: tuple[Coupling, ...] = (
+    Coupling(name="recurrent mixer cache argument",
+             relies_on="a recurrent mixer's forward takes a cache object as a keyword argument",
+             detected_by="the forward parameter whose uses in the class source read conv / recurrent states",
+             fails_as="CouplingError at model load (mixer found, no cache argument)",
+             where="onepass.couplings.recurrent_mixer, onepass.mixers.tree",
+             checked="transformers 5.23 (cache_params / past_key_values), 5.24 (cache)"),
+    Coupling(name="recurrent mixer cache API",
+             relies_on="the mixer calls only get/update_conv_state, get/update_recurrent_state, is_recording_past",
+             detected_by="every `<cache arg>.<method>(` call in the class source, against ChainState's methods",
+             fails_as="CouplingError at model load naming the method onepass's chain state lacks",
+             where="onepass.couplings.check_cache_api, onepass.mixers.tree.ChainState",
+             checked="transformers 5.23, 5.24"),
+    Coupling(name="float64 recurrent kernels",
+             relies_on="the mixer's scan kernels are module-level functions that cast to float32 inside",
+             detected_by="functions the mixer's forward calls by name in its module whose source casts to float32",
+             fails_as="CouplingError when a float64 model still computes float32 inside a mixer (probed)",
+             where="onepass.mixers.float64",
+             checked="transformers 5.23, 5.24"),
+    Coupling(name="float64 norms and MoE routers",
+             relies_on="RMSNorm `weight * x` / `(1 + weight) * x`; TopkRouter's grouped top-k in float32",
+             detected_by="each candidate checked against the original on a random input before it is patched",
+             fails_as="the module is left alone and reported (verify: the norms left are listed)",
+             where="onepass.precision",
+             checked="transformers 5.23, 5.24"),
+    Coupling(name="parameters kept in float32",
+             relies_on="`_keep_in_fp32_modules_strict` keeps e.g. MoE router weights float32 in a float64 model",
+             detected_by="any floating parameter or buffer below the model's dtype",
+             fails_as="cast up for float64 verification (exact: float32 values are float64 values)",
+             where="onepass.couplings.upcast_kept_parameters",
+             checked="transformers 5.24 (DeepSeek-V3, GLM-4-MoE routers)"),
+    Coupling(name="attention backend registration",
+             relies_on="public AttentionInterface / AttentionMaskInterface .register",
+             detected_by="public API", fails_as="ImportError naming transformers",
+             where="onepass.attention.cpu.register", checked="transformers 5.0-5.24"),
+    Coupling(name="chat template compiler",
+             relies_on="transformers.utils.chat_template_utils._compile_jinja_template (private)",
+             detected_by="import", fails_as="ImportError at template load",
+             where="onepass.tokenizer", checked="transformers 5.0-5.24"),
+    Coupling(name="accelerate state reset",
+             relies_on="AcceleratorState._reset_state (private) between two train() calls in one process",
+             detected_by="attribute lookup", fails_as="AttributeError", where="onepass.train.loop",
+             checked="accelerate 1.0-1.15"),
+)
+
+# the cache methods a mixer reads states with: their presence makes a module a recurrent mixer
+STATE_READS = frozenset({"get_conv_state", "get_recurrent_state"})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MixerCoupling:
+    """How a recurrent mixer class takes its states, read off its installed source."""
+
+    cls_name: str
+    cache_arg: str  # the forward keyword the cache object goes in
+    cache_methods: frozenset[str]  # every method the class calls on it
+
+
+def _source(obj: Any) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def _version(cls: type) -> str:
+    package = cls.__module__.split(".")[0]
+    try:
+        from importlib.metadata import version
+
+        return f"{package} {version(package)}"
+    except Exception:  # noqa: BLE001 - a module outside an installed distribution
+        return package
+
+
+@functools.lru_cache(maxsize=None)
+def recurrent_mixer(cls: type) -> MixerCoupling | None:
+    """``cls``'s cache argument and cache calls if it is a recurrent mixer, else None.
+
+    A recurrent mixer is a class whose source reads conv or recurrent states
+    (:data:`STATE_READS`) from one of its forward's parameters. Raises
+    :class:`CouplingError` if the class reads states from something that is
+    not a forward parameter (onepass could not hand it a chain's states).
+    """
+    forward = getattr(cls, "forward", None)
+    if forward is None:
+        return None
+    source = _source(cls)
+    if not any(f".{read}(" in source for read in STATE_READS):
+        return None
+    try:
+        params = inspect.signature(inspect.unwrap(forward)).parameters
+    except (TypeError, ValueError):
+        params = {}
+    for name in params:
+        methods = frozenset(re.findall(rf"\b{re.escape(name)}\.(\w+)\(", source))
+        if methods & STATE_READS:
+            return MixerCoupling(cls_name=cls.__name__, cache_arg=name, cache_methods=methods)
+    raise CouplingError(
+        f"{cls.__name__} ({_version(cls)}) reads recurrent states, but from none of its forward's arguments "
+        f"({', '.join(params) or 'none found'}): onepass cannot run it on a tree; please report it")
+
+
+def check_cache_api(coupling: MixerCoupling, provided: Iterable[str], cls: type | None = None) -> None:
+    """Raise :class:`CouplingError` if the mixer calls a cache method outside ``provided``."""
+    missing = sorted(coupling.cache_methods - set(provided))
+    if missing:
+        where = f" ({_version(cls)})" if cls is not None else ""
+        raise CouplingError(
+            f"{coupling.cls_name}{where} calls {', '.join(f'{coupling.cache_arg}.{m}()' for m in missing)}, "
+            f"which onepass's chain state does not provide: this release changed the recurrent cache API; "
+            f"one-pass cannot lay this model's recurrent layers on a tree until onepass supports it")
+
+
+def mixer_classes(modules: Iterable[Any]) -> dict[type, MixerCoupling]:
+    """The recurrent mixer classes among ``modules`` (e.g. ``model.modules()``), each with its coupling."""
+    found: dict[type, MixerCoupling] = {}
+    for mod in modules:
+        cls = type(mod)
+        if cls not in found:
+            coupling = recurrent_mixer(cls)
+            if coupling is not None:
+                found[cls] = coupling
+    return found
+
+
+def called_kernels(cls: type, *, wanted: Callable[[Any], bool]) -> dict[str, Any]:
+    """Module-level functions of ``cls``'s module that its forward calls by name and ``wanted`` accepts."""
+    import sys
+
+    module = sys.modules.get(cls.__module__)
+    forward = getattr(cls, "forward", None)
+    if module is None or forward is None:
+        return {}
+    names = set(re.findall(r"(?<![.\w])(\w+)\(", _source(inspect.unwrap(forward))))
+    found = {n: getattr(module, n, None) for n in sorted(names)}
+    return {n: f for n, f in found.items() if inspect.isfunction(inspect.unwrap(f)) and wanted(f)}
+
+
+def upcast_kept_parameters(model: Any) -> int:
+    """In a float64 ``model``, cast floating parameters and buffers below float64 (kept in float32 by
+    ``_keep_in_fp32_modules_strict``) up to float64, for verification. Returns how many.
+
+    Exact: every float32 value is a float64 value. Without it a float32 router weight of a float64
+    model accumulates its gradient in float32 and one-pass and N-pass differ by ~1e-8 for rounding.
+    """
+    import torch
+
+    dtype = torch.float64
+    if not any(p.dtype == dtype for p in model.parameters()):
+        return 0  # a model in training precision keeps what its release keeps in float32
+    count = 0
+    for mod in model.modules():
+        for store in (mod._parameters, mod._buffers):
+            for name, t in store.items():
+                if (t is not None and t.is_floating_point()
+                        and torch.finfo(t.dtype).bits < torch.finfo(dtype).bits):
+                    if isinstance(t, torch.nn.Parameter):
+                        store[name] = torch.nn.Parameter(t.detach().to(dtype), requires_grad=t.requires_grad)
+                    else:
+                        store[name] = t.to(dtype)
+                    count += 1
+    return count
