@@ -1,7 +1,11 @@
 # Two commands on a fresh machine: `make demo` and `make test`.
-# Both create .venv on first use. torch is pinned here (setup path only) so a
-# CPU machine installs the local CPU wheel instead of a multi-GB CUDA build;
-# the package itself requires a range, so GPU users keep their CUDA build.
+# Both create .venv on first use, from constraints.txt (versions known to pass).
+# torch is pinned here (setup path only) so a CPU machine installs the local
+# CPU wheel instead of a multi-GB CUDA build; the package itself requires
+# ranges, so users are not pinned and GPU users keep their CUDA build.
+# `make test-latest` runs the suite on the newest release of every dependency
+# (run it before new work; fix breaks in src/onepass/couplings.py, never by a
+# pin), `make test-min` on the oldest the metadata allows (constraints-min.txt).
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -11,13 +15,14 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-fast clean gpu-check
+LOCK ?= constraints.txt
+.PHONY: setup demo test test-fast test-latest test-min lock clean gpu-check
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml Makefile $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_PIN)"
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -c $(LOCK) -e ".[test]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -34,8 +39,34 @@ test: setup
 test-fast: setup   # everything but the two whole-benchmark runs (marked slow)
 	$(PY) -m pytest -q $(PYTEST_PAR) -m "not slow"
 
+# The newest releases of every dependency (torch stays the CPU build), in their own venv, whole suite.
+test-latest:
+	rm -rf .venv-latest && $(PYTHON) -m venv .venv-latest
+	.venv-latest/bin/python -m pip install --quiet --upgrade pip
+	.venv-latest/bin/python -m pip install --quiet "$(TORCH_PIN)"
+	.venv-latest/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -e ".[test]"
+	@.venv-latest/bin/python -m pip list 2>/dev/null | grep -iE "^(torch|transformers|peft|accelerate|datasets|trl|tokenizers) "
+	.venv-latest/bin/python -m pytest -q $(PYTEST_PAR)
+
+# After `make test-latest` passed: record what it ran as the lock CI installs.
+lock:
+	@test -x .venv-latest/bin/python || { echo "make lock: run make test-latest first"; exit 1; }
+	{ sed -n '/^#/p' $(LOCK); .venv-latest/bin/python -m pip freeze --exclude-editable 2>/dev/null \
+	  | grep -viE "^(torch|onepass)[=@ ]"; } > $(LOCK).new && mv $(LOCK).new $(LOCK)
+
+# The oldest releases pyproject.toml allows (constraints-min.txt), on the suites that touch them.
+MIN_SUITES ?= tests/test_architectures.py tests/mixers tests/test_couplings.py tests/test_guard.py \
+	tests/test_head.py tests/train tests/test_real_templates.py tests/data tests/bench/test_bench_trl.py
+test-min:
+	rm -rf .venv-min && $(PYTHON) -m venv .venv-min
+	.venv-min/bin/python -m pip install --quiet --upgrade pip
+	.venv-min/bin/python -m pip install --quiet "$(TORCH_PIN)"
+	.venv-min/bin/python -m pip install --quiet -c constraints-min.txt -e ".[test]"
+	@.venv-min/bin/python -m pip list 2>/dev/null | grep -iE "^(torch|transformers|peft|accelerate|datasets|trl|numpy) "
+	.venv-min/bin/python -m pytest -q $(PYTEST_PAR) $(MIN_SUITES)
+
 gpu-check: setup   # CUDA only (refuses in one line elsewhere): CUDA tests + GPU bench -> benchmarks/results/gpu-<date>/
 	@$(PY) -m onepass.bench.gpu_check $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-latest .venv-min runs .pytest_cache .hypothesis

@@ -103,9 +103,10 @@ def test_float64_mixers_leave_nothing_in_float32(arch):
 
 def test_parameters_kept_in_float32_are_cast_up_only_in_a_float64_model():
     model = tiny_model("deepseek-v3", 32, dtype=torch.float64)
+    router = next(m for m in model.modules() if type(m).__name__.endswith("TopkRouter"))
+    router.weight.data = router.weight.data.float()  # as transformers >= 5.24 keeps it; 5.23 did not
     kept = [n for n, p in model.named_parameters() if p.dtype != torch.float64]
-    assert kept, "transformers keeps the router weight float32 (_keep_in_fp32_modules_strict)"
-    assert upcast_kept_parameters(model) >= len(kept)
+    assert upcast_kept_parameters(model) >= len(kept) >= 1
     assert all(p.dtype == torch.float64 for p in model.parameters())
     assert all(b.dtype == torch.float64 for b in model.buffers() if b.is_floating_point())
     lower = tiny_model("deepseek-v3", 32, dtype=torch.bfloat16)

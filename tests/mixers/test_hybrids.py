@@ -122,8 +122,9 @@ CHAT = {"messages": [{"role": "user", "content": "2+2?"},
                      {"role": "assistant", "content": "6", "reasoning_content": "add again"}]}
 
 
-@pytest.mark.slow  # saves four models with the real 151k vocabulary (~4 s of CPU each)
-@pytest.mark.parametrize("arch", ["qwen3.5", "qwen3-next", "nemotron-h", "lfm2"])
+@pytest.mark.slow  # saves six models with the real 151k vocabulary (~4 s of CPU each)
+@pytest.mark.parametrize("arch", ["qwen3.5", "qwen3-next", "nemotron-h", "lfm2",
+                                  "deepseek-v3", "glm4-moe"])  # the MoEs: routers kept float32 since 5.24
 def test_verify_says_equal_for_a_saved_hybrid(arch, tmp_path, qwen3_tokenizer, one_thread, capsys):
     """As a user runs it: a saved model with the real vocabulary, ``onepass verify --model DIR`` in float64
     (Nemotron-H's head rounds float64 logits to float32 unless :mod:`onepass.mixers.float64` fixes it)."""

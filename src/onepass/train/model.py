@@ -199,6 +199,9 @@ def load_model(config: TrainConfig, *, device: torch.device, attention: str, voc
         if config.finetune != "qlora":
             model = model.to(device)
     model.config.use_cache = False
+    from onepass.mixers.tree import install
+
+    install(model)  # recurrent mixers' couplings checked at load: one CouplingError line if a release broke them
     if config.finetune == "qlora":
         from peft import prepare_model_for_kbit_training
 
