@@ -27,6 +27,7 @@ No torch here: this is pure data.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -41,21 +42,39 @@ ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: as sy
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 _BAD_TEXT = re.compile("[\x00\ud800-\udfff]")  # NUL or a lone surrogate (a pair is one code point in str)
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "model": "assistant", "system": "system", "tool": "tool", "function": "tool", "observation": "tool"}
+                  "model": "assistant", "system": "system", "tool": "tool", "function": "tool", "observation": "tool",
+                  "function_call": "assistant"}  # LLaMA-Factory / glaive: the call as JSON in "value"
+# What reading a record may convert, each named in PrepareStats.conversions (records converted so):
+SHAREGPT_CALL = "sharegpt function_call turn -> assistant tool_calls"
+HERMES_CALL = "inline <tool_call> JSON before a tool message -> tool_calls"
+CONTENT_PARTS = "content [one text part] -> string"
+CONTENT_NULL = "content null -> empty string"
+INPUT_OUTPUT = "input/output pair -> messages"
+NOT_TRAINED = "assistant weight 0 -> not trained"
+FIELD_AND_INLINE = "reasoning field and a leading <think> block -> field, content kept"
+CONVERSIONS = (SHAREGPT_CALL, HERMES_CALL, CONTENT_PARTS, CONTENT_NULL, INPUT_OUTPUT, NOT_TRAINED, FIELD_AND_INLINE)
+_LEADING_THINK = re.compile(r"\s*<think>(.*?)</think>", re.DOTALL)
+_HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ToolCall:
-    """One function call made by the assistant. ``arguments`` is always a dict."""
+    """One function call made by the assistant. ``arguments`` is always a dict (parsed, checked);
+    ``text`` is the JSON string the record gave them as (None when it gave an object), kept byte for
+    byte: ``{"city":"\\u5317\\u4eac","days":1e1}`` is what the model emitted, not ``{"city": "北京", ...}``."""
 
     name: str
     arguments: dict[str, Any]
     id: str | None = None
+    text: str | None = None
 
-    def to_template(self, *, arguments_json: bool = False) -> dict[str, Any]:
+    def to_template(self, *, arguments_json: bool = False, verbatim: bool = False) -> dict[str, Any]:
         """The HF tool-call dict; ``arguments_json`` gives ``arguments`` as a JSON string, as the
-        DeepSeek-V3 and Kimi-K2 templates expect (:mod:`onepass.template_probe` finds out which)."""
+        DeepSeek-V3 and Kimi-K2 templates expect; ``verbatim`` gives a record's own string unchanged
+        (for a template that renders a string as it is: :mod:`onepass.template_probe` finds out which)."""
         args: Any = json.dumps(self.arguments, ensure_ascii=False) if arguments_json else self.arguments
+        if self.text is not None and (verbatim or arguments_json):
+            args = self.text
         call: dict[str, Any] = {
             "type": "function",
             "function": {"name": self.name, "arguments": args},
@@ -75,8 +94,9 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     name: str | None = None
     tool_call_id: str | None = None
+    train: bool = True  # False: in the context of later turns, never trained (OpenAI fine-tuning "weight": 0)
 
-    def to_template(self, *, arguments_json: bool = False,
+    def to_template(self, *, arguments_json: bool = False, verbatim: bool = False,
                     reasoning_key: str = "reasoning_content") -> dict[str, Any]:
         """The dict a HF chat template expects (reasoning under ``reasoning_key``: ``reasoning_content``
         as Qwen3/DeepSeek name it, ``thinking`` for gpt-oss)."""
@@ -85,7 +105,8 @@ class Message:
             if self.reasoning is not None:
                 out[reasoning_key] = self.reasoning
             if self.tool_calls:
-                out["tool_calls"] = [t.to_template(arguments_json=arguments_json) for t in self.tool_calls]
+                out["tool_calls"] = [t.to_template(arguments_json=arguments_json, verbatim=verbatim)
+                                     for t in self.tool_calls]
         if self.name is not None:
             out["name"] = self.name
         if self.tool_call_id is not None:
@@ -108,6 +129,7 @@ class Conversation:
     source: str = "<memory>"
     id: str | None = None
     first_message: int = 0  # the record's own number of messages[0]: 1 after a system message in the list
+    conversions: tuple[str, ...] = ()  # what was converted to read the record (CONVERSIONS), counted in stats
 
     def at(self, k: int) -> str:
         """``SOURCE, message N``: message ``k`` numbered as in the record, as parse errors name it."""
@@ -118,15 +140,15 @@ class Conversation:
         return sum(m.role == "assistant" for m in self.messages)
 
     def template_messages(self, upto: int | None = None, *, arguments_json: bool = False,
-                          reasoning_key: str = "reasoning_content", developer: bool = True,
-                          tool_ids: str = "given") -> list[dict[str, Any]]:
+                          verbatim_arguments: bool = False, reasoning_key: str = "reasoning_content",
+                          developer: bool = True, tool_ids: str = "given") -> list[dict[str, Any]]:
         """Messages as template dicts, system first, ``messages[:upto]`` (fields as in
         :meth:`Message.to_template`; ``developer=False`` hands a developer prompt over as system;
         ``tool_ids="functions"`` renames tool-call ids as :func:`functions_ids` does)."""
         role = self.system_role if developer else "system"
         head = [{"role": role, "content": self.system}] if self.system is not None else []
-        out = [m.to_template(arguments_json=arguments_json, reasoning_key=reasoning_key)
-               for m in self.messages[:upto]]
+        out = [m.to_template(arguments_json=arguments_json, verbatim=verbatim_arguments,
+                             reasoning_key=reasoning_key) for m in self.messages[:upto]]
         if tool_ids == "functions":
             calls, results = functions_ids(self.messages)
             for i, m in enumerate(out):
@@ -179,6 +201,11 @@ class _Where:
     source: str
     index: int
     unit: str = "record"
+    conversions: list[str] = field(default_factory=list)  # CONVERSIONS made reading this record, in order
+
+    def converted(self, name: str) -> None:
+        if name not in self.conversions:
+            self.conversions.append(name)
 
     def __call__(self, msg: str, message: int | None = None) -> ConversationError:
         at = f"{self.source} {self.unit} {self.index}"
@@ -196,6 +223,27 @@ def split_inline_reasoning(content: str) -> tuple[str | None, str]:
     head, _, tail = content.partition("</think>")
     reasoning = head.split("<think>")[-1].strip("\n")
     return reasoning, tail.lstrip("\n")
+
+
+def leading_reasoning(content: str) -> tuple[str | None, str]:
+    """A record's inline reasoning: a ``<think>...</think>`` block that *opens* the content (after
+    optional whitespace) -> (reasoning, the rest); anything else -> (None, content): a tag in the middle
+    of an answer is answer text ("models such as R1 emit <think>...</think> first"). A content that
+    closes ``</think>`` with no ``<think>`` before it is an R1-style output whose generation prompt
+    opened the block: what precedes the tag is reasoning.
+
+    >>> leading_reasoning("\\n<think>\\nr\\n</think>\\n\\na")
+    ('r', 'a')
+    >>> leading_reasoning("Sure! R1 emits <think>x</think> and then")
+    (None, 'Sure! R1 emits <think>x</think> and then')
+    """
+    found = _LEADING_THINK.match(content)
+    if found is not None:
+        return found.group(1).strip("\n"), content[found.end():].lstrip("\n")
+    head, closed, tail = content.partition("</think>")
+    if closed and "<think>" not in head:  # R1-style output: the generation prompt opened <think>
+        return head.strip("\n"), tail.lstrip("\n")
+    return None, content
 
 
 def _text(value: Any, what: str, where: _Where, i: int, *, allow_none: bool = False) -> str:
@@ -270,6 +318,7 @@ def _tool_calls(raw: Any, where: _Where, i: int) -> tuple[ToolCall, ...]:
         if not isinstance(name, str) or not name:
             raise where(f"tool_calls[{j}] has no function name", i)
         args = fn.get("arguments", {})
+        text = args if isinstance(args, str) and args.strip() else None
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
@@ -278,8 +327,42 @@ def _tool_calls(raw: Any, where: _Where, i: int) -> tuple[ToolCall, ...]:
         if not isinstance(args, Mapping):
             raise where(f"tool_calls[{j}].function.arguments must be an object or a JSON string", i)
         call_id = call.get("id")
-        calls.append(ToolCall(name=name, arguments=dict(args), id=call_id if isinstance(call_id, str) else None))
+        calls.append(ToolCall(name=name, arguments=dict(args), id=call_id if isinstance(call_id, str) else None,
+                              text=text))
     return tuple(calls)
+
+
+def _content(raw: Mapping[str, Any], role: str, calls: tuple[ToolCall, ...], where: _Where, i: int) -> str:
+    """The message's text: a string; ``null`` -> "" (counted, but for a tool-call turn, where OpenAI
+    writes it); a list of content parts holding one text part -> its text (counted); else an error."""
+    value = raw.get("content")
+    if value is None:
+        if not (role == "assistant" and calls):
+            where.converted(CONTENT_NULL)
+        return ""
+    if isinstance(value, list):
+        kinds = [p.get("type") if isinstance(p, Mapping) else type(p).__name__ for p in value]
+        if kinds == ["text"] and isinstance(value[0].get("text"), str):
+            where.converted(CONTENT_PARTS)
+            return value[0]["text"]
+        raise where(f"content is a list of {len(value)} OpenAI content parts ({', '.join(map(str, kinds)) or 'none'}): "
+                    "onepass reads a string or a list of one text part; join the text into one string "
+                    "(how parts are joined is the data's choice, so onepass will not guess)", i)
+    return _text(value, "content", where, i)
+
+
+def _train(raw: Mapping[str, Any], role: str, where: _Where, i: int) -> bool:
+    """OpenAI fine-tuning ``"weight"``: 0 = in the context only, never trained; 1 (or absent) = trained."""
+    weight = raw.get("weight")
+    if weight is None:
+        return True
+    if isinstance(weight, bool) or weight not in (0, 1):
+        raise where(f"weight must be 0 or 1 (OpenAI fine-tuning format), got {weight!r}", i)
+    if role != "assistant" and weight == 1:
+        raise where(f"weight 1 on a {role} message: only assistant messages are trained", i)
+    if role == "assistant" and weight == 0:
+        where.converted(NOT_TRAINED)
+    return weight == 1 or role != "assistant"
 
 
 def _message(raw: Any, where: _Where, i: int) -> Message:
@@ -289,22 +372,49 @@ def _message(raw: Any, where: _Where, i: int) -> Message:
     if role not in ROLES:
         raise where(f"unknown role {role!r}; expected one of {', '.join(ROLES)}", i)
     calls = _tool_calls(raw.get("tool_calls"), where, i) if role == "assistant" else ()
-    content = _text(raw.get("content"), "content", where, i, allow_none=role == "assistant" and bool(calls))
+    content = _content(raw, role, calls, where, i)
     reasoning = None
     if role == "assistant":
         reasoning = _reasoning_field(raw, where, i)
-        if "<think>" in content and "</think>" not in content:
-            raise where("unclosed <think> in the content (a cut-off generation?)", i)
-        inline, rest = split_inline_reasoning(content)
+        inline, rest = leading_reasoning(content)
+        if inline is None and content.lstrip().startswith("<think>"):
+            raise where("unclosed <think> at the start of the content (a cut-off generation?)", i)
         if inline is not None:
-            if reasoning is not None and inline.strip():
-                raise where("reasoning given both as a field and inline in <think>...</think>", i)
-            reasoning = inline if reasoning is None else reasoning
-            content = rest
+            if reasoning is None or inline.strip() == reasoning.strip() or not inline.strip():
+                reasoning = inline if reasoning is None else reasoning  # the same reasoning, or an empty block
+                content = rest
+            else:  # the field is the reasoning; the text is the record's, kept as it is
+                where.converted(FIELD_AND_INLINE)
     name = raw.get("name") if isinstance(raw.get("name"), str) else None
     call_id = raw.get("tool_call_id") if isinstance(raw.get("tool_call_id"), str) else None
     return Message(role=role, content=content, reasoning=reasoning, tool_calls=calls,
-                   name=name, tool_call_id=call_id)
+                   name=name, tool_call_id=call_id, train=_train(raw, role, where, i))
+
+
+def _hermes_calls(m: Message, where: _Where, i: int) -> Message:
+    """An assistant message followed by a tool message, its calls written inline as Hermes does
+    (``text<tool_call>{"name": ..., "arguments": ...}</tool_call>``): the calls as tool_calls, the text
+    before them as content. Refused when a block is not such JSON or text follows the blocks."""
+    blocks = list(_HERMES_BLOCK.finditer(m.content))
+    if not blocks:
+        return m
+    if m.content[blocks[-1].end():].strip() or any(m.content[a.end():b.start()].strip()
+                                                   for a, b in zip(blocks, blocks[1:])):
+        raise where("inline <tool_call> blocks with text between or after them before a tool message: "
+                    "onepass reads Hermes calls at the end of the content, or OpenAI tool_calls", i)
+    calls = []
+    for j, block in enumerate(blocks):
+        try:
+            call = json.loads(block.group(1))
+        except json.JSONDecodeError as e:
+            raise where(f"inline <tool_call> block {j} is not valid JSON ({e.msg}); Hermes writes "
+                        '{"name": ..., "arguments": {...}}', i) from None
+        if not isinstance(call, Mapping):
+            raise where(f"inline <tool_call> block {j} is not a JSON object", i)
+        calls.append(call)
+    where.converted(HERMES_CALL)
+    return dataclasses.replace(m, content=m.content[:blocks[0].start()].rstrip(),
+                               tool_calls=_tool_calls(calls, where, i))
 
 
 def validate(messages: tuple[Message, ...], where: _Where, *, offset: int = 0) -> None:
@@ -333,9 +443,27 @@ def validate(messages: tuple[Message, ...], where: _Where, *, offset: int = 0) -
 
 def _from_messages(raw: list[Any], where: _Where) -> tuple[str | None, str, list[Message]]:
     msgs = [_message(m, where, i) for i, m in enumerate(raw)]
+    for i, m in enumerate(msgs[:-1]):
+        if m.role == "assistant" and not m.tool_calls and msgs[i + 1].role == "tool":
+            msgs[i] = _hermes_calls(m, where, i)
     if msgs and msgs[0].role in ("system", "developer"):
         return msgs[0].content, msgs[0].role, msgs[1:]
     return None, "system", msgs
+
+
+def _sharegpt_call(value: Any, where: _Where, i: int) -> dict[str, Any]:
+    """A ShareGPT ``function_call`` turn (LLaMA-Factory, glaive): ``value`` is the call as JSON,
+    ``{"name": ..., "arguments": {...}}`` or a list of them -> an assistant message with tool_calls."""
+    try:
+        calls = json.loads(value) if isinstance(value, str) else None
+    except json.JSONDecodeError as e:
+        raise where(f"a function_call turn's value is not valid JSON ({e.msg}); LLaMA-Factory writes "
+                    '{"name": ..., "arguments": {...}}', i) from None
+    calls = [calls] if isinstance(calls, Mapping) else calls
+    if not isinstance(calls, list) or not calls:
+        raise where('a function_call turn\'s value must be a JSON {"name": ..., "arguments": ...} or a list of them', i)
+    where.converted(SHAREGPT_CALL)
+    return {"role": "assistant", "content": "", "tool_calls": calls}
 
 
 def _sharegpt(raw: list[Any], where: _Where) -> list[dict[str, Any]]:
@@ -346,12 +474,49 @@ def _sharegpt(raw: list[Any], where: _Where) -> list[dict[str, Any]]:
         who = turn.get("from", turn.get("role"))
         if who not in SHAREGPT_ROLES:
             raise where(f"unknown speaker {who!r}; expected one of {', '.join(SHAREGPT_ROLES)}", i)
-        msg = {"role": SHAREGPT_ROLES[who], "content": turn.get("value", turn.get("content"))}
-        for key in REASONING_KEYS:
+        value = turn.get("value", turn.get("content"))
+        if who == "function_call":
+            out.append(_sharegpt_call(value, where, i))
+            continue
+        msg = {"role": SHAREGPT_ROLES[who], "content": value}
+        for key in (*REASONING_KEYS, "weight", "tool_calls"):
             if key in turn:
                 msg[key] = turn[key]
         out.append(msg)
     return out
+
+
+def _input_output(record: Mapping[str, Any], where: _Where) -> list[Any]:
+    """An ``input``/``output`` pair (Llama-Nemotron post-training: ``input`` a list of messages, or one
+    user text; ``output`` the answer, reasoning inline) -> messages ending with the assistant's."""
+    given, output = record["input"], record["output"]
+    if not isinstance(output, str):
+        raise where(f"'output' must be a string (the assistant's answer), got {type(output).__name__}")
+    if isinstance(given, str):
+        given = [{"role": "user", "content": given}]
+    if not isinstance(given, list):
+        raise where(f"'input' must be a list of messages or a string, got {type(given).__name__}")
+    where.converted(INPUT_OUTPUT)
+    return [*given, {"role": "assistant", "content": output}]
+
+
+_SCHEMAS = (  # (keys a record has, what it is, the nearest supported schema)
+    (("instruction", "output"), "an Alpaca instruction/input/output record",
+     "'input'/'output' (the user text and the answer) or 'messages'; an instruction and an input joined "
+     "into one prompt is the data's choice"),
+    (("prompt", "completion"), "a prompt/completion record", "'messages' (user, then assistant)"),
+    (("chosen", "rejected"), "a preference (chosen/rejected) record", "'messages' of the chosen conversation"),
+    (("text",), "a plain-text record", "'messages' (a chat template renders them)"),
+    (("question", "answer"), "a question/answer record", "'input'/'output' or 'messages'"),
+)
+
+
+def _unknown_schema(record: Mapping[str, Any], where: _Where) -> ConversationError:
+    keys = ", ".join(sorted(map(str, record)))
+    for needed, what, nearest in _SCHEMAS:
+        if all(k in record for k in needed):
+            return where(f"{what} (keys {keys}), not a conversation; the nearest supported schema: {nearest}")
+    return where("no 'messages', 'conversations', 'interactions' or 'input'/'output' field; keys are " + keys)
 
 
 def _interactions(raw: list[Any], where: _Where) -> list[dict[str, Any]]:
@@ -374,7 +539,10 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
     if not isinstance(record, Mapping):
         raise where(f"a record must be a JSON object, got {type(record).__name__}")
     _check_text(record, where)
-    system = record.get("system") if isinstance(record.get("system"), str) else None
+    field_key = "system" if "system" in record else "system_prompt"  # system_prompt: Llama-Nemotron
+    system = record.get(field_key) if isinstance(record.get(field_key), str) else None
+    if system is not None and not system.strip():
+        system = None  # an empty system *field* (common in parquet columns) means none; a message is kept
     if "messages" in record:
         raw = record["messages"]
     elif "conversations" in record:
@@ -385,9 +553,10 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
         raw = record["interactions"]
         if isinstance(raw, list):
             raw = _interactions(raw, where)
+    elif "input" in record and "output" in record and "instruction" not in record:  # Alpaca: refused
+        raw = _input_output(record, where)
     else:
-        raise where("no 'messages', 'conversations' or 'interactions' field; keys are "
-                    + ", ".join(sorted(map(str, record))))
+        raise _unknown_schema(record, where)
     if not isinstance(raw, list):
         raise where(f"the messages must be a list, got {type(raw).__name__}")
     inline_system, system_role, msgs = _from_messages(raw, where)
@@ -407,11 +576,10 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
     if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
         raise where("'tools' must be a list of objects")
     rid = record.get("id")
-    if system is not None and not system.strip():
-        system = None  # an empty system field (common in parquet columns) means none
     return Conversation(messages=messages, system=system, system_role=system_role,
                         tools=tuple(dict(t) for t in tools), source=f"{source} {unit} {index}",
-                        id=str(rid) if rid is not None else None, first_message=offset)
+                        id=str(rid) if rid is not None else None, first_message=offset,
+                        conversions=tuple(where.conversions))
 
 
 @dataclass(kw_only=True, slots=True)

@@ -94,6 +94,13 @@ class ReasoningNotRendered(RenderError):
     """The template does not render the turn's reasoning (``--reasoning drop`` trains the turn without it)."""
 
 
+class UnopenedReasoning(RenderError):
+    """A completion format closes a reasoning block (``</think>``) that neither it nor the turn's generation
+    prompt opens (DeepSeek-V3.1 thinking after a tool result): the target would close a tag never opened."""
+
+    reason = "format not opened by the prompt"
+
+
 class TemplateRaised(RenderError):
     """The chat template itself raised (``raise_exception``, a jinja error) for one turn."""
 
@@ -239,6 +246,7 @@ def _formatted(conv: Conversation, k: int, tokenizer: Any, fmt: str, kwargs: Map
         raise RenderError(f"{conv.at(k)}: the chat template does not show how it renders this "
                           "turn's tool calls, so the completion format cannot fill {tool_calls}")
     calls, end = read if read is not None else (None, eos)
+    _check_opened(conv, k, fmt, _render(tokenizer, conv, k, generation=True, kwargs=kwargs, fields=fields, turn=k))
     names = [c.name for c in message.tool_calls]
     missing = [n for n in names if (calls or "").count(n) < names.count(n)]
     if missing and read is not None:
@@ -248,6 +256,23 @@ def _formatted(conv: Conversation, k: int, tokenizer: Any, fmt: str, kwargs: Map
             "the content is None (DeepSeek-R1-Distill) never does: transformers drops None-valued keys from "
             "every message before rendering, at inference too; such a turn cannot be trained with this template")
     return format_completion(fmt, message, end, calls)
+
+
+def _check_opened(conv: Conversation, k: int, fmt: str, prompt: str, tag: str = "think") -> None:
+    """Refuse a format that closes ``</tag>`` before opening it where the prompt has no open ``<tag>``.
+
+    >>> _check_opened(Conversation(messages=()), 0, "{reasoning}\\n</think>\\n\\n{content}", "x<think>\\n")
+    """
+    opener, closer = f"<{tag}>", f"</{tag}>"
+    head = fmt.format(reasoning="", content="", tool_calls="", eos="")
+    closes = head.find(closer)
+    if closes < 0 or opener in head[:closes] or prompt.rfind(opener) > prompt.rfind(closer):
+        return
+    raise UnopenedReasoning(
+        f"{conv.at(k)}: the completion format closes {closer} but this turn's generation prompt does not open "
+        f"{opener} (it ends {prompt[-40:]!r}; DeepSeek-V3.1 after a tool result), so the target would close a "
+        f"tag the model never opened: skipped. A format that opens it itself (think-tags) trains the model to "
+        "write it here")
 
 
 def _derived(conv: Conversation, k: int, tokenizer: Any, kwargs: Mapping[str, Any], fields: TemplateFields,
@@ -356,7 +381,7 @@ def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig
     eos = getattr(tokenizer, "eos_token", None) or ""
     fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
     for k, message in enumerate(conv.messages):
-        if message.role != "assistant":
+        if message.role != "assistant" or not message.train:
             continue
         try:
             yield k, _turn_text(conv, k, tokenizer, fmt, kwargs, fields, eos, config.reasoning)
@@ -403,6 +428,16 @@ class Rendered:
 
     views: tuple[View, ...]
     skipped: tuple[RenderError, ...] = ()
+    not_trained: int = 0  # assistant turns the record marks not to train (weight 0): no view, context only
+    arguments_parsed: int = 0  # tool calls given as a JSON string, parsed for a template that needs a dict
+
+
+def _counts(conv: Conversation, tokenizer: Any, config: RenderConfig) -> dict[str, int]:
+    """:class:`Rendered`'s counts of what the record says and the template needs, beside the views."""
+    fields = template_fields(tokenizer, dict(config.template_kwargs), tools=bool(conv.tools))
+    strings = sum(c.text is not None for m in conv.messages for c in m.tool_calls)
+    return {"not_trained": sum(m.role == "assistant" and not m.train for m in conv.messages),
+            "arguments_parsed": 0 if fields.string_arguments else strings}
 
 
 def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig = RenderConfig()
@@ -413,8 +448,9 @@ def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig
     skipped: list[tuple[int, RenderError]] = []
     for item in _iter_texts(conv, tokenizer, config):
         (skipped if isinstance(item[1], RenderError) else texts).append(item)  # type: ignore[arg-type]
+    counts = _counts(conv, tokenizer, config)
     if not texts:
-        return Rendered(views=(), skipped=tuple(e for _, e in skipped))
+        return Rendered(views=(), skipped=tuple(e for _, e in skipped), **counts)
     encoded = encode_texts(tokenizer, [t.prompt for _, t in texts] + [t.completion for _, t in texts])
     prompts, completions = encoded[:len(texts)], encoded[len(texts):]
     merged = merges_across(tokenizer, [(t.prompt, t.completion) for _, t in texts])
@@ -431,7 +467,7 @@ def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig
                               reasoning_dropped=text.reasoning_dropped, first_message=conv.first_message,
                               history_reasoning_dropped=text.history_reasoning_dropped))
     skipped.sort(key=lambda pair: pair[0])
-    return Rendered(views=tuple(views), skipped=tuple(e for _, e in skipped))
+    return Rendered(views=tuple(views), skipped=tuple(e for _, e in skipped), **counts)
 
 
 def render_views(conv: Conversation, tokenizer: Any, config: RenderConfig = RenderConfig()
