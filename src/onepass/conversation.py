@@ -1,11 +1,16 @@
 """Conversations: the frozen record every later stage reads, parsed and validated from any shape.
 
 Why this module exists: training data arrives in several shapes (OpenAI/TRL
-``messages``, ShareGPT ``conversations``, the paper's re-upload
-``interactions``) and with reasoning in several places (``reasoning_content``,
-``reasoning``, ``thinking``, or inline ``<think>...</think>``). Everything after
-this module sees one shape, :class:`Conversation`, and every defect in the
-input is reported here with the file, record and message it came from.
+``messages``, ShareGPT ``conversations`` with LLaMA-Factory's ``function_call`` /
+``observation`` speakers, Hermes inline ``<tool_call>`` JSON, Llama-Nemotron
+``input``/``output``, the paper's re-upload ``interactions``) and with reasoning in
+several places (``reasoning_content``, ``reasoning``, ``thinking``, or a leading
+``<think>...</think>`` block). Everything after this module sees one shape,
+:class:`Conversation`, as the template would see the record: every message and
+field it can render kept (an empty system message, a tool call's arguments string,
+OpenAI ``weight`` 0 as a turn not to train), every conversion named
+(:data:`CONVERSIONS`, counted in stats), and every defect in the input reported
+here with the file, record and message it came from (docs/data.md, "Record schemas").
 
 Worked example::
 

@@ -168,8 +168,8 @@ def _saved_columns(folder: Path) -> list[str]:
 def _kind_of(columns: list[str], where: str) -> str:
     if set(COLUMNS) <= set(columns):
         return ROWS
-    if any(c in columns for c in CONVERSATION_COLUMNS):
-        return CONVERSATIONS
+    if any(c in columns for c in CONVERSATION_COLUMNS) or {"input", "output"} <= set(columns):
+        return CONVERSATIONS  # input/output: Llama-Nemotron pairs (onepass.conversation reads them)
     raise DataError(f"{where} has columns {', '.join(columns) or '(none)'}: neither conversations (a "
                     f"{', '.join(CONVERSATION_COLUMNS)} column) nor prepared rows ({', '.join(COLUMNS)})")
 
