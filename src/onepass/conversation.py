@@ -41,24 +41,35 @@ from pathlib import Path
 from typing import Any
 
 from onepass.errors import ConversationError
+from onepass.record_schemas import (  # noqa: F401  (CONVERSIONS and its names, message_at: re-exported)
+)
+    CONTENT_NULL,
+    CONTENT_PARTS,
+    CONVERSIONS,
+    FIELD_AND_INLINE,
+    HERMES_CALL,
+    INPUT_OUTPUT,
+    NOT_TRAINED,
+    REASONING_KEYS,
+    SHAREGPT_CALL,
+    SHAREGPT_ROLES,
+    Where,
+    check_text,
+    message_content,
+    reasoning_field,
+    text_field,
+    trains,
+    bad_text,
+    input_output,
+    leading_reasoning,
+    interactions,
+    message_at,
+    sharegpt,
+    unknown_schema,
+)
 from onepass.records import iter_records
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: as system, role kept
-REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
-_BAD_TEXT = re.compile("[\x00\ud800-\udfff]")  # NUL or a lone surrogate (a pair is one code point in str)
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "model": "assistant", "system": "system", "tool": "tool", "function": "tool", "observation": "tool",
-                  "function_call": "assistant"}  # LLaMA-Factory / glaive: the call as JSON in "value"
-# What reading a record may convert, each named in PrepareStats.conversions (records converted so):
-SHAREGPT_CALL = "sharegpt function_call turn -> assistant tool_calls"
-HERMES_CALL = "inline <tool_call> JSON before a tool message -> tool_calls"
-CONTENT_PARTS = "content [one text part] -> string"
-CONTENT_NULL = "content null -> empty string"
-INPUT_OUTPUT = "input/output pair -> messages"
-NOT_TRAINED = "assistant weight 0 -> not trained"
-FIELD_AND_INLINE = "reasoning field and a leading <think> block -> field, content kept"
-CONVERSIONS = (SHAREGPT_CALL, HERMES_CALL, CONTENT_PARTS, CONTENT_NULL, INPUT_OUTPUT, NOT_TRAINED, FIELD_AND_INLINE)
-_LEADING_THINK = re.compile(r"\s*<think>(.*?)</think>", re.DOTALL)
 _HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
@@ -196,27 +207,6 @@ def functions_ids(messages: tuple[Message, ...]) -> tuple[dict[tuple[int, int], 
     return calls, results
 
 
-def message_at(source: str, number: int) -> str:
-    """``SOURCE, message N``: the one wording of every error and skip naming a record's message N."""
-    return f"{source}, message {number}"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Where:
-    source: str
-    index: int
-    unit: str = "record"
-    conversions: list[str] = field(default_factory=list)  # CONVERSIONS made reading this record, in order
-
-    def converted(self, name: str) -> None:
-        if name not in self.conversions:
-            self.conversions.append(name)
-
-    def __call__(self, msg: str, message: int | None = None) -> ConversationError:
-        at = f"{self.source} {self.unit} {self.index}"
-        return ConversationError(f"{at if message is None else message_at(at, message)}: {msg}")
-
-
 def split_inline_reasoning(content: str) -> tuple[str | None, str]:
     """Split ``<think>r</think>c`` into (r, c); (None, content) when there is no ``</think>``.
 
@@ -230,86 +220,7 @@ def split_inline_reasoning(content: str) -> tuple[str | None, str]:
     return reasoning, tail.lstrip("\n")
 
 
-def leading_reasoning(content: str) -> tuple[str | None, str]:
-    """A record's inline reasoning: a ``<think>...</think>`` block that *opens* the content (after
-    optional whitespace) -> (reasoning, the rest); anything else -> (None, content): a tag in the middle
-    of an answer is answer text ("models such as R1 emit <think>...</think> first"). A content that
-    closes ``</think>`` with no ``<think>`` before it is an R1-style output whose generation prompt
-    opened the block: what precedes the tag is reasoning.
-
-    >>> leading_reasoning("\\n<think>\\nr\\n</think>\\n\\na")
-    ('r', 'a')
-    >>> leading_reasoning("Sure! R1 emits <think>x</think> and then")
-    (None, 'Sure! R1 emits <think>x</think> and then')
-    """
-    found = _LEADING_THINK.match(content)
-    if found is not None:
-        return found.group(1).strip("\n"), content[found.end():].lstrip("\n")
-    head, closed, tail = content.partition("</think>")
-    if closed and "<think>" not in head:  # R1-style output: the generation prompt opened <think>
-        return head.strip("\n"), tail.lstrip("\n")
-    return None, content
-
-
-def _text(value: Any, what: str, where: _Where, i: int, *, allow_none: bool = False) -> str:
-    if value is None and allow_none:
-        return ""
-    if not isinstance(value, str):
-        raise where(f"{what} must be a string, got {type(value).__name__}", i)
-    return value
-
-
-def bad_text(value: Any, path: str = "") -> str | None:
-    """Where in ``value`` (nested dicts/lists) a string holds a NUL or a lone surrogate, or None.
-
-    >>> print(bad_text({"messages": [{"content": "ok"}, {"content": "a\\ud800b"}]}))
-    messages[1].content: a lone surrogate U+D800 at character 1 (not encodable as UTF-8)
-    >>> bad_text({"content": "fine"}) is None
-    True
-    """
-    if isinstance(value, str):
-        found = _BAD_TEXT.search(value)
-        if found is None:
-            return None
-        ch = found.group()
-        what = "a NUL character" if ch == "\x00" else f"a lone surrogate U+{ord(ch):04X}"
-        return (f"{path or 'text'}: {what} at character {found.start()}"
-                + ("" if ch == "\x00" else " (not encodable as UTF-8)"))
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            key = str(k)
-            if _BAD_TEXT.search(key):
-                return f"{path or 'record'}: a key holds a NUL or a lone surrogate"
-            found = bad_text(v, f"{path}.{key}" if path else key)
-            if found:
-                return found
-    elif isinstance(value, (list, tuple)):
-        for j, v in enumerate(value):
-            found = bad_text(v, f"{path}[{j}]")
-            if found:
-                return found
-    return None
-
-
-def _check_text(record: Mapping[str, Any], where: _Where) -> None:
-    """Refuse a record with a string no tokenizer can encode, naming the message it is in."""
-    found = bad_text(record)
-    if found is None:
-        return
-    m = re.match(r"(messages|conversations|interactions)\[(\d+)\]", found)
-    raise where(f"{found}", int(m.group(2)) if m else None)
-
-
-def _reasoning_field(raw: Mapping[str, Any], where: _Where, i: int) -> str | None:
-    """The reasoning of an assistant message; several fields must agree (none is dropped silently)."""
-    given = {key: _text(raw[key], key, where, i) for key in REASONING_KEYS if raw.get(key) is not None}
-    if len(set(given.values())) > 1:
-        raise where("conflicting reasoning fields " + ", ".join(given)
-                    + " hold different text: keep one (onepass will not guess which)", i)
-    return next(iter(given.values()), None)
-
-
-def _tool_calls(raw: Any, where: _Where, i: int) -> tuple[ToolCall, ...]:
+def _tool_calls(raw: Any, where: Where, i: int) -> tuple[ToolCall, ...]:
     if raw in (None, []):
         return ()
     if not isinstance(raw, list):
@@ -337,50 +248,17 @@ def _tool_calls(raw: Any, where: _Where, i: int) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
-def _content(raw: Mapping[str, Any], role: str, calls: tuple[ToolCall, ...], where: _Where, i: int) -> str:
-    """The message's text: a string; ``null`` -> "" (counted, but for a tool-call turn, where OpenAI
-    writes it); a list of content parts holding one text part -> its text (counted); else an error."""
-    value = raw.get("content")
-    if value is None:
-        if not (role == "assistant" and calls):
-            where.converted(CONTENT_NULL)
-        return ""
-    if isinstance(value, list):
-        kinds = [p.get("type") if isinstance(p, Mapping) else type(p).__name__ for p in value]
-        if kinds == ["text"] and isinstance(value[0].get("text"), str):
-            where.converted(CONTENT_PARTS)
-            return value[0]["text"]
-        raise where(f"content is a list of {len(value)} OpenAI content parts ({', '.join(map(str, kinds)) or 'none'}): "
-                    "onepass reads a string or a list of one text part; join the text into one string "
-                    "(how parts are joined is the data's choice, so onepass will not guess)", i)
-    return _text(value, "content", where, i)
-
-
-def _train(raw: Mapping[str, Any], role: str, where: _Where, i: int) -> bool:
-    """OpenAI fine-tuning ``"weight"``: 0 = in the context only, never trained; 1 (or absent) = trained."""
-    weight = raw.get("weight")
-    if weight is None:
-        return True
-    if isinstance(weight, bool) or weight not in (0, 1):
-        raise where(f"weight must be 0 or 1 (OpenAI fine-tuning format), got {weight!r}", i)
-    if role != "assistant" and weight == 1:
-        raise where(f"weight 1 on a {role} message: only assistant messages are trained", i)
-    if role == "assistant" and weight == 0:
-        where.converted(NOT_TRAINED)
-    return weight == 1 or role != "assistant"
-
-
-def _message(raw: Any, where: _Where, i: int) -> Message:
+def _message(raw: Any, where: Where, i: int) -> Message:
     if not isinstance(raw, Mapping):
         raise where(f"a message must be an object, got {type(raw).__name__}", i)
     role = raw.get("role")
     if role not in ROLES:
         raise where(f"unknown role {role!r}; expected one of {', '.join(ROLES)}", i)
     calls = _tool_calls(raw.get("tool_calls"), where, i) if role == "assistant" else ()
-    content = _content(raw, role, calls, where, i)
+    content = message_content(raw, role, calls, where, i)
     reasoning = None
     if role == "assistant":
-        reasoning = _reasoning_field(raw, where, i)
+        reasoning = reasoning_field(raw, where, i)
         inline, rest = leading_reasoning(content)
         if inline is None and content.lstrip().startswith("<think>"):
             raise where("unclosed <think> at the start of the content (a cut-off generation?)", i)
@@ -393,10 +271,10 @@ def _message(raw: Any, where: _Where, i: int) -> Message:
     name = raw.get("name") if isinstance(raw.get("name"), str) else None
     call_id = raw.get("tool_call_id") if isinstance(raw.get("tool_call_id"), str) else None
     return Message(role=role, content=content, reasoning=reasoning, tool_calls=calls,
-                   name=name, tool_call_id=call_id, train=_train(raw, role, where, i))
+                   name=name, tool_call_id=call_id, train=trains(raw, role, where, i))
 
 
-def _hermes_calls(m: Message, where: _Where, i: int) -> Message:
+def _hermes_calls(m: Message, where: Where, i: int) -> Message:
     """An assistant message followed by a tool message, its calls written inline as Hermes does
     (``text<tool_call>{"name": ..., "arguments": ...}</tool_call>``): the calls as tool_calls, the text
     before them as content. Refused when a block is not such JSON or text follows the blocks."""
@@ -422,7 +300,7 @@ def _hermes_calls(m: Message, where: _Where, i: int) -> Message:
                                tool_calls=_tool_calls(calls, where, i))
 
 
-def validate(messages: tuple[Message, ...], where: _Where, *, offset: int = 0) -> None:
+def validate(messages: tuple[Message, ...], where: Where, *, offset: int = 0) -> None:
     """Role order: starts with a user turn; tool results follow a call; has an assistant turn.
 
     ``offset`` is added to message numbers in errors (1 when a leading system
@@ -446,7 +324,7 @@ def validate(messages: tuple[Message, ...], where: _Where, *, offset: int = 0) -
         raise where("no assistant turn: nothing to train")
 
 
-def _from_messages(raw: list[Any], where: _Where) -> tuple[str | None, str, list[Message]]:
+def _from_messages(raw: list[Any], where: Where) -> tuple[str | None, str, list[Message]]:
     msgs = [_message(m, where, i) for i, m in enumerate(raw)]
     for i, m in enumerate(msgs[:-1]):
         if m.role == "assistant" and not m.tool_calls and msgs[i + 1].role == "tool":
@@ -456,94 +334,16 @@ def _from_messages(raw: list[Any], where: _Where) -> tuple[str | None, str, list
     return None, "system", msgs
 
 
-def _sharegpt_call(value: Any, where: _Where, i: int) -> dict[str, Any]:
-    """A ShareGPT ``function_call`` turn (LLaMA-Factory, glaive): ``value`` is the call as JSON,
-    ``{"name": ..., "arguments": {...}}`` or a list of them -> an assistant message with tool_calls."""
-    try:
-        calls = json.loads(value) if isinstance(value, str) else None
-    except json.JSONDecodeError as e:
-        raise where(f"a function_call turn's value is not valid JSON ({e.msg}); LLaMA-Factory writes "
-                    '{"name": ..., "arguments": {...}}', i) from None
-    calls = [calls] if isinstance(calls, Mapping) else calls
-    if not isinstance(calls, list) or not calls:
-        raise where('a function_call turn\'s value must be a JSON {"name": ..., "arguments": ...} or a list of them', i)
-    where.converted(SHAREGPT_CALL)
-    return {"role": "assistant", "content": "", "tool_calls": calls}
-
-
-def _sharegpt(raw: list[Any], where: _Where) -> list[dict[str, Any]]:
-    out = []
-    for i, turn in enumerate(raw):
-        if not isinstance(turn, Mapping):
-            raise where(f"a turn must be an object, got {type(turn).__name__}", i)
-        who = turn.get("from", turn.get("role"))
-        if who not in SHAREGPT_ROLES:
-            raise where(f"unknown speaker {who!r}; expected one of {', '.join(SHAREGPT_ROLES)}", i)
-        value = turn.get("value", turn.get("content"))
-        if who == "function_call":
-            out.append(_sharegpt_call(value, where, i))
-            continue
-        msg = {"role": SHAREGPT_ROLES[who], "content": value}
-        for key in (*REASONING_KEYS, "weight", "tool_calls"):
-            if key in turn:
-                msg[key] = turn[key]
-        out.append(msg)
-    return out
-
-
-def _input_output(record: Mapping[str, Any], where: _Where) -> list[Any]:
-    """An ``input``/``output`` pair (Llama-Nemotron post-training: ``input`` a list of messages, or one
-    user text; ``output`` the answer, reasoning inline) -> messages ending with the assistant's."""
-    given, output = record["input"], record["output"]
-    if not isinstance(output, str):
-        raise where(f"'output' must be a string (the assistant's answer), got {type(output).__name__}")
-    if isinstance(given, str):
-        given = [{"role": "user", "content": given}]
-    if not isinstance(given, list):
-        raise where(f"'input' must be a list of messages or a string, got {type(given).__name__}")
-    where.converted(INPUT_OUTPUT)
-    return [*given, {"role": "assistant", "content": output}]
-
-
-_SCHEMAS = (  # (keys a record has, what it is, the nearest supported schema)
-    (("instruction", "output"), "an Alpaca instruction/input/output record",
-     "'input'/'output' (the user text and the answer) or 'messages'; an instruction and an input joined "
-     "into one prompt is the data's choice"),
-    (("prompt", "completion"), "a prompt/completion record", "'messages' (user, then assistant)"),
-    (("chosen", "rejected"), "a preference (chosen/rejected) record", "'messages' of the chosen conversation"),
-    (("text",), "a plain-text record", "'messages' (a chat template renders them)"),
-    (("question", "answer"), "a question/answer record", "'input'/'output' or 'messages'"),
-)
-
-
-def _unknown_schema(record: Mapping[str, Any], where: _Where) -> ConversationError:
-    keys = ", ".join(sorted(map(str, record)))
-    for needed, what, nearest in _SCHEMAS:
-        if all(k in record for k in needed):
-            return where(f"{what} (keys {keys}), not a conversation; the nearest supported schema: {nearest}")
-    return where("no 'messages', 'conversations', 'interactions' or 'input'/'output' field; keys are " + keys)
-
-
-def _interactions(raw: list[Any], where: _Where) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for i, turn in enumerate(raw):
-        if not isinstance(turn, Mapping) or "query" not in turn or "answer" not in turn:
-            raise where("an interaction must be an object with 'query', 'answer' (and 'think')", i)
-        out.append({"role": "user", "content": turn["query"]})
-        out.append({"role": "assistant", "content": turn["answer"], "reasoning": turn.get("think")})
-    return out
-
-
 def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
                  unit: str = "record") -> Conversation:
     """One raw record (any supported shape) -> a validated :class:`Conversation`.
 
     ``unit`` says what ``index`` counts in error messages ("record" or "line").
     """
-    where = _Where(source=source, index=index, unit=unit)
+    where = Where(source=source, index=index, unit=unit)
     if not isinstance(record, Mapping):
         raise where(f"a record must be a JSON object, got {type(record).__name__}")
-    _check_text(record, where)
+    check_text(record, where)
     field_key = "system" if "system" in record else "system_prompt"  # system_prompt: Llama-Nemotron
     system = record.get(field_key) if isinstance(record.get(field_key), str) else None
     if system is not None and not system.strip():
@@ -553,15 +353,15 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
     elif "conversations" in record:
         raw = record["conversations"]
         if isinstance(raw, list):
-            raw = _sharegpt(raw, where)
+            raw = sharegpt(raw, where)
     elif "interactions" in record:
         raw = record["interactions"]
         if isinstance(raw, list):
-            raw = _interactions(raw, where)
+            raw = interactions(raw, where)
     elif "input" in record and "output" in record and "instruction" not in record:  # Alpaca: refused
-        raw = _input_output(record, where)
+        raw = input_output(record, where)
     else:
-        raise _unknown_schema(record, where)
+        raise unknown_schema(record, where)
     if not isinstance(raw, list):
         raise where(f"the messages must be a list, got {type(raw).__name__}")
     inline_system, system_role, msgs = _from_messages(raw, where)

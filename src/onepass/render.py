@@ -38,7 +38,6 @@ No torch here: this is pure data.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from onepass.conversation import Conversation, Message, message_at
+from onepass.conversation import Conversation, message_at
 from onepass.dropped_reasoning import (
     REASONING_CHOICES,
     unrendered_history_reasoning,
@@ -54,11 +53,14 @@ from onepass.dropped_reasoning import (
 )
 from onepass.encode import encode_texts, split_between
 from onepass.errors import DataError, UsageError
-from onepass.generation_format import (
+from onepass.generation_format import (  # noqa: F401  (COMPLETION_FORMATS, format_completion: re-exported)
+    COMPLETION_FORMATS,
     Render,
     completion_fields,
     derive_completion,
+    format_completion,
     turn_end,
+    unopened_close,
 )
 from onepass.key_value import parse_key_value  # noqa: F401  (re-exported: its home before)
 from onepass.template_probe import (
@@ -67,22 +69,6 @@ from onepass.template_probe import (
     template_fields,
     template_line,
 )
-
-COMPLETION_FORMATS: dict[str, str] = {
-    # DeepSeek-R1 style templates strip reasoning from every assistant turn and end
-    # the generation prompt with "<think>\n": the model generates the rest.
-    "deepseek-r1": "{reasoning}\n</think>\n\n{content}{tool_calls}{eos}",
-    # A template whose generation prompt ends with the assistant header only.
-    "think-tags": "<think>\n{reasoning}\n</think>\n\n{content}{tool_calls}{eos}",
-}
-"""Named completion formats. Fields: ``{reasoning}`` (empty string when absent),
-``{content}``, ``{tool_calls}`` and ``{eos}``: the turn's tool calls and the end of
-the turn as the template renders them after the content
-(:func:`onepass.generation_format.completion_fields`; where the template does not
-show them, Qwen-style ``<tool_call>`` blocks and the tokenizer's EOS token). Any
-other string with these fields is accepted as a format too; one without
-``{tool_calls}`` skips (and counts) a turn with tool calls, never drops them."""
-
 
 class RenderError(DataError):
     """A turn the template cannot split into prompt and completion (counted as ``reason``)."""
@@ -157,16 +143,6 @@ def resolve_completion_format(spec: str | None) -> str | None:
                           "{reasoning} {content} {tool_calls} {eos}, or one of "
                           + ", ".join(COMPLETION_FORMATS)) from None
     return fmt
-
-
-def format_completion(fmt: str, message: Message, eos: str, tool_calls: str | None = None) -> str:
-    """``fmt`` filled with the turn's fields; ``tool_calls`` is the template's own text for them
-    (:func:`onepass.generation_format.completion_fields`), else Qwen-style ``<tool_call>`` blocks."""
-    calls = tool_calls if tool_calls is not None else "".join(
-        "\n<tool_call>\n" + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False)
-        + "\n</tool_call>" for c in message.tool_calls)
-    return fmt.format(reasoning=message.reasoning or "", content=message.content,
-                      tool_calls=calls, eos=eos)
 
 
 def _render(tokenizer: Any, conv: Conversation, upto: int, *, generation: bool,
@@ -246,7 +222,12 @@ def _formatted(conv: Conversation, k: int, tokenizer: Any, fmt: str, kwargs: Map
         raise RenderError(f"{conv.at(k)}: the chat template does not show how it renders this "
                           "turn's tool calls, so the completion format cannot fill {tool_calls}")
     calls, end = read if read is not None else (None, eos)
-    _check_opened(conv, k, fmt, _render(tokenizer, conv, k, generation=True, kwargs=kwargs, fields=fields, turn=k))
+    prompt = _render(tokenizer, conv, k, generation=True, kwargs=kwargs, fields=fields, turn=k)
+    if (closer := unopened_close(fmt, prompt)) is not None:
+        raise UnopenedReasoning(
+            f"{conv.at(k)}: the completion format closes {closer} but this turn's generation prompt does not open "
+            f"{closer.replace('/', '')} (it ends {prompt[-40:]!r}; DeepSeek-V3.1 after a tool result), so the target "
+            "would close a tag the model never opened: skipped (think-tags opens it itself)")
     names = [c.name for c in message.tool_calls]
     missing = [n for n in names if (calls or "").count(n) < names.count(n)]
     if missing and read is not None:
@@ -256,23 +237,6 @@ def _formatted(conv: Conversation, k: int, tokenizer: Any, fmt: str, kwargs: Map
             "the content is None (DeepSeek-R1-Distill) never does: transformers drops None-valued keys from "
             "every message before rendering, at inference too; such a turn cannot be trained with this template")
     return format_completion(fmt, message, end, calls)
-
-
-def _check_opened(conv: Conversation, k: int, fmt: str, prompt: str, tag: str = "think") -> None:
-    """Refuse a format that closes ``</tag>`` before opening it where the prompt has no open ``<tag>``.
-
-    >>> _check_opened(Conversation(messages=()), 0, "{reasoning}\\n</think>\\n\\n{content}", "x<think>\\n")
-    """
-    opener, closer = f"<{tag}>", f"</{tag}>"
-    head = fmt.format(reasoning="", content="", tool_calls="", eos="")
-    closes = head.find(closer)
-    if closes < 0 or opener in head[:closes] or prompt.rfind(opener) > prompt.rfind(closer):
-        return
-    raise UnopenedReasoning(
-        f"{conv.at(k)}: the completion format closes {closer} but this turn's generation prompt does not open "
-        f"{opener} (it ends {prompt[-40:]!r}; DeepSeek-V3.1 after a tool result), so the target would close a "
-        f"tag the model never opened: skipped. A format that opens it itself (think-tags) trains the model to "
-        "write it here")
 
 
 def _derived(conv: Conversation, k: int, tokenizer: Any, kwargs: Mapping[str, Any], fields: TemplateFields,
