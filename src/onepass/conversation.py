@@ -42,7 +42,6 @@ from typing import Any
 
 from onepass.errors import ConversationError
 from onepass.record_schemas import (  # noqa: F401  (CONVERSIONS and its names, message_at: re-exported)
-)
     CONTENT_NULL,
     CONTENT_PARTS,
     CONVERSIONS,
@@ -54,17 +53,17 @@ from onepass.record_schemas import (  # noqa: F401  (CONVERSIONS and its names, 
     SHAREGPT_CALL,
     SHAREGPT_ROLES,
     Where,
+    bad_text,
     check_text,
+    input_output,
+    interactions,
+    leading_reasoning,
+    message_at,
     message_content,
     reasoning_field,
+    sharegpt,
     text_field,
     trains,
-    bad_text,
-    input_output,
-    leading_reasoning,
-    interactions,
-    message_at,
-    sharegpt,
     unknown_schema,
 )
 from onepass.records import iter_records
