@@ -63,7 +63,7 @@ TOOL_RECORD = {
 TOOL_MESSAGES = (
     Message(role="user", content="Weather in Paris?"),
     Message(role="assistant", content="", reasoning="Need the tool.",
-            tool_calls=(ToolCall(name="get_weather", arguments={"city": "Paris"}, id="c1"),)),
+            tool_calls=(ToolCall(name="get_weather", arguments={"city": "Paris"}, id="c1", text='{"city": "Paris"}'),)),
     Message(role="tool", content="18C", tool_call_id="c1"),
     Message(role="assistant", content="18C and sunny.", reasoning=""),
 )
@@ -180,8 +180,9 @@ def test_tools_list_is_kept():
 ])
 def test_tool_call_arguments_dict_or_json_string(call):
     m = one({"messages": [U("q"), A(None, tool_calls=[call]), {"role": "tool", "content": "ok"}, A("done")]})
-    assert m.messages[1] == Message(role="assistant", content="",
-                                    tool_calls=(ToolCall(name="f", arguments={"x": 1, "y": [2]}),))
+    given = call.get("function", call)["arguments"]
+    assert m.messages[1] == Message(role="assistant", content="", tool_calls=(
+        ToolCall(name="f", arguments={"x": 1, "y": [2]}, text=given if isinstance(given, str) else None),))
 
 
 def test_empty_tool_call_arguments_string_is_empty_dict():
@@ -279,7 +280,24 @@ BAD_RECORDS = [
     ({"conversations": [{"from": "human", "value": "q"}, {"from": "robot", "value": "a"}]}, 1,
      "unknown speaker 'robot'"),
     ({"messages": [U("q"), A(5)]}, 1, "content must be a string, got int"),
-    ({"messages": [U("q"), A(None)]}, 1, "content must be a string, got NoneType"),
+    ({"messages": [U("q"), A(["a"])]}, 1, "content is a list of 1 OpenAI content parts (str)"),
+    ({"messages": [U("q"), A([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])]}, 1,
+     "content is a list of 2 OpenAI content parts (text, text): onepass reads a string or a list of one text part"),
+    ({"messages": [U([{"type": "image_url", "image_url": {"url": "x"}}]), A("a")]}, 0,
+     "content is a list of 1 OpenAI content parts (image_url)"),
+    ({"messages": [U("q"), A("a", weight=0.5)]}, 1, "weight must be 0 or 1 (OpenAI fine-tuning format), got 0.5"),
+    ({"messages": [U("q", ) | {"weight": 1}, A("a")]}, 0, "weight 1 on a user message"),
+    ({"messages": [U("q"), A("<think>cut off")]}, 1, "unclosed <think> at the start of the content"),
+    ({"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": "f(1)"}]}, 1,
+     "a function_call turn's value is not valid JSON"),
+    ({"messages": [U("q"), A("<tool_call>\n{oops}\n</tool_call>"), {"role": "tool", "content": "1"}, A("a")]}, 1,
+     "inline <tool_call> block 0 is not valid JSON"),
+    ({"messages": [U("q"), A('<tool_call>{"name": "f", "arguments": {}}</tool_call> then'),
+                   {"role": "tool", "content": "1"}, A("a")]}, 1,
+     "inline <tool_call> blocks with text between or after them before a tool message"),
+    ({"instruction": "do", "input": "", "output": "done"}, None,
+     "an Alpaca instruction/input/output record (keys input, instruction, output), not a conversation; the nearest"),
+    ({"input": 3, "output": "a"}, None, "'input' must be a list of messages or a string, got int"),
     ({"messages": [U("q"), A("a", reasoning=["r"])]}, 1, "reasoning must be a string, got list"),
     ({"messages": [U("q"), {"role": "tool", "content": "x"}, A("a")]}, 1,
      "tool message without a preceding assistant tool call"),
@@ -291,13 +309,14 @@ BAD_RECORDS = [
      "tool_calls[0].function.arguments is not valid JSON"),
     ({"messages": [U("q"), A("", tool_calls=[{"function": {"arguments": "{}"}}])]}, 1,
      "tool_calls[0] has no function name"),
-    ({"messages": [U("q"), A("<think>x</think>y", reasoning_content="z")]}, 1,
-     "reasoning given both as a field and inline"),
     ({"system": "S", "messages": [{"role": "system", "content": "T"}, U("q"), A("a")]}, None,
      "system prompt given both as a field and as the first message"),
     ([U("q"), A("a")], None, "a record must be a JSON object, got list"),
     ({"prompt": "q", "completion": "a"}, None,
-     "no 'messages', 'conversations' or 'interactions' field; keys are completion, prompt"),
+     "a prompt/completion record (keys completion, prompt), not a conversation; the nearest supported schema: "
+     "'messages'"),
+    ({"query": "q", "response": "a"}, None,
+     "no 'messages', 'conversations', 'interactions' or 'input'/'output' field; keys are query, response"),
     ({"messages": "q"}, None, "the messages must be a list, got str"),
     ({"interactions": [{"query": "q"}]}, 0, "an interaction must be an object with 'query', 'answer'"),
     ({"tools": "{oops", "messages": [U("q"), A("a")]}, None, "'tools' is a string that is not valid JSON"),

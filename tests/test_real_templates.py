@@ -22,7 +22,7 @@ import pytest
 from onepass.conversation import parse_record
 from onepass.dropped_reasoning import without_reasoning
 from onepass.prepare import PrepareConfig, prepare
-from onepass.render import RenderConfig, render_conversation
+from onepass.render import RenderConfig, UnopenedReasoning, render_conversation
 from onepass.template_probe import TemplateFields, template_fields
 from onepass.template_report import (
     TOOL_CHAIN_RECORDS,
@@ -68,6 +68,8 @@ EMPTY_THINK = ("a turn with empty reasoning renders differently from the <think>
 WITH_FORMAT = "every turn from the format, tool calls and end of turn as the template renders them"
 R1_STYLE = ("R1-style generation prompt (opens <think>, reasoning never rendered): needs "
             "--completion-format deepseek-r1 or a derived generation format (issue 16, item 2)")
+AFTER_TOOL = ("; after a tool result the generation prompt opens no <think> (no generation prompt at all), so "
+              "the R1 format would close a tag never opened: those turns are counted skips (issue 23)")
 # THE table of what every vendored template keeps (issue 16 item 6). Rendering changes (a derived
 # generation format, issue 16 item 2) update the figures here and nowhere else; README "Templates
 # tested" quotes them. Below the issue's goal of 90% of conversations: deepseekv3, qwq_32b,
@@ -120,17 +122,17 @@ CASES: tuple[Case, ...] = (
     Case(template="deepseekv3_1", reasoning="drop", kept=(6, 12, 12), dropped=10,
          why="--reasoning drop: the 10 turns with reasoning trained as the non-thinking model generates them"),
     Case(template="deepseekv3_1", template_kwargs={"thinking": True}, completion_format="deepseek-r1",
-         kept=(6, 12, 0), why=WITH_FORMAT),
+         kept=(6, 8, 0), why=WITH_FORMAT + AFTER_TOOL),
     Case(template="deepseekv3", kept=(0, 0, 0), why=R1_STYLE + "; after a tool output there is no "
          "generation prompt at all"),
-    Case(template="deepseekv3", completion_format="deepseek-r1", kept=(6, 11, 0),
-         why=WITH_FORMAT + "; a tool call after a tool output is rendered without its content (the "
+    Case(template="deepseekv3", completion_format="deepseek-r1", kept=(6, 8, 0),
+         why=WITH_FORMAT + AFTER_TOOL + "; a tool call after a tool output is rendered without its content (the "
              "template's ns.is_first), so its tool-call text cannot be read off: skipped"),
     Case(template="qwq_32b", kept=(0, 0, 0), why=R1_STYLE),
     Case(template="qwq_32b", completion_format="deepseek-r1", kept=(6, 12, 0), why=WITH_FORMAT),
     Case(template="deepseek_r1_distill", kept=(0, 0, 0), why=R1_STYLE),
-    Case(template="deepseek_r1_distill", completion_format="deepseek-r1", kept=(6, 8, 0),
-         why=WITH_FORMAT + "; the template renders tool calls only for a None content, which transformers "
+    Case(template="deepseek_r1_distill", completion_format="deepseek-r1", kept=(4, 5, 0),
+         why=WITH_FORMAT + AFTER_TOOL + "; the template renders tool calls only for a None content, which transformers "
              "drops from every message: its 4 tool-call turns are skipped (the calls are never rendered)"),
 )
 KEPT = {c.template: c.kept[:2] for c in CASES if not c.completion_format and not c.template_kwargs}
@@ -191,7 +193,8 @@ def test_every_kept_view_is_the_templates_own_rendering(template_tokenizer, case
         turns = [k for k, m in enumerate(conv.messages) if m.role == "assistant"]
         assert len(rendered.views) + len(rendered.skipped) == len(turns)
         for error in rendered.skipped:
-            assert str(error).startswith(f"{conv.source}, message ") and error.reason.startswith("template")
+            assert str(error).startswith(f"{conv.source}, message ")
+            assert error.reason.startswith("template") or error.reason == UnopenedReasoning.reason
         dropped += sum(v.reasoning_dropped or v.history_reasoning_dropped for v in rendered.views)
         for view in rendered.views:
             # The reference: the template's own rendering of the record, without the reasoning the view left

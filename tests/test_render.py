@@ -273,7 +273,7 @@ def test_reasoning_goes_under_the_key_the_template_reads(with_template):
 
 
 def test_a_completion_format_without_tool_calls_does_not_drop_a_tool_call_silently(qwen3_tokenizer):
-    fmt = "{reasoning}\n</think>\n\n{content}{eos}"
+    fmt = "<think>\n{reasoning}\n</think>\n\n{content}{eos}"
     rendered = render_conversation(CHAIN, qwen3_tokenizer, RenderConfig(completion_format=fmt))
     (error,) = rendered.skipped
     assert "message 1: the completion format has no {tool_calls} field" in str(error)
@@ -281,11 +281,11 @@ def test_a_completion_format_without_tool_calls_does_not_drop_a_tool_call_silent
 
 
 def test_named_formats_train_tool_calls_as_the_template_renders_them(qwen3_tokenizer):
-    """deepseek-r1 has {tool_calls}: filled with the template's own tool-call text and end of turn."""
-    ((_, _, completion), *_) = render_texts(CHAIN, qwen3_tokenizer, RenderConfig(completion_format="deepseek-r1"))
+    """think-tags has {tool_calls}: filled with the template's own tool-call text and end of turn."""
+    ((_, _, completion), *_) = render_texts(CHAIN, qwen3_tokenizer, RenderConfig(completion_format="think-tags"))
     full = qwen3_tokenizer.apply_chat_template(CHAIN.template_messages(2), tokenize=False)
     calls = full[full.index("<tool_call>"):]  # the template's own "<tool_call>...<|im_end|>\n" (no "\n": no content)
-    assert completion == "call the tool\n</think>\n\n" + calls
+    assert completion == "<think>\ncall the tool\n</think>\n\n" + calls
 
 
 def test_skips_number_messages_as_record_errors_do(with_template):

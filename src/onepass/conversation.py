@@ -1,11 +1,16 @@
 """Conversations: the frozen record every later stage reads, parsed and validated from any shape.
 
 Why this module exists: training data arrives in several shapes (OpenAI/TRL
-``messages``, ShareGPT ``conversations``, the paper's re-upload
-``interactions``) and with reasoning in several places (``reasoning_content``,
-``reasoning``, ``thinking``, or inline ``<think>...</think>``). Everything after
-this module sees one shape, :class:`Conversation`, and every defect in the
-input is reported here with the file, record and message it came from.
+``messages``, ShareGPT ``conversations`` with LLaMA-Factory's ``function_call`` /
+``observation`` speakers, Hermes inline ``<tool_call>`` JSON, Llama-Nemotron
+``input``/``output``, the paper's re-upload ``interactions``) and with reasoning in
+several places (``reasoning_content``, ``reasoning``, ``thinking``, or a leading
+``<think>...</think>`` block). Everything after this module sees one shape,
+:class:`Conversation`, as the template would see the record: every message and
+field it can render kept (an empty system message, a tool call's arguments string,
+OpenAI ``weight`` 0 as a turn not to train), every conversion named
+(:data:`CONVERSIONS`, counted in stats), and every defect in the input reported
+here with the file, record and message it came from (docs/data.md, "Record schemas").
 
 Worked example::
 
@@ -27,6 +32,7 @@ No torch here: this is pure data.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -35,27 +41,55 @@ from pathlib import Path
 from typing import Any
 
 from onepass.errors import ConversationError
+from onepass.record_schemas import (  # noqa: F401  (CONVERSIONS and its names, message_at: re-exported)
+    CONTENT_NULL,
+    CONTENT_PARTS,
+    CONVERSIONS,
+    FIELD_AND_INLINE,
+    HERMES_CALL,
+    INPUT_OUTPUT,
+    NOT_TRAINED,
+    REASONING_KEYS,
+    SHAREGPT_CALL,
+    SHAREGPT_ROLES,
+    Where,
+    bad_text,
+    check_text,
+    input_output,
+    interactions,
+    leading_reasoning,
+    message_at,
+    message_content,
+    reasoning_field,
+    sharegpt,
+    text_field,
+    trains,
+    unknown_schema,
+)
 from onepass.records import iter_records
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: as system, role kept
-REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
-_BAD_TEXT = re.compile("[\x00\ud800-\udfff]")  # NUL or a lone surrogate (a pair is one code point in str)
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "model": "assistant", "system": "system", "tool": "tool", "function": "tool", "observation": "tool"}
+_HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ToolCall:
-    """One function call made by the assistant. ``arguments`` is always a dict."""
+    """One function call made by the assistant. ``arguments`` is always a dict (parsed, checked);
+    ``text`` is the JSON string the record gave them as (None when it gave an object), kept byte for
+    byte: ``{"city":"\\u5317\\u4eac","days":1e1}`` is what the model emitted, not ``{"city": "北京", ...}``."""
 
     name: str
     arguments: dict[str, Any]
     id: str | None = None
+    text: str | None = None
 
-    def to_template(self, *, arguments_json: bool = False) -> dict[str, Any]:
+    def to_template(self, *, arguments_json: bool = False, verbatim: bool = False) -> dict[str, Any]:
         """The HF tool-call dict; ``arguments_json`` gives ``arguments`` as a JSON string, as the
-        DeepSeek-V3 and Kimi-K2 templates expect (:mod:`onepass.template_probe` finds out which)."""
+        DeepSeek-V3 and Kimi-K2 templates expect; ``verbatim`` gives a record's own string unchanged
+        (for a template that renders a string as it is: :mod:`onepass.template_probe` finds out which)."""
         args: Any = json.dumps(self.arguments, ensure_ascii=False) if arguments_json else self.arguments
+        if self.text is not None and (verbatim or arguments_json):
+            args = self.text
         call: dict[str, Any] = {
             "type": "function",
             "function": {"name": self.name, "arguments": args},
@@ -75,8 +109,9 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     name: str | None = None
     tool_call_id: str | None = None
+    train: bool = True  # False: in the context of later turns, never trained (OpenAI fine-tuning "weight": 0)
 
-    def to_template(self, *, arguments_json: bool = False,
+    def to_template(self, *, arguments_json: bool = False, verbatim: bool = False,
                     reasoning_key: str = "reasoning_content") -> dict[str, Any]:
         """The dict a HF chat template expects (reasoning under ``reasoning_key``: ``reasoning_content``
         as Qwen3/DeepSeek name it, ``thinking`` for gpt-oss)."""
@@ -85,7 +120,8 @@ class Message:
             if self.reasoning is not None:
                 out[reasoning_key] = self.reasoning
             if self.tool_calls:
-                out["tool_calls"] = [t.to_template(arguments_json=arguments_json) for t in self.tool_calls]
+                out["tool_calls"] = [t.to_template(arguments_json=arguments_json, verbatim=verbatim)
+                                     for t in self.tool_calls]
         if self.name is not None:
             out["name"] = self.name
         if self.tool_call_id is not None:
@@ -108,6 +144,7 @@ class Conversation:
     source: str = "<memory>"
     id: str | None = None
     first_message: int = 0  # the record's own number of messages[0]: 1 after a system message in the list
+    conversions: tuple[str, ...] = ()  # what was converted to read the record (CONVERSIONS), counted in stats
 
     def at(self, k: int) -> str:
         """``SOURCE, message N``: message ``k`` numbered as in the record, as parse errors name it."""
@@ -118,15 +155,15 @@ class Conversation:
         return sum(m.role == "assistant" for m in self.messages)
 
     def template_messages(self, upto: int | None = None, *, arguments_json: bool = False,
-                          reasoning_key: str = "reasoning_content", developer: bool = True,
-                          tool_ids: str = "given") -> list[dict[str, Any]]:
+                          verbatim_arguments: bool = False, reasoning_key: str = "reasoning_content",
+                          developer: bool = True, tool_ids: str = "given") -> list[dict[str, Any]]:
         """Messages as template dicts, system first, ``messages[:upto]`` (fields as in
         :meth:`Message.to_template`; ``developer=False`` hands a developer prompt over as system;
         ``tool_ids="functions"`` renames tool-call ids as :func:`functions_ids` does)."""
         role = self.system_role if developer else "system"
         head = [{"role": role, "content": self.system}] if self.system is not None else []
-        out = [m.to_template(arguments_json=arguments_json, reasoning_key=reasoning_key)
-               for m in self.messages[:upto]]
+        out = [m.to_template(arguments_json=arguments_json, verbatim=verbatim_arguments,
+                             reasoning_key=reasoning_key) for m in self.messages[:upto]]
         if tool_ids == "functions":
             calls, results = functions_ids(self.messages)
             for i, m in enumerate(out):
@@ -169,22 +206,6 @@ def functions_ids(messages: tuple[Message, ...]) -> tuple[dict[tuple[int, int], 
     return calls, results
 
 
-def message_at(source: str, number: int) -> str:
-    """``SOURCE, message N``: the one wording of every error and skip naming a record's message N."""
-    return f"{source}, message {number}"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Where:
-    source: str
-    index: int
-    unit: str = "record"
-
-    def __call__(self, msg: str, message: int | None = None) -> ConversationError:
-        at = f"{self.source} {self.unit} {self.index}"
-        return ConversationError(f"{at if message is None else message_at(at, message)}: {msg}")
-
-
 def split_inline_reasoning(content: str) -> tuple[str | None, str]:
     """Split ``<think>r</think>c`` into (r, c); (None, content) when there is no ``</think>``.
 
@@ -198,65 +219,7 @@ def split_inline_reasoning(content: str) -> tuple[str | None, str]:
     return reasoning, tail.lstrip("\n")
 
 
-def _text(value: Any, what: str, where: _Where, i: int, *, allow_none: bool = False) -> str:
-    if value is None and allow_none:
-        return ""
-    if not isinstance(value, str):
-        raise where(f"{what} must be a string, got {type(value).__name__}", i)
-    return value
-
-
-def bad_text(value: Any, path: str = "") -> str | None:
-    """Where in ``value`` (nested dicts/lists) a string holds a NUL or a lone surrogate, or None.
-
-    >>> print(bad_text({"messages": [{"content": "ok"}, {"content": "a\\ud800b"}]}))
-    messages[1].content: a lone surrogate U+D800 at character 1 (not encodable as UTF-8)
-    >>> bad_text({"content": "fine"}) is None
-    True
-    """
-    if isinstance(value, str):
-        found = _BAD_TEXT.search(value)
-        if found is None:
-            return None
-        ch = found.group()
-        what = "a NUL character" if ch == "\x00" else f"a lone surrogate U+{ord(ch):04X}"
-        return (f"{path or 'text'}: {what} at character {found.start()}"
-                + ("" if ch == "\x00" else " (not encodable as UTF-8)"))
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            key = str(k)
-            if _BAD_TEXT.search(key):
-                return f"{path or 'record'}: a key holds a NUL or a lone surrogate"
-            found = bad_text(v, f"{path}.{key}" if path else key)
-            if found:
-                return found
-    elif isinstance(value, (list, tuple)):
-        for j, v in enumerate(value):
-            found = bad_text(v, f"{path}[{j}]")
-            if found:
-                return found
-    return None
-
-
-def _check_text(record: Mapping[str, Any], where: _Where) -> None:
-    """Refuse a record with a string no tokenizer can encode, naming the message it is in."""
-    found = bad_text(record)
-    if found is None:
-        return
-    m = re.match(r"(messages|conversations|interactions)\[(\d+)\]", found)
-    raise where(f"{found}", int(m.group(2)) if m else None)
-
-
-def _reasoning_field(raw: Mapping[str, Any], where: _Where, i: int) -> str | None:
-    """The reasoning of an assistant message; several fields must agree (none is dropped silently)."""
-    given = {key: _text(raw[key], key, where, i) for key in REASONING_KEYS if raw.get(key) is not None}
-    if len(set(given.values())) > 1:
-        raise where("conflicting reasoning fields " + ", ".join(given)
-                    + " hold different text: keep one (onepass will not guess which)", i)
-    return next(iter(given.values()), None)
-
-
-def _tool_calls(raw: Any, where: _Where, i: int) -> tuple[ToolCall, ...]:
+def _tool_calls(raw: Any, where: Where, i: int) -> tuple[ToolCall, ...]:
     if raw in (None, []):
         return ()
     if not isinstance(raw, list):
@@ -270,6 +233,7 @@ def _tool_calls(raw: Any, where: _Where, i: int) -> tuple[ToolCall, ...]:
         if not isinstance(name, str) or not name:
             raise where(f"tool_calls[{j}] has no function name", i)
         args = fn.get("arguments", {})
+        text = args if isinstance(args, str) and args.strip() else None
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
@@ -278,36 +242,64 @@ def _tool_calls(raw: Any, where: _Where, i: int) -> tuple[ToolCall, ...]:
         if not isinstance(args, Mapping):
             raise where(f"tool_calls[{j}].function.arguments must be an object or a JSON string", i)
         call_id = call.get("id")
-        calls.append(ToolCall(name=name, arguments=dict(args), id=call_id if isinstance(call_id, str) else None))
+        calls.append(ToolCall(name=name, arguments=dict(args), id=call_id if isinstance(call_id, str) else None,
+                              text=text))
     return tuple(calls)
 
 
-def _message(raw: Any, where: _Where, i: int) -> Message:
+def _message(raw: Any, where: Where, i: int) -> Message:
     if not isinstance(raw, Mapping):
         raise where(f"a message must be an object, got {type(raw).__name__}", i)
     role = raw.get("role")
     if role not in ROLES:
         raise where(f"unknown role {role!r}; expected one of {', '.join(ROLES)}", i)
     calls = _tool_calls(raw.get("tool_calls"), where, i) if role == "assistant" else ()
-    content = _text(raw.get("content"), "content", where, i, allow_none=role == "assistant" and bool(calls))
+    content = message_content(raw, role, calls, where, i)
     reasoning = None
     if role == "assistant":
-        reasoning = _reasoning_field(raw, where, i)
-        if "<think>" in content and "</think>" not in content:
-            raise where("unclosed <think> in the content (a cut-off generation?)", i)
-        inline, rest = split_inline_reasoning(content)
+        reasoning = reasoning_field(raw, where, i)
+        inline, rest = leading_reasoning(content)
+        if inline is None and content.lstrip().startswith("<think>"):
+            raise where("unclosed <think> at the start of the content (a cut-off generation?)", i)
         if inline is not None:
-            if reasoning is not None and inline.strip():
-                raise where("reasoning given both as a field and inline in <think>...</think>", i)
-            reasoning = inline if reasoning is None else reasoning
-            content = rest
+            if reasoning is None or inline.strip() == reasoning.strip() or not inline.strip():
+                reasoning = inline if reasoning is None else reasoning  # the same reasoning, or an empty block
+                content = rest
+            else:  # the field is the reasoning; the text is the record's, kept as it is
+                where.converted(FIELD_AND_INLINE)
     name = raw.get("name") if isinstance(raw.get("name"), str) else None
     call_id = raw.get("tool_call_id") if isinstance(raw.get("tool_call_id"), str) else None
     return Message(role=role, content=content, reasoning=reasoning, tool_calls=calls,
-                   name=name, tool_call_id=call_id)
+                   name=name, tool_call_id=call_id, train=trains(raw, role, where, i))
 
 
-def validate(messages: tuple[Message, ...], where: _Where, *, offset: int = 0) -> None:
+def _hermes_calls(m: Message, where: Where, i: int) -> Message:
+    """An assistant message followed by a tool message, its calls written inline as Hermes does
+    (``text<tool_call>{"name": ..., "arguments": ...}</tool_call>``): the calls as tool_calls, the text
+    before them as content. Refused when a block is not such JSON or text follows the blocks."""
+    blocks = list(_HERMES_BLOCK.finditer(m.content))
+    if not blocks:
+        return m
+    if m.content[blocks[-1].end():].strip() or any(m.content[a.end():b.start()].strip()
+                                                   for a, b in zip(blocks, blocks[1:])):
+        raise where("inline <tool_call> blocks with text between or after them before a tool message: "
+                    "onepass reads Hermes calls at the end of the content, or OpenAI tool_calls", i)
+    calls = []
+    for j, block in enumerate(blocks):
+        try:
+            call = json.loads(block.group(1))
+        except json.JSONDecodeError as e:
+            raise where(f"inline <tool_call> block {j} is not valid JSON ({e.msg}); Hermes writes "
+                        '{"name": ..., "arguments": {...}}', i) from None
+        if not isinstance(call, Mapping):
+            raise where(f"inline <tool_call> block {j} is not a JSON object", i)
+        calls.append(call)
+    where.converted(HERMES_CALL)
+    return dataclasses.replace(m, content=m.content[:blocks[0].start()].rstrip(),
+                               tool_calls=_tool_calls(calls, where, i))
+
+
+def validate(messages: tuple[Message, ...], where: Where, *, offset: int = 0) -> None:
     """Role order: starts with a user turn; tool results follow a call; has an assistant turn.
 
     ``offset`` is added to message numbers in errors (1 when a leading system
@@ -331,37 +323,14 @@ def validate(messages: tuple[Message, ...], where: _Where, *, offset: int = 0) -
         raise where("no assistant turn: nothing to train")
 
 
-def _from_messages(raw: list[Any], where: _Where) -> tuple[str | None, str, list[Message]]:
+def _from_messages(raw: list[Any], where: Where) -> tuple[str | None, str, list[Message]]:
     msgs = [_message(m, where, i) for i, m in enumerate(raw)]
+    for i, m in enumerate(msgs[:-1]):
+        if m.role == "assistant" and not m.tool_calls and msgs[i + 1].role == "tool":
+            msgs[i] = _hermes_calls(m, where, i)
     if msgs and msgs[0].role in ("system", "developer"):
         return msgs[0].content, msgs[0].role, msgs[1:]
     return None, "system", msgs
-
-
-def _sharegpt(raw: list[Any], where: _Where) -> list[dict[str, Any]]:
-    out = []
-    for i, turn in enumerate(raw):
-        if not isinstance(turn, Mapping):
-            raise where(f"a turn must be an object, got {type(turn).__name__}", i)
-        who = turn.get("from", turn.get("role"))
-        if who not in SHAREGPT_ROLES:
-            raise where(f"unknown speaker {who!r}; expected one of {', '.join(SHAREGPT_ROLES)}", i)
-        msg = {"role": SHAREGPT_ROLES[who], "content": turn.get("value", turn.get("content"))}
-        for key in REASONING_KEYS:
-            if key in turn:
-                msg[key] = turn[key]
-        out.append(msg)
-    return out
-
-
-def _interactions(raw: list[Any], where: _Where) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for i, turn in enumerate(raw):
-        if not isinstance(turn, Mapping) or "query" not in turn or "answer" not in turn:
-            raise where("an interaction must be an object with 'query', 'answer' (and 'think')", i)
-        out.append({"role": "user", "content": turn["query"]})
-        out.append({"role": "assistant", "content": turn["answer"], "reasoning": turn.get("think")})
-    return out
 
 
 def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
@@ -370,24 +339,28 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
 
     ``unit`` says what ``index`` counts in error messages ("record" or "line").
     """
-    where = _Where(source=source, index=index, unit=unit)
+    where = Where(source=source, index=index, unit=unit)
     if not isinstance(record, Mapping):
         raise where(f"a record must be a JSON object, got {type(record).__name__}")
-    _check_text(record, where)
-    system = record.get("system") if isinstance(record.get("system"), str) else None
+    check_text(record, where)
+    field_key = "system" if "system" in record else "system_prompt"  # system_prompt: Llama-Nemotron
+    system = record.get(field_key) if isinstance(record.get(field_key), str) else None
+    if system is not None and not system.strip():
+        system = None  # an empty system *field* (common in parquet columns) means none; a message is kept
     if "messages" in record:
         raw = record["messages"]
     elif "conversations" in record:
         raw = record["conversations"]
         if isinstance(raw, list):
-            raw = _sharegpt(raw, where)
+            raw = sharegpt(raw, where)
     elif "interactions" in record:
         raw = record["interactions"]
         if isinstance(raw, list):
-            raw = _interactions(raw, where)
+            raw = interactions(raw, where)
+    elif "input" in record and "output" in record and "instruction" not in record:  # Alpaca: refused
+        raw = input_output(record, where)
     else:
-        raise where("no 'messages', 'conversations' or 'interactions' field; keys are "
-                    + ", ".join(sorted(map(str, record))))
+        raise unknown_schema(record, where)
     if not isinstance(raw, list):
         raise where(f"the messages must be a list, got {type(raw).__name__}")
     inline_system, system_role, msgs = _from_messages(raw, where)
@@ -407,11 +380,10 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
     if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
         raise where("'tools' must be a list of objects")
     rid = record.get("id")
-    if system is not None and not system.strip():
-        system = None  # an empty system field (common in parquet columns) means none
     return Conversation(messages=messages, system=system, system_role=system_role,
                         tools=tuple(dict(t) for t in tools), source=f"{source} {unit} {index}",
-                        id=str(rid) if rid is not None else None, first_message=offset)
+                        id=str(rid) if rid is not None else None, first_message=offset,
+                        conversions=tuple(where.conversions))
 
 
 @dataclass(kw_only=True, slots=True)

@@ -38,9 +38,28 @@ No torch here: this is pure data.
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from onepass.conversation import Message
+
+COMPLETION_FORMATS: dict[str, str] = {
+    # DeepSeek-R1 style templates strip reasoning from every assistant turn and end
+    # the generation prompt with "<think>\n": the model generates the rest.
+    "deepseek-r1": "{reasoning}\n</think>\n\n{content}{tool_calls}{eos}",
+    # A template whose generation prompt ends with the assistant header only.
+    "think-tags": "<think>\n{reasoning}\n</think>\n\n{content}{tool_calls}{eos}",
+}
+"""Named completion formats. Fields: ``{reasoning}`` (empty string when absent),
+``{content}``, ``{tool_calls}`` and ``{eos}``: the turn's tool calls and the end of
+the turn as the template renders them after the content
+(:func:`onepass.generation_format.completion_fields`; where the template does not
+show them, Qwen-style ``<tool_call>`` blocks and the tokenizer's EOS token). Any
+other string with these fields is accepted as a format too; one without
+``{tool_calls}`` skips (and counts) a turn with tool calls, never drops them."""
 
 REASONING = "ONEPASSxREASONINGxSENTINEL"
 CONTENT = "ONEPASSxCONTENTxSENTINEL"
@@ -227,3 +246,30 @@ def turn_end(completion: str, eos: str) -> str | None:
     '<a>x<eot>'
     """
     return completion[:completion.rindex(eos) + len(eos)] if eos and eos in completion else None
+
+
+def format_completion(fmt: str, message: Message, eos: str, tool_calls: str | None = None) -> str:
+    """``fmt`` filled with the turn's fields; ``tool_calls`` is the template's own text for them
+    (:func:`onepass.generation_format.completion_fields`), else Qwen-style ``<tool_call>`` blocks."""
+    calls = tool_calls if tool_calls is not None else "".join(
+        "\n<tool_call>\n" + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False)
+        + "\n</tool_call>" for c in message.tool_calls)
+    return fmt.format(reasoning=message.reasoning or "", content=message.content,
+                      tool_calls=calls, eos=eos)
+
+
+def unopened_close(fmt: str, prompt: str, tag: str = "think") -> str | None:
+    """The closing ``</tag>`` a completion format writes before opening it, where the generation prompt
+    ``prompt`` has no open ``<tag>`` either (DeepSeek-V3.1 thinking after a tool result); else None.
+
+    >>> unopened_close("{reasoning}\\n</think>\\n\\n{content}", "<｜tool▁output▁end｜>")
+    '</think>'
+    >>> unopened_close("{reasoning}\\n</think>\\n\\n{content}", "<｜Assistant｜><think>") is None
+    True
+    """
+    opener, closer = f"<{tag}>", f"</{tag}>"
+    head = fmt.format(reasoning="", content="", tool_calls="", eos="")
+    closes = head.find(closer)
+    if closes < 0 or opener in head[:closes] or prompt.rfind(opener) > prompt.rfind(closer):
+        return None
+    return closer

@@ -56,7 +56,8 @@ class PrepareConfig:
 INVALID = "invalid record"  # the skip reason of a record that is not a conversation
 ADDITIVE = ("conversations", "conversations_used", "views", "views_trained", "views_skipped", "views_derived",
             "views_reasoning_dropped", "views_history_reasoning_dropped", "boundary_merge_views", "n_pass_tokens",
-            "one_pass_tokens", "scheduled_tokens", "target_tokens")
+            "one_pass_tokens", "scheduled_tokens", "target_tokens", "turns_not_trained", "tool_arguments_parsed",
+            "conversions")
 
 
 @dataclass(kw_only=True)
@@ -78,6 +79,9 @@ class PrepareStats:
     views_reasoning_dropped: int = 0  # trained without their reasoning by choice (--reasoning drop)
     views_history_reasoning_dropped: int = 0  # an earlier turn's reasoning the template drops there left out (probed)
     boundary_merge_views: int = 0  # prompt|completion tokenized apart differs from tokenized whole
+    turns_not_trained: int = 0  # assistant turns the record marks not to train (OpenAI "weight": 0): context only
+    tool_arguments_parsed: int = 0  # JSON-string tool-call arguments parsed for a template that needs a dict
+    conversions: dict[str, int] = field(default_factory=dict)  # records read by a conversion (conversation.CONVERSIONS)
     n_pass_tokens: int = 0  # sum of view lengths
     one_pass_tokens: int = 0  # one tree per conversation
     scheduled_tokens: int = 0  # tokens of this schedule's trees
@@ -110,7 +114,11 @@ class PrepareStats:
     def add(self, counts: dict[str, int], skips: Iterable[tuple[str, str]]) -> None:
         """Merge one conversation's counts (:data:`ADDITIVE`) and skips, counted elsewhere (a worker)."""
         for k in ADDITIVE:
-            setattr(self, k, getattr(self, k) + counts[k])
+            if isinstance(counts[k], dict):
+                for name, n in counts[k].items():
+                    getattr(self, k)[name] = getattr(self, k).get(name, 0) + n
+            else:
+                setattr(self, k, getattr(self, k) + counts[k])
         for reason, message in skips:
             self.skip(reason, message)
 
@@ -136,6 +144,12 @@ class PrepareStats:
             lines.append(f"reasoning left out: {self.views_reasoning_dropped} views by --reasoning drop, "
                          f"{self.views_history_reasoning_dropped} views where the template drops an earlier "
                          "turn's reasoning")
+        if self.conversions or self.turns_not_trained or self.tool_arguments_parsed:
+            what = [f"{n} records {name}" for name, n in sorted(self.conversions.items())]
+            what += [f"{self.turns_not_trained} assistant turns not trained (weight 0)"] * bool(self.turns_not_trained)
+            what += [f"{self.tool_arguments_parsed} JSON-string tool arguments parsed (the template needs a dict)"
+                     ] * bool(self.tool_arguments_parsed)
+            lines.append("read: " + "; ".join(what))
         if self.boundary_merge_views:
             lines.append(f"{self.boundary_merge_views} views tokenize differently when prompt and "
                          "completion are joined (a BPE merge across the boundary); trained as at inference")
@@ -179,6 +193,10 @@ def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConf
     rendered = render_conversation(conv, tokenizer, config.render)
     if strict and rendered.skipped:
         raise rendered.skipped[0]
+    for name in conv.conversions:
+        stats.conversions[name] = stats.conversions.get(name, 0) + 1
+    stats.turns_not_trained += rendered.not_trained
+    stats.tool_arguments_parsed += rendered.arguments_parsed
     for error in rendered.skipped:
         stats.skip(error.reason, str(error))
     stats.views += len(rendered.views) + len(rendered.skipped)

@@ -7,6 +7,15 @@ naming the file and line, so a lenient reader counts it and goes on.
 :mod:`onepass.conversation` parses the records; :mod:`onepass.data.load`
 reads every other kind of ``--data`` (folders, saved datasets, hub ids).
 
+Arrow (parquet, ``save_to_disk``, the hub) stores a column of objects as one struct type: every
+record's tool-call ``arguments`` and tool ``parameters`` get every key any record has, ``null``
+where it had none. Read back, ``{"city": "Paris"}`` would be ``{"city": "Paris", "expr": None}``
+and train as such. :func:`without_nulls` drops every null-valued key of a record read from Arrow,
+so a parquet or saved copy of a JSONL file gives the same conversation (a key whose value was a
+real JSON ``null`` cannot be told apart in Arrow and is dropped too; every reader of onepass takes
+a null field as absent). Arrow also stores a struct's keys in one order for the whole column:
+arguments whose keys come in another order per record keep it only as JSON strings.
+
 No torch here: this is pure data.
 """
 
@@ -18,6 +27,19 @@ from pathlib import Path
 from typing import Any
 
 from onepass.errors import ConversationError, DataNotFound
+
+
+def without_nulls(value: Any) -> Any:
+    """``value`` with every null-valued key of every nested object dropped (list items are kept).
+
+    >>> without_nulls({"a": 1, "b": None, "c": [{"d": None, "e": 2}, None]})
+    {'a': 1, 'c': [{'e': 2}, None]}
+    """
+    if isinstance(value, Mapping):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value
 
 
 def iter_records(path: str | Path) -> Iterator[tuple[int, Any]]:
@@ -62,7 +84,7 @@ def iter_records(path: str | Path) -> Iterator[tuple[int, Any]]:
         index = 0
         for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
             for row in batch.to_pylist():
-                yield index, row
+                yield index, without_nulls(row)
                 index += 1
     else:
         raise ConversationError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .json or .parquet")

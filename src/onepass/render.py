@@ -38,7 +38,6 @@ No torch here: this is pure data.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from onepass.conversation import Conversation, Message, message_at
+from onepass.conversation import Conversation, message_at
 from onepass.dropped_reasoning import (
     REASONING_CHOICES,
     unrendered_history_reasoning,
@@ -54,11 +53,14 @@ from onepass.dropped_reasoning import (
 )
 from onepass.encode import encode_texts, split_between
 from onepass.errors import DataError, UsageError
-from onepass.generation_format import (
+from onepass.generation_format import (  # noqa: F401  (COMPLETION_FORMATS, format_completion: re-exported)
+    COMPLETION_FORMATS,
     Render,
     completion_fields,
     derive_completion,
+    format_completion,
     turn_end,
+    unopened_close,
 )
 from onepass.key_value import parse_key_value  # noqa: F401  (re-exported: its home before)
 from onepass.template_probe import (
@@ -68,22 +70,6 @@ from onepass.template_probe import (
     template_line,
 )
 
-COMPLETION_FORMATS: dict[str, str] = {
-    # DeepSeek-R1 style templates strip reasoning from every assistant turn and end
-    # the generation prompt with "<think>\n": the model generates the rest.
-    "deepseek-r1": "{reasoning}\n</think>\n\n{content}{tool_calls}{eos}",
-    # A template whose generation prompt ends with the assistant header only.
-    "think-tags": "<think>\n{reasoning}\n</think>\n\n{content}{tool_calls}{eos}",
-}
-"""Named completion formats. Fields: ``{reasoning}`` (empty string when absent),
-``{content}``, ``{tool_calls}`` and ``{eos}``: the turn's tool calls and the end of
-the turn as the template renders them after the content
-(:func:`onepass.generation_format.completion_fields`; where the template does not
-show them, Qwen-style ``<tool_call>`` blocks and the tokenizer's EOS token). Any
-other string with these fields is accepted as a format too; one without
-``{tool_calls}`` skips (and counts) a turn with tool calls, never drops them."""
-
-
 class RenderError(DataError):
     """A turn the template cannot split into prompt and completion (counted as ``reason``)."""
 
@@ -92,6 +78,13 @@ class RenderError(DataError):
 
 class ReasoningNotRendered(RenderError):
     """The template does not render the turn's reasoning (``--reasoning drop`` trains the turn without it)."""
+
+
+class UnopenedReasoning(RenderError):
+    """A completion format closes a reasoning block (``</think>``) that neither it nor the turn's generation
+    prompt opens (DeepSeek-V3.1 thinking after a tool result): the target would close a tag never opened."""
+
+    reason = "format not opened by the prompt"
 
 
 class TemplateRaised(RenderError):
@@ -150,16 +143,6 @@ def resolve_completion_format(spec: str | None) -> str | None:
                           "{reasoning} {content} {tool_calls} {eos}, or one of "
                           + ", ".join(COMPLETION_FORMATS)) from None
     return fmt
-
-
-def format_completion(fmt: str, message: Message, eos: str, tool_calls: str | None = None) -> str:
-    """``fmt`` filled with the turn's fields; ``tool_calls`` is the template's own text for them
-    (:func:`onepass.generation_format.completion_fields`), else Qwen-style ``<tool_call>`` blocks."""
-    calls = tool_calls if tool_calls is not None else "".join(
-        "\n<tool_call>\n" + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False)
-        + "\n</tool_call>" for c in message.tool_calls)
-    return fmt.format(reasoning=message.reasoning or "", content=message.content,
-                      tool_calls=calls, eos=eos)
 
 
 def _render(tokenizer: Any, conv: Conversation, upto: int, *, generation: bool,
@@ -239,6 +222,12 @@ def _formatted(conv: Conversation, k: int, tokenizer: Any, fmt: str, kwargs: Map
         raise RenderError(f"{conv.at(k)}: the chat template does not show how it renders this "
                           "turn's tool calls, so the completion format cannot fill {tool_calls}")
     calls, end = read if read is not None else (None, eos)
+    prompt = _render(tokenizer, conv, k, generation=True, kwargs=kwargs, fields=fields, turn=k)
+    if (closer := unopened_close(fmt, prompt)) is not None:
+        raise UnopenedReasoning(
+            f"{conv.at(k)}: the completion format closes {closer} but this turn's generation prompt does not open "
+            f"{closer.replace('/', '')} (it ends {prompt[-40:]!r}; DeepSeek-V3.1 after a tool result), so the target "
+            "would close a tag the model never opened: skipped (think-tags opens it itself)")
     names = [c.name for c in message.tool_calls]
     missing = [n for n in names if (calls or "").count(n) < names.count(n)]
     if missing and read is not None:
@@ -356,7 +345,7 @@ def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig
     eos = getattr(tokenizer, "eos_token", None) or ""
     fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
     for k, message in enumerate(conv.messages):
-        if message.role != "assistant":
+        if message.role != "assistant" or not message.train:
             continue
         try:
             yield k, _turn_text(conv, k, tokenizer, fmt, kwargs, fields, eos, config.reasoning)
@@ -403,6 +392,16 @@ class Rendered:
 
     views: tuple[View, ...]
     skipped: tuple[RenderError, ...] = ()
+    not_trained: int = 0  # assistant turns the record marks not to train (weight 0): no view, context only
+    arguments_parsed: int = 0  # tool calls given as a JSON string, parsed for a template that needs a dict
+
+
+def _counts(conv: Conversation, tokenizer: Any, config: RenderConfig) -> dict[str, int]:
+    """:class:`Rendered`'s counts of what the record says and the template needs, beside the views."""
+    fields = template_fields(tokenizer, dict(config.template_kwargs), tools=bool(conv.tools))
+    strings = sum(c.text is not None for m in conv.messages for c in m.tool_calls)
+    return {"not_trained": sum(m.role == "assistant" and not m.train for m in conv.messages),
+            "arguments_parsed": 0 if fields.string_arguments else strings}
 
 
 def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig = RenderConfig()
@@ -413,8 +412,9 @@ def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig
     skipped: list[tuple[int, RenderError]] = []
     for item in _iter_texts(conv, tokenizer, config):
         (skipped if isinstance(item[1], RenderError) else texts).append(item)  # type: ignore[arg-type]
+    counts = _counts(conv, tokenizer, config)
     if not texts:
-        return Rendered(views=(), skipped=tuple(e for _, e in skipped))
+        return Rendered(views=(), skipped=tuple(e for _, e in skipped), **counts)
     encoded = encode_texts(tokenizer, [t.prompt for _, t in texts] + [t.completion for _, t in texts])
     prompts, completions = encoded[:len(texts)], encoded[len(texts):]
     merged = merges_across(tokenizer, [(t.prompt, t.completion) for _, t in texts])
@@ -431,7 +431,7 @@ def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig
                               reasoning_dropped=text.reasoning_dropped, first_message=conv.first_message,
                               history_reasoning_dropped=text.history_reasoning_dropped))
     skipped.sort(key=lambda pair: pair[0])
-    return Rendered(views=tuple(views), skipped=tuple(e for _, e in skipped))
+    return Rendered(views=tuple(views), skipped=tuple(e for _, e in skipped), **counts)
 
 
 def render_views(conv: Conversation, tokenizer: Any, config: RenderConfig = RenderConfig()

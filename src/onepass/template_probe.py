@@ -13,7 +13,10 @@ A tokenizer with several named templates (a dict ``chat_template``: Command R7B'
 ``developer`` prompt goes over as ``developer`` where the template renders that
 role (gpt-oss), else as ``system`` (Qwen3 would drop it silently). The Kimi-K2 templates render
 a tool call by its id alone, so an OpenAI id (``call_0``) hides the tool's name: there the ids are
-handed over in Kimi's form, ``functions.NAME:IDX``. Rather than
+handed over in Kimi's form, ``functions.NAME:IDX``. A record's
+JSON-string arguments go over byte for byte where the template renders a string as it is (Qwen3's
+``arguments is string`` branch, DeepSeek, Kimi-K2: ``string_arguments``); only a template that
+needs a dict gets them parsed (counted in ``PrepareStats.tool_arguments_parsed``). Rather than
 guessing from the template's name, each candidate is rendered once on a tiny
 conversation and the first one the template renders faithfully is used for
 every record (:func:`template_fields`, cached per template text and kwargs).
@@ -30,7 +33,7 @@ Worked example (a template that concatenates arguments as text)::
     ...             messages=messages, add_generation_prompt=add_generation_prompt)
     >>> template_fields(Tok(), {})  # doctest: +NORMALIZE_WHITESPACE
     TemplateFields(arguments='json', reasoning_key='thinking', developer=True, tool_ids='given',
-                   generation_always=False)
+                   generation_always=False, string_arguments=True)
 
 It also reads where a template raised (:func:`template_line`): jinja puts the
 template's own line number in the traceback under the file name ``<template>``.
@@ -63,6 +66,7 @@ class TemplateFields:
     developer: bool = False  # the template renders a "developer" message (else a developer prompt goes as system)
     tool_ids: str = "given"  # "functions": ids renamed functions.NAME:IDX (the template renders a call by its id)
     generation_always: bool = False  # appends its generation prompt to a finished conversation too (R7B tool_use)
+    string_arguments: bool = False  # renders a JSON-string ``arguments`` as it is (Qwen3, Kimi-K2, DeepSeek)
 
     @property
     def arguments_json(self) -> bool:
@@ -71,8 +75,8 @@ class TemplateFields:
     @property
     def message_options(self) -> dict[str, Any]:
         """Keyword arguments of :meth:`onepass.conversation.Conversation.template_messages`."""
-        return {"arguments_json": self.arguments_json, "reasoning_key": self.reasoning_key,
-                "developer": self.developer, "tool_ids": self.tool_ids}
+        return {"arguments_json": self.arguments_json, "verbatim_arguments": self.string_arguments,
+                "reasoning_key": self.reasoning_key, "developer": self.developer, "tool_ids": self.tool_ids}
 
 
 def template_line(error: BaseException) -> int | None:
@@ -177,8 +181,9 @@ def probe_fields(tokenizer: Any, kwargs: Mapping[str, Any]) -> TemplateFields:
     tool_ids = next((k for k in TOOL_ID_KINDS if _tool_ids_ok(tokenizer, k, arguments, kwargs)), "given")
     probe = [{"role": "user", "content": "probe"}]  # the generation prompt rendered without being asked for?
     always = _render(tokenizer, probe, kwargs) == _render(tokenizer, probe, {**kwargs, "add_generation_prompt": True})
+    strings = arguments == "json" or _arguments_ok(tokenizer, "json", kwargs)
     return TemplateFields(arguments=arguments, reasoning_key=reasoning, developer=_developer_ok(tokenizer, kwargs),
-                          tool_ids=tool_ids, generation_always=always)
+                          tool_ids=tool_ids, generation_always=always, string_arguments=strings)
 
 
 def template_fields(tokenizer: Any, kwargs: Mapping[str, Any], *, tools: bool = False) -> TemplateFields:

@@ -47,7 +47,7 @@ from onepass.conversation import Conversation, ReadReport, parse_record
 from onepass.errors import ConversationError, DataError, DataNotFound
 from onepass.files import atomic_file
 from onepass.hub import hub_offline, offline_reason
-from onepass.records import iter_records
+from onepass.records import iter_records, without_nulls
 from onepass.tree import COLUMNS
 
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
@@ -83,7 +83,8 @@ def _arrow_rows(ds: Any, source: str) -> Iterator[RawRecord]:
     for batch in ds.iter(batch_size=512):
         columns = list(batch)
         for values in zip(*(batch[c] for c in columns)):
-            yield RawRecord(source=source, index=index, unit="record", record=dict(zip(columns, values)))
+            record = without_nulls(dict(zip(columns, values)))  # Arrow's null-filled struct keys
+            yield RawRecord(source=source, index=index, unit="record", record=record)
             index += 1
 
 
@@ -115,7 +116,8 @@ def _hub(spec: str, split: str | None) -> Iterator[RawRecord]:
 
     ds = datasets.load_dataset(spec, split=split or "train", streaming=True)
     for index, row in enumerate(ds):
-        yield RawRecord(source=f"hub:{spec} [{split or 'train'}]", index=index, unit="record", record=row)
+        yield RawRecord(source=f"hub:{spec} [{split or 'train'}]", index=index, unit="record",
+                        record=without_nulls(row))  # Arrow-typed as a saved dataset
 
 
 def _synthetic(name: str) -> Iterator[RawRecord]:
@@ -166,8 +168,8 @@ def _saved_columns(folder: Path) -> list[str]:
 def _kind_of(columns: list[str], where: str) -> str:
     if set(COLUMNS) <= set(columns):
         return ROWS
-    if any(c in columns for c in CONVERSATION_COLUMNS):
-        return CONVERSATIONS
+    if any(c in columns for c in CONVERSATION_COLUMNS) or {"input", "output"} <= set(columns):
+        return CONVERSATIONS  # input/output: Llama-Nemotron pairs (onepass.conversation reads them)
     raise DataError(f"{where} has columns {', '.join(columns) or '(none)'}: neither conversations (a "
                     f"{', '.join(CONVERSATION_COLUMNS)} column) nor prepared rows ({', '.join(COLUMNS)})")
 
@@ -318,11 +320,11 @@ def load_conversations(spec: str | Path | DataSource, *, strict: bool = True, li
 
 def to_record(conv: Conversation, **extra: Any) -> dict[str, Any]:
     """A :class:`Conversation` back to an OpenAI-style record that ``parse_record`` reads to the same
-    conversation (reasoning as ``reasoning_content``, tool-call arguments as objects)."""
+    conversation (reasoning as ``reasoning_content``, tool-call arguments as the record gave them)."""
     record: dict[str, Any] = {}
     if conv.id is not None:
         record["id"] = conv.id
-    record["messages"] = conv.template_messages()
+    record["messages"] = conv.template_messages(verbatim_arguments=True)
     if conv.tools:
         record["tools"] = list(conv.tools)
     record.update(extra)

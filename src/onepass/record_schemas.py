@@ -1,0 +1,256 @@
+"""Record schemas: the shapes public datasets write conversations in, read as OpenAI messages.
+
+Why this module exists: a conversation arrives as OpenAI/TRL ``messages``, ShareGPT
+``conversations`` (LLaMA-Factory's ``function_call``/``observation`` speakers), Llama-Nemotron
+``input``/``output``, or the paper's re-upload ``interactions``. Each shape becomes a list of
+OpenAI message dicts here, every conversion named (:data:`CONVERSIONS`, counted in
+``PrepareStats.conversions``); a record in a shape that is not a conversation (Alpaca,
+prompt/completion, preference pairs) is one error naming it and the nearest supported schema.
+A message's fields are read here too: reasoning (a field, or a leading ``<think>`` block), content
+(a string, ``null``, content parts), OpenAI ``weight``, and text no tokenizer can take.
+:mod:`onepass.conversation` parses the messages.
+
+    >>> where = Where(source="d.jsonl", index=1)
+    >>> input_output({"input": "2+2?", "output": "4"}, where), where.conversions
+    ([{'role': 'user', 'content': '2+2?'}, {'role': 'assistant', 'content': '4'}], ['input/output pair -> messages'])
+
+No torch here: this is pure data.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from onepass.errors import ConversationError
+
+REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+_BAD_TEXT = re.compile("[\x00\ud800-\udfff]")  # NUL or a lone surrogate (a pair is one code point in str)
+_LEADING_THINK = re.compile(r"\s*<think>(.*?)</think>", re.DOTALL)
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "model": "assistant", "system": "system", "tool": "tool", "function": "tool", "observation": "tool",
+                  "function_call": "assistant"}  # LLaMA-Factory / glaive: the call as JSON in "value"
+# What reading a record may convert, each named in PrepareStats.conversions (records converted so):
+SHAREGPT_CALL = "sharegpt function_call turn -> assistant tool_calls"
+HERMES_CALL = "inline <tool_call> JSON before a tool message -> tool_calls"
+CONTENT_PARTS = "content [one text part] -> string"
+CONTENT_NULL = "content null -> empty string"
+INPUT_OUTPUT = "input/output pair -> messages"
+NOT_TRAINED = "assistant weight 0 -> not trained"
+FIELD_AND_INLINE = "reasoning field and a leading <think> block -> field, content kept"
+CONVERSIONS = (SHAREGPT_CALL, HERMES_CALL, CONTENT_PARTS, CONTENT_NULL, INPUT_OUTPUT, NOT_TRAINED, FIELD_AND_INLINE)
+
+
+def message_at(source: str, number: int) -> str:
+    """``SOURCE, message N``: the one wording of every error and skip naming a record's message N."""
+    return f"{source}, message {number}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Where:
+    source: str
+    index: int
+    unit: str = "record"
+    conversions: list[str] = field(default_factory=list)  # CONVERSIONS made reading this record, in order
+
+    def converted(self, name: str) -> None:
+        if name not in self.conversions:
+            self.conversions.append(name)
+
+    def __call__(self, msg: str, message: int | None = None) -> ConversationError:
+        """The error naming the record (and message N), in the one wording of ``message_at``."""
+        at = f"{self.source} {self.unit} {self.index}"
+        return ConversationError(f"{at if message is None else message_at(at, message)}: {msg}")
+
+
+def _sharegpt_call(value: Any, where: Where, i: int) -> dict[str, Any]:
+    """A ShareGPT ``function_call`` turn (LLaMA-Factory, glaive): ``value`` is the call as JSON,
+    ``{"name": ..., "arguments": {...}}`` or a list of them -> an assistant message with tool_calls."""
+    try:
+        calls = json.loads(value) if isinstance(value, str) else None
+    except json.JSONDecodeError as e:
+        raise where(f"a function_call turn's value is not valid JSON ({e.msg}); LLaMA-Factory writes "
+                    '{"name": ..., "arguments": {...}}', i) from None
+    calls = [calls] if isinstance(calls, Mapping) else calls
+    if not isinstance(calls, list) or not calls:
+        raise where('a function_call turn\'s value must be a JSON {"name": ..., "arguments": ...} or a list of them', i)
+    where.converted(SHAREGPT_CALL)
+    return {"role": "assistant", "content": "", "tool_calls": calls}
+
+
+def sharegpt(raw: list[Any], where: Where) -> list[dict[str, Any]]:
+    out = []
+    for i, turn in enumerate(raw):
+        if not isinstance(turn, Mapping):
+            raise where(f"a turn must be an object, got {type(turn).__name__}", i)
+        who = turn.get("from", turn.get("role"))
+        if who not in SHAREGPT_ROLES:
+            raise where(f"unknown speaker {who!r}; expected one of {', '.join(SHAREGPT_ROLES)}", i)
+        value = turn.get("value", turn.get("content"))
+        if who == "function_call":
+            out.append(_sharegpt_call(value, where, i))
+            continue
+        msg = {"role": SHAREGPT_ROLES[who], "content": value}
+        for key in (*REASONING_KEYS, "weight", "tool_calls"):
+            if key in turn:
+                msg[key] = turn[key]
+        out.append(msg)
+    return out
+
+
+def input_output(record: Mapping[str, Any], where: Where) -> list[Any]:
+    """An ``input``/``output`` pair (Llama-Nemotron post-training: ``input`` a list of messages, or one
+    user text; ``output`` the answer, reasoning inline) -> messages ending with the assistant's."""
+    given, output = record["input"], record["output"]
+    if not isinstance(output, str):
+        raise where(f"'output' must be a string (the assistant's answer), got {type(output).__name__}")
+    if isinstance(given, str):
+        given = [{"role": "user", "content": given}]
+    if not isinstance(given, list):
+        raise where(f"'input' must be a list of messages or a string, got {type(given).__name__}")
+    where.converted(INPUT_OUTPUT)
+    return [*given, {"role": "assistant", "content": output}]
+
+
+_SCHEMAS = (  # (keys a record has, what it is, the nearest supported schema)
+    (("instruction", "output"), "an Alpaca instruction/input/output record",
+     "'input'/'output' (the user text and the answer) or 'messages'; an instruction and an input joined "
+     "into one prompt is the data's choice"),
+    (("prompt", "completion"), "a prompt/completion record", "'messages' (user, then assistant)"),
+    (("chosen", "rejected"), "a preference (chosen/rejected) record", "'messages' of the chosen conversation"),
+    (("text",), "a plain-text record", "'messages' (a chat template renders them)"),
+    (("question", "answer"), "a question/answer record", "'input'/'output' or 'messages'"),
+)
+
+
+def unknown_schema(record: Mapping[str, Any], where: Where) -> ConversationError:
+    keys = ", ".join(sorted(map(str, record)))
+    for needed, what, nearest in _SCHEMAS:
+        if all(k in record for k in needed):
+            return where(f"{what} (keys {keys}), not a conversation; the nearest supported schema: {nearest}")
+    return where("no 'messages', 'conversations', 'interactions' or 'input'/'output' field; keys are " + keys)
+
+
+def interactions(raw: list[Any], where: Where) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i, turn in enumerate(raw):
+        if not isinstance(turn, Mapping) or "query" not in turn or "answer" not in turn:
+            raise where("an interaction must be an object with 'query', 'answer' (and 'think')", i)
+        out.append({"role": "user", "content": turn["query"]})
+        out.append({"role": "assistant", "content": turn["answer"], "reasoning": turn.get("think")})
+    return out
+
+
+def leading_reasoning(content: str) -> tuple[str | None, str]:
+    """A record's inline reasoning: a ``<think>...</think>`` block that *opens* the content (after
+    optional whitespace) -> (reasoning, the rest); anything else -> (None, content): a tag in the middle
+    of an answer is answer text ("models such as R1 emit <think>...</think> first"). A content that
+    closes ``</think>`` with no ``<think>`` before it is an R1-style output whose generation prompt
+    opened the block: what precedes the tag is reasoning.
+
+    >>> leading_reasoning("\\n<think>\\nr\\n</think>\\n\\na")
+    ('r', 'a')
+    >>> leading_reasoning("Sure! R1 emits <think>x</think> and then")
+    (None, 'Sure! R1 emits <think>x</think> and then')
+    """
+    found = _LEADING_THINK.match(content)
+    if found is not None:
+        return found.group(1).strip("\n"), content[found.end():].lstrip("\n")
+    head, closed, tail = content.partition("</think>")
+    if closed and "<think>" not in head:  # R1-style output: the generation prompt opened <think>
+        return head.strip("\n"), tail.lstrip("\n")
+    return None, content
+
+
+def text_field(value: Any, what: str, where: Where, i: int, *, allow_none: bool = False) -> str:
+    if value is None and allow_none:
+        return ""
+    if not isinstance(value, str):
+        raise where(f"{what} must be a string, got {type(value).__name__}", i)
+    return value
+
+
+def bad_text(value: Any, path: str = "") -> str | None:
+    """Where in ``value`` (nested dicts/lists) a string holds a NUL or a lone surrogate, or None.
+
+    >>> print(bad_text({"messages": [{"content": "ok"}, {"content": "a\\ud800b"}]}))
+    messages[1].content: a lone surrogate U+D800 at character 1 (not encodable as UTF-8)
+    >>> bad_text({"content": "fine"}) is None
+    True
+    """
+    if isinstance(value, str):
+        found = _BAD_TEXT.search(value)
+        if found is None:
+            return None
+        ch = found.group()
+        what = "a NUL character" if ch == "\x00" else f"a lone surrogate U+{ord(ch):04X}"
+        return (f"{path or 'text'}: {what} at character {found.start()}"
+                + ("" if ch == "\x00" else " (not encodable as UTF-8)"))
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            key = str(k)
+            if _BAD_TEXT.search(key):
+                return f"{path or 'record'}: a key holds a NUL or a lone surrogate"
+            found = bad_text(v, f"{path}.{key}" if path else key)
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for j, v in enumerate(value):
+            found = bad_text(v, f"{path}[{j}]")
+            if found:
+                return found
+    return None
+
+
+def check_text(record: Mapping[str, Any], where: Where) -> None:
+    """Refuse a record with a string no tokenizer can encode, naming the message it is in."""
+    found = bad_text(record)
+    if found is None:
+        return
+    m = re.match(r"(messages|conversations|interactions)\[(\d+)\]", found)
+    raise where(f"{found}", int(m.group(2)) if m else None)
+
+
+def reasoning_field(raw: Mapping[str, Any], where: Where, i: int) -> str | None:
+    """The reasoning of an assistant message; several fields must agree (none is dropped silently)."""
+    given = {key: text_field(raw[key], key, where, i) for key in REASONING_KEYS if raw.get(key) is not None}
+    if len(set(given.values())) > 1:
+        raise where("conflicting reasoning fields " + ", ".join(given)
+                    + " hold different text: keep one (onepass will not guess which)", i)
+    return next(iter(given.values()), None)
+
+
+def message_content(raw: Mapping[str, Any], role: str, calls: tuple[Any, ...], where: Where, i: int) -> str:
+    """The message's text: a string; ``null`` -> "" (counted, but for a tool-call turn, where OpenAI
+    writes it); a list of content parts holding one text part -> its text (counted); else an error."""
+    value = raw.get("content")
+    if value is None:
+        if not (role == "assistant" and calls):
+            where.converted(CONTENT_NULL)
+        return ""
+    if isinstance(value, list):
+        kinds = [p.get("type") if isinstance(p, Mapping) else type(p).__name__ for p in value]
+        if kinds == ["text"] and isinstance(value[0].get("text"), str):
+            where.converted(CONTENT_PARTS)
+            return value[0]["text"]
+        raise where(f"content is a list of {len(value)} OpenAI content parts ({', '.join(map(str, kinds)) or 'none'}): "
+                    "onepass reads a string or a list of one text part; join the text into one string "
+                    "(how parts are joined is the data's choice, so onepass will not guess)", i)
+    return text_field(value, "content", where, i)
+
+
+def trains(raw: Mapping[str, Any], role: str, where: Where, i: int) -> bool:
+    """OpenAI fine-tuning ``"weight"``: 0 = in the context only, never trained; 1 (or absent) = trained."""
+    weight = raw.get("weight")
+    if weight is None:
+        return True
+    if isinstance(weight, bool) or weight not in (0, 1):
+        raise where(f"weight must be 0 or 1 (OpenAI fine-tuning format), got {weight!r}", i)
+    if role != "assistant" and weight == 1:
+        raise where(f"weight 1 on a {role} message: only assistant messages are trained", i)
+    if role == "assistant" and weight == 0:
+        where.converted(NOT_TRAINED)
+    return weight == 1 or role != "assistant"
