@@ -201,3 +201,24 @@ def test_a_half_model_that_upcasts_its_logits_keeps_the_chunked_head(one_thread)
         got = batch_loss(model, batch, lm_head="chunked")
     assert getattr(model.get_output_embeddings(), "_onepass_head_checked", False)
     assert got.dtype == want.dtype == torch.float32 and float((got - want).abs()) <= 1e-6 * float(want)
+
+
+def test_accuracy_and_entropy_sums_are_the_same_on_every_head_path():
+    """TRL's mean_token_accuracy and entropy (OnePassTrainer's logs): weighted sums from the chunked head
+    equal those from full logits, computed here by hand."""
+    from onepass.head import chunked_lm_head_loss
+
+    gen = torch.Generator().manual_seed(0)
+    hidden_TD = torch.randn(7, 5, generator=gen, dtype=torch.float64)
+    head = torch.nn.Linear(5, 11, bias=False).double()
+    targets_T = torch.randint(0, 11, (7,), generator=gen)
+    weights_T = torch.rand(7, generator=gen, dtype=torch.float64)
+    logits_TV = head(hidden_TD).detach()
+    p_TV = logits_TV.softmax(-1)
+    expected = {"weight": weights_T.sum(), "correct": (weights_T * (logits_TV.argmax(-1) == targets_T)).sum(),
+                "entropy": (weights_T * -(p_TV * p_TV.log()).sum(-1)).sum()}
+    for mode, chunk in (("chunked", 3), ("chunked", 100), ("plain", 3)):
+        stats: dict = {}
+        chunked_lm_head_loss(hidden_TD, head, targets_T, weights_T, chunk=chunk, mode=mode, stats=stats)
+        for key, value in expected.items():
+            assert torch.allclose(stats[key].double(), value, rtol=1e-5), (mode, chunk, key)

@@ -91,11 +91,15 @@ class _ChunkedLinearCE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, hidden_TD: torch.Tensor, weight_VD: torch.Tensor, bias_V: torch.Tensor | None,
-                targets_T: torch.Tensor, weights_T: torch.Tensor, chunk: int) -> torch.Tensor:
+                targets_T: torch.Tensor, weights_T: torch.Tensor, chunk: int,
+                stats: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         lse_parts, total = [], None
         for start in range(0, hidden_TD.shape[0], chunk):
             logits_CV = _float_logits(hidden_TD[start:start + chunk], weight_VD, bias_V)
             lse_C = torch.logsumexp(logits_CV, dim=-1)
+            if stats is not None:
+                add_logit_stats(stats, logits_CV, targets_T[start:start + chunk], weights_T[start:start + chunk],
+                                lse_C=lse_C)
             picked_C = logits_CV.gather(1, targets_T[start:start + chunk, None]).squeeze(1)
             part = ((lse_C - picked_C) * weights_T[start:start + chunk].to(lse_C.dtype)).sum()
             total = part if total is None else total + part
@@ -134,7 +138,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
                 grad_b.add_(g_CV.sum(0))
             del g_CV
         return (grad_h, None if grad_w is None else grad_w.to(weight_VD.dtype),
-                None if grad_b is None else grad_b.to(bias_V.dtype), None, None, None)
+                None if grad_b is None else grad_b.to(bias_V.dtype), None, None, None, None)
 
 
 def weighted_ce(logits_TV: torch.Tensor, targets_T: torch.Tensor, weights_T: torch.Tensor) -> torch.Tensor:
@@ -143,6 +147,35 @@ def weighted_ce(logits_TV: torch.Tensor, targets_T: torch.Tensor, weights_T: tor
         logits_TV = logits_TV.float()
     ce_T = F.cross_entropy(logits_TV, targets_T, reduction="none")
     return (ce_T * weights_T.to(ce_T.dtype)).sum()
+
+
+STAT_KEYS = ("weight", "correct", "entropy")
+
+
+def add_logit_stats(stats: dict[str, torch.Tensor], logits_CV: torch.Tensor, targets_C: torch.Tensor,
+                    weights_C: torch.Tensor, *, lse_C: torch.Tensor | None = None) -> None:
+    """Add to ``stats`` the target weight, the weight of targets that are the argmax, and the
+    weighted entropy of the predicted distribution (TRL's ``mean_token_accuracy`` and ``entropy``
+    are ``correct / weight`` and ``entropy / weight``). No gradient; tensors, so no device sync."""
+    with torch.no_grad():
+        logits_CV = logits_CV.detach().float()
+        lse_C = torch.logsumexp(logits_CV, dim=-1) if lse_C is None else lse_C.detach().float()
+        w_C = weights_C.detach().float()
+        entropy_C = lse_C - (torch.softmax(logits_CV, dim=-1) * logits_CV).sum(-1)
+        correct_C = (logits_CV.argmax(-1) == targets_C).float()
+        for key, value in (("weight", w_C.sum()), ("correct", (correct_C * w_C).sum()),
+                           ("entropy", (entropy_C * w_C).sum())):
+            stats[key] = stats[key] + value if key in stats else value
+
+
+def head_stats(stats: dict[str, torch.Tensor], hidden_TD: torch.Tensor, head: nn.Module, targets_T: torch.Tensor,
+               weights_T: torch.Tensor, chunk: int) -> None:
+    """:func:`add_logit_stats` for a head whose logits the loss does not hand back (one more
+    projection, chunk by chunk, without gradient)."""
+    with torch.no_grad():
+        for start in range(0, hidden_TD.shape[0], chunk):
+            add_logit_stats(stats, head(hidden_TD[start:start + chunk].detach()), targets_T[start:start + chunk],
+                            weights_T[start:start + chunk])
 
 
 def _module_chunk_loss(head: nn.Module, hidden_CD: torch.Tensor, targets_C: torch.Tensor,
@@ -158,26 +191,31 @@ def _cce_loss(head: nn.Linear, hidden_TD: torch.Tensor, targets_T: torch.Tensor,
 
 
 def chunked_lm_head_loss(hidden_TD: torch.Tensor, head: nn.Module, targets_T: torch.Tensor,
-                         weights_T: torch.Tensor, *, chunk: int | None = None, mode: str | None = None
-                         ) -> torch.Tensor:
+                         weights_T: torch.Tensor, *, chunk: int | None = None, mode: str | None = None,
+                         stats: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """``sum_t weights_T[t] * cross_entropy(head(hidden_TD[t]), targets_T[t])`` without [T, V] logits.
 
     ``head`` is the model's output embedding module (``model.get_output_embeddings()``).
     Equal to :func:`plain_lm_head_loss` (float64: to rounding) for any chunk >= 1.
+    ``stats``: a dict that :func:`add_logit_stats` adds the accuracy and entropy sums to.
     """
     mode, chunk = head_mode(mode), head_chunk(chunk)
     targets_T = targets_T.long()
     if mode == "plain":
-        return plain_lm_head_loss(hidden_TD, head, targets_T, weights_T)
-    if type(head) is nn.Linear:
-        if mode == "cce" and hidden_TD.is_cuda:  # pragma: no cover - needs CUDA
-            try:
-                return _cce_loss(head, hidden_TD, targets_T, weights_T)
-            except ImportError:
-                pass
+        return plain_lm_head_loss(hidden_TD, head, targets_T, weights_T, stats=stats)
+    if type(head) is nn.Linear and not (mode == "cce" and hidden_TD.is_cuda):
         device = head.weight.device  # a device_map model may keep the head on another GPU
         return _ChunkedLinearCE.apply(hidden_TD.to(device), head.weight, head.bias, targets_T.to(device),
-                                      weights_T.to(device), chunk)
+                                      weights_T.to(device), chunk, stats)
+    if stats is not None:
+        head_stats(stats, hidden_TD, head, targets_T, weights_T, chunk)
+    if type(head) is nn.Linear:  # pragma: no cover - needs CUDA
+        try:
+            return _cce_loss(head, hidden_TD, targets_T, weights_T)
+        except ImportError:
+            device = head.weight.device
+            return _ChunkedLinearCE.apply(hidden_TD.to(device), head.weight, head.bias, targets_T.to(device),
+                                          weights_T.to(device), chunk, None)
     total = None
     for start in range(0, hidden_TD.shape[0], chunk):
         part = checkpoint(_module_chunk_loss, head, hidden_TD[start:start + chunk], targets_T[start:start + chunk],
@@ -255,6 +293,9 @@ def head_as_identity(head: nn.Module) -> Iterator[list[torch.Tensor]]:
 
 
 def plain_lm_head_loss(hidden_TD: torch.Tensor, head: nn.Module, targets_T: torch.Tensor,
-                       weights_T: torch.Tensor) -> torch.Tensor:
+                       weights_T: torch.Tensor, *, stats: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """The reference: full [T, V] logits, then the weighted CE sum."""
-    return weighted_ce(head(hidden_TD), targets_T.long(), weights_T)
+    logits_TV = head(hidden_TD)
+    if stats is not None:
+        add_logit_stats(stats, logits_TV, targets_T.long(), weights_T)
+    return weighted_ce(logits_TV, targets_T.long(), weights_T)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from onepass.attention.backends import attention_mask_for
 from onepass.head import (
+    add_logit_stats,
     chunked_lm_head_loss,
     head_as_identity,
     head_mode,
@@ -35,10 +36,11 @@ from onepass.render import View
 from onepass.tree import IGNORE, ROW_SCHEMA, Layout
 
 
-def layouts_to_batch(layouts: Sequence[Layout], *, device: torch.device | str = "cpu"
-                     ) -> dict[str, torch.Tensor]:
-    """Stack rows into [B, L] tensors; shorter rows are padded with self-only, untrained positions."""
-    length = max(len(x) for x in layouts)
+def layouts_to_batch(layouts: Sequence[Layout], *, device: torch.device | str = "cpu",
+                     length: int | None = None) -> dict[str, torch.Tensor]:
+    """Stack rows into [B, L] tensors; shorter rows are padded with self-only, untrained positions
+    (to ``length`` when given, at least the longest row)."""
+    length = max([len(x) for x in layouts] + [length or 0])
     batch: dict[str, list[np.ndarray]] = {k: [] for k in ROW_SCHEMA}
     for x in layouts:
         pad = length - len(x)
@@ -66,7 +68,8 @@ class ForwardView:
         return self._wrapped(**kwargs)
 
 
-def batch_loss(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | None = None) -> torch.Tensor:
+def batch_loss(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | None = None,
+               stats: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """Weighted-sum loss of a batch of rows (no normalisation: the caller divides).
 
     ``lm_head``: ``chunked`` (the default: :mod:`onepass.head`, never [T, V] logits),
@@ -74,7 +77,9 @@ def batch_loss(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | 
     or ``cce``; unset, ``$ONEPASS_LM_HEAD`` decides. The chunked head runs after
     the model's forward with the head made an identity, so the forward still goes
     through every wrapper (DDP, autocast, peft); a model that changes what its head
-    returns (softcapping, scaling) is detected and takes the plain path.
+    returns (softcapping, scaling) is detected and takes the plain path. ``stats``: a dict the
+    target weight, argmax-correct weight and weighted entropy are added to
+    (:func:`onepass.head.add_logit_stats`; TRL's ``mean_token_accuracy`` and ``entropy``).
     """
     mode = head_mode(lm_head)
     head = None if mode == "plain" else head_of(model)
@@ -87,11 +92,13 @@ def batch_loss(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | 
             hidden_TD = _returned_unchanged(out_TD, seen)
         if hidden_TD is not None:
             setattr(head, _CHECKED_MARK, True)
-            return chunked_lm_head_loss(hidden_TD, head, targets_T, weights_T, mode=mode)
+            return chunked_lm_head_loss(hidden_TD, head, targets_T, weights_T, mode=mode, stats=stats)
         setattr(head, _PLAIN_MARK, True)
         warnings.warn(f"onepass: {type(model).__name__} changes what its LM head returns; "
                       "using the plain LM head (full logits at the targets)", stacklevel=2)
     logits_TV, targets_T, weights_T = _forward_kept(model, batch)
+    if stats is not None:
+        add_logit_stats(stats, logits_TV, targets_T.long(), weights_T)
     return weighted_ce(logits_TV, targets_T, weights_T)
 
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import subprocess
+import sys
+import typing
+from pathlib import Path
 
 import datasets
 import pytest
@@ -49,16 +54,104 @@ def test_train_config_reaches_the_render_config():
         TrainConfig(**data, reasoning="maybe")
 
 
-def test_sft_names_we_cannot_honour_say_what_is_done_instead(caplog):
-    with caplog.at_level(logging.INFO, logger="onepass"):
-        OnePassConfig("o", packing=True, completion_only_loss=False, **COMMON)
-    assert "packing=True" in caplog.text and "assistant turns only" in caplog.text
-    caplog.clear()
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    """Each test sees the once-per-process warnings afresh."""
+    from onepass.train import hf_config
+
+    monkeypatch.setattr(hf_config, "_WARNED", set())
+
+
+def _default(f: dataclasses.Field) -> object:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING
+
+
+def test_every_sft_config_field_exists_with_trls_default_or_a_written_reason():
+    """A TRL release that adds a field (or changes a default) fails here until hf_config.SFT_FIELDS says
+    what onepass does with it (and DEFAULT_DIFFERENCES why, for a default we do not follow)."""
+    trl = pytest.importorskip("trl")
+    from onepass.train.hf_config import DEFAULT_DIFFERENCES, SFT_FIELDS
+
+    ours = {f.name: f for f in dataclasses.fields(OnePassConfig)}
+    hf = {f.name: f for f in dataclasses.fields(TrainingArguments)}
+    our_types, trl_types = typing.get_type_hints(OnePassConfig), typing.get_type_hints(trl.SFTConfig)
+    sft_specific = []
+    for f in dataclasses.fields(trl.SFTConfig):
+        assert f.name in ours, f"SFTConfig.{f.name} is missing from OnePassConfig"
+        if hf.get(f.name) is not f:  # a field TRL adds or declares again
+            sft_specific.append(f.name)
+            assert f.name in SFT_FIELDS, f"SFTConfig.{f.name} (TRL {trl.__version__}) is not in hf_config.SFT_FIELDS"
+        if f.name in DEFAULT_DIFFERENCES:
+            assert _default(ours[f.name]) != _default(f), f"{f.name}: listed as a difference but equal"
+        else:
+            assert _default(ours[f.name]) == _default(f), (f.name, _default(ours[f.name]), _default(f))
+            assert our_types[f.name] == trl_types[f.name], (f.name, our_types[f.name], trl_types[f.name])
+    assert sorted(SFT_FIELDS) == sorted(sft_specific), "SFT_FIELDS lists a field TRL no longer has"
+    assert set(DEFAULT_DIFFERENCES) <= set(SFT_FIELDS)
+
+
+def test_docs_table_has_a_row_for_every_sft_field_and_each_difference_with_its_reason():
+    from onepass.train.hf_config import DEFAULT_DIFFERENCES, SFT_FIELDS
+
+    docs = (Path(__file__).parents[2] / "docs" / "train.md").read_text()
+    for name, what in SFT_FIELDS.items():
+        assert f"| `{name}` | {what} |" in docs, name
+    for name, why in DEFAULT_DIFFERENCES.items():
+        assert why in docs, name
+
+
+def test_values_onepass_does_otherwise_warn_once_each(caplog, fresh_warnings):
+    lines = {"assistant_only_loss": "assistant turns only", "truncation_mode": "never truncates",
+             "packing_strategy": "packing with 'bfd'", "router_aux_loss_coef": "load-balancing loss is not added"}
     with caplog.at_level(logging.INFO, logger="onepass"):
         OnePassConfig("o", **COMMON)  # the defaults are what we do: nothing to say
-    assert "onepass:" not in caplog.text
-    with pytest.raises(ValueError, match="max_length is an alias of max_tokens"):
+        assert "onepass:" not in caplog.text
+        for _ in range(2):
+            OnePassConfig("o", completion_only_loss=False, truncation_mode="keep_end", packing=True,
+                          packing_strategy="wrapped", router_aux_loss_coef=0.01, **COMMON)
+    warnings_ = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings_) == len(lines), caplog.text  # once each, not once per config
+    for text in lines.values():
+        assert sum(text in r.getMessage() for r in warnings_) == 1, text
+
+
+def test_sft_defaults_and_aliases():
+    args = OnePassConfig("o", **COMMON)
+    assert (args.learning_rate, args.logging_steps, args.max_length, args.max_tokens) == (2e-5, 10, 1024, 1024)
+    assert args.gradient_checkpointing and args.bf16 and args.schedule == "budget"  # bf16: use_cpu=True here
+    assert OnePassConfig("o", max_tokens=256, **COMMON).max_length == 256
+    assert OnePassConfig("o", max_length=None, **COMMON).max_tokens is None  # no budget: one tree each
+    with pytest.raises(ValueError, match="max_tokens is an alias of max_length"):
         OnePassConfig("o", max_length=512, max_tokens=256, **COMMON)
+    with pytest.raises(ValueError, match="loss_type='dft' is not implemented"):
+        OnePassConfig("o", loss_type="dft", **COMMON)
+    assert OnePassConfig("o", loss_type="chunked_nll", **COMMON).loss_type == "nll"
+    assert OnePassConfig("o", pad_to_multiple_of="64", **COMMON).pad_to_multiple_of == 64
+    (parsed,) = HfArgumentParser(OnePassConfig).parse_args_into_dataclasses(
+        ["--output_dir", "o", "--eos_token", "<|im_end|>", "--packing", "--dataset_kwargs",
+         '{"skip_prepare_dataset": true}', "--report_to", "none", "--use_cpu", "true"])
+    assert parsed.packing and parsed.eos_token == "<|im_end|>" and parsed.dataset_prepared
+
+
+def test_bf16_default_falls_back_where_the_machine_has_none(caplog, fresh_warnings, monkeypatch):
+    from onepass.train import hf_config
+
+    monkeypatch.setattr(hf_config, "_bf16_supported", lambda args: False)
+    with caplog.at_level(logging.WARNING, logger="onepass"):
+        assert OnePassConfig("o", report_to="none").bf16 is False
+    assert "no bf16 support" in caplog.text
+    assert OnePassConfig("o", fp16=False, bf16=False, report_to="none").bf16 is False
+
+
+def test_onepass_config_imports_without_trl():
+    code = ("import sys; sys.modules['trl'] = None\n"
+            "import onepass, onepass.train\n"
+            "from onepass.train import OnePassConfig, OnePassTrainer\n"
+            "print(OnePassConfig('o', report_to='none', use_cpu=True).max_length)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "1024", proc.stderr[-2000:]
 
 
 def test_a_dataset_of_conversations_becomes_one_row_per_conversation(qwen3_tokenizer):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -97,3 +98,105 @@ def test_docs_show_the_same_diff():
     for line in difflib.ndiff(trl.splitlines(), onepass.splitlines()):
         if line[:2] in ("- ", "+ "):
             assert f"\n{line[0]}{line[2:]}\n" in docs, line
+
+
+# ---------------------------------------------------------------------------------------------
+# Scripts nobody here wrote: TRL's own trl/scripts/sft.py (from the installed trl) and TRL's docs
+# snippets, with only the import and the class names changed.
+
+TRL_NAMES = {"SFTTrainer": "OnePassTrainer", "SFTConfig": "OnePassConfig"}
+
+
+def to_onepass(source: str) -> str:
+    """``source`` with ``SFTTrainer``/``SFTConfig`` imported from ``onepass.train`` instead of ``trl`` and
+    renamed; nothing else changes (the other trl imports stay)."""
+    out = []
+    for line in source.splitlines():
+        match = re.match(r"^(\s*)from trl import (.+)$", line)
+        if match and any(name in match.group(2) for name in TRL_NAMES):
+            names = [n.strip() for n in match.group(2).split(",")]
+            ours = [TRL_NAMES[n] for n in names if n in TRL_NAMES]
+            rest = [n for n in names if n not in TRL_NAMES]
+            out.append(f"{match.group(1)}from onepass.train import {', '.join(ours)}")
+            if rest:
+                out.append(f"{match.group(1)}from trl import {', '.join(rest)}")
+            continue
+        for old, new in TRL_NAMES.items():
+            line = re.sub(rf"\b{old}\b", new, line)
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def changed_lines(a: str, b: str) -> list[str]:
+    return [line for line in difflib.ndiff(a.splitlines(), b.splitlines()) if line[:2] in ("- ", "+ ")]
+
+
+def run_script(path: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run([sys.executable, str(path), *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def data_dir(model_and_data, tmp_path_factory):
+    """train.jsonl and test.jsonl of messages: what ``--dataset_name DIR`` loads as two splits."""
+    root = tmp_path_factory.mktemp("data")
+    records = synthetic_conversations(6)
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:4]))
+    (root / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[4:]))
+    return root
+
+
+@pytest.mark.slow
+def test_trls_own_sft_script_runs_with_only_the_names_changed(model_and_data, data_dir, tmp_path):
+    """The installed trl's trl/scripts/sft.py with its docstring's flags (LoRA, --packing, eval,
+    --eos_token '<|im_end|>'), on a tiny local Qwen3 and a local dataset, for 2 steps."""
+    trl = pytest.importorskip("trl")
+    original = (Path(trl.__file__).parent / "scripts" / "sft.py").read_text()
+    ported = to_onepass(original)
+    changed = changed_lines(original, ported)
+    assert len(changed) == 2 * 3 + 2 * 2, "\n".join(changed)  # 2 imports (-1 +2 each), 2 renamed lines (-1 +1)
+    assert all(re.search(r"SFT|OnePass|^[-+] *from trl import", c) for c in changed), changed
+    script = tmp_path / "sft.py"
+    script.write_text(ported)
+    model_dir, _ = model_and_data
+    out = tmp_path / "out"
+    proc = run_script(script, "--model_name_or_path", str(model_dir), "--dataset_name", str(data_dir),
+                      "--learning_rate", "2.0e-4", "--max_steps", "2", "--packing", "--per_device_train_batch_size",
+                      "2", "--gradient_accumulation_steps", "1", "--eos_token", "<|im_end|>", "--eval_strategy",
+                      "steps", "--eval_steps", "2", "--output_dir", str(out), "--use_peft", "--lora_r", "4",
+                      "--lora_alpha", "8", "--max_length", "512", "--use_cpu", "true", "--report_to", "none",
+                      "--logging_steps", "1", "--dataset_num_proc", "2")
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert "Training completed" in proc.stdout, proc.stdout[-2000:]
+    names = {p.name for p in out.iterdir()}
+    assert {"adapter_model.safetensors", "loss.png", "chat_template.jinja"} <= names, names
+    state = json.loads(next(out.glob("checkpoint-*/trainer_state.json")).read_text())
+    logs = [h for h in state["log_history"] if "loss" in h]
+    assert len(logs) == 2 and all(k in logs[0] for k in ("num_tokens", "mean_token_accuracy", "entropy")), logs
+    assert any("eval_loss" in h and "eval_mean_token_accuracy" in h for h in state["log_history"])
+    assert AutoTokenizer.from_pretrained(out).eos_token == "<|im_end|>"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["trl_docs_peft.py", "trl_docs_config.py"])
+def test_trl_docs_snippets_run_with_only_the_names_changed(name, model_and_data, tmp_path):
+    original = (SCRIPTS / name).read_text()
+    ported = to_onepass(original)
+    changed = changed_lines(original, ported)
+    assert all(re.search(r"SFT|OnePass|^[-+] *from trl import", c) for c in changed), changed
+    script = tmp_path / name
+    script.write_text(ported)
+    model_dir, data = model_and_data
+    out = tmp_path / "out"
+    proc = run_script(script, str(model_dir), str(data), str(out))
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    if name == "trl_docs_peft.py":
+        for saved in ("adapter", "continued"):
+            assert (out / saved / "adapter_model.safetensors").is_file()
+            assert (out / saved / "tokenizer.json").is_file()  # found from the model, then the PeftModel
+    else:
+        state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
+        assert [h["step"] for h in state["log_history"] if "loss" in h] == [1, 2]
+        assert AutoTokenizer.from_pretrained(out / "checkpoint-2").eos_token == "<|im_end|>"

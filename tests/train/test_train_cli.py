@@ -97,7 +97,7 @@ def test_every_flag_is_a_config_key():
     assert overrides == {"tiny": "qwen3", "learning_rate": 0.1, "pack": False,
                          "lora_target_modules": ["q_proj", "v_proj"], "template_kwargs": {"enable_thinking": True},
                          "attention": "eager", "report_to": "tensorboard", "gradient_accumulation_steps": 2}
-    dests = {a.dest for a in sub.choices["train"]._actions} - {"help", "config", "resume"}
+    dests = {a.dest for a in sub.choices["train"]._actions} - {"help", "config", "resume", argparse.SUPPRESS}
     assert dests == set(config_keys()) | set(DEPRECATED_KEYS)  # one flag per field, generated from the dataclass
 
 
@@ -241,3 +241,25 @@ def test_wandb_offline_needs_no_network(tmp_path, monkeypatch):
     assert main(["--config", str(CONFIGS / "tiny-cpu.yaml"), "--limit", "2", "--max-steps", "2", "--output-dir",
                  str(out), "--no-progress", "--no-save-model", "--report-to", "wandb"]) == 0
     assert list((out / "wandb").glob("offline-run-*"))
+
+
+def test_hf_underscore_spellings_and_a_help_that_fits_a_screen(capsys):
+    """`--max_steps` (HF's spelling) sets what `--max-steps` sets; `--help` shows the common flags,
+    `--help-all` every one."""
+    parser = argparse.ArgumentParser(add_help=False)
+    from onepass.train.cli import add_arguments
+
+    add_arguments(parser)
+    dashed = overrides_from_args(parser.parse_args(["--max-steps", "7", "--learning-rate", "0.1", "--pack"]))
+    underscored = overrides_from_args(parser.parse_args(["--max_steps", "7", "--learning_rate", "0.1", "--pack"]))
+    assert dashed == underscored == {"max_steps": 7, "learning_rate": 0.1, "pack": True}
+    for flag, most in (("--help", 70), ("--help-all", None)):
+        with pytest.raises(SystemExit) as exit_:
+            main([flag])
+        assert exit_.value.code == 0
+        text = capsys.readouterr().out
+        assert "--max-steps" in text and "--max_steps" not in text.split("\n\n")[0]
+        if most is not None:
+            assert len(text.splitlines()) <= most and "--lora-r" not in text and "--help-all" in text
+        else:
+            assert "--lora-r" in text and "--save-total-limit" in text

@@ -208,19 +208,30 @@ def iter_prepared(spec: str | Path, tokenizer: Any, config: PrepareConfig, stats
     ``tokenizer`` is a loaded tokenizer (inherited by forked workers) or a spec (loaded once per
     process). Memory holds at most ``num_proc * WINDOW * CHUNK`` conversations and their trees.
     """
+    stats.configure(config)
+    convs: Iterable[Conversation] = _conversations(spec, stats, split=split, limit=limit, strict=strict)
+    for trees in iter_units(convs, tokenizer, config, stats, num_proc=num_proc, chat_template=chat_template,
+                            strict=strict, progress=progress, total=limit):
+        yield from trees
+
+
+def iter_units(convs: Iterable[Conversation], tokenizer: Any, config: PrepareConfig, stats: PrepareStats, *,
+               num_proc: int = 1, chat_template: str | None = None, strict: bool = False, progress: bool = False,
+               total: int | None = None) -> Iterator[list[Layout]]:
+    """Each conversation's trees (unpacked; an empty list when all its views are skipped), in input order,
+    counted into ``stats``; on ``num_proc`` forked workers when > 1, as :func:`iter_prepared`."""
     if num_proc < 1:
         raise ValueError(f"num_proc must be >= 1, got {num_proc}")
     stats.configure(config)
     config = dataclasses.replace(config, pack=False)
-    convs: Iterable[Conversation] = _conversations(spec, stats, split=split, limit=limit, strict=strict)
     if progress:
         from tqdm.auto import tqdm
 
-        convs = tqdm(convs, total=limit, desc="prepare", unit="conv", delay=1.0)  # none for a short run
+        convs = tqdm(convs, total=total, desc="prepare", unit="conv", delay=1.0)  # none for a short run
     if num_proc == 1:
         tok = _tokenizer(tokenizer, chat_template)
         for conv in convs:
-            yield from prepare_conversation(conv, tok, config, stats, strict=strict)
+            yield prepare_conversation(conv, tok, config, stats, strict=strict)
         return
     import multiprocessing
 
@@ -238,7 +249,7 @@ def iter_prepared(spec: str | Path, tokenizer: Any, config: PrepareConfig, stats
                     break
                 for trees, counts, skips in pending.popleft().get():
                     stats.add(counts, skips)
-                    yield from trees
+                    yield trees
         finally:
             _stop(pool, pending)
 

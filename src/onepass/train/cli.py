@@ -33,8 +33,8 @@ from onepass.render import parse_key_value
 
 _DESCRIPTION = "Fine-tune a HF causal LM on one-pass rows: a YAML config (--config) plus flag overrides."
 _EPILOG = """\
-Every flag overrides the config key of the same name (--max-steps -> max_steps); the
-names are transformers.TrainingArguments'. A step covers per_device_train_batch_size *
+Every flag overrides the config key of the same name (--max-steps or HF's --max_steps ->
+max_steps); the names are transformers.TrainingArguments'. A step covers per_device_train_batch_size *
 gradient_accumulation_steps * processes conversations (or prepared rows);
 its loss is divided by the step's total target weight, so one-pass and n-pass take
 the same steps. Outputs in --output-dir: metrics.json, loss.png, checkpoints/, final/
@@ -69,12 +69,52 @@ def _kind(hint: Any) -> Any:
     return origin if origin in (tuple, dict) else hint
 
 
+# the flags `onepass train --help` shows; `--help-all` shows every flag
+COMMON_FLAGS = ("config", "resume", "model", "tiny", "data", "eval_data", "schedule", "max_tokens", "finetune",
+                "learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
+                "gradient_accumulation_steps", "output_dir")
+
+
+class _Help(argparse.Action):
+    """``-h``: the common flags only (a screen); ``--help-all``: every flag."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, full: bool = False, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, **kwargs)
+        self.full = full
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        hidden = []
+        if not self.full:
+            for action in parser._actions:
+                if action.dest not in COMMON_FLAGS and not isinstance(action, _Help) and \
+                        action.help is not argparse.SUPPRESS:
+                    hidden.append((action, action.help))
+                    action.help = argparse.SUPPRESS
+        try:
+            text = parser.format_help()
+        finally:
+            for action, text_ in hidden:
+                action.help = text_
+        if not self.full:
+            text = "\n".join(line for line in text.splitlines() if line.strip() not in
+                             {f"{g}:" for g in _GROUPS})  # groups left empty
+            text += "\n\n(common flags only: --help-all lists every flag)\n"
+        parser._print_message(text, sys.stdout)
+        parser.exit()
+
+
 def _add_field(g: Any, f: dataclasses.Field, hint: Any) -> None:
     kind = _kind(hint)
     default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
     shown = "" if default in (None, (), {}) or kind is bool else f" (default: {default})"
     names = [_flag(f.name), *f.metadata.get("flags", ())]
+    if "_" in f.name:  # HF's own spelling (--max_steps) too, not listed in --help
+        _add_kind(g, ["--" + f.name], kind, dict(dest=f.name, default=None, help=argparse.SUPPRESS))
     common: dict[str, Any] = dict(dest=f.name, default=None, help=f.metadata.get("help", "") + shown)
+    _add_kind(g, names, kind, common)
+
+
+def _add_kind(g: Any, names: list[str], kind: Any, common: dict[str, Any]) -> None:
     if kind is bool:
         g.add_argument(*names, action=argparse.BooleanOptionalAction, **common)
     elif kind is dict:
@@ -89,6 +129,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """One flag per :class:`~onepass.train.config.TrainConfig` field (type, help and group from the field)."""
     from onepass.train.config import DEPRECATED_KEYS, TrainConfig
 
+    p.add_argument("-h", "--help", action=_Help, help="show the common flags and exit")
+    p.add_argument("--help-all", action=_Help, full=True, help="show every flag and exit")
     p.add_argument("--config", help="a YAML file of config keys (see configs/); flags override it")
     p.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
                    help="continue from the latest checkpoint in --output-dir, or from CHECKPOINT")
@@ -107,7 +149,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``train`` to ``onepass``'s subcommands."""
     p = subparsers.add_parser("train", help="fine-tune a model on one-pass rows (YAML config + flags)",
-                              description=_DESCRIPTION, epilog=_EPILOG,
+                              description=_DESCRIPTION, epilog=_EPILOG, add_help=False,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     p.set_defaults(func=run)
@@ -164,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import os
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    parser = argparse.ArgumentParser(prog="onepass train", description=_DESCRIPTION,
+    parser = argparse.ArgumentParser(prog="onepass train", description=_DESCRIPTION, add_help=False,
                                      epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return run_main(run, parser.parse_args(argv))

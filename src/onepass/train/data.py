@@ -83,23 +83,19 @@ def prepare_config(config: TrainConfig) -> PrepareConfig:
 
 
 def conversation_units(conversations: Sequence[Any], tokenizer: Any, config: PrepareConfig, *,
-                       stats: PrepareStats | None = None, progress: bool = False) -> tuple[list[Unit], PrepareStats]:
+                       stats: PrepareStats | None = None, progress: bool = False,
+                       num_proc: int = 1) -> tuple[list[Unit], PrepareStats]:
     """One unit per conversation that keeps at least one view: the trees ``config.schedule`` makes.
 
-    Runs :func:`onepass.prepare.prepare` one conversation at a time so each tree keeps its
+    Runs :func:`onepass.prepare.prepare_conversation` one conversation at a time (on ``num_proc``
+    forked workers when > 1, :func:`onepass.data.parallel.iter_units`) so each tree keeps its
     conversation; the running totals of ``stats`` add up, the whole-set ones are set at the end.
     """
-    stats = stats or PrepareStats()
-    units: list[Unit] = []
-    items: Any = conversations
-    if progress:
-        from tqdm.auto import tqdm
+    from onepass.data.parallel import iter_units
 
-        items = tqdm(conversations, desc="prepare", unit="conv")
-    for conv in items:
-        layouts, stats = prepare([conv], tokenizer, config, stats=stats)
-        if layouts:
-            units.append(layouts)
+    stats = stats or PrepareStats()
+    units: list[Unit] = [trees for trees in iter_units(conversations, tokenizer, config, stats, num_proc=num_proc,
+                                                        progress=progress, total=len(conversations)) if trees]
     trees = [x for u in units for x in u]
     stats.trees = stats.rows = len(trees)
     stats.row_tokens = sum(len(x) for x in trees)

@@ -1,61 +1,70 @@
-"""A drop-in ``transformers.Trainer`` for one-pass rows (and so DeepSpeed, FSDP, callbacks, hub push).
+"""A drop-in for TRL's ``SFTTrainer``: ``transformers.Trainer`` with the one-pass loss (and so DeepSpeed, FSDP,
+callbacks, hub push).
 
 Why this module exists: many users already drive training through HF's
 ``Trainer`` (directly, or through TRL, LLaMA-Factory or axolotl, which
-subclass it). :class:`OnePassTrainer` takes what TRL's ``SFTTrainer`` takes
-(``model`` as a name or a model, ``args``, ``train_dataset``/``eval_dataset``
-of conversations or of rows, ``processing_class``, ``peft_config``), so a TRL
-script becomes a one-pass script by changing the import and the class names
-(``docs/train.md``; ``tests/train/test_sft_scripts.py``). It keeps everything
-the Trainer does and changes only what one-pass needs:
+subclass it). :class:`OnePassTrainer` takes every keyword TRL's
+``SFTTrainer`` takes, in its order (``model`` as a name or a model,
+``quantization_config``, ``peft_config``, ``formatting_func``, ``callbacks``,
+...), and :class:`~onepass.train.hf_config.OnePassConfig` every ``SFTConfig``
+field, so a TRL script becomes a one-pass script by changing the import and
+the class names (``docs/train.md``; ``tests/train/test_sft_scripts.py`` runs
+TRL's own ``trl/scripts/sft.py`` so renamed). It keeps what the Trainer does
+and changes only what one-pass needs:
 
-- a dataset item is one **conversation** (its trees concatenated into one
-  row, see :func:`conversation_dataset`), so a one-pass run and an N-pass run
-  over the same conversations take the same optimizer steps;
+- the datasets are prepared by :mod:`onepass.train.hf_data` (one item per
+  conversation, or packed rows of ``max_length`` tokens with ``packing``);
 - the collator stacks rows and pads them with self-only, untrained positions;
 - ``compute_loss`` builds the tree mask from ``kv_end`` for the model's
   attention backend, passes ``position_ids``, asks for logits only at targets
   and returns the weighted cross entropy divided by the sum of target weights
   of the whole optimizer step (all gradient-accumulation micro-batches, all
   processes): with token weighting that is the N-pass number of trained
-  tokens, so the loss and gradients equal N-pass;
+  tokens, so the loss and gradients equal N-pass; it logs TRL's
+  ``num_tokens``, ``mean_token_accuracy`` and ``entropy`` (weighted as the loss);
 - ``train()`` first runs the exactness guard (:mod:`onepass.guard`) on a tiny
   float64 twin of the model and refuses, in one line, a model for which
-  one-pass is not the N-pass loss, unless ``allow_inexact=True``.
+  one-pass is not the N-pass loss, unless ``allow_inexact=True``; at the end it
+  writes ``loss.png`` into ``output_dir``.
 
     from datasets import load_dataset
     from onepass.train import OnePassConfig, OnePassTrainer
 
     dataset = load_dataset("json", data_files="chats.jsonl", split="train")   # a messages column
-    args = OnePassConfig("out", schedule="one-pass", max_length=8192, learning_rate=1e-4)
+    args = OnePassConfig("out", max_length=8192, learning_rate=1e-4)
     trainer = OnePassTrainer(model="Qwen/Qwen3-0.6B", args=args, train_dataset=dataset,
-                             processing_class=tokenizer, peft_config=LoraConfig(r=16))
+                             peft_config=LoraConfig(r=16))     # the tokenizer is the model's
     trainer.train()
 
-Load the model with a backend that serves a tree mask: ``flex_attention`` on
-CUDA, ``onepass_cpu`` on CPU (call :func:`onepass.attention.default_backend`
-first, it registers it), or ``sdpa`` / ``eager`` anywhere. DeepSpeed and FSDP
-come from ``TrainingArguments`` as usual; DataParallel (several GPUs in one
-process) is refused: launch with ``torchrun`` or ``accelerate launch``.
+A model given by name is loaded with an attention backend that serves a tree
+mask unless ``model_init_kwargs`` names one: ``flex_attention`` on CUDA,
+``onepass_cpu`` on CPU (:func:`onepass.attention.default_backend`). DataParallel
+(several GPUs in one process) is refused: launch with ``torchrun`` or ``accelerate launch``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from transformers import Trainer
+from transformers import Trainer, TrainingArguments
 
 from onepass.attention.backends import check_backend, model_backend
 from onepass.conversation import Conversation
-from onepass.loss import ForwardView, batch_loss, layouts_to_batch
-from onepass.prepare import PrepareConfig, load_rows
-from onepass.render import RenderConfig
-from onepass.tree import COLUMNS, Layout, concat, row_from_columns, rows_to_columns
+from onepass.loss import ForwardView, batch_loss
+from onepass.train.hf_config import OnePassConfig, warn_once
+from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: their documented import path)
+    OnePassCollator,
+    as_rows,
+    conversation_dataset,
+    parse_dataset,
+    prepared_dataset,
+    rows_dataset,
+)
+from onepass.tree import COLUMNS
 
 log = logging.getLogger("onepass")
 
@@ -65,170 +74,207 @@ def _base_model(model: Any) -> Any:
     return base() if callable(base) else model
 
 
-def rows_dataset(rows: Sequence[Layout]) -> Any:
-    """A ``datasets.Dataset`` with the five row columns, one item per row."""
-    import datasets
-
-    if not rows:
-        raise ValueError("no rows to make a dataset of")
-    return datasets.Dataset.from_dict(rows_to_columns(rows))
+def _is_peft(model: Any) -> bool:
+    return callable(getattr(model, "get_base_model", None)) and hasattr(model, "peft_config")
 
 
-def conversation_dataset(conversations: Iterable[Conversation], tokenizer: Any, *, schedule: str = "one-pass",
-                         max_tokens: int | None = None, weighting: str = "token",
-                         render: RenderConfig | None = None, return_stats: bool = False) -> Any:
-    """One item per conversation: the trees ``schedule`` makes of it, concatenated into one row.
-
-    Conversations whose views are all skipped (template errors, over ``max_tokens``)
-    are left out, counted in the returned :class:`~onepass.prepare.PrepareStats`
-    (``return_stats=True``) and logged as a warning with the first reason.
-    """
-    from onepass.train.data import conversation_units
-
-    config = PrepareConfig(schedule=schedule, max_tokens=max_tokens, pack=False, weighting=weighting,
-                           render=render or RenderConfig())
-    conversations = list(conversations)
-    units, stats = conversation_units(conversations, tokenizer, config)
-    if stats.skipped:
-        log.warning("onepass: skipped %s", stats.skip_summary())
-    if not units:
-        first = stats.skipped[0] if stats.skipped else "no conversations were given"
-        raise ValueError(f"no trainable conversations; first skip: {first}")
-    ds = rows_dataset([concat(u) for u in units])
-    # what OnePassTrainer's exactness guard checks on (lost if the dataset is mapped: then it uses
-    # the bundled MathChat pair); an n-pass dataset needs no check
-    ds.onepass_guard = {"schedule": schedule, "conversations": conversations[:32], "tokenizer": tokenizer,
-                        "render": render}
-    return (ds, stats) if return_stats else ds
+def _model_id(model: Any) -> str:
+    """The hub id or folder a model was loaded from (a PeftModel's base model's), as TRL finds it."""
+    config = getattr(_base_model(model), "config", None)
+    return str(getattr(config, "_name_or_path", "") or "")
 
 
-def _columns(ds: Any) -> list[str]:
-    names = getattr(ds, "column_names", None)
-    if names is None:  # an IterableDataset of unknown features: its first item says
-        first = next(iter(ds), None)
-        names = list(first) if isinstance(first, Mapping) else []
-    return list(names)
+def as_onepass_config(args: Any, model: Any) -> OnePassConfig:
+    """``args`` as a :class:`OnePassConfig`: ``None`` gives ``OnePassConfig("NAME-onepass")``; a plain
+    ``TrainingArguments`` keeps its values and gets the one-pass/SFT defaults for the rest (as TRL does)."""
+    if args is None:
+        name = model if isinstance(model, str) else _model_id(model)
+        return OnePassConfig(f"{str(name).rstrip('/').split('/')[-1] or 'model'}-onepass")
+    if isinstance(args, OnePassConfig):
+        return args
+    if isinstance(args, TrainingArguments):
+        values = args.to_dict()
+        values["hub_token"] = args.hub_token  # to_dict hides it
+        return OnePassConfig(**values)
+    raise TypeError(f"args must be a OnePassConfig or TrainingArguments, got {type(args).__name__}")
 
 
-def parse_dataset(ds: Any, *, source: str) -> list[Conversation]:
-    """The conversations of a ``datasets.Dataset`` / ``IterableDataset`` (or a list of records), in any
-    shape :func:`onepass.conversation.parse_record` reads (the column is detected). A record that is not a
-    conversation is a counted skip, logged with the first reason; none left is a :class:`DataError`."""
-    from onepass.data.load import RawRecord, parse_records
-    from onepass.errors import DataError
-
-    skipped: list[str] = []
-    raws = (RawRecord(source=source, index=i, unit="record", record=r) for i, r in enumerate(ds))
-    convs = list(parse_records(raws, strict=False, skipped=skipped))
-    if skipped:
-        log.warning("onepass: skipped %d of %d records of %s; first: %s", len(skipped), len(skipped) + len(convs),
-                    source, skipped[0])
-    if not convs:
-        raise DataError(f"{source} has no conversations"
-                        + (f"; first skip: {skipped[0]}" if skipped else " (it is empty)"))
-    return convs
-
-
-def as_rows(ds: Any, tokenizer: Any, args: Any, *, source: str) -> Any:
-    """What :class:`OnePassTrainer` trains on: prepared rows pass through; conversations (a ``messages``,
-    ``conversations`` or ``interactions`` column, or ShareGPT records) become :func:`conversation_dataset`
-    items with ``args``' schedule, max_tokens, weighting and template settings."""
-    from onepass.errors import UsageError
-
-    if ds is None or set(COLUMNS) <= set(_columns(ds)):
-        return ds
-    if tokenizer is None or not hasattr(tokenizer, "apply_chat_template"):
-        raise UsageError(f"{source} holds conversations: pass processing_class=tokenizer to render them")
-    render = args.render_config() if hasattr(args, "render_config") else None
-    return conversation_dataset(parse_dataset(ds, source=source), tokenizer,
-                                schedule=getattr(args, "schedule", "one-pass"),
-                                max_tokens=getattr(args, "max_tokens", None),
-                                weighting=getattr(args, "weighting", "token"), render=render)
-
-
-def prepared_dataset(path: str | Path) -> Any:
-    """The rows written by ``onepass prepare`` as a dataset (one item per row).
-
-    Packed rows mix conversations, so a one-pass and an N-pass prepared set make
-    different steps; use :func:`conversation_dataset` when the two must match step for step.
-    """
-    return rows_dataset(load_rows(path))
-
-
-@dataclass
-class OnePassCollator:
-    """Stacks rows into ``[B, L]`` tensors (``input_ids``, ``position_ids``, ``kv_end``, ``targets``, ``weights``)."""
-
-    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        rows = []
-        for i, f in enumerate(features):
-            missing = [k for k in COLUMNS if k not in f]
-            if missing:
-                raise ValueError(f"dataset item {i} has no {', '.join(missing)}; onepass rows need "
-                                 f"{', '.join(COLUMNS)} (see onepass.train.hf_trainer.conversation_dataset)")
-            rows.append(row_from_columns(f))
-        return layouts_to_batch(rows)
-
-
-def _load_model(model: str, args: Any) -> Any:
+def load_model(model: str, args: OnePassConfig, quantization_config: Any = None) -> Any:
+    """``AutoModelForCausalLM.from_pretrained(model, **args.model_init_kwargs)`` as TRL loads it
+    (``dtype`` float32 unless given, ``trust_remote_code``, ``quantization_config``, no device map
+    when distributed or on CPU), with a tree-mask attention backend unless one is named."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model, **(getattr(args, "model_init_kwargs", None) or {}))
+    from onepass.attention import default_backend
+
+    kwargs = dict(args.model_init_kwargs or {})
+    if quantization_config is not None:
+        if kwargs.get("quantization_config") is not None:
+            raise ValueError("quantization_config is set both as a trainer argument and in "
+                             "args.model_init_kwargs; set it in one place")
+        kwargs["quantization_config"] = quantization_config
+    dtype = kwargs.get("dtype") or "float32"
+    kwargs["dtype"] = getattr(torch, dtype) if dtype in ("bfloat16", "float16", "float32", "float64") else dtype
+    kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+    if args.distributed_state.distributed_type in ("MULTI_GPU", "DEEPSPEED") or args.device.type in ("cpu", "mps"):
+        kwargs["device_map"] = None
+    elif "device_map" not in kwargs:
+        kwargs["device_map"] = "auto"
+    if not kwargs.get("attn_implementation"):
+        kwargs["attn_implementation"] = default_backend(args.device)
+    return AutoModelForCausalLM.from_pretrained(model, **{k: v for k, v in kwargs.items() if v is not None or
+                                                          k == "device_map"})
 
 
-def _with_template(tokenizer: Any, args: Any) -> Any:
-    path = getattr(args, "chat_template_path", None)
-    if path is not None and tokenizer is not None:
-        from onepass.tokenizer import read_template
+def load_tokenizer(model_id: str, args: OnePassConfig) -> Any:
+    """The tokenizer of ``model_id`` (a model given by name, or the folder/hub id a model or PeftModel was
+    loaded from), as TRL finds it when ``processing_class`` is not given."""
+    from transformers import AutoTokenizer
 
-        tokenizer.chat_template = read_template(path)
-    return tokenizer
+    revision = (args.model_init_kwargs or {}).get("revision")
+    return AutoTokenizer.from_pretrained(model_id, revision=revision, trust_remote_code=args.trust_remote_code)
+
+
+def chat_template_of(spec: str, args: OnePassConfig) -> str:
+    """``chat_template_path``: a template file (``.jinja``/``.j2`` or any file), ``builtin:NAME``, or a tokenizer
+    folder or hub id whose template is taken (TRL also adds that tokenizer's special tokens; here they must be in
+    the vocabulary already: the template renders text, tokenized by the model's tokenizer)."""
+    from pathlib import Path
+
+    from onepass.errors import UsageError
+    from onepass.tokenizer import read_template
+
+    if spec.startswith("builtin:") or Path(spec).is_file():
+        return read_template(spec)
+    template = getattr(load_tokenizer(spec, args), "chat_template", None)
+    if not template:
+        raise UsageError(f"chat_template_path {spec}: that tokenizer has no chat template")
+    return template
+
+
+def set_special_tokens(tokenizer: Any, model: Any, args: OnePassConfig) -> None:
+    """``eos_token`` / ``pad_token`` as TRL sets them: on the tokenizer, and mirrored onto the model's
+    config and generation config (a generation config keeps its other EOS ids: any of them stops)."""
+    from onepass.errors import UsageError
+
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    generation = getattr(model, "generation_config", None)
+    for name in ("eos_token", "pad_token"):
+        token = getattr(args, name)
+        if token is None:
+            continue
+        if token not in tokenizer.get_vocab():
+            raise UsageError(f"{name}={token!r} is not in the vocabulary of the tokenizer "
+                             f"({type(tokenizer).__name__})")
+        setattr(tokenizer, name, token)
+        token_id = getattr(tokenizer, f"{name}_id")
+        if text is not None:
+            setattr(text, f"{name}_id", token_id)
+        if generation is not None and name == "eos_token":
+            ids = generation.eos_token_id
+            ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+            if token_id not in ids:
+                generation.eos_token_id = [token_id, *ids]
+        elif generation is not None:
+            generation.pad_token_id = token_id
 
 
 class OnePassTrainer(Trainer):
     """``transformers.Trainer`` whose loss is the one-pass loss, normalised as N-pass (see module doc).
 
-    Takes what TRL's ``SFTTrainer`` takes: ``model`` (a model, or a hub id / directory to load),
-    ``args`` (:class:`~onepass.train.hf_config.OnePassConfig` or any ``TrainingArguments``),
-    ``train_dataset`` / ``eval_dataset`` (conversations in any shape onepass reads, or prepared rows),
-    ``processing_class`` (the tokenizer: renders conversations, saved with every checkpoint) and
-    ``peft_config``.
+    Takes every keyword of TRL's ``SFTTrainer``, in its order: ``model`` (a model, a PeftModel, or a hub id /
+    folder loaded with ``args.model_init_kwargs`` and ``quantization_config``), ``args``
+    (:class:`~onepass.train.hf_config.OnePassConfig`, or a ``TrainingArguments`` turned into one),
+    ``data_collator``, ``train_dataset`` / ``eval_dataset`` (conversations in any shape onepass reads,
+    or one-pass rows), ``processing_class`` (the tokenizer; default: the model's, as TRL finds it),
+    ``compute_metrics``, ``callbacks``, ``optimizers``, ``optimizer_cls_and_kwargs``, ``peft_config``,
+    ``formatting_func`` (a record -> its messages). ``compute_loss_func`` is refused (the loss is one-pass's)
+    and ``preprocess_logits_for_metrics`` never called (logits exist only at the targets, in chunks).
     """
 
     def __init__(self, model: Any = None, args: Any = None, data_collator: Any = None, train_dataset: Any = None,
-                 eval_dataset: Any = None, processing_class: Any = None, *, peft_config: Any = None,
-                 allow_inexact: bool | None = None, exactness_conversations: Sequence[Conversation] | None = None,
-                 **kwargs: Any) -> None:
+                 eval_dataset: Any = None, processing_class: Any = None, compute_loss_func: Callable | None = None,
+                 compute_metrics: Callable | None = None, callbacks: list | None = None,
+                 optimizers: tuple[Any, Any] = (None, None), optimizer_cls_and_kwargs: Any = None,
+                 preprocess_logits_for_metrics: Callable | None = None, quantization_config: Any = None,
+                 peft_config: Any = None, formatting_func: Callable[[dict], Any] | None = None, *,
+                 allow_inexact: bool | None = None, exactness_conversations: Sequence[Conversation] | None = None
+                 ) -> None:
         """``allow_inexact`` (default: ``args.allow_inexact``): train even when the exactness guard
         (:mod:`onepass.guard`, run at the start of :meth:`train`) finds that one-pass is not the
         N-pass loss for this model; ``exactness_conversations``: what it checks on (default: the
         conversations :func:`conversation_dataset` kept, else the bundled MathChat pair)."""
-        from onepass.train.hf_config import OnePassConfig
+        from transformers import set_seed
 
-        if args is None:
-            name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "")
-            args = OnePassConfig(f"{str(name).rstrip('/').split('/')[-1] or 'model'}-onepass")
+        from onepass.errors import UsageError
+
+        if compute_loss_func is not None:
+            raise UsageError("compute_loss_func: OnePassTrainer's loss is the one-pass loss (logits exist only at "
+                             "the targets); subclass it and override compute_loss to change it")
+        if preprocess_logits_for_metrics is not None:
+            warn_once("preprocess_logits_for_metrics", "preprocess_logits_for_metrics is never called: "
+                                                       "logits exist only at the targets, in chunks")
+        args = as_onepass_config(args, model)
+        set_seed(args.seed)  # before the model: a peft adapter is initialised at random
         if isinstance(model, str):
-            if processing_class is None:
-                from transformers import AutoTokenizer
-
-                processing_class = AutoTokenizer.from_pretrained(model)
-            model = _load_model(model, args)
-        processing_class = _with_template(processing_class, args)
+            model_id = model
+            model = load_model(model, args, quantization_config)
+        else:
+            model_id = _model_id(model)
+            if quantization_config is not None:
+                warn_once("quantization_config", "quantization_config is ignored: the model is already loaded")
+        if processing_class is None and model_id:
+            try:
+                processing_class = load_tokenizer(model_id, args)
+            except OSError as e:  # a model built from a config: fine for datasets of rows
+                log.info("onepass: no tokenizer at %s (%s); datasets of conversations need processing_class",
+                         model_id, str(e).splitlines()[0])
+        if processing_class is not None and args.chat_template_path is not None:
+            processing_class.chat_template = chat_template_of(args.chat_template_path, args)
+        if processing_class is not None:
+            set_special_tokens(processing_class, model, args)
         if peft_config is not None:
             from peft import get_peft_model
 
+            if _is_peft(model):
+                raise UsageError("a PeftModel and a peft_config were both given: merge and unload the adapter "
+                                 "first, or drop peft_config to continue training the adapter")
             model = get_peft_model(model, peft_config)
-        train_dataset = as_rows(train_dataset, processing_class, args, source="train_dataset")
+        if _is_peft(model) and args.gradient_checkpointing:
+            model.enable_input_require_grads()  # as TRL: else no gradient reaches checkpointed LoRA layers
+        if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
+            for name, param in model.named_parameters():  # QLoRA adapters in bf16, as TRL (not DoRA magnitudes)
+                if param.requires_grad and "lora_magnitude_vector" not in name:
+                    param.data = param.data.to(torch.bfloat16)
+        if args.use_liger_kernel:
+            args.liger_kernel_config = {**(args.liger_kernel_config or {}), "fused_linear_cross_entropy": False}
+        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        if getattr(text, "output_router_logits", None) is not None and getattr(text, "router_aux_loss_coef", 0):
+            warn_once("moe_aux_loss", f"{type(_base_model(model)).__name__} has a load-balancing loss "
+                                      "(router_aux_loss_coef): onepass does not add it (TRL does); training on the "
+                                      "cross entropy alone")
+
+        if args.dataset_prepared and formatting_func is not None:
+            warn_once("formatting_func", "formatting_func is ignored: dataset_kwargs skip_prepare_dataset=True")
+        train_dataset = as_rows(train_dataset, processing_class, args, source="train_dataset",
+                                formatting_func=formatting_func)
+        eval_packing = args.packing if args.eval_packing is None else args.eval_packing
         if isinstance(eval_dataset, Mapping):
-            eval_dataset = {k: as_rows(v, processing_class, args, source=f"eval_dataset[{k!r}]")
+            eval_dataset = {k: as_rows(v, processing_class, args, source=f"eval_dataset[{k!r}]",
+                                       packing=eval_packing, formatting_func=formatting_func)
                             for k, v in eval_dataset.items()}
         else:
-            eval_dataset = as_rows(eval_dataset, processing_class, args, source="eval_dataset")
-        super().__init__(model=model, args=args, data_collator=data_collator or OnePassCollator(),
-                         train_dataset=train_dataset, eval_dataset=eval_dataset,
-                         processing_class=processing_class, **kwargs)
-        self.allow_inexact = getattr(args, "allow_inexact", False) if allow_inexact is None else allow_inexact
+            eval_dataset = as_rows(eval_dataset, processing_class, args, source="eval_dataset", packing=eval_packing,
+                                   formatting_func=formatting_func)
+        if data_collator is None:
+            data_collator = OnePassCollator(padding_free=args.padding_free,
+                                            pad_to_multiple_of=args.pad_to_multiple_of)
+        super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class,
+                         compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers,
+                         optimizer_cls_and_kwargs=optimizer_cls_and_kwargs)
+        self.allow_inexact = args.allow_inexact if allow_inexact is None else allow_inexact
         self.exactness_conversations = exactness_conversations
         self.exactness: Any = None  # the guard's GuardResult, once train() ran it
         if self.args.n_gpu > 1:
@@ -239,6 +285,8 @@ class OnePassTrainer(Trainer):
         self.label_names = ["targets"]
         # compute_loss divides by the step's weight sum itself: no extra division by grad-accum steps
         self.model_accepts_loss_kwargs = True
+        self._metric_sums: dict[str, dict[str, torch.Tensor]] = {"train": {}, "eval": {}}
+        self._total_train_tokens = 0
 
     def check_exactness(self) -> Any:
         """The exactness guard on a tiny float64 twin of the model; raises
@@ -262,10 +310,57 @@ class OnePassTrainer(Trainer):
         return result
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
-        """``Trainer.train`` after the exactness guard (:meth:`check_exactness`)."""
+        """``Trainer.train`` after the exactness guard (:meth:`check_exactness`); then ``loss.png``
+        (:meth:`plot_loss`) in ``output_dir``."""
         if self.exactness is None:
             self.check_exactness()
-        return super().train(*args, **kwargs)
+        result = super().train(*args, **kwargs)
+        self.plot_loss()
+        return result
+
+    def plot_loss(self) -> Any:
+        """The logged training (and eval) losses per step as ``OUTPUT_DIR/loss.png`` (main process; None
+        when nothing was logged)."""
+        from pathlib import Path
+
+        from onepass.train.report import plot_losses
+
+        history = [h for h in self.state.log_history if "loss" in h and "step" in h]
+        evals = [h for h in self.state.log_history if "eval_loss" in h and "step" in h]
+        if not self.is_world_process_zero() or not (history or evals) or not self.args.output_dir:
+            return None
+        Path(self.args.output_dir).mkdir(parents=True, exist_ok=True)
+        return plot_losses(history, evals, Path(self.args.output_dir) / "loss.png",
+                           title=f"OnePassTrainer: {Path(self.args.output_dir).name}")
+
+    def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """``Trainer.training_step``; with ``activation_offloading`` the saved activations live in CPU memory."""
+        offload = (torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available())
+                   if getattr(self.args, "activation_offloading", False) else contextlib.nullcontext())
+        with offload:
+            return super().training_step(*args, **kwargs)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Adds TRL's ``num_tokens`` (row tokens trained so far, all processes), ``mean_token_accuracy``
+        (targets whose argmax is right) and ``entropy`` (of the predicted distribution) since the last log,
+        both weighted by the target weights as the loss is (``eval_`` prefixed in evaluation)."""
+        mode = "train" if self.model.training else "eval"
+        sums = self._metric_sums[mode]
+        metrics: dict[str, float] = {}
+        if sums:
+            keys = sorted(sums)
+            total = self.accelerator.reduce(torch.stack([sums[k].float() for k in keys]), reduction="sum")
+            values = dict(zip(keys, total.tolist()))
+            weight = values.get("weight", 0.0)
+            metrics["entropy"] = values.get("entropy", 0.0) / weight if weight > 0 else 0.0
+            metrics["mean_token_accuracy"] = values.get("correct", 0.0) / weight if weight > 0 else 0.0
+            sums.clear()
+        if mode == "train":
+            metrics["num_tokens"] = float(self._total_train_tokens)
+        if mode == "eval":
+            metrics = {f"eval_{k}": v for k, v in metrics.items() if k != "num_tokens"}
+        logs.update(metrics)
+        super().log(logs, start_time)
 
     def _set_signature_columns_if_needed(self) -> None:
         if self._signature_columns is None:
@@ -284,7 +379,17 @@ class OnePassTrainer(Trainer):
     def compute_loss(self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
                      num_items_in_batch: torch.Tensor | None = None) -> Any:
         view = ForwardView(model, self.accelerator.unwrap_model(model))
-        total = batch_loss(view, inputs)
+        mode = "train" if model.training else "eval"
+        stats: dict[str, torch.Tensor] = {}
+        total = batch_loss(view, inputs, stats=stats)
+        sums = self._metric_sums[mode]
+        for key, value in stats.items():
+            sums[key] = sums[key] + value.detach() if key in sums else value.detach()
+        if mode == "train" and "row_tokens" in inputs:
+            tokens = inputs["row_tokens"].sum()
+            if self.args.world_size > 1:
+                tokens = self.accelerator.gather(tokens.reshape(1)).sum()
+            self._total_train_tokens += int(tokens)
         if num_items_in_batch is None:  # evaluation: this batch's own mean
             loss = total / inputs["weights"].sum().clamp_min(1e-12).to(total.dtype)
         else:

@@ -1,0 +1,204 @@
+"""What ``OnePassTrainer`` trains on: datasets of conversations made into datasets of one-pass rows.
+
+Why this module exists: TRL's ``SFTTrainer`` takes a dataset of conversations
+and prepares it (render, tokenize, pack) with ``SFTConfig``'s data settings;
+:class:`~onepass.train.hf_trainer.OnePassTrainer` takes the same datasets and
+settings, and this module does the preparing: parse the records (any shape
+onepass reads, after ``formatting_func``), render each conversation's views
+and lay them out as trees (``schedule``, ``max_length``; ``dataset_num_proc``
+processes, with a progress bar), then one item per conversation (its trees
+concatenated) or, with ``packing``, rows of ``max_length`` tokens of trees of
+several conversations (best-fit decreasing), as TRL's packed rows.
+
+The unit of ``per_device_train_batch_size`` follows: without packing an item is
+one conversation (TRL: one conversation, truncated to ``max_length``); with
+packing it is one row of at most ``max_length`` tokens (TRL: the same).
+
+    conversations [c0: 300 tokens as one tree, c1: 900, c2: 500], max_length 1024
+    packing=False  items [c0] [c1] [c2]            3 items, batch size counts conversations
+    packing=True   rows  [c1] [c2 c0]              2 rows of <= 1024 tokens, batch size counts rows
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from onepass.conversation import Conversation
+from onepass.loss import layouts_to_batch
+from onepass.pack import pack_layouts
+from onepass.prepare import PrepareConfig, load_rows
+from onepass.render import RenderConfig
+from onepass.tree import COLUMNS, Layout, concat, row_from_columns, rows_to_columns
+
+log = logging.getLogger("onepass")
+
+_CONVERSATION_KEYS = ("messages", "conversations", "interactions", "prompt", "completion")
+
+
+def rows_dataset(rows: Sequence[Layout]) -> Any:
+    """A ``datasets.Dataset`` with the five row columns, one item per row."""
+    import datasets
+
+    if not rows:
+        raise ValueError("no rows to make a dataset of")
+    return datasets.Dataset.from_dict(rows_to_columns(rows))
+
+
+def conversation_dataset(conversations: Iterable[Conversation], tokenizer: Any, *, schedule: str = "one-pass",
+                         max_tokens: int | None = None, weighting: str = "token",
+                         render: RenderConfig | None = None, return_stats: bool = False, packing: bool = False,
+                         num_proc: int | None = None, progress: bool = False) -> Any:
+    """One item per conversation (the trees ``schedule`` makes of it, concatenated into one row), or
+    with ``packing`` rows of at most ``max_tokens`` tokens of whole trees of any conversations.
+
+    Conversations whose views are all skipped (template errors, over ``max_tokens``) are left
+    out, counted in the returned :class:`~onepass.prepare.PrepareStats` (``return_stats=True``)
+    and logged as a warning with the first reason. ``num_proc`` processes render them.
+    """
+    from onepass.train.data import conversation_units
+
+    if packing and max_tokens is None:
+        raise ValueError("packing needs a row length: set max_length")
+    config = PrepareConfig(schedule=schedule, max_tokens=max_tokens, pack=False, weighting=weighting,
+                           render=render or RenderConfig())
+    conversations = list(conversations)
+    units, stats = conversation_units(conversations, tokenizer, config, progress=progress, num_proc=num_proc or 1)
+    if stats.skipped:
+        log.warning("onepass: skipped %s", stats.skip_summary())
+    if not units:
+        first = stats.skipped[0] if stats.skipped else "no conversations were given"
+        raise ValueError(f"no trainable conversations; first skip: {first}")
+    if packing:
+        assert max_tokens is not None
+        rows = pack_layouts([tree for unit in units for tree in unit], max_tokens)
+        stats.rows = len(rows)
+        stats.padding_tokens = stats.rows * max_tokens - stats.row_tokens
+        stats.padding_fraction = stats.padding_tokens / max(1, stats.rows * max_tokens)
+    else:
+        rows = [concat(u) for u in units]
+    ds = rows_dataset(rows)
+    # what OnePassTrainer's exactness guard checks on (lost if the dataset is mapped: then it uses
+    # the bundled MathChat pair); an n-pass dataset needs no check
+    ds.onepass_guard = {"schedule": schedule, "conversations": conversations[:32], "tokenizer": tokenizer,
+                        "render": render}
+    return (ds, stats) if return_stats else ds
+
+
+def _columns(ds: Any) -> list[str]:
+    names = getattr(ds, "column_names", None)
+    if names is None:  # an IterableDataset of unknown features: its first item says
+        first = next(iter(ds), None)
+        names = list(first) if isinstance(first, Mapping) else []
+    return list(names)
+
+
+def parse_dataset(ds: Any, *, source: str, formatting_func: Callable[[dict], Any] | None = None,
+                  text_field: str = "text") -> list[Conversation]:
+    """The conversations of a ``datasets.Dataset`` / ``IterableDataset`` (or a list of records), in any
+    shape :func:`onepass.conversation.parse_record` reads (the column is detected), each record first
+    passed through ``formatting_func`` when given. A record that is not a conversation is a counted
+    skip, logged with the first reason; none left is a :class:`DataError`."""
+    from onepass.data.load import RawRecord, parse_records
+    from onepass.errors import DataError
+
+    columns = _columns(ds)
+    if formatting_func is None and text_field in columns and not set(_CONVERSATION_KEYS) & set(columns):
+        raise DataError(f"{source} is plain text (a {text_field!r} column, dataset_text_field): one-pass trains "
+                        "conversations (a messages column); use SFTTrainer for language-modeling data")
+    records: Iterable[Any] = ds if formatting_func is None else (_formatted(formatting_func, r, source) for r in ds)
+    skipped: list[str] = []
+    raws = (RawRecord(source=source, index=i, unit="record", record=r) for i, r in enumerate(records))
+    convs = list(parse_records(raws, strict=False, skipped=skipped))
+    if skipped:
+        log.warning("onepass: skipped %d of %d records of %s; first: %s", len(skipped), len(skipped) + len(convs),
+                    source, skipped[0])
+    if not convs:
+        raise DataError(f"{source} has no conversations"
+                        + (f"; first skip: {skipped[0]}" if skipped else " (it is empty)"))
+    return convs
+
+
+def _formatted(formatting_func: Callable[[dict], Any], record: Any, source: str) -> Any:
+    """``formatting_func(record)`` as a record onepass reads: a list of messages, or a mapping."""
+    from onepass.errors import UsageError
+
+    out = formatting_func(record)
+    if isinstance(out, str):
+        raise UsageError(f"formatting_func returned text for {source}: one-pass needs the turns; return the "
+                         "messages (a list of {'role', 'content'}) or a record with a messages column")
+    return {"messages": out} if isinstance(out, list) else out
+
+
+def as_rows(ds: Any, tokenizer: Any, args: Any, *, source: str, packing: bool | None = None,
+            formatting_func: Callable[[dict], Any] | None = None) -> Any:
+    """What :class:`OnePassTrainer` trains on: prepared rows pass through; conversations (a ``messages``,
+    ``conversations`` or ``interactions`` column, or ShareGPT records) become :func:`conversation_dataset`
+    items with ``args``' schedule, max_length, weighting, template and data settings."""
+    from onepass.errors import UsageError
+
+    if ds is None or set(COLUMNS) <= set(_columns(ds)):
+        return ds
+    if getattr(args, "dataset_prepared", False):
+        raise UsageError(f"{source}: dataset_kwargs skip_prepare_dataset=True needs one-pass rows "
+                         f"({', '.join(COLUMNS)}), got columns {', '.join(_columns(ds))}")
+    if tokenizer is None or not hasattr(tokenizer, "apply_chat_template"):
+        raise UsageError(f"{source} holds conversations: pass processing_class=tokenizer to render them")
+    convs = parse_dataset(ds, source=source, formatting_func=formatting_func,
+                          text_field=getattr(args, "dataset_text_field", "text"))
+    if getattr(args, "shuffle_dataset", False):
+        import random
+
+        random.Random(args.seed).shuffle(convs)
+    render = args.render_config() if hasattr(args, "render_config") else None
+    return conversation_dataset(convs, tokenizer, schedule=getattr(args, "schedule", "budget"),
+                                max_tokens=getattr(args, "max_length", None),
+                                weighting=getattr(args, "weighting", "token"), render=render,
+                                packing=bool(getattr(args, "packing", False) if packing is None else packing),
+                                num_proc=getattr(args, "dataset_num_proc", None),
+                                progress=not getattr(args, "disable_tqdm", False))
+
+
+def prepared_dataset(path: str | Path) -> Any:
+    """The rows written by ``onepass prepare`` as a dataset (one item per row).
+
+    Packed rows mix conversations, so a one-pass and an N-pass prepared set make
+    different steps; use :func:`conversation_dataset` when the two must match step for step.
+    """
+    return rows_dataset(load_rows(path))
+
+
+@dataclass
+class OnePassCollator:
+    """Stacks rows into ``[B, L]`` tensors (``input_ids``, ``position_ids``, ``kv_end``, ``targets``,
+    ``weights``) and ``row_tokens`` ``[B]`` (each row's length before padding: TRL's ``num_tokens``).
+
+    ``padding_free``: the micro-batch's rows concatenated into one row (``B = 1``, no padding; a
+    row's positions never see another's, as in separate rows). ``pad_to_multiple_of``: ``L``
+    rounded up to a multiple of it.
+    """
+
+    padding_free: bool = False
+    pad_to_multiple_of: int | None = None
+
+    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+        rows = []
+        for i, f in enumerate(features):
+            missing = [k for k in COLUMNS if k not in f]
+            if missing:
+                raise ValueError(f"dataset item {i} has no {', '.join(missing)}; onepass rows need "
+                                 f"{', '.join(COLUMNS)} (see onepass.train.hf_data.conversation_dataset)")
+            rows.append(row_from_columns(f))
+        if self.padding_free:
+            rows = [concat(rows)]
+        length = max(len(r) for r in rows)
+        if self.pad_to_multiple_of:
+            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        batch = layouts_to_batch(rows, length=length)
+        batch["row_tokens"] = torch.tensor([len(r) for r in rows], dtype=torch.int64)
+        return batch
