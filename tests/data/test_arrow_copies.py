@@ -125,3 +125,24 @@ def test_a_parquet_copy_has_no_null_filled_arguments_or_tool_parameters(tmp_path
         first = load_conversations(specs[name]).conversations[0]
         assert first.messages[1].tool_calls[0].arguments == {"city": "Paris"}, name
         assert first.tools[0]["function"]["parameters"]["properties"] == {"city": {"type": "string"}}, name
+
+
+def test_an_in_memory_dataset_reads_as_its_records():
+    """OnePassTrainer's path: a ``datasets.Dataset`` built from records fills every record's tool arguments
+    with the other records' keys as nulls; they are dropped, so it reads as the records themselves."""
+    import datasets
+
+    from onepass.train.hf_data import parse_dataset
+
+    def chat(name, args):
+        return {"messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": name, "arguments": args}}]},
+            {"role": "tool", "content": "r"}, {"role": "assistant", "content": "a"}]}
+
+    records = [chat("weather", {"city": "Paris"}), chat("calc", {"expr": "1+1"})]
+    assert datasets.Dataset.from_list(records)[0]["messages"][1]["tool_calls"][0]["function"]["arguments"] == {
+        "city": "Paris", "expr": None}  # what Arrow does
+    got, want = parse_dataset(datasets.Dataset.from_list(records), source="ds"), parse_dataset(records, source="ds")
+    assert [c.messages for c in got] == [c.messages for c in want]

@@ -111,7 +111,10 @@ def parse_dataset(ds: Any, *, source: str, formatting_func: Callable[[dict], Any
     if formatting_func is None and text_field in columns and not set(_CONVERSATION_KEYS) & set(columns):
         raise DataError(f"{source} is plain text (a {text_field!r} column, dataset_text_field): one-pass trains "
                         "conversations (a messages column); use SFTTrainer for language-modeling data")
-    records: Iterable[Any] = ds if formatting_func is None else (_formatted(formatting_func, r, source) for r in ds)
+    from onepass.records import without_nulls
+
+    rows: Iterable[Any] = ds if isinstance(ds, (list, tuple)) else (without_nulls(r) for r in ds)  # Arrow's nulls
+    records: Iterable[Any] = rows if formatting_func is None else (_formatted(formatting_func, r, source) for r in rows)
     skipped: list[str] = []
     raws = (RawRecord(source=source, index=i, unit="record", record=r) for i, r in enumerate(records))
     convs = list(parse_records(raws, strict=False, skipped=skipped))
