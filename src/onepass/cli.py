@@ -258,7 +258,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             raise UsageError("give --data (conversations) or --rollouts (RL token ids), not both")
         from onepass.rl.cli import verify_rollouts
 
-        return verify_rollouts(args)
+        return verify_rollouts(args, verify_model, args.tolerance if args.tolerance is not None
+                               else _default_tolerance(args.dtype))
     if not args.data:
         raise UsageError("verify needs --data FILE (conversations) or --rollouts FILE (RL rollouts)")
     from onepass.guard.divergence import locate

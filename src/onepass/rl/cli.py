@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
+from typing import Any
 
 from onepass.rl.rollouts import check_vocab, read_rollouts
 
 
-def verify_rollouts(args: argparse.Namespace) -> int:
-    from onepass.cli import _default_tolerance, verify_model
+def verify_rollouts(args: argparse.Namespace, verify_model: Callable[[argparse.Namespace, int | None], Any],
+                    tol: float) -> int:
+    """``verify_model(args, vocab)``: the model, its label and backend, as ``onepass verify`` loads them."""
     from onepass.rl.verify import compact_rollouts, run_rl_verify
 
     trajectories = read_rollouts(args.rollouts)  # a bad record: one line naming file, line and turn
@@ -27,7 +30,6 @@ def verify_rollouts(args: argparse.Namespace) -> int:
         trajectories, vocab = compact_rollouts(trajectories)
     model, label, backend = verify_model(args, vocab)
     check_vocab(trajectories, model.get_input_embeddings().num_embeddings)
-    tol = args.tolerance if args.tolerance is not None else _default_tolerance(args.dtype)
     result = run_rl_verify(trajectories, model, max_tokens=args.max_tokens, tolerance=tol)
     print(f"model: {label}, {args.dtype}, attention {backend}")
     print(f"{result.num_trajectories} trajectories, {result.num_turns} turns, {result.num_completion_tokens} "

@@ -16,10 +16,11 @@ the row and the row positions whose targets are its completion tokens
 ``h`` and completions ``a b`` and ``a c``::
 
     p  token  pos  kv_end  target       slot of traj 0: positions [0, 1] (targets a, b)
-    0  h      0    4       a            slot of traj 1: positions [0, 3] (targets a, c)
+    0  h      0    5       a            slot of traj 1: positions [0, 3] (targets a, c)
     1  a      1    3       b            the node 'h -> a' is shared: one log-prob, two users
     2  b      2    3       -
-    3  a      1    4       c            (a second 'a': its target c differs from b)
+    3  a      1    5       c            (a second 'a': its target c differs from b)
+    4  c      2    5       -
 
 No torch here: numpy only.
 """

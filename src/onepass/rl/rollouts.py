@@ -114,13 +114,13 @@ def parse_turn(raw: Any, where: str) -> Turn:
     logprobs = None if raw.get("logprobs") is None else _floats(raw["logprobs"], "logprobs", where, n)
     if logprobs is not None and (logprobs > 0).any():
         j = int(np.argmax(logprobs > 0))
-        raise RolloutError(f"{where}: logprobs[{j}] = {logprobs[j]!r} is positive (a log-probability is <= 0)")
+        raise RolloutError(f"{where}: logprobs[{j}] = {float(logprobs[j])!r} is positive (a log-probability is <= 0)")
     mask = np.ones(n)
     if raw.get("mask") is not None:
         mask = _floats(raw["mask"], "mask", where, n)
         if not np.isin(mask, (0.0, 1.0)).all():
             j = int(np.argmax(~np.isin(mask, (0.0, 1.0))))
-            raise RolloutError(f"{where}: mask[{j}] = {mask[j]!r}; a mask holds 0 (not trained) or 1 (trained)")
+            raise RolloutError(f"{where}: mask[{j}] = {float(mask[j])!r}; a mask holds 0 (not trained) or 1 (trained)")
     return Turn(prompt_ids=prompt, completion_ids=completion, advantages=advantages, logprobs=logprobs, mask=mask)
 
 
