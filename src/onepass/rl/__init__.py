@@ -4,7 +4,8 @@
     layout.py     all turns of a group in one prefix tree, packed into rows, and each turn's slot; no torch
     logprobs.py   ``token_logprobs(model, batch)``: one forward per row; the per-turn reference beside it
     losses.py     clipped surrogate (GRPO / DAPO / Dr.GRPO), KL, truncated IS, reverse-KL distillation
-    verify.py     one-pass vs per-turn log-probs and gradients (``onepass verify --rollouts``)
+    verify.py     one-pass vs per-turn log-probs and gradients (``onepass verify --rollouts``); cli.py its command
+    padded.py     the same for a padded [B, P + C] batch (TRL GRPOTrainer's layout): the trainer adapter's core
     synthetic.py  rollouts from a real chat template, and agent-trace-shaped ones for the benchmark; no torch
     grpo_example.py  a tiny GRPO loop on a scripted multi-turn task, on CPU
 
@@ -25,6 +26,7 @@ _WHERE = {
     "RolloutBatch": "layout", "layout_rollouts": "layout",
     "TokenLogprobs": "logprobs", "token_logprobs": "logprobs", "token_logprobs_reference": "logprobs",
     "PolicyLossConfig": "losses", "policy_loss": "losses", "policy_loss_reference": "losses",
+    "padded_token_logprobs": "padded",
 }
 __all__ = sorted(_WHERE)
 
