@@ -183,6 +183,7 @@ def test_onepass_verify_rollouts_exits_1_when_a_logprob_differs(rollouts, tmp_pa
     assert main(["verify", "--rollouts", str(path), "--tiny", "qwen3"]) == 1
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert not last["equal"] and last["max_abs_logprob_diff"] > 1e-7
+    assert "differing_layer" in last  # where it differs is looked for (here: no layer, the scoring itself)
 
 
 def test_run_rl_verify_counts_tokens(rollouts):
