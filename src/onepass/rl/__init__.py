@@ -5,7 +5,8 @@
     logprobs.py   ``token_logprobs(model, batch)``: one forward per row; the per-turn reference beside it
     losses.py     clipped surrogate (GRPO / DAPO / Dr.GRPO), KL, truncated IS, reverse-KL distillation
     verify.py     one-pass vs per-turn log-probs and gradients (``onepass verify --rollouts``); cli.py its command
-    padded.py     the same for a padded [B, P + C] batch (TRL GRPOTrainer's layout): the trainer adapter's core
+    padded.py     the same for a padded [B, P + C] batch (TRL GRPOTrainer's layout)
+    trl_grpo.py   TRL's GRPOTrainer with its per-token log-probs from one-pass rows
     synthetic.py  rollouts from a real chat template, and agent-trace-shaped ones for the benchmark; no torch
     grpo_example.py  a tiny GRPO loop on a scripted multi-turn task, on CPU
 
