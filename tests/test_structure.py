@@ -13,7 +13,7 @@ SRC = Path(onepass.__file__).parent
 PURE = ("onepass.conversation", "onepass.render", "onepass.tree", "onepass.schedule", "onepass.pack",
         "onepass.flops", "onepass.attention.blocks", "onepass.attention.segments", "onepass.attention.paper",
         "onepass.model_config", "onepass.shards", "onepass.generation_format", "onepass.template_probe",
-        "onepass.encode")
+        "onepass.encode", "onepass.rl.rollouts", "onepass.rl.layout", "onepass.rl.synthetic")
 
 
 def module_name(path: Path) -> str:

@@ -4,6 +4,7 @@ Subcommands::
 
     onepass prepare --data FILE --tokenizer SPEC --out DIR [--schedule ...] [--max-tokens N] [--pack]
     onepass verify  --data FILE --tokenizer SPEC [--model PATH | --tiny ARCH] [--dtype float64]
+    onepass verify  --rollouts FILE [--model PATH | --tiny ARCH] [--dtype float64]   (RL, see docs/rl.md)
     onepass show    --data FILE --tokenizer SPEC --index I --out mask.png
     onepass train   --config FILE.yaml [--model ID|PATH | --tiny ARCH] [--data ...] [--resume] [flags]
     onepass data convert-mathchat|sample|augment|stats ...   (see onepass.data.cli)
@@ -69,8 +70,8 @@ def _schedule(value: str) -> str:
     return value
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", required=True,
+def _add_common(p: argparse.ArgumentParser, *, data_required: bool = True) -> None:
+    p.add_argument("--data", required=data_required,
                    help="conversations: .jsonl/.json/.parquet, a folder of them, a saved dataset, "
                         "builtin:mathchat, synthetic:NAME or a hub id (online only)")
     p.add_argument("--tokenizer", default="builtin:qwen3",
@@ -121,7 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("verify", help="one-pass vs N-pass loss and gradients on the same conversations")
-    _add_common(p)
+    _add_common(p, data_required=False)
+    p.add_argument("--rollouts", help="RL rollouts (.jsonl, token ids; see docs/rl.md) instead of --data: "
+                                      "per-token log-probs and policy-loss gradients vs per-turn forwards")
+    p.add_argument("--max-tokens", type=int, help="--rollouts: row token budget (groups split and packed)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", help="a local model directory or hub id")
     src.add_argument("--tiny", default="qwen3",
@@ -214,18 +218,13 @@ def _default_tolerance(dtype: str) -> float:
     return {"float64": 1e-9, "float32": 1e-4, "bfloat16": 2e-2}[dtype]
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
+def verify_model(args: argparse.Namespace, vocab: int | None) -> tuple[object, str, str]:
+    """``verify``'s model, its label and attention backend: ``--model`` in ``--dtype``, else a tiny random
+    ``--tiny`` model of ``vocab`` ids; the guard picks the backend; float64 runs norms in float64."""
     import torch
 
-    from onepass.guard.divergence import locate
     from onepass.guard import guard_backend
-    from onepass.render import render_views
-    from onepass.verify import compact_vocab, run_verify
 
-    report = _read(args)
-    tokenizer = _tokenizer(args)
-    config = _render_config(args)
-    views = [render_views(c, tokenizer, config) for c in report.conversations]
     dtype = getattr(torch, args.dtype)
     requested = None if args.attn == "auto" else args.attn
     if args.model:
@@ -241,7 +240,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         from onepass.tiny import tiny_config, tiny_model
 
-        views, vocab = compact_vocab(views)
         backend = guard_backend(tiny_config(args.tiny, vocab), requested)
         model = tiny_model(args.tiny, vocab, dtype=dtype, seed=args.seed, attn_implementation=backend)
         label = f"tiny {args.tiny} (random, vocabulary compacted to {vocab} ids)"
@@ -251,6 +249,31 @@ def cmd_verify(args: argparse.Namespace) -> int:
         patched, left = float64_norms(model)
         print(f"float64: {patched} RMSNorm modules run in float64 (transformers upcasts them to float32)"
               + (f"; left alone: {', '.join(left[:3])}" if left else ""))
+    return model, label, backend
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    if args.rollouts:
+        if args.data:
+            raise UsageError("give --data (conversations) or --rollouts (RL token ids), not both")
+        from onepass.rl.cli import verify_rollouts
+
+        return verify_rollouts(args, verify_model, args.tolerance if args.tolerance is not None
+                               else _default_tolerance(args.dtype))
+    if not args.data:
+        raise UsageError("verify needs --data FILE (conversations) or --rollouts FILE (RL rollouts)")
+    from onepass.guard.divergence import locate
+    from onepass.render import render_views
+    from onepass.verify import compact_vocab, run_verify
+
+    report = _read(args)
+    tokenizer = _tokenizer(args)
+    config = _render_config(args)
+    views = [render_views(c, tokenizer, config) for c in report.conversations]
+    vocab = None
+    if not args.model:
+        views, vocab = compact_vocab(views)
+    model, label, backend = verify_model(args, vocab)
     result = run_verify(views, model, schedule=args.schedule, weighting=args.weighting)
     tol = args.tolerance if args.tolerance is not None else _default_tolerance(args.dtype)
     ok = result.rel_loss_diff <= tol and result.max_rel_grad_diff <= tol

@@ -299,3 +299,46 @@ def plain_lm_head_loss(hidden_TD: torch.Tensor, head: nn.Module, targets_T: torc
     if stats is not None:
         add_logit_stats(stats, logits_TV, targets_T.long(), weights_T)
     return weighted_ce(logits_TV, targets_T.long(), weights_T)
+
+
+def logprobs_from_logits(logits_TV: torch.Tensor, targets_T: torch.Tensor, *, entropy: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log softmax(logits)[t]`` per row (half precision upcast to float32), and the entropy if asked."""
+    if logits_TV.dtype in (torch.float16, torch.bfloat16):
+        logits_TV = logits_TV.float()
+    logp_TV = torch.log_softmax(logits_TV, dim=-1)
+    picked_T = logp_TV.gather(1, targets_T.long()[:, None]).squeeze(1)
+    return picked_T, (-(logp_TV.exp() * logp_TV).sum(-1) if entropy else None)
+
+
+def _module_chunk_logprobs(head: nn.Module, hidden_CD: torch.Tensor, targets_C: torch.Tensor,
+                           entropy: bool) -> tuple[torch.Tensor, ...]:
+    picked_C, entropy_C = logprobs_from_logits(head(hidden_CD), targets_C, entropy=entropy)
+    return (picked_C,) if entropy_C is None else (picked_C, entropy_C)
+
+
+def chunked_token_logprobs(hidden_TD: torch.Tensor, head: nn.Module, targets_T: torch.Tensor, *,
+                           chunk: int | None = None, entropy: bool = False
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-target log-prob ``log softmax(head(hidden))[target]`` (and entropy), ``chunk`` targets at a time.
+
+    Each chunk runs under non-reentrant checkpointing: forward keeps [C] values, backward
+    recomputes the chunk's [C, V] logits, so [T, V] never exists. The RL losses take these
+    per token (:mod:`onepass.rl`); the slow reference is :func:`logprobs_from_logits` on the
+    full logits. Any module head works (a LoRA'd Linear runs its own forward).
+    """
+    chunk = head_chunk(chunk)
+    device = next(head.parameters()).device  # a device_map model may keep the head on another GPU
+    hidden_TD, targets_T = hidden_TD.to(device), targets_T.to(device)
+    picked, entropies = [], []
+    for start in range(0, hidden_TD.shape[0], chunk):
+        args = (head, hidden_TD[start:start + chunk], targets_T[start:start + chunk], entropy)
+        out = checkpoint(_module_chunk_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled() \
+            else _module_chunk_logprobs(*args)
+        picked.append(out[0])
+        if entropy:
+            entropies.append(out[1])
+    if not picked:
+        empty = hidden_TD.new_zeros(0, dtype=torch.promote_types(hidden_TD.dtype, torch.float32))
+        return empty, (empty if entropy else None)
+    return torch.cat(picked), (torch.cat(entropies) if entropy else None)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from onepass.attention.backends import attention_mask_for
 from onepass.head import (
@@ -74,12 +75,28 @@ def batch_loss(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | 
 
     ``lm_head``: ``chunked`` (the default: :mod:`onepass.head`, never [T, V] logits),
     ``plain`` (the model's own head on the kept positions, then :func:`weighted_ce`)
-    or ``cce``; unset, ``$ONEPASS_LM_HEAD`` decides. The chunked head runs after
-    the model's forward with the head made an identity, so the forward still goes
-    through every wrapper (DDP, autocast, peft); a model that changes what its head
-    returns (softcapping, scaling) is detected and takes the plain path. ``stats``: a dict the
-    target weight, argmax-correct weight and weighted entropy are added to
+    or ``cce``; unset, ``$ONEPASS_LM_HEAD`` decides (see :func:`forward_at_targets`). ``stats``: a
+    dict the target weight, argmax-correct weight and weighted entropy are added to
     (:func:`onepass.head.add_logit_stats`; TRL's ``mean_token_accuracy`` and ``entropy``).
+    """
+    mode = head_mode(lm_head)
+    out, head, targets_T, weights_T = forward_at_targets(model, batch, lm_head=mode)
+    if head is None:
+        if stats is not None:
+            add_logit_stats(stats, out, targets_T.long(), weights_T)
+        return weighted_ce(out, targets_T, weights_T)
+    return chunked_lm_head_loss(out, head, targets_T, weights_T, mode=mode, stats=stats)
+
+
+def forward_at_targets(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | None = None
+                       ) -> tuple[torch.Tensor, nn.Module | None, torch.Tensor, torch.Tensor]:
+    """The model's output at the target positions (row-major), their targets and weights.
+
+    Returns ``(hidden_TD, head, ...)`` with the LM head still to apply, or ``(logits_TV, None, ...)``
+    on the plain path. Unless ``lm_head`` is ``plain``, the model runs with its head made an
+    identity, so the forward still goes through every wrapper (DDP, autocast, peft) and the
+    caller projects in chunks (:mod:`onepass.head`); a model that changes what its head
+    returns (softcapping, scaling) is detected and takes the plain path.
     """
     mode = head_mode(lm_head)
     head = None if mode == "plain" else head_of(model)
@@ -92,14 +109,12 @@ def batch_loss(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | 
             hidden_TD = _returned_unchanged(out_TD, seen)
         if hidden_TD is not None:
             setattr(head, _CHECKED_MARK, True)
-            return chunked_lm_head_loss(hidden_TD, head, targets_T, weights_T, mode=mode, stats=stats)
+            return hidden_TD, head, targets_T, weights_T
         setattr(head, _PLAIN_MARK, True)
         warnings.warn(f"onepass: {type(model).__name__} changes what its LM head returns; "
-                      "using the plain LM head (full logits at the targets)", stacklevel=2)
+                      "using the plain LM head (full logits at the targets)", stacklevel=3)
     logits_TV, targets_T, weights_T = _forward_kept(model, batch)
-    if stats is not None:
-        add_logit_stats(stats, logits_TV, targets_T.long(), weights_T)
-    return weighted_ce(logits_TV, targets_T, weights_T)
+    return logits_TV, None, targets_T, weights_T
 
 
 _PLAIN_MARK, _CHECKED_MARK = "_onepass_head_plain", "_onepass_head_checked"

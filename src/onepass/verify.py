@@ -58,9 +58,23 @@ def compact_vocab(conversations: Sequence[Sequence[View]]) -> tuple[list[list[Vi
     return out, len(used)
 
 
-def _grads(model: Any) -> dict[str, torch.Tensor]:
+def parameter_grads(model: Any) -> dict[str, torch.Tensor]:
+    """A copy of every trainable parameter's gradient (zeros where there is none)."""
     return {n: torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
             for n, p in model.named_parameters() if p.requires_grad}
+
+
+def max_rel_grad_diff(reference: dict[str, torch.Tensor], other: dict[str, torch.Tensor]) -> tuple[float, str]:
+    """The largest ``|other - reference| / |reference|`` over parameters (absolute where the reference is 0),
+    and that parameter's name."""
+    rel_grad, worst = 0.0, ""
+    for name, g_n in reference.items():
+        scale = g_n.norm().item()
+        diff = (other[name] - g_n).norm().item()
+        rel = diff / scale if scale > 0 else diff
+        if rel > rel_grad:
+            rel_grad, worst = rel, name
+    return rel_grad, worst
 
 
 def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
@@ -83,7 +97,7 @@ def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
             loss_n += loss.item()
             num_views += 1
             n_tokens += len(view)
-    grads_n = _grads(model)
+    grads_n = parameter_grads(model)
 
     model.zero_grad(set_to_none=True)
     loss_1 = 0.0
@@ -98,16 +112,10 @@ def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
         loss = layout_loss(model, layout)
         loss.backward()
         loss_1 += loss.item()
-    grads_1 = _grads(model)
+    grads_1 = parameter_grads(model)
     model.zero_grad(set_to_none=True)
 
-    rel_grad, worst = 0.0, ""
-    for name, g_n in grads_n.items():
-        scale = g_n.norm().item()
-        diff = (grads_1[name] - g_n).norm().item()
-        rel = diff / scale if scale > 0 else diff
-        if rel > rel_grad:
-            rel_grad, worst = rel, name
+    rel_grad, worst = max_rel_grad_diff(grads_n, grads_1)
     abs_diff = abs(loss_1 - loss_n)
     return VerifyReport(
         loss_n_pass=loss_n, loss_one_pass=loss_1, max_abs_loss_diff=abs_diff,

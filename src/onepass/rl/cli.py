@@ -1,0 +1,54 @@
+"""``onepass verify --rollouts FILE``: the RL check's command-line side (the parser lives in onepass.cli).
+
+Why this module exists: ``verify`` takes conversations or RL rollouts; the rollout path
+reads token ids, not text, so it needs no tokenizer, and reports per-token log-prob
+differences, not loss differences. Last line: one JSON object
+(:class:`onepass.rl.verify.RLVerifyReport`); exit 1 if not equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import Any
+
+from onepass.rl.rollouts import check_vocab, read_rollouts
+
+
+def verify_rollouts(args: argparse.Namespace, verify_model: Callable[[argparse.Namespace, int | None], Any],
+                    tol: float) -> int:
+    """``verify_model(args, vocab)``: the model, its label and backend, as ``onepass verify`` loads them."""
+    from onepass.rl.verify import compact_rollouts, run_rl_verify
+
+    trajectories = read_rollouts(args.rollouts)  # a bad record: one line naming file, line and turn
+    if args.limit is not None and len(trajectories) > args.limit:
+        print(f"checking the first {args.limit} of {len(trajectories)} trajectories (--limit)")
+        trajectories = trajectories[:args.limit]
+    vocab = None
+    if not args.model:
+        trajectories, vocab = compact_rollouts(trajectories)
+    model, label, backend = verify_model(args, vocab)
+    check_vocab(trajectories, model.get_input_embeddings().num_embeddings)
+    result = run_rl_verify(trajectories, model, max_tokens=args.max_tokens, tolerance=tol)
+    print(f"model: {label}, {args.dtype}, attention {backend}")
+    print(f"{result.num_trajectories} trajectories, {result.num_turns} turns, {result.num_completion_tokens} "
+          f"completion tokens: per-turn {result.per_turn_tokens} tokens vs one-pass {result.one_pass_tokens} "
+          f"in {result.num_rows} rows ({result.token_ratio:.2f}x fewer)")
+    print(f"max |log-prob diff| {result.max_abs_logprob_diff:.3g}  max |entropy diff| "
+          f"{result.max_abs_entropy_diff:.3g}  loss rel diff {result.rel_loss_diff:.3g}  max rel grad diff "
+          f"{result.max_rel_grad_diff:.3g}  -> {'EQUAL' if result.equal else 'DIFFERENT'} within {tol:g}")
+    where = {}
+    if not result.equal:  # which layer type: the first layer whose output at a tree node differs from per-turn
+        from onepass.guard.divergence import locate
+        from onepass.rl.layout import turn_view
+
+        groups: dict[str, list] = {}
+        for traj in trajectories:
+            groups.setdefault(traj.group, []).extend(turn_view(traj, k) for k in range(len(traj.turns)))
+        found = locate(model, list(groups.values()), worst_parameter=result.worst_parameter)
+        print(f"{found.describe()}; largest gradient difference in {result.worst_parameter}")
+        where = {"differing_layer": found.index, "layer_type": found.layer_type, "mixer": found.mixer,
+                 "max_layer_diff": found.max_diff}
+    print(json.dumps({**result.to_dict(), "attention": backend, **where}))
+    return 0 if result.equal else 1

@@ -1,0 +1,109 @@
+"""Per-token log-probs of every completion token of every turn, from one forward per row.
+
+Why this module exists: every policy-gradient loss (GRPO, DAPO, PPO, KL to a
+reference, on-policy distillation) is a function of the log-prob of each sampled
+token under the policy. Per turn that is one forward of ``prompt_ids +
+completion_ids``; here it is one forward per row of the group's prefix tree
+(:mod:`onepass.rl.layout`), with the tree mask, recurrent layers scanned chain by
+chain and the LM head applied in chunks (:func:`onepass.loss.forward_at_targets`,
+:func:`onepass.head.chunked_token_logprobs`), then gathered back per turn. A node
+two turns share (the same ancestors, the same next token) is computed once and
+its gradient is the sum of its users', as the per-turn backward would sum them.
+
+:func:`token_logprobs_reference` is the slow, obviously-correct version: one plain HF
+forward per turn, no position ids, no mask, full logits, the usual shift.
+
+Legend: T targets of a row, C completion tokens of a turn, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from onepass.head import chunked_token_logprobs, logprobs_from_logits
+from onepass.loss import forward_at_targets, layouts_to_batch
+from onepass.rl.layout import RolloutBatch
+from onepass.rl.rollouts import Trajectory
+from onepass.tree import IGNORE
+
+PerTurn = tuple[tuple[torch.Tensor, ...], ...]  # [trajectory][turn] -> [C]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TokenLogprobs:
+    """``logprobs[i][k][j]``: log-prob of completion token j of turn k of trajectory i (and its entropy)."""
+
+    logprobs: PerTurn
+    entropy: PerTurn | None = None
+
+    def detach(self) -> TokenLogprobs:
+        def d(x: PerTurn | None) -> PerTurn | None:
+            return None if x is None else tuple(tuple(t.detach() for t in turns) for turns in x)
+        return TokenLogprobs(logprobs=d(self.logprobs), entropy=d(self.entropy))  # type: ignore[arg-type]
+
+    def flat(self) -> torch.Tensor:
+        """All log-probs in trajectory, turn, token order."""
+        parts = [t for turns in self.logprobs for t in turns]
+        return torch.cat(parts) if parts else torch.zeros(0)
+
+
+def _device(model: Any) -> torch.device:
+    return next(model.parameters()).device
+
+
+def row_logprobs(model: Any, batch: RolloutBatch, row: int, *, entropy: bool = False, lm_head: str | None = None
+                 ) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor | None]]:
+    """One forward of ``batch.rows[row]``; yields ``(trajectory, turn, logprobs_C, entropy_C)`` of its turns."""
+    layout = batch.rows[row]
+    out, head, targets_T, _ = forward_at_targets(model, layouts_to_batch([layout], device=_device(model)),
+                                                 lm_head=lm_head)
+    if head is None:
+        lp_T, ent_T = logprobs_from_logits(out, targets_T, entropy=entropy)
+    else:
+        lp_T, ent_T = chunked_token_logprobs(out, head, targets_T, entropy=entropy)
+    kept = np.cumsum(layout.targets != IGNORE) - 1  # row position -> index among the row's targets
+    for i, k in batch.turns_in_row(row):
+        index = torch.as_tensor(kept[batch.slots[i][k].positions], device=lp_T.device)
+        yield i, k, lp_T[index], (None if ent_T is None else ent_T[index])
+
+
+def token_logprobs(model: Any, batch: RolloutBatch, *, entropy: bool = False, lm_head: str | None = None
+                   ) -> TokenLogprobs:
+    """Log-prob (and entropy) of every completion token, one forward per row; differentiable.
+
+    Equal to :func:`token_logprobs_reference` (float64: to rounding). All rows' graphs stay
+    alive until the caller's backward; to train on more rows than fit, use
+    :func:`onepass.rl.losses.policy_loss` with ``backward=True`` (row by row).
+    """
+    lps: list[list[Any]] = [[None] * len(t.turns) for t in batch.trajectories]
+    ents: list[list[Any]] = [[None] * len(t.turns) for t in batch.trajectories]
+    for row in range(len(batch.rows)):
+        for i, k, lp, ent in row_logprobs(model, batch, row, entropy=entropy, lm_head=lm_head):
+            lps[i][k], ents[i][k] = lp, ent
+    return TokenLogprobs(logprobs=tuple(map(tuple, lps)), entropy=tuple(map(tuple, ents)) if entropy else None)
+
+
+def turn_logprobs_reference(model: Any, trajectory: Trajectory, k: int, *, entropy: bool = False
+                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One turn alone: a plain forward of ``prompt_ids + completion_ids``, full logits, the usual shift."""
+    t = trajectory.turns[k]
+    ids_1N = torch.as_tensor(np.concatenate([t.prompt_ids, t.completion_ids]), device=_device(model))[None]
+    logits_NV = model(input_ids=ids_1N, use_cache=False).logits[0]
+    p = len(t.prompt_ids)
+    return logprobs_from_logits(logits_NV[p - 1:-1], ids_1N[0, p:], entropy=entropy)
+
+
+def token_logprobs_reference(model: Any, trajectories: tuple[Trajectory, ...] | list[Trajectory], *,
+                             entropy: bool = False) -> TokenLogprobs:
+    """Slow reference of :func:`token_logprobs`: one plain forward per turn."""
+    lps, ents = [], []
+    for traj in trajectories:
+        pairs = [turn_logprobs_reference(model, traj, k, entropy=entropy) for k in range(len(traj.turns))]
+        lps.append(tuple(lp for lp, _ in pairs))
+        ents.append(tuple(e for _, e in pairs))
+    return TokenLogprobs(logprobs=tuple(lps), entropy=tuple(ents) if entropy else None)  # type: ignore[arg-type]
