@@ -113,7 +113,8 @@ def train_side_by_side(out: Path, steps: int, *, block_steps: int = BLOCK_STEPS)
     config.write_text(yaml.safe_dump({
         "tiny": "qwen3", "tiny_config": DEMO_MODEL, "data": "builtin:mathchat", "per_device_train_batch_size": 8,
         "pack": True, "max_tokens": 4096, "max_batch_tokens": 4096, "max_steps": steps, "learning_rate": 3.0e-3,
-        "lr_scheduler_type": "linear", "warmup_steps": 5, "seed": 0, "device": "cpu", "logging_steps": 10, "progress": False}, sort_keys=False))
+        "lr_scheduler_type": "linear", "warmup_steps": 5, "seed": 0, "device": "cpu", "logging_steps": 10,
+        "progress": False}, sort_keys=False))
     # max_batch_tokens = max_tokens: every packed row is a forward pass of its own, so neither schedule pads
     # its rows to a longer one's (N-pass, with more rows per step, would pay for padding one-pass never has)
     schedules = ("one-pass", "n-pass")

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from onepass.bench import harness as bench
 from onepass.bench.ratio import SLACK, speed_ratio
-from onepass.bench.report import headline, markdown
 from onepass.flops import speed_bound
 
 
@@ -64,36 +62,3 @@ def test_paired_repeats_must_match_in_number_and_times_be_positive():
         speed_ratio([1.0, 2.0], [1.0], bound=1.2, paired=True)
     with pytest.raises(ValueError, match="positive"):
         speed_ratio([0.0], [1.0], bound=1.2, paired=False)
-
-
-def _setting(name, seconds, *, tokens, rows):
-    return {"setting": name, "backend": "sdpa", "depth_group": "all", "conversations_per_s": 10 / min(seconds),
-            "tokens_per_s": tokens / min(seconds), "memory_vs_n_pass_packed": None, "fraction_of_ideal": None,
-            "useful_flop_utilisation": None, "epoch_seconds_spread": 0.0,
-            "peak_memory_bytes": None, "epoch_seconds": seconds, "epoch_seconds_best": min(seconds),
-            "work": {"rows": rows, "tokens": tokens, "visible_pairs": tokens * 10, "dense_pairs": tokens * 20,
-                     "targets": 50}}
-
-
-def test_bench_headline_reports_a_ratio_past_the_bound_as_disturbed():
-    rows = [_setting("n-pass-packed", [46.5, 46.0], tokens=128, rows=4),
-            _setting("one-pass-packed", [10.0, 10.1], tokens=100, rows=4)]
-    bench.add_ratios(rows, {"all": 1.2})
-    check = rows[1]["speed_ratio_vs_n_pass_packed"]
-    assert check["disturbed"] and check["bound"] == 1.28 and rows[0]["speed_ratio_vs_n_pass_packed"] is None
-    (line,) = headline({"settings": rows, "ideal_speedup": {"all": 1.2}})
-    assert "timing disturbed" in line and "4.6" in line and "of the ideal" not in line
-    table = markdown({"settings": rows, "ideal_speedup": {"all": 1.2}, "matmul_peak_flops": 1e9,
-                      "device": {"device": "cpu", "gpu": None, "cpu": "x", "threads": 2},
-                      "versions": {"torch": "t", "transformers": "t"},
-                      "workload": {"name": "w", "conversations": 1, "views": 2, "model_shape": "tiny",
-                                   "dtype": "float32", "max_tokens": 4096, "repeats": 2}})
-    assert "(disturbed timing)" in table
-
-
-def test_bench_headline_within_the_bound_quotes_it():
-    rows = [_setting("n-pass-packed", [12.0, 12.2], tokens=128, rows=4),
-            _setting("one-pass-packed", [10.0, 10.1], tokens=100, rows=4)]
-    bench.add_ratios(rows, {"all": 1.2})
-    (line,) = headline({"settings": rows, "ideal_speedup": {"all": 1.2}})
-    assert "within the FLOP/token bound of 1.28x" in line and "disturbed" not in line
