@@ -51,7 +51,7 @@ Worked example: view A = ``1 2 | 3 4`` (trains 3, 4) and view B = ``1 2 5 | 6``
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -179,6 +179,23 @@ class TokenCounts:
     @property
     def token_ratio(self) -> float:
         return token_ratio(self.n_pass_tokens, self.one_pass_tokens)
+
+
+def speed_bound(baseline: Mapping[str, float], candidate: Mapping[str, float]) -> float:
+    """The most ``candidate`` can be faster than ``baseline``: the largest ratio of their counted work.
+
+    The keys are the quantities a step's cost grows with (tokens through the linear layers,
+    attention pairs a kernel computes, rows or steps that carry fixed costs, targets of the LM
+    head). When each costs the same per unit on both sides, ``sum(c_k * base_k) / sum(c_k *
+    cand_k) <= max_k base_k / cand_k`` whatever the unit costs ``c_k`` are, so a measured
+    speedup past this is disturbed timing, not speed (:mod:`onepass.bench.ratio`). Not below 1:
+    costs neither side counts (an optimizer step) are the same on both.
+
+    >>> speed_bound({"tokens": 128, "pairs": 900, "rows": 3}, {"tokens": 100, "pairs": 1000, "rows": 3})
+    1.28
+    """
+    ratios = [baseline[k] / candidate[k] for k in baseline if candidate.get(k)]
+    return max([1.0, *ratios])
 
 
 def conversation_counts(views: Sequence[Any], layout: Layout) -> TokenCounts:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from onepass.train.loop import _micro_passes, eval_loss, train
+from onepass.train.loop import _micro_passes, eval_loss, train, train_steps
 from onepass.train.config import load_config
 from onepass.train.data import (
     TrainData,
@@ -62,11 +62,15 @@ def exact_norms(monkeypatch):
     monkeypatch.setattr(tm, "load_model", load)
 
 
-def run(tmp_path, name, **overrides):
+def config_of(tmp_path, name, **overrides):
     values = dict(tiny="qwen3", per_device_train_batch_size=2, learning_rate=3e-3, progress=False, save_model=False,
                   output_dir=str(tmp_path / name), seed=0)
     values.update(overrides)
-    return train(load_config(None, values), log=lambda _m: None)
+    return load_config(None, values)
+
+
+def run(tmp_path, name, **overrides):
+    return train(config_of(tmp_path, name, **overrides), log=lambda _m: None)
 
 
 def final_weights(result):
@@ -98,6 +102,27 @@ def test_one_pass_and_n_pass_take_the_same_20_steps_float64(tmp_path, chats, exa
     # and one-pass did it with fewer tokens
     m1, mn = (json.loads(r.metrics_path.read_text()) for r in (one, n))
     assert sum(h["tokens"] for h in m1["history"]) < sum(h["tokens"] for h in mn["history"])
+
+
+def test_two_runs_advanced_in_turn_take_the_steps_each_takes_alone(tmp_path, chats, exact_norms):
+    """``make demo`` times one-pass and N-pass interleaved, two train_steps generators in one process:
+    neither run may see the other's state (accelerate's shared state, the optimizer, the data order)."""
+    common = dict(data=str(chats), dtype="float64", max_steps=6, lr_scheduler="linear", warmup_steps=2)
+    alone = run(tmp_path, "alone", schedule="one-pass", **common)
+    runs = {s: train_steps(config_of(tmp_path, s, schedule=s, **common), log=lambda _m: None)
+            for s in ("one-pass", "n-pass")}
+    losses = {s: [] for s in runs}
+    for block in range(3):  # two steps each, in turn, who goes first alternating
+        for s in (("one-pass", "n-pass") if block % 2 == 0 else ("n-pass", "one-pass")):
+            losses[s] += [next(runs[s])["loss"] for _ in range(2)]
+    results = {}
+    for s, steps in runs.items():
+        with pytest.raises(StopIteration) as done:
+            next(steps)
+        results[s] = done.value.value
+    assert results["one-pass"].losses == losses["one-pass"] and len(losses["n-pass"]) == 6
+    assert max(rel(a, b) for a, b in zip(losses["one-pass"], alone.losses)) <= 1e-12
+    assert max(rel(a, b) for a, b in zip(losses["one-pass"], losses["n-pass"])) <= 1e-9
 
 
 def test_float32_curves_agree_closely(tmp_path, chats):

@@ -33,7 +33,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,9 @@ from onepass.bench.memory import (
     step_memory,
     tensor_bytes,
 )
+from onepass.bench.ratio import speed_ratio
 from onepass.errors import UsageError
+from onepass.flops import speed_bound, visible_pairs
 from onepass.loss import batch_loss, layouts_to_batch
 from onepass.pack import pack_layouts
 from onepass.render import View
@@ -287,6 +289,7 @@ def summarise(name: str, backend: str, group: str, rows: Sequence[Layout], timin
         "setting": name, "backend": backend, "depth_group": group, "rows": len(rows),
         "tokens": sum(len(r) for r in rows), "target_tokens": sum(r.num_targets for r in rows),
         "epoch_seconds_median": med, "epoch_seconds_spread": spread, "epochs": len(timing.epoch_seconds),
+        "epoch_seconds": list(timing.epoch_seconds), "work": work_counts(rows),
         # the fastest epoch: interference on a shared machine only ever slows one down (timeit's reasoning)
         "epoch_seconds_best": min(timing.epoch_seconds) if timing.epoch_seconds else None,
         "conversations_per_s": num_conversations / med, "tokens_per_s": sum(len(r) for r in rows) / med,
@@ -302,6 +305,14 @@ def summarise(name: str, backend: str, group: str, rows: Sequence[Layout], timin
         "recurrent_chain_calls": timing.chains,
         "useful_flops": useful, "useful_flop_utilisation": useful / med / peak if peak else None,
     }
+
+
+def work_counts(rows: Sequence[Layout]) -> dict[str, int]:
+    """What an epoch's cost grows with (:func:`onepass.flops.speed_bound`): one step per row here, tokens,
+    attention pairs as a block-skipping kernel (visible) and as a dense one (the whole row square)
+    computes them, and LM-head targets."""
+    return {"rows": len(rows), "tokens": sum(len(r) for r in rows),
+            "visible_pairs": sum(visible_pairs(r) for r in rows), "dense_pairs": sum(len(r) ** 2 for r in rows), "targets": sum(r.num_targets for r in rows)}
 
 
 def _fraction(seconds: float | None, of: float) -> float | None:
@@ -322,6 +333,7 @@ def add_ratios(settings: list[dict[str, Any]], ideal: dict[str, float]) -> None:
         b = by_key.get((s["backend"], s["depth_group"], "n-pass-packed"))
         s["speedup_vs_n_pass_packed"] = s["conversations_per_s"] / b["conversations_per_s"] if b else None
         s["best_epoch_speedup_vs_n_pass_packed"] = _best_epoch_ratio(b, s)
+        s["speed_ratio_vs_n_pass_packed"] = checked_ratio(b, s) if b is not s else None
         mem, bmem = s["peak_memory_bytes"], b["peak_memory_bytes"] if b else None
         s["memory_vs_n_pass_packed"] = mem / bmem if mem and bmem else None
         for key, ratio in (("peak_tensor_bytes", "tensor_memory_vs_n_pass_packed"),
@@ -344,3 +356,14 @@ def _best_epoch_ratio(base: dict[str, Any] | None, s: dict[str, Any]) -> float |
     if not base or not base.get("epoch_seconds_best") or not s.get("epoch_seconds_best"):
         return None
     return base["epoch_seconds_best"] / s["epoch_seconds_best"]
+
+
+def checked_ratio(base: dict[str, Any] | None, s: dict[str, Any]) -> dict[str, Any] | None:
+    """``s``'s speed over ``base``'s epochs, checked against the bound of their counted work
+    (:func:`onepass.bench.ratio.speed_ratio`; settings run one after the other, so not paired);
+    None without epoch times or work counts."""
+    if not base or not base.get("epoch_seconds") or not s.get("epoch_seconds") or not s.get("work"):
+        return None
+    r = speed_ratio(base["epoch_seconds"], s["epoch_seconds"], bound=speed_bound(base["work"], s["work"]),
+                    paired=False)
+    return {**asdict(r), "disturbed": r.disturbed, "trustworthy": r.trustworthy}

@@ -36,7 +36,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -252,6 +252,20 @@ def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callabl
     """Run ``config``; with ``resume`` (True = latest checkpoint, or a checkpoint path) continue a run.
 
     Messages go to ``log`` (default: the ``onepass`` logger at INFO level)."""
+    steps = train_steps(config, resume=resume, log=log)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def train_steps(config: TrainConfig, *, resume: str | bool | None = None, log: Callable[[str], None] | None = None
+                ) -> Generator[dict[str, Any], None, TrainResult]:
+    """:func:`train`, one optimizer step per ``next()``: yields each step's record, returns the
+    :class:`TrainResult`. Two runs advanced in turn time their steps under the same load (``make demo``
+    interleaves one-pass and N-pass this way: :mod:`onepass.demo`). Run it to the end: a generator
+    closed early closes its reporter and saves nothing."""
     from onepass.train.checkpoint import (
         check_compatible,
         check_new_run,
@@ -349,10 +363,14 @@ def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callabl
             run_seconds += record["seconds"]
             run_tokens += record["tokens"]
             reporter.log_step(record, write=step % config.logging_steps == 0 or step == total)
+            yield record
             if eval_data is not None and config.eval_steps and step % config.eval_steps == 0 and step < total:
                 reporter.log_eval(step, evaluate(accelerator, model, eval_data, config))
             if config.save_steps and step % config.save_steps == 0 and step < total:
                 save(step)
+    except GeneratorExit:  # train_steps abandoned by its caller: not an interruption to checkpoint
+        reporter.close()
+        raise
     except BaseException:  # Ctrl-C or an error between updates: keep what was trained (one process only)
         reporter.close()
         reporter.write(status=f"stopped at step {step}")
@@ -389,4 +407,4 @@ def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callabl
                        plot_path=plot, seconds=run_seconds, tokens=run_tokens)
 
 
-__all__ = ["TrainConfig", "TrainConfigError", "TrainResult", "eval_loss", "evaluate", "train"]
+__all__ = ["TrainConfig", "TrainConfigError", "TrainResult", "eval_loss", "evaluate", "train", "train_steps"]
