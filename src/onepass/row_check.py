@@ -146,10 +146,19 @@ def _first_bad(rows: Sequence[Layout], vocab_size: int | None) -> tuple[int | No
     return (int(row_of[bad_at[0]]) if len(bad_at) else None), positive
 
 
+def check_ids(rows: Sequence[Layout], vocab_size: int, *, source: str = "rows") -> None:
+    """Raise :class:`RowError` naming the first row whose input or target ids reach ``vocab_size`` (the
+    model's embedding rows): a cheap second look once the model is known (:func:`check_rows` ran first)."""
+    top = np.array([max(int(r.input_ids.max()), int(r.targets.max())) for r in rows], dtype=np.int64)
+    bad = np.flatnonzero(top >= vocab_size)
+    if len(bad):
+        _raise(rows, int(bad[0]), vocab_size, source)
+
+
 def _raise(rows: Sequence[Layout], i: int, vocab_size: int | None, source: str) -> None:
     problem = row_problem(rows[i], vocab_size)
     assert problem is not None, f"check_rows and row_problem disagree on row {i}"
     raise RowError(f"{source}: row {i}, {problem}; prepare the data again with `onepass prepare`")
 
 
-__all__ = ["RowError", "check_rows", "row_problem"]
+__all__ = ["RowError", "check_ids", "check_rows", "row_problem"]
