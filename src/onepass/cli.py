@@ -174,7 +174,10 @@ def _tokenizer(args: argparse.Namespace):
 def cmd_prepare(args: argparse.Namespace) -> int:
     from onepass.data.parallel import exit_on_sigterm
 
-    with exit_on_sigterm():  # SIGTERM unwinds: temporaries removed, an earlier output kept whole
+    from onepass.files import output_lock
+
+    # SIGTERM unwinds: temporaries removed, an earlier output kept whole; one prepare per --out at a time
+    with exit_on_sigterm(), output_lock(args.out, command="prepare"):
         return _prepare(args)
 
 

@@ -306,7 +306,10 @@ def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callabl
     Messages go to ``log`` (default: the ``onepass`` logger at INFO level). SIGTERM stops the run like
     Ctrl-C (a checkpoint to resume from, status "stopped"); a non-finite loss or gradient stops it with
     :class:`NonFiniteError` before that step's update, keeping a checkpoint of the last good step."""
-    with _sigterm_as_interrupt():
+    from onepass.files import output_lock
+
+    main = int(os.environ.get("RANK", "0")) == 0  # one lock per run, held by its first process
+    with _sigterm_as_interrupt(), output_lock(config.output_dir, command="train") if main else contextlib.nullcontext():
         return _train(config, resume=resume, log=log)
 
 
