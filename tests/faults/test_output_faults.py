@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
 
 import pytest
 import torch
@@ -138,9 +139,15 @@ def test_two_trains_into_one_output_dir_the_second_is_one_line(tmp_path):
     try:
         assert wait_for(lambda: (out / "checkpoints").is_dir() or first.poll() is not None, 120)
         assert first.poll() is None, first.stdout.read()
-        second = onepass("train", "--tiny", "qwen3", "--data", "builtin:mathchat", "--limit", "2", "--max-steps", "1",
-                         "--no-progress", "--no-save-model", "--output-dir", str(out), "--resume")
-        text, _ = second.communicate(timeout=300)
+        second = onepass("train", "--tiny", "qwen3", "--data", "builtin:mathchat", "--limit", "4", "--max-steps",
+                         "400", "--save-steps", "1", "--save-total-limit", "1", "--no-progress", "--no-save-model",
+                         "--output-dir", str(out), "--resume")  # the same run, resumed while it still runs
+        try:
+            text, _ = second.communicate(timeout=150)
+        except subprocess.TimeoutExpired:
+            second.kill()
+            text = second.communicate()[0]
+            pytest.fail(f"the second run trained alongside the first: {text[-500:]}")
         assert second.returncode == 2 and "being written by onepass train (PID" in text, text
         assert "Traceback" not in text
     finally:

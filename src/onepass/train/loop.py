@@ -51,6 +51,7 @@ from onepass.errors import OnePassError
 from onepass.flops import visible_pairs
 from onepass.loss import ForwardView, batch_loss
 from onepass.train.config import TrainConfig, TrainConfigError, write_yaml
+from onepass.train.fingerprint import check_fingerprint, run_fingerprint
 from onepass.train.data import (
     TrainData,
     check_data,
@@ -299,21 +300,23 @@ class _Stepper:
                 "seconds": seconds, "tokens_per_s": float(sums[1]) / seconds if seconds > 0 else 0.0}
 
 
-def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callable[[str], None] | None = None
-          ) -> TrainResult:
+def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callable[[str], None] | None = None,
+          resume_anyway: bool = False) -> TrainResult:
     """Run ``config``; with ``resume`` (True = latest checkpoint, or a checkpoint path) continue a run.
 
     Messages go to ``log`` (default: the ``onepass`` logger at INFO level). SIGTERM stops the run like
     Ctrl-C (a checkpoint to resume from, status "stopped"); a non-finite loss or gradient stops it with
-    :class:`NonFiniteError` before that step's update, keeping a checkpoint of the last good step."""
+    :class:`NonFiniteError` before that step's update, keeping a checkpoint of the last good step.
+    ``resume_anyway``: resume although settings, data or tokenizer differ from the checkpoint's."""
     from onepass.files import output_lock
 
     main = int(os.environ.get("RANK", "0")) == 0  # one lock per run, held by its first process
     with _sigterm_as_interrupt(), output_lock(config.output_dir, command="train") if main else contextlib.nullcontext():
-        return _train(config, resume=resume, log=log)
+        return _train(config, resume=resume, log=log, resume_anyway=resume_anyway)
 
 
-def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str], None] | None) -> TrainResult:
+def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str], None] | None,
+           resume_anyway: bool) -> TrainResult:
     from onepass.train.checkpoint import (
         check_compatible,
         check_new_run,
@@ -346,7 +349,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     ckpt = find_checkpoint(out, resume) if resume else None
     replaced = [] if resume else check_new_run(out, overwrite=config.overwrite_output_dir)  # never mix two runs
     if ckpt is not None:
-        check_compatible(read_state(ckpt)["config"], config, ckpt)
+        check_compatible(read_state(ckpt)["config"], config, ckpt, anyway=resume_anyway, say=log)
     run_id = read_state(ckpt).get("run_id") if ckpt is not None else uuid.uuid4().hex[:12]  # pruning: this run's
 
     log = log or logging.getLogger("onepass").info
@@ -362,6 +365,9 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         out.mkdir(parents=True, exist_ok=True)
         write_yaml(config, out / "train_config.yaml")
     loaded = _load_data(config, main=main, say=say)
+    fingerprint = run_fingerprint(config, loaded.tokenizer)
+    if ckpt is not None:
+        check_fingerprint(read_state(ckpt).get("fingerprint"), fingerprint, ckpt, anyway=resume_anyway, say=say)
     data, eval_data = loaded.data, loaded.eval_data
     total = total_steps(config, data.num_units, world)
     model = load_model(config, device=device, attention=attention, vocab_size=loaded.vocab_size)
@@ -395,7 +401,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
 
     def save(at: int, *, plot: bool = True) -> None:
         state = {"config": config.to_dict(), "history": reporter.history, "evals": reporter.evals,
-                 "world_size": world, "total_steps": total, "run_id": run_id}
+                 "world_size": world, "total_steps": total, "run_id": run_id, "fingerprint": fingerprint}
         path = save_checkpoint(accelerator, model, optimizer, scheduler, output_dir=out, step=at, state=state,
                                keep=config.save_total_limit)
         if plot:
