@@ -91,14 +91,15 @@ class PrepareStats:
     skipped: list[str] = field(default_factory=list)  # one line per skip: where and why
     skipped_by_reason: dict[str, int] = field(default_factory=dict)
 
-    def skip(self, reason: str, message: str) -> None:
-        """Count a skip. Invalid records are listed first, in their order (a reader that reads every
-        record before preparing reports them first), so a streaming run writes the same list."""
+    def skip(self, reason: str, message: str, count: int = 1) -> None:
+        """Count a skip of ``count`` views (or one record) under ``reason``. Invalid records are listed
+        first, in their order (a reader that reads every record before preparing reports them first), so a
+        streaming run writes the same list."""
         if reason == INVALID:
             self.skipped.insert(self.skipped_by_reason.get(INVALID, 0), message)
         else:
             self.skipped.append(message)
-        self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + 1
+        self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + count
 
     def configure(self, config: PrepareConfig) -> PrepareStats:
         """Record what the counts are of (schedule, weighting, budget, packing)."""
@@ -107,12 +108,12 @@ class PrepareStats:
         self.completion_format, self.reasoning = config.render.completion_format, config.render.reasoning
         return self
 
-    def add(self, counts: dict[str, int], skips: Iterable[tuple[str, str]]) -> None:
+    def add(self, counts: dict[str, int], skips: Iterable[tuple[str, str, int]]) -> None:
         """Merge one conversation's counts (:data:`ADDITIVE`) and skips, counted elsewhere (a worker)."""
         for k in ADDITIVE:
             setattr(self, k, getattr(self, k) + counts[k])
-        for reason, message in skips:
-            self.skip(reason, message)
+        for reason, message, count in skips:
+            self.skip(reason, message, count)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -148,7 +149,7 @@ class PrepareStats:
         if not self.skipped:
             return ""
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.skipped_by_reason.items()))
-        return f"{len(self.skipped)} ({reasons}); first: {self.skipped[0]}"
+        return f"{sum(self.skipped_by_reason.values())} ({reasons}); first: {self.skipped[0]}"
 
 
 def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: PrepareConfig = PrepareConfig(),
@@ -190,8 +191,8 @@ def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConf
     if not views:
         return []
     scheduled = schedule_views(views, schedule, weighting=config.weighting, max_tokens=config.max_tokens)
-    for message in scheduled.skipped:
-        stats.skip("over max_tokens", message)
+    for message, count in zip(scheduled.skipped, scheduled.skipped_views, strict=True):
+        stats.skip("over max_tokens", message, count)  # a tree over the budget: every view in it counts
     stats.views_skipped += scheduled.num_views_skipped
     trained = sorted(i for g in scheduled.groups for i in g)
     if not trained:
