@@ -36,7 +36,7 @@ from onepass.bench import cli as bench_cli
 from onepass.data import cli as data_cli
 from onepass.dropped_reasoning import REASONING_CHOICES, REASONING_HELP
 from onepass.evaluate import cli as eval_cli
-from onepass.errors import UsageError, run_main
+from onepass.errors import ConfigError, OnePassError, UsageError, run_main
 from onepass.hub import hub_offline, offline_reason
 from onepass.key_value import template_kwargs
 from onepass.render import COMPLETION_FORMATS, RenderConfig
@@ -236,9 +236,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
         if not Path(args.model).exists() and hub_offline():
             raise UsageError(f"model {args.model!r} is not a local path and the hub is offline ({offline_reason()})")
-        backend = guard_backend(AutoConfig.from_pretrained(args.model), requested)
         experts = {"experts_implementation": "eager"} if dtype == torch.float64 else {}  # no float64 grouped_mm
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation=backend, **experts)
+        try:
+            backend = guard_backend(AutoConfig.from_pretrained(args.model), requested)
+            model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation=backend,
+                                                         **experts)
+        except (OSError, ValueError, KeyError) as e:  # not a model folder, a config transformers cannot read
+            if isinstance(e, OnePassError):
+                raise
+            raise ConfigError(f"--model {args.model} cannot be loaded as a causal LM: "
+                              f"{(str(e).splitlines() or [type(e).__name__])[0]}") from None
         model.eval()
         label = args.model
     else:

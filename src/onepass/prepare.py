@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from onepass.conversation import Conversation
-from onepass.errors import DataNotFound, UsageError
+from onepass.errors import DataError, DataNotFound, UsageError
 from onepass.files import atomic_dir, write_marker
 from onepass.flops import token_ratio
 from onepass.pack import pack_layouts
@@ -305,11 +305,15 @@ def load_rows(path: str | Path) -> list[Layout]:
     if not Path(path).is_dir():
         raise DataNotFound(f"prepared dataset not found: {path}")
     # Arrow, not the "numpy" format: that one casts every float column to float32 (1/n weights would drift).
-    ds = datasets.load_from_disk(str(path)).with_format("arrow")
-    rows = []
-    for batch in ds.iter(batch_size=256):
-        columns = {c: batch.column(c) for c in COLUMNS}
-        for i in range(batch.num_rows):
-            rows.append(row_from_columns({c: a[i].values.to_numpy(zero_copy_only=False)
-                                          for c, a in columns.items()}))
+    try:
+        ds = datasets.load_from_disk(str(path)).with_format("arrow")
+        rows = []
+        for batch in ds.iter(batch_size=256):
+            columns = {c: batch.column(c) for c in COLUMNS}
+            for i in range(batch.num_rows):
+                rows.append(row_from_columns({c: a[i].values.to_numpy(zero_copy_only=False)
+                                              for c, a in columns.items()}))
+    except (OSError, ValueError, KeyError) as e:  # a cut or foreign shard (pyarrow's errors are ValueError/OSError)
+        raise DataError(f"prepared dataset {path} cannot be read ({(str(e).splitlines() or [type(e).__name__])[0]}); "
+                        "it is damaged or incomplete: prepare it again") from None
     return rows

@@ -97,7 +97,7 @@ def test_every_flag_is_a_config_key():
     assert overrides == {"tiny": "qwen3", "learning_rate": 0.1, "pack": False,
                          "lora_target_modules": ["q_proj", "v_proj"], "template_kwargs": {"enable_thinking": True},
                          "attention": "eager", "report_to": "tensorboard", "gradient_accumulation_steps": 2}
-    dests = {a.dest for a in sub.choices["train"]._actions} - {"help", "config", "resume"}
+    dests = {a.dest for a in sub.choices["train"]._actions} - {"help", "config", "resume", "resume_anyway"}
     assert dests == set(config_keys()) | set(DEPRECATED_KEYS)  # one flag per field, generated from the dataclass
 
 
