@@ -208,14 +208,14 @@ def test_only_user_errors_become_one_line(monkeypatch, capsys):
     """A bug inside the run keeps its traceback; Ctrl-C is one line and exit 130."""
     import onepass.train.loop
 
-    def broken(config, resume=None):
+    def broken(config, resume=None, **_kw):
         raise ValueError("expected all tensors to be on the same device")
 
     monkeypatch.setattr(onepass.train.loop, "train", broken)
     with pytest.raises(ValueError, match="same device"):
         main(["--tiny", "qwen3", "--data", "builtin:mathchat"])
 
-    def interrupted(config, resume=None):
+    def interrupted(config, resume=None, **_kw):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(onepass.train.loop, "train", interrupted)
