@@ -70,9 +70,9 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
     """Refuses every redirect: it must not carry the key to another origin, nor turn a POST into a GET."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001, ANN201 (urllib's API)
-        raise FatalRequestError(f"{scrub(req.full_url)} answered HTTP {code} (a redirect to {scrub(newurl)}); redirects are "
-                                "not followed (they would carry the API key elsewhere): give the final URL "
-                                "as the base URL")
+        raise FatalRequestError(f"{scrub(req.full_url)} answered HTTP {code} (a redirect to {scrub(newurl)}); "
+                                "redirects are not followed (they would carry the API key elsewhere): give the "
+                                "final URL as the base URL")
 
 
 _OPENER = urllib.request.build_opener(_NoRedirect)
