@@ -250,7 +250,7 @@ def output_lock(path: str | Path, *, command: str) -> Iterator[Path | None]:
     except ImportError:  # pragma: no cover
         yield None
         return
-    path = Path(path)
+    path = Path(os.path.abspath(path))  # "." has no name to put beside
     lock = path.with_name(f".{path.name}.lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
