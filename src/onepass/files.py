@@ -238,29 +238,37 @@ class OutputLocked(UsageError):
     """Another running onepass command writes the same output folder."""
 
 
+def lock_path(path: str | Path) -> Path:
+    """The lock file of the output folder ``path``: in the temporary folder, named by a digest of its real
+    absolute path (two spellings of one folder share it; nothing is left beside the user's outputs)."""
+    import hashlib
+
+    real = os.path.realpath(os.path.abspath(path))
+    digest = hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    return Path(tempfile.gettempdir()) / "onepass-locks" / f"{digest}.lock"
+
+
 @contextmanager
 def output_lock(path: str | Path, *, command: str) -> Iterator[Path | None]:
-    """Hold the lock of the output folder ``path`` for the block: ``.NAME.lock`` beside it (the folder itself
-    may be replaced by a rename), an exclusive ``flock``. A second command on the same output fails at once
-    with :class:`OutputLocked` naming the first one's PID; the lock goes with its process (``kill -9``
-    included), so nothing stale is ever left holding it. The lock file stays (removing it would race).
-    No-op where ``fcntl`` is missing (Windows)."""
+    """Hold the lock of the output folder ``path`` for the block (:func:`lock_path`, an exclusive ``flock``).
+    A second command on the same output on this machine fails at once with :class:`OutputLocked` naming
+    the first one's PID; the lock goes with its process (``kill -9`` included), so nothing stale ever holds
+    it. No-op where ``fcntl`` is missing (Windows)."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover
         yield None
         return
-    path = Path(os.path.abspath(path))  # "." has no name to put beside
-    lock = path.with_name(f".{path.name}.lock")
+    lock = lock_path(path)
     lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+            holder = os.pread(fd, 300, 0).decode("utf-8", "replace").strip() or "another process"
             raise OutputLocked(f"{path} is being written by {holder}; wait for it to finish or choose another "
-                               f"output (lock: {lock})") from None
+                               "output") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"onepass {command} (PID {os.getpid()})\n".encode(), 0)
         yield lock

@@ -123,7 +123,9 @@ def test_two_prepares_into_one_out_the_second_is_one_line(tmp_path):
     out = tmp_path / "data"
     first = onepass("prepare", "--data", "builtin:mathchat", "--tokenizer", "builtin:qwen3", "--out", str(out),
                     "--no-progress", "--max-tokens", "64")
-    lock = tmp_path / ".data.lock"
+    from onepass.files import lock_path
+
+    lock = lock_path(out)
     assert wait_for(lambda: _held(lock) or first.poll() is not None, 120)
     rc, text = _prepare("builtin:mathchat", out, "--limit", "1")
     first_text, _ = first.communicate(timeout=300)
