@@ -21,12 +21,18 @@ from onepass.train.config import load_config
 from onepass.train.loop import train
 
 
+def _default_sigint() -> None:
+    """A command started in the background (``cmd &``) inherits SIGINT ignored, and Python then installs no
+    KeyboardInterrupt handler: the child gets the default back, as in a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_signal_mid_train_keeps_a_checkpoint(tmp_path, sig):
     out = tmp_path / "run"
     proc = onepass("train", "--tiny", "qwen3", "--data", "builtin:mathchat", "--limit", "4", "--max-steps", "400",
                    "--save-steps", "1000", "--logging-steps", "1", "--no-progress", "--no-save-model",
-                   "--output-dir", str(out))
+                   "--output-dir", str(out), preexec_fn=_default_sigint)
 
     def steps():
         try:
