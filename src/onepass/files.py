@@ -239,13 +239,16 @@ class OutputLocked(UsageError):
 
 
 def lock_path(path: str | Path) -> Path:
-    """The lock file of the output folder ``path``: in the temporary folder, named by a digest of its real
-    absolute path (two spellings of one folder share it; nothing is left beside the user's outputs)."""
+    """The lock file of the output folder ``path``: in onepass's cache folder (``locks/``), named by a digest
+    of its real absolute path (two spellings of one folder share it; nothing is left beside the user's
+    outputs, nothing in ``TMPDIR``)."""
     import hashlib
+
+    from onepass.tokenizer import cache_dir
 
     real = os.path.realpath(os.path.abspath(path))
     digest = hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()[:24]
-    return Path(tempfile.gettempdir()) / "onepass-locks" / f"{digest}.lock"
+    return cache_dir() / "locks" / f"{digest}.lock"
 
 
 @contextmanager
@@ -260,8 +263,13 @@ def output_lock(path: str | Path, *, command: str) -> Iterator[Path | None]:
         yield None
         return
     lock = lock_path(path)
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:  # a read-only home: run unlocked rather than not at all
+        print(f"note: no output lock for {path} ({e.strerror or e})")
+        yield None
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
