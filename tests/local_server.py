@@ -114,3 +114,41 @@ def conversation(i: int, tags: list[str]) -> dict:
         messages += [{"role": "user", "content": f"question {i}.{k}"},
                      {"role": "assistant", "content": f"answer {i}.{k} [{tag}]"}]
     return {"id": f"c{i}", "messages": messages}
+
+
+class Elsewhere(LocalServer):
+    """Another origin (another port): records every request's method, path and ``Authorization`` header and
+    answers with a (chat-)completion whose text is ``reply``: what a client that follows a redirect would take."""
+
+    def __init__(self, reply: str = '{"reasoning": "from elsewhere"}') -> None:
+        self.seen: list[tuple[str, str, str | None]] = []
+        server = self
+
+        class Handler(JSONHandler):
+            def answer(self):
+                server.seen.append((self.command, self.path, self.headers.get("Authorization")))
+                self.send_json(200, {"choices": [{"index": 0, "text": reply,
+                                                  "message": {"role": "assistant", "content": reply}}]})
+
+            do_GET = do_POST = answer
+
+        self.start(Handler)
+
+
+class Redirector(LocalServer):
+    """Answers every POST with ``status`` and a ``Location`` on ``target`` (same path)."""
+
+    def __init__(self, target: str, status: int = 302) -> None:
+        self.hits = 0
+        server = self
+
+        class Handler(JSONHandler):
+            def do_POST(self):
+                server.hits += 1
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(status)
+                self.send_header("Location", target.rsplit("/v1", 1)[0] + self.path)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.start(Handler)

@@ -37,7 +37,7 @@ from onepass.bench import cli as bench_cli
 from onepass.data import cli as data_cli
 from onepass.dropped_reasoning import REASONING_CHOICES, REASONING_HELP
 from onepass.evaluate import cli as eval_cli
-from onepass.errors import UsageError, run_main
+from onepass.errors import ConfigError, OnePassError, UsageError, run_main
 from onepass.hub import hub_offline, offline_reason
 from onepass.key_value import template_kwargs
 from onepass.render import COMPLETION_FORMATS, RenderConfig
@@ -178,7 +178,10 @@ def _tokenizer(args: argparse.Namespace):
 def cmd_prepare(args: argparse.Namespace) -> int:
     from onepass.data.parallel import exit_on_sigterm
 
-    with exit_on_sigterm():  # SIGTERM unwinds: temporaries removed, an earlier output kept whole
+    from onepass.files import output_lock
+
+    # SIGTERM unwinds: temporaries removed, an earlier output kept whole; one prepare per --out at a time
+    with exit_on_sigterm(), output_lock(args.out, command="prepare"):
         return _prepare(args)
 
 
@@ -232,9 +235,16 @@ def verify_model(args: argparse.Namespace, vocab: int | None) -> tuple[object, s
 
         if not Path(args.model).exists() and hub_offline():
             raise UsageError(f"model {args.model!r} is not a local path and the hub is offline ({offline_reason()})")
-        backend = guard_backend(AutoConfig.from_pretrained(args.model), requested)
         experts = {"experts_implementation": "eager"} if dtype == torch.float64 else {}  # no float64 grouped_mm
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation=backend, **experts)
+        try:
+            backend = guard_backend(AutoConfig.from_pretrained(args.model), requested)
+            model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation=backend,
+                                                         **experts)
+        except (OSError, ValueError, KeyError) as e:  # not a model folder, a config transformers cannot read
+            if isinstance(e, OnePassError):
+                raise
+            raise ConfigError(f"--model {args.model} cannot be loaded as a causal LM: "
+                              f"{(str(e).splitlines() or [type(e).__name__])[0]}") from None
         model.eval()
         label = args.model
     else:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from onepass.errors import ConfigError, DataNotFound, UsageError
+from onepass.files import atomic_dir, check_output_dir, write_marker
 from onepass.hub import hub_offline, offline_reason
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
@@ -61,12 +62,14 @@ def _has_tokenizer(path: str | Path) -> bool:
 
 def export_merged(*, adapter: str | Path, out: str | Path, base: str | None = None, tokenizer: str | None = None,
                   chat_template: str | None = None, dtype: str = "auto", push_to_hub: str | None = None,
-                  private: bool = True) -> ExportResult:
+                  private: bool = True, overwrite: bool = False) -> ExportResult:
     """Merge ``adapter`` into ``base`` and ``save_pretrained`` the model (safetensors) and tokenizer to ``out``.
 
     ``base`` defaults to the adapter's recorded base; ``tokenizer`` to the adapter directory when it holds
     one (``onepass train`` saves it there), else the base's. ``chat_template`` (a file or ``builtin:NAME``)
     replaces the tokenizer's. ``push_to_hub``: a repo id to upload to; refused while the hub is offline.
+    ``out`` must be new, empty or an earlier export (``overwrite``: any folder); it is written under a
+    temporary name and renamed when complete, so a failure (a full disk) leaves no half model there.
     """
     adapter = Path(adapter)
     if push_to_hub and hub_offline():
@@ -88,6 +91,7 @@ def export_merged(*, adapter: str | Path, out: str | Path, base: str | None = No
     out = Path(out)
     if out.resolve() in (adapter.resolve(), Path(base).resolve()):
         raise UsageError(f"--out {out} would overwrite the adapter or the base model; pick a new directory")
+    check_output_dir(out, overwrite=overwrite)  # another model's folder is never overwritten
 
     import torch
     from peft import PeftModel
@@ -103,9 +107,14 @@ def export_merged(*, adapter: str | Path, out: str | Path, base: str | None = No
     except (OSError, ValueError) as e:
         raise ExportError(f"base model {base!r} cannot be loaded: {str(e).splitlines()[0]}") from None
     model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out), safe_serialization=True)
-    tok.save_pretrained(str(out))
+    try:
+        with atomic_dir(out) as tmp:
+            model.save_pretrained(str(tmp), safe_serialization=True)
+            tok.save_pretrained(str(tmp))
+            write_marker(tmp, "export")
+    except OSError as e:
+        raise ExportError(f"cannot write the merged model to {out} ({e.strerror or e}); nothing was left there"
+                          ) from None
     if push_to_hub:
         model.push_to_hub(push_to_hub, private=private, safe_serialization=True)
         tok.push_to_hub(push_to_hub, private=private)
@@ -124,6 +133,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="weights of the merged model (default: the base's)")
     p.add_argument("--push-to-hub", metavar="REPO_ID", help="also upload to this hub repo (online only)")
     p.add_argument("--public", action="store_true", help="with --push-to-hub: a public repo (default private)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out even when it holds files onepass did "
+                                                            "not write (another model)")
     p.set_defaults(func=run)
     return p
 
@@ -131,7 +142,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     result = export_merged(adapter=args.adapter, out=args.out, base=args.base, tokenizer=args.tokenizer,
                            chat_template=args.chat_template, dtype=args.dtype, push_to_hub=args.push_to_hub,
-                           private=not args.public)
+                           private=not args.public, overwrite=args.overwrite)
     pushed = f"; pushed to {result.pushed_to}" if result.pushed_to else ""
     print(f"merged {result.adapter} into {result.base}; wrote {result.out} (safetensors, tokenizer from "
           f"{result.tokenizer} with its chat template){pushed}")

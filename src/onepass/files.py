@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -158,15 +159,36 @@ def publish_dir(tmp: str | Path, target: str | Path, *, replace: bool = True) ->
     return True
 
 
+_DATASET_FILE = re.compile(r"(data-\d+-of-\d+\.arrow|cache-.*\.arrow|dataset_info\.json|state\.json|stats\.json)")
+
+
 def is_output_dir(path: str | Path) -> bool:
-    """Whether ``path`` is a directory onepass wrote (its marker, or a prepared dataset from before markers)."""
+    """Whether ``path`` holds only what onepass wrote there, so replacing it loses nothing else.
+
+    The marker lists the files the output was written with (a manifest); anything else in the folder
+    (a training run's ``checkpoints/``, ``final/``, ``metrics.json``, a user's notes) makes it not ours.
+    A marker without a list (older releases) or a prepared dataset from before markers: only the files a
+    prepared dataset holds.
+    """
     path = Path(path)
-    return (path / MARKER).is_file() or ((path / "stats.json").is_file() and (path / "dataset_info.json").is_file())
+    names = {p.name for p in path.iterdir()} - {MARKER} if path.is_dir() else set()
+    try:
+        info = json.loads((path / MARKER).read_text(encoding="utf-8")) if (path / MARKER).is_file() else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        info = {}
+    files = info.get("files") if isinstance(info, dict) else None
+    if isinstance(files, list):
+        return names <= set(map(str, files))
+    if info is None and not ((path / "stats.json").is_file() and (path / "dataset_info.json").is_file()):
+        return False
+    return all(_DATASET_FILE.fullmatch(n) for n in names)
 
 
 def write_marker(folder: str | Path, kind: str) -> None:
-    """Mark ``folder`` (being written) as a onepass output that a later run may replace."""
-    (Path(folder) / MARKER).write_text(json.dumps({"kind": kind}) + "\n", encoding="utf-8")
+    """Mark ``folder`` (being written, complete but for this) as a onepass output that a later run may
+    replace, with the names of the files in it: the manifest :func:`is_output_dir` compares against."""
+    files = sorted(p.name for p in Path(folder).iterdir() if p.name != MARKER)
+    (Path(folder) / MARKER).write_text(json.dumps({"kind": kind, "files": files}) + "\n", encoding="utf-8")
 
 
 def check_output_dir(path: str | Path, *, overwrite: bool = False, flag: str = "--out") -> Path:
@@ -182,8 +204,9 @@ def check_output_dir(path: str | Path, *, overwrite: bool = False, flag: str = "
     if path.exists() and not path.is_dir():
         raise UsageError(f"{flag} {path} is a file, not a folder: choose another {flag}")
     if path.is_dir() and any(path.iterdir()) and not is_output_dir(path) and not overwrite:
-        raise UsageError(f"{flag} {path} is a folder with other files in it (not an earlier onepass output); "
-                         f"it would be replaced: choose an empty or new folder, or pass --overwrite")
+        raise UsageError(f"{flag} {path} is a folder with files onepass did not write there (a training run, "
+                         f"another output, your files); it would be replaced: choose an empty or new folder, or "
+                         f"pass --overwrite")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.probe-")
@@ -209,3 +232,53 @@ def atomic_dir(path: str | Path, *, replace: bool = True) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     publish_dir(tmp, path, replace=replace)
+
+
+class OutputLocked(UsageError):
+    """Another running onepass command writes the same output folder."""
+
+
+def lock_path(path: str | Path) -> Path:
+    """The lock file of the output folder ``path``: in onepass's cache folder (``locks/``), named by a digest
+    of its real absolute path (two spellings of one folder share it; nothing is left beside the user's
+    outputs, nothing in ``TMPDIR``)."""
+    import hashlib
+
+    from onepass.tokenizer import cache_dir
+
+    real = os.path.realpath(os.path.abspath(path))
+    digest = hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    return cache_dir() / "locks" / f"{digest}.lock"
+
+
+@contextmanager
+def output_lock(path: str | Path, *, command: str) -> Iterator[Path | None]:
+    """Hold the lock of the output folder ``path`` for the block (:func:`lock_path`, an exclusive ``flock``).
+    A second command on the same output on this machine fails at once with :class:`OutputLocked` naming
+    the first one's PID; the lock goes with its process (``kill -9`` included), so nothing stale ever holds
+    it. No-op where ``fcntl`` is missing (Windows)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover
+        yield None
+        return
+    lock = lock_path(path)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:  # a read-only home: run unlocked rather than not at all
+        print(f"note: no output lock for {path} ({e.strerror or e})")
+        yield None
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 300, 0).decode("utf-8", "replace").strip() or "another process"
+            raise OutputLocked(f"{path} is being written by {holder}; wait for it to finish or choose another "
+                               "output") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"onepass {command} (PID {os.getpid()})\n".encode(), 0)
+        yield lock
+    finally:
+        os.close(fd)  # releases the lock

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from onepass.conversation import Conversation
-from onepass.errors import DataNotFound, UsageError
+from onepass.errors import DataError, DataNotFound, UsageError
 from onepass.files import atomic_dir, write_marker
 from onepass.flops import token_ratio
 from onepass.pack import pack_layouts
@@ -95,14 +95,15 @@ class PrepareStats:
     skipped: list[str] = field(default_factory=list)  # one line per skip: where and why
     skipped_by_reason: dict[str, int] = field(default_factory=dict)
 
-    def skip(self, reason: str, message: str) -> None:
-        """Count a skip. Invalid records are listed first, in their order (a reader that reads every
-        record before preparing reports them first), so a streaming run writes the same list."""
+    def skip(self, reason: str, message: str, count: int = 1) -> None:
+        """Count a skip of ``count`` views (or one record) under ``reason``. Invalid records are listed
+        first, in their order (a reader that reads every record before preparing reports them first), so a
+        streaming run writes the same list."""
         if reason == INVALID:
             self.skipped.insert(self.skipped_by_reason.get(INVALID, 0), message)
         else:
             self.skipped.append(message)
-        self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + 1
+        self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + count
 
     def configure(self, config: PrepareConfig) -> PrepareStats:
         """Record what the counts are of (schedule, weighting, budget, packing)."""
@@ -111,7 +112,7 @@ class PrepareStats:
         self.completion_format, self.reasoning = config.render.completion_format, config.render.reasoning
         return self
 
-    def add(self, counts: dict[str, int], skips: Iterable[tuple[str, str]]) -> None:
+    def add(self, counts: dict[str, int], skips: Iterable[tuple[str, str, int]]) -> None:
         """Merge one conversation's counts (:data:`ADDITIVE`) and skips, counted elsewhere (a worker)."""
         for k in ADDITIVE:
             if isinstance(counts[k], dict):
@@ -119,8 +120,8 @@ class PrepareStats:
                     getattr(self, k)[name] = getattr(self, k).get(name, 0) + n
             else:
                 setattr(self, k, getattr(self, k) + counts[k])
-        for reason, message in skips:
-            self.skip(reason, message)
+        for reason, message, count in skips:
+            self.skip(reason, message, count)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -162,7 +163,7 @@ class PrepareStats:
         if not self.skipped:
             return ""
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.skipped_by_reason.items()))
-        return f"{len(self.skipped)} ({reasons}); first: {self.skipped[0]}"
+        return f"{sum(self.skipped_by_reason.values())} ({reasons}); first: {self.skipped[0]}"
 
 
 def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: PrepareConfig = PrepareConfig(),
@@ -208,8 +209,8 @@ def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConf
     if not views:
         return []
     scheduled = schedule_views(views, schedule, weighting=config.weighting, max_tokens=config.max_tokens)
-    for message in scheduled.skipped:
-        stats.skip("over max_tokens", message)
+    for message, count in zip(scheduled.skipped, scheduled.skipped_views, strict=True):
+        stats.skip("over max_tokens", message, count)  # a tree over the budget: every view in it counts
     stats.views_skipped += scheduled.num_views_skipped
     trained = sorted(i for g in scheduled.groups for i in g)
     if not trained:
@@ -322,11 +323,15 @@ def load_rows(path: str | Path) -> list[Layout]:
     if not Path(path).is_dir():
         raise DataNotFound(f"prepared dataset not found: {path}")
     # Arrow, not the "numpy" format: that one casts every float column to float32 (1/n weights would drift).
-    ds = datasets.load_from_disk(str(path)).with_format("arrow")
-    rows = []
-    for batch in ds.iter(batch_size=256):
-        columns = {c: batch.column(c) for c in COLUMNS}
-        for i in range(batch.num_rows):
-            rows.append(row_from_columns({c: a[i].values.to_numpy(zero_copy_only=False)
-                                          for c, a in columns.items()}))
+    try:
+        ds = datasets.load_from_disk(str(path)).with_format("arrow")
+        rows = []
+        for batch in ds.iter(batch_size=256):
+            columns = {c: batch.column(c) for c in COLUMNS}
+            for i in range(batch.num_rows):
+                rows.append(row_from_columns({c: a[i].values.to_numpy(zero_copy_only=False)
+                                              for c, a in columns.items()}))
+    except (OSError, ValueError, KeyError) as e:  # a cut or foreign shard (pyarrow's errors are ValueError/OSError)
+        raise DataError(f"prepared dataset {path} cannot be read ({(str(e).splitlines() or [type(e).__name__])[0]}); "
+                        "it is damaged or incomplete: prepare it again") from None
     return rows

@@ -67,12 +67,16 @@ def iter_records(path: str | Path) -> Iterator[tuple[int, Any]]:
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
                     record = ConversationError(f"{path} line {lineno}: not valid JSON ({e.msg})")
+                except RecursionError:  # a record nested thousands deep: one skip, not the end of the run
+                    record = ConversationError(f"{path} line {lineno}: JSON nested too deeply to read")
                 yield lineno, record
     elif suffix == ".json":
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
             raise ConversationError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        except RecursionError:
+            raise ConversationError(f"{path}: JSON nested too deeply to read") from None
         if isinstance(data, Mapping):
             data = [data]
         if not isinstance(data, list):

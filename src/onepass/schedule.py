@@ -80,6 +80,7 @@ class Scheduled:
     layouts: list[Layout] = field(default_factory=list)
     groups: list[list[int]] = field(default_factory=list)  # view indices per tree
     skipped: list[str] = field(default_factory=list)
+    skipped_views: list[int] = field(default_factory=list)  # how many views each message of ``skipped`` covers
     num_views_skipped: int = 0
 
 
@@ -97,6 +98,7 @@ def schedule_views(views: Sequence[View], schedule: Schedule, *, weighting: str 
         if max_tokens is not None and len(v) > max_tokens:
             out.skipped.append(f"{v.at}: view of {len(v)} tokens is longer "
                                f"than max_tokens={max_tokens}")
+            out.skipped_views.append(1)
             out.num_views_skipped += 1
         else:
             kept.append(i)
@@ -139,6 +141,7 @@ def schedule_views(views: Sequence[View], schedule: Schedule, *, weighting: str 
             first = views[group[0]]
             out.skipped.append(f"{first.source}: {schedule} tree of {len(group)} views has {len(tree)} "
                                f"tokens, more than max_tokens={max_tokens} (use --schedule budget to split)")
+            out.skipped_views.append(len(group))
             out.num_views_skipped += len(group)
             continue
         out.layouts.append(tree.layout())

@@ -97,7 +97,8 @@ def test_every_flag_is_a_config_key():
     assert overrides == {"tiny": "qwen3", "learning_rate": 0.1, "pack": False,
                          "lora_target_modules": ["q_proj", "v_proj"], "template_kwargs": {"enable_thinking": True},
                          "attention": "eager", "report_to": "tensorboard", "gradient_accumulation_steps": 2}
-    dests = {a.dest for a in sub.choices["train"]._actions} - {"help", "config", "resume", argparse.SUPPRESS}
+    dests = {a.dest for a in sub.choices["train"]._actions} - {"help", "config", "resume", "resume_anyway",
+                                                                  argparse.SUPPRESS}
     assert dests == set(config_keys()) | set(DEPRECATED_KEYS)  # one flag per field, generated from the dataclass
 
 
@@ -208,14 +209,14 @@ def test_only_user_errors_become_one_line(monkeypatch, capsys):
     """A bug inside the run keeps its traceback; Ctrl-C is one line and exit 130."""
     import onepass.train.loop
 
-    def broken(config, resume=None):
+    def broken(config, resume=None, **_kw):
         raise ValueError("expected all tensors to be on the same device")
 
     monkeypatch.setattr(onepass.train.loop, "train", broken)
     with pytest.raises(ValueError, match="same device"):
         main(["--tiny", "qwen3", "--data", "builtin:mathchat"])
 
-    def interrupted(config, resume=None):
+    def interrupted(config, resume=None, **_kw):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(onepass.train.loop, "train", interrupted)

@@ -132,10 +132,11 @@ class Cache:
     Opening it takes an exclusive lock and repairs a last line cut by a kill (truncated away:
     its request was not finished, so it is sent again); ``cut_line`` is its line number.
     Lines that do not parse stay in the file and their numbers are in ``corrupt_lines``.
+    ``value``: the field that holds the cached text (``eval`` keeps its replies under ``reply``).
     """
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | Path, *, value: str = "reasoning") -> None:
+        self.path, self.value = Path(path), value
         self.results: dict[str, str] = {}
         self.duplicates = 0
         self.corrupt_lines: list[int] = []  # 1-based
@@ -150,8 +151,8 @@ class Cache:
             pass
         except OSError:
             self._file.close()
-            raise AugmentError(f"{self.path} is in use by another augment run; wait for it or use "
-                               "another --cache") from None
+            raise AugmentError(f"{self.path} is in use by another run; wait for it or use another "
+                               f"{'--cache' if value == 'reasoning' else '--out'}") from None
         self._load()
 
     def _load(self) -> None:
@@ -167,7 +168,7 @@ class Cache:
                 continue
             try:
                 entry = json.loads(line)
-                key, reasoning = entry["key"], entry["reasoning"]
+                key, reasoning = entry["key"], entry[self.value]
                 if not isinstance(key, str) or not isinstance(reasoning, str):
                     raise TypeError
             except (ValueError, KeyError, TypeError):  # ValueError: not JSON, or not UTF-8
@@ -179,11 +180,14 @@ class Cache:
         self._file.seek(0, os.SEEK_END)
 
     def add(self, turn: Turn, reasoning: str, *, attempts: int, model: str) -> None:
-        entry = {"key": turn.key, "conversation": turn.conversation, "turn": turn.turn, "model": model,
-                 "attempts": attempts, "time": round(time.time(), 3), "reasoning": reasoning}
+        self.put(turn.key, reasoning, conversation=turn.conversation, turn=turn.turn, model=model, attempts=attempts)
+
+    def put(self, key: str, text: str, **fields: Any) -> None:
+        """Append one entry (flushed: a kill loses at most the line being written)."""
+        entry = {"key": key, **fields, "time": round(time.time(), 3), self.value: text}
         self._file.write((json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8"))
         self._file.flush()
-        self.results[turn.key] = reasoning
+        self.results[key] = text
 
     def close(self) -> None:
         self._file.close()

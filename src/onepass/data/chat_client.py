@@ -15,6 +15,13 @@ that are not the expected JSON are retried up to ``retries`` times, waiting
 way). Other 4xx answers fail at once; 401/403/404 raise :class:`FatalRequestError`
 because no later request can succeed either.
 
+Redirects are never followed: ``urllib`` would follow a 302 to any host with the
+``Authorization`` header (the API key) and turn the POST into a body-less GET whose
+reply we would accept. An API endpoint that redirects is a wrong base URL, so a
+redirect raises :class:`FatalRequestError` naming where it pointed (every command
+that talks to an endpoint, ``data augment`` and ``eval --backend openai``, uses this
+one client).
+
 Example (a local server)::
 
     client = ChatClient(ClientConfig(base_url="http://127.0.0.1:8000/v1", model="m"))
@@ -57,6 +64,18 @@ class RequestFailed(RuntimeError):
 
 class FatalRequestError(ConfigError):
     """The endpoint refuses every request (bad key, unknown model or URL): stop the run."""
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Refuses every redirect: it must not carry the key to another origin, nor turn a POST into a GET."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001, ANN201 (urllib's API)
+        raise FatalRequestError(f"{scrub(req.full_url)} answered HTTP {code} (a redirect to {scrub(newurl)}); "
+                                "redirects are not followed (they would carry the API key elsewhere): give the "
+                                "final URL as the base URL")
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
 
 
 class _Retryable(Exception):
@@ -157,7 +176,7 @@ class ChatClient:
             headers["Authorization"] = f"Bearer {self._key}"
         request = urllib.request.Request(url, data=body, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.config.timeout) as response:
+            with _OPENER.open(request, timeout=self.config.timeout) as response:
                 raw = response.read()
         except urllib.error.HTTPError as e:
             detail = e.read()[:200].decode("utf-8", "replace") if e.fp is not None else ""

@@ -131,8 +131,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from onepass.data.mathchat import convert_mathchat, write_jsonl
 
     records, skipped = convert_mathchat([Path(p) for p in args.input], strict=args.strict, limit=args.limit)
-    write_jsonl(records, args.out)
     _print_skipped(skipped, "lines")
+    if not records:  # an empty file would read as success to the next step of a pipeline
+        first = skipped[0] if skipped else "the input has no records"
+        print(f"onepass: error: nothing to write, every line was skipped; first: {first}", file=sys.stderr)
+        return 1
+    write_jsonl(records, args.out)
     print(f"wrote {len(records)} conversations to {args.out}; skipped {len(skipped)}")
     return 0
 

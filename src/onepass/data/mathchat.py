@@ -251,6 +251,8 @@ def convert_mathchat(paths: str | Path | Iterable[str | Path], *, strict: bool =
                         raw = json.loads(text)
                     except json.JSONDecodeError as e:
                         raise ValueError(f"not valid JSON ({e.msg} at column {e.colno})") from None
+                    except RecursionError:
+                        raise ValueError("JSON nested too deeply to read") from None
                     record = convert_record(raw, name=path.name, line=lineno)
                     parse_record(record, source=str(path), index=lineno, unit="line")
                 except ValueError as e:

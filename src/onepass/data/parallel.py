@@ -146,18 +146,18 @@ class _PairedStats(PrepareStats):
     """Stats that also keep each skip's reason beside its message, in order (one conversation's
     turns can be skipped for different reasons): what a worker sends back."""
 
-    pairs: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    pairs: list[tuple[str, str, int]] = dataclasses.field(default_factory=list)
 
-    def skip(self, reason: str, message: str) -> None:
-        super().skip(reason, message)
-        self.pairs.append((reason, message))
+    def skip(self, reason: str, message: str, count: int = 1) -> None:
+        super().skip(reason, message, count)
+        self.pairs.append((reason, message, count))
 
 
 def _init_worker(tokenizer: Any, chat_template: str | None, config: PrepareConfig, strict: bool) -> None:
     _WORKER.update(tokenizer=_tokenizer(tokenizer, chat_template), config=config, strict=strict)
 
 
-def _work(chunk: list[Conversation]) -> list[tuple[list[Layout], dict[str, int], list[tuple[str, str]]]]:
+def _work(chunk: list[Conversation]) -> list[tuple[list[Layout], dict[str, int], list[tuple[str, str, int]]]]:
     """Worker: each conversation's trees, counts and skips."""
     out = []
     for conv in chunk:

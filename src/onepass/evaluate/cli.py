@@ -99,9 +99,15 @@ def _generator(args: argparse.Namespace, tokenizer: Any) -> tuple[Any, str]:
 
     progress = not args.no_progress
     if args.backend == "openai":
+        from onepass.data.augment import Cache
+
         cls = gen.OpenAIGenerator if args.endpoint == "completions" else gen.OpenAIChatGenerator
+        cache = Cache(Path(args.out) / "answers.jsonl", value="reply")  # paid replies survive an interrupted run
+        if cache.results:
+            print(f"{len(cache.results)} replies cached in {cache.path} by an earlier run: not requested again",
+                  file=sys.stderr)
         return (cls(args.base_url, args.model, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                    concurrency=args.batch_size), f"{args.model} at {args.base_url} (/{args.endpoint})")
+                    concurrency=args.batch_size, cache=cache), f"{args.model} at {args.base_url} (/{args.endpoint})")
     if args.backend == "vllm":
         return (gen.VLLMGenerator(args.model, tokenizer, max_new_tokens=args.max_new_tokens,
                                   temperature=args.temperature, seed=args.seed, dtype=args.dtype or "auto",

@@ -166,14 +166,38 @@ def _client(base_url: str, model: str, max_new_tokens: int, temperature: float, 
                                    temperature=temperature, json_mode=False, **kwargs))
 
 
-def _ask_all(items: Sequence[Any], ask: Any, concurrency: int) -> list[str]:
+def answer_key(config: Any, request: Any) -> str:
+    """The cache key of one request: the served model, the sampling settings and the prompt or messages."""
+    import hashlib
+    import json
+
+    body = [config.model, config.max_tokens, config.temperature, request]
+    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:32]
+
+
+def _ask_all(items: Sequence[Any], ask: Any, concurrency: int, *, cache: Any | None = None,
+             config: Any | None = None) -> list[str]:
+    """Every item's reply, ``concurrency`` requests in flight. With ``cache`` (an append-only
+    :class:`onepass.data.augment.Cache`), a reply cached by an earlier run is not requested again and
+    each new one is cached as it arrives, so an interrupted paid evaluation resumes where it stopped."""
+    import threading
+
     from onepass.data.chat_client import RequestFailed
 
+    lock = threading.Lock()
+
     def one(i: int) -> str:
+        key = answer_key(config, items[i]) if cache is not None else ""
+        if cache is not None and key in cache.results:
+            return cache.results[key]
         try:
-            return ask(items[i])[0]
+            text = ask(items[i])[0]
         except RequestFailed as e:
             raise GenerationError(f"request {i + 1} of {len(items)} failed: {e}") from None
+        if cache is not None:
+            with lock:
+                cache.put(key, text, model=config.model)
+        return text
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         return list(pool.map(one, range(len(items))))
@@ -184,12 +208,14 @@ class OpenAIGenerator:
     rendered prompt, so the server applies no template of its own: what the model sees is exact."""
 
     def __init__(self, base_url: str, model: str, *, max_new_tokens: int = 2048, temperature: float = 0.0,
-                 concurrency: int = 8, client: Any | None = None, **client_kwargs: Any) -> None:
+                 concurrency: int = 8, client: Any | None = None, cache: Any | None = None,
+                 **client_kwargs: Any) -> None:
         self.client = client or _client(base_url, model, max_new_tokens, temperature, **client_kwargs)
-        self.concurrency = concurrency
+        self.concurrency, self.cache = concurrency, cache
 
     def generate(self, prompts: list[str]) -> list[str]:
-        return _ask_all(prompts, lambda p: self.client.complete_text(p), self.concurrency)
+        return _ask_all(prompts, lambda p: self.client.complete_text(p), self.concurrency, cache=self.cache,
+                        config=self.client.config)
 
 
 class OpenAIChatGenerator:
@@ -197,10 +223,12 @@ class OpenAIChatGenerator:
     as a chat client does) and the server renders them with its template."""
 
     def __init__(self, base_url: str, model: str, *, max_new_tokens: int = 2048, temperature: float = 0.0,
-                 concurrency: int = 8, client: Any | None = None, **client_kwargs: Any) -> None:
+                 concurrency: int = 8, client: Any | None = None, cache: Any | None = None,
+                 **client_kwargs: Any) -> None:
         self.client = client or _client(base_url, model, max_new_tokens, temperature, **client_kwargs)
-        self.concurrency = concurrency
+        self.concurrency, self.cache = concurrency, cache
 
     def generate_messages(self, conversations: list[list[dict[str, Any]]]) -> list[str]:
         plain = [[{k: v for k, v in m.items() if k != "reasoning_content"} for m in msgs] for msgs in conversations]
-        return _ask_all(plain, lambda msgs: self.client.complete_text(messages=msgs), self.concurrency)
+        return _ask_all(plain, lambda msgs: self.client.complete_text(messages=msgs), self.concurrency,
+                        cache=self.cache, config=self.client.config)

@@ -30,21 +30,28 @@ import logging
 import pickle
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from onepass.errors import OnePassError
 from onepass.files import publish_dir, temp_sibling
 from onepass.train.config import (
     DEPRECATED_KEYS,
+    PATH_KEYS,
     RESUME_KEYS,
     TrainConfig,
     TrainConfigError,
 )
 
 PREFIX = "step-"
+
+
+class CheckpointWriteError(OnePassError):
+    """A checkpoint that could not be written (a full disk): nothing half-written is left."""
 
 
 def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
@@ -55,7 +62,8 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     root = Path(output_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    done = [p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / "state.json").is_file()]
+    done = [p for p in root.iterdir() if p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()
+            and (p / "state.json").is_file()]
     return sorted(done, key=lambda p: int(p.name[len(PREFIX):]))
 
 
@@ -73,19 +81,36 @@ def find_checkpoint(output_dir: str | Path, resume: str | bool) -> Path:
 
 
 def read_state(path: Path) -> dict[str, Any]:
-    return json.loads((path / "state.json").read_text(encoding="utf-8"))
+    """``state.json`` of a checkpoint; one :class:`TrainConfigError` line when it is cut or not an object."""
+    file = path / "state.json"
+    try:
+        state = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TrainConfigError(f"checkpoint {path} is damaged: state.json cannot be read ({e})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise TrainConfigError(f"checkpoint {path} is damaged: state.json is not a checkpoint state")
+    return state
 
 
-def check_compatible(saved: dict[str, Any], config: TrainConfig, path: Path) -> None:
+def check_compatible(saved: dict[str, Any], config: TrainConfig, path: Path, *, anyway: bool = False,
+                     say: Callable[[str], None] | None = None) -> None:
+    """Refuse to resume from ``path`` with other :data:`RESUME_KEYS` settings (paths compared resolved);
+    ``anyway`` (``--resume-anyway``): say what differs and go on."""
     now = config.to_dict()
     saved = {DEPRECATED_KEYS.get(k, k): v for k, v in saved.items()}  # a run saved before the HF key names
     diffs = [f"{k} was {saved[k]!r}, now {now[k]!r}" for k in RESUME_KEYS
-             if k in saved and _norm(saved[k]) != _norm(now[k])]
-    if diffs:
-        raise TrainConfigError(f"cannot resume from {path} with different settings: " + "; ".join(diffs))
+             if k in saved and _norm(k, saved[k]) != _norm(k, now[k])]
+    if diffs and anyway:
+        (say or logging.getLogger("onepass").warning)(f"warning: --resume-anyway: resuming {path} with different "
+                                                      "settings: " + "; ".join(diffs))
+    elif diffs:
+        raise TrainConfigError(f"cannot resume from {path} with different settings: " + "; ".join(diffs)
+                               + " (--resume-anyway to continue regardless)")
 
 
-def _norm(value: Any) -> Any:
+def _norm(key: str, value: Any) -> Any:
+    if isinstance(value, str) and key in PATH_KEYS and Path(value).exists():
+        return str(Path(value).resolve())  # ./data.jsonl and /abs/data.jsonl are one file
     return list(value) if isinstance(value, tuple) else value
 
 
@@ -115,6 +140,9 @@ def _load(path: Path) -> Any:
         raise TrainConfigError(f"{path} holds objects other than tensors and plain values (weights_only "
                                f"load refused it; an untrusted or older checkpoint?): {str(e).splitlines()[0]}"
                                ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:  # cut short, or not a torch file
+        raise TrainConfigError(f"checkpoint file {path} is damaged or incomplete: "
+                               f"{(str(e).splitlines() or [type(e).__name__])[0]}") from None
 
 
 def check_new_run(output_dir: str | Path, *, overwrite: bool) -> list[Path]:
@@ -134,11 +162,20 @@ def check_new_run(output_dir: str | Path, *, overwrite: bool) -> list[Path]:
 
 def prune_checkpoints(output_dir: str | Path, keep: int, run_id: str | None) -> list[Path]:
     """Remove this run's checkpoints but the latest ``keep``; another run's are never touched."""
-    mine = [p for p in list_checkpoints(output_dir) if read_state(p).get("run_id") == run_id]
+    mine = [p for p in list_checkpoints(output_dir) if _run_id(p) == run_id]
     drop = mine[:-keep] if keep > 0 else mine
     for old in drop:
         shutil.rmtree(old, ignore_errors=True)
     return drop
+
+
+def _run_id(path: Path) -> str | None:
+    """The run id of a checkpoint; None when its state.json is damaged (never pruned: not known to be ours)."""
+    try:
+        return read_state(path).get("run_id")
+    except TrainConfigError:
+        logging.getLogger("onepass").warning("note: %s has a damaged state.json; left in place", path)
+        return None
 
 
 def is_sharded(accelerator: Any) -> bool:
@@ -154,6 +191,21 @@ def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
 
     final = checkpoint_dir(output_dir, step)
     tmp = temp_sibling(final, per_process=False)  # every rank writes into it
+    try:
+        return _save(accelerator, model, optimizer, scheduler, output_dir=output_dir, step=step, state=state,
+                     keep=keep, final=final, tmp=tmp)
+    except OSError as e:  # a full disk, a quota: the previous checkpoint stays the latest
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(f"cannot write checkpoint {final} ({e.strerror or e}); the previous "
+                                   "checkpoint is kept: free space and --resume") from None
+
+
+def _save(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, *, output_dir: str | Path, step: int,
+          state: dict[str, Any], keep: int | None, final: Path, tmp: Path) -> Path:
+    from safetensors.torch import save_file
+
+    from onepass.train.model import trainable_state
+
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -177,6 +229,18 @@ def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
     return final
 
 
+def check_tensors(saved: dict[str, torch.Tensor], like: dict[str, torch.Tensor], file: Path) -> None:
+    """Every saved tensor has the shape of the one it restores and only finite values: a broadcastable
+    shape would be ``copy_``-ed into every row, a NaN would resume a run that can only produce NaN."""
+    for name, t in saved.items():
+        if tuple(t.shape) != tuple(like[name].shape):
+            raise TrainConfigError(f"checkpoint file {file}: {name} has shape {tuple(t.shape)}, the model's is "
+                                   f"{tuple(like[name].shape)}; it is not a checkpoint of this model")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise TrainConfigError(f"checkpoint file {file}: {name} holds NaN or infinite values; resume from an "
+                                   "earlier checkpoint")
+
+
 def load_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, path: Path) -> dict[str, Any]:
     """Restore everything :func:`save_checkpoint` wrote; returns the saved ``state.json``."""
     from safetensors.torch import load_file
@@ -184,17 +248,32 @@ def load_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
     if is_sharded(accelerator):
         accelerator.load_state(str(path / "accelerate"))
     else:
-        saved = load_file(str(path / "trainable.safetensors"))
+        try:
+            saved = load_file(str(path / "trainable.safetensors"))
+        except Exception as e:  # noqa: BLE001 (safetensors raises its own error type for a cut file)
+            raise TrainConfigError(f"checkpoint file {path / 'trainable.safetensors'} is damaged or incomplete: "
+                                   f"{(str(e).splitlines() or [type(e).__name__])[0]}") from None
         params = dict(accelerator.unwrap_model(model).named_parameters())
         names = {n for n, p in params.items() if p.requires_grad}
         if names != set(saved):
             missing, extra = sorted(names - set(saved)), sorted(set(saved) - names)
             raise TrainConfigError(f"checkpoint {path} does not fit this model: missing {missing[:3]}, "
                                    f"unexpected {extra[:3]}")
+        check_tensors({n: saved[n] for n in names}, {n: params[n] for n in names}, path / "trainable.safetensors")
+        optimizer_state = _load(path / "optimizer.pt")
         with torch.no_grad():
             for n in names:
                 params[n].copy_(saved[n])
-        optimizer.load_state_dict(_load(path / "optimizer.pt"))
+        try:
+            optimizer.load_state_dict(optimizer_state)
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            raise TrainConfigError(f"checkpoint file {path / 'optimizer.pt'} does not fit this run's optimizer: "
+                                   f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        by_param = {id(p): n for n, p in params.items()}
+        check_tensors({f"{by_param.get(id(p), '?')}.{k}": v for p, s in optimizer.state.items() for k, v in s.items()
+                       if isinstance(v, torch.Tensor) and v.ndim > 0},
+                      {f"{by_param.get(id(p), '?')}.{k}": p for p, s in optimizer.state.items() for k, v in s.items()
+                       if isinstance(v, torch.Tensor) and v.ndim > 0}, path / "optimizer.pt")
     scheduler.load_state_dict(_load(path / "scheduler.pt"))
     rng = path / f"rng-rank{accelerator.process_index}.pt"
     if rng.is_file():

@@ -134,6 +134,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="a YAML file of config keys (see configs/); flags override it")
     p.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
                    help="continue from the latest checkpoint in --output-dir, or from CHECKPOINT")
+    p.add_argument("--resume-anyway", action="store_true",
+                   help="with --resume: continue although settings, data or tokenizer changed since the checkpoint")
     groups = {name: p.add_argument_group(name) for name in _GROUPS}
     source = groups["model"].add_mutually_exclusive_group()  # --model or --tiny
     hints = typing.get_type_hints(TrainConfig)
@@ -156,7 +158,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-_NOT_CONFIG = ("config", "resume", "command", "func")
+_NOT_CONFIG = ("config", "resume", "resume_anyway", "command", "func")
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -197,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
 
     setup_logging()
     config = load_config(args.config, overrides_from_args(args))
-    train(config, resume=args.resume)
+    train(config, resume=args.resume, resume_anyway=args.resume_anyway)
     return 0
 
 

@@ -370,8 +370,12 @@ def write_yaml(config: TrainConfig, path: str | Path) -> None:
 
 
 # Settings that must match for --resume to continue the same run (the rest may change,
-# e.g. max_steps to train longer, save_steps, logging).
-RESUME_KEYS = ("model", "tiny", "tiny_config", "compact_vocab", "data", "limit", "schedule", "max_tokens",
+# e.g. max_steps to train longer, save_steps, logging). The optimizer's hyper-parameters are here
+# because the checkpoint's optimizer and scheduler state would silently keep the old values.
+RESUME_KEYS = ("model", "tiny", "tiny_config", "compact_vocab", "tokenizer", "chat_template", "completion_format",
+               "template_kwargs", "reasoning", "data", "eval_data", "limit", "schedule", "max_tokens",
                "pack", "weighting", "finetune", "lora_r", "lora_alpha", "lora_dropout",
-               "lora_target_modules", "optim", "per_device_train_batch_size", "gradient_accumulation_steps", "seed",
-               "dtype")
+               "lora_target_modules", "optim", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2",
+               "adam_epsilon", "lr_scheduler_type", "warmup_ratio", "warmup_steps", "max_grad_norm",
+               "per_device_train_batch_size", "gradient_accumulation_steps", "seed", "dtype", "mixed_precision")
+PATH_KEYS = ("model", "tokenizer", "chat_template", "data", "eval_data")  # compared as resolved paths

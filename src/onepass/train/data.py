@@ -38,6 +38,7 @@ from onepass.errors import DataError
 from onepass.flops import token_ratio
 from onepass.pack import pack_layouts
 from onepass.prepare import PrepareConfig, PrepareStats, load_rows, prepare
+from onepass.row_check import check_rows
 from onepass.train.config import TrainConfig, TrainConfigError
 from onepass.tree import Layout, row_from_columns
 from onepass.vocab import layout_ids, remap_layout, used_ids
@@ -116,9 +117,15 @@ def load_train_data(spec: str, config: TrainConfig, tokenizer: Any | None, *, pr
         stats_path = source.path / "stats.json"
         import json
 
-        stats = json.loads(stats_path.read_text()) if stats_path.is_file() else {}
+        try:
+            stats = json.loads(stats_path.read_text(encoding="utf-8")) if stats_path.is_file() else {}
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise DataError(f"{stats_path} is not JSON ({e}); prepare the data again") from None
+        if not isinstance(stats, dict):
+            raise DataError(f"{stats_path} holds a JSON {type(stats).__name__}, not an object; prepare the data again")
         if not rows:
             raise DataError(f"prepared dataset {spec} has no rows")
+        check_rows(rows, source=f"prepared dataset {spec}")  # before any step: never train on broken rows
         if config.pack:
             too_long = max(len(r) for r in rows)
             if config.max_tokens is not None and too_long > config.max_tokens:

@@ -32,8 +32,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import shutil
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Generator, Sequence
@@ -44,9 +47,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from onepass.errors import OnePassError
 from onepass.flops import visible_pairs
 from onepass.loss import ForwardView, batch_loss
 from onepass.train.config import TrainConfig, TrainConfigError, write_yaml
+from onepass.train.fingerprint import check_fingerprint, run_fingerprint
 from onepass.train.data import (
     TrainData,
     check_data,
@@ -62,6 +67,32 @@ from onepass.train.data import (
     units_per_step,
 )
 from onepass.tree import Layout
+
+
+class NonFiniteError(OnePassError):
+    """A step whose loss or gradient is NaN or infinite: training stops before it changes the weights."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what SLURM, Kubernetes and systemd send before they kill): handled like Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM raises :class:`Terminated` in the main thread while training, so a scheduler's stop writes a
+    checkpoint and status "stopped" like Ctrl-C does; the previous handler is restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise Terminated(f"signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,7 +224,23 @@ def _load_data(config: TrainConfig, *, main: bool, say: Callable[[str], None]) -
     elif config.tiny is not None:
         vocab_size = len(tokenizer) if tokenizer is not None else 1 + max(
             int(x.input_ids.max()) for u in data.units for x in u)
+        if vocab_size > _MAX_VOCAB:  # one stray id would size the embedding (1e9 ids: a 1.3B model)
+            raise TrainConfigError(f"{config.data} holds token id {vocab_size - 1:,}, more than any tokenizer has "
+                                   f"({_MAX_VOCAB:,}); keep compact_vocab on or prepare the data again")
     return _Loaded(data=data, eval_data=eval_data, tokenizer=tokenizer, used_ids=used_ids, vocab_size=vocab_size)
+
+
+_MAX_VOCAB = 1 << 21  # more ids than any released tokenizer has (the largest are ~260k)
+
+
+def _check_ids(model: Any, *datas: TrainData | None) -> None:
+    """Prepared rows hold only ids the model embeds (else a raw ``IndexError`` deep in the forward)."""
+    from onepass.row_check import check_ids
+
+    vocab = model.get_input_embeddings().num_embeddings
+    for d in datas:
+        if d is not None and d.kind == "row":
+            check_ids([x for u in d.units for x in u], vocab, source=f"prepared dataset {d.source}")
 
 
 class _Stepper:
@@ -234,6 +281,12 @@ class _Stepper:
                                           sum(visible_pairs(r) for r in rows)], dtype=torch.float64, device=device)
         self.updating = True
         grad_norm = acc.clip_grad_norm_(self.params, config.max_grad_norm or float("inf"))
+        if not (math.isfinite(float(grad_norm)) and math.isfinite(float(sums[0]))):
+            self.optimizer.zero_grad(set_to_none=True)  # the weights are still those of the last good step
+            self.updating = False
+            raise NonFiniteError(f"step {step + 1}: the loss is {float(sums[0])} and the gradient norm "
+                                 f"{float(grad_norm)}; the run stops before the update (a checkpoint keeps the "
+                                 "last good step): lower the learning rate or check the data and dtype")
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -247,12 +300,15 @@ class _Stepper:
                 "seconds": seconds, "tokens_per_s": float(sums[1]) / seconds if seconds > 0 else 0.0}
 
 
-def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callable[[str], None] | None = None
-          ) -> TrainResult:
+def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callable[[str], None] | None = None,
+          resume_anyway: bool = False) -> TrainResult:
     """Run ``config``; with ``resume`` (True = latest checkpoint, or a checkpoint path) continue a run.
 
-    Messages go to ``log`` (default: the ``onepass`` logger at INFO level)."""
-    steps = train_steps(config, resume=resume, log=log)
+    Messages go to ``log`` (default: the ``onepass`` logger at INFO level). SIGTERM stops the run like
+    Ctrl-C (a checkpoint to resume from, status "stopped"); a non-finite loss or gradient stops it with
+    :class:`NonFiniteError` before that step's update, keeping a checkpoint of the last good step.
+    ``resume_anyway``: resume although settings, data or tokenizer differ from the checkpoint's."""
+    steps = train_steps(config, resume=resume, log=log, resume_anyway=resume_anyway)
     while True:
         try:
             next(steps)
@@ -260,12 +316,21 @@ def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callabl
             return done.value
 
 
-def train_steps(config: TrainConfig, *, resume: str | bool | None = None, log: Callable[[str], None] | None = None
-                ) -> Generator[dict[str, Any], None, TrainResult]:
+def train_steps(config: TrainConfig, *, resume: str | bool | None = None, log: Callable[[str], None] | None = None,
+                resume_anyway: bool = False) -> Generator[dict[str, Any], None, TrainResult]:
     """:func:`train`, one optimizer step per ``next()``: yields each step's record, returns the
     :class:`TrainResult`. Two runs advanced in turn time their steps under the same load (``make demo``
     interleaves one-pass and N-pass this way: :mod:`onepass.demo`). Run it to the end: a generator
-    closed early closes its reporter and saves nothing."""
+    closed early closes its reporter and saves nothing. The output folder is locked while it runs."""
+    from onepass.files import output_lock
+
+    main = int(os.environ.get("RANK", "0")) == 0  # one lock per run, held by its first process
+    with _sigterm_as_interrupt(), output_lock(config.output_dir, command="train") if main else contextlib.nullcontext():
+        return (yield from _train(config, resume=resume, log=log, resume_anyway=resume_anyway))
+
+
+def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str], None] | None,
+           resume_anyway: bool) -> Generator[dict[str, Any], None, TrainResult]:
     from onepass.train.checkpoint import (
         check_compatible,
         check_new_run,
@@ -298,7 +363,7 @@ def train_steps(config: TrainConfig, *, resume: str | bool | None = None, log: C
     ckpt = find_checkpoint(out, resume) if resume else None
     replaced = [] if resume else check_new_run(out, overwrite=config.overwrite_output_dir)  # never mix two runs
     if ckpt is not None:
-        check_compatible(read_state(ckpt)["config"], config, ckpt)
+        check_compatible(read_state(ckpt)["config"], config, ckpt, anyway=resume_anyway, say=log)
     run_id = read_state(ckpt).get("run_id") if ckpt is not None else uuid.uuid4().hex[:12]  # pruning: this run's
 
     log = log or logging.getLogger("onepass").info
@@ -314,9 +379,13 @@ def train_steps(config: TrainConfig, *, resume: str | bool | None = None, log: C
         out.mkdir(parents=True, exist_ok=True)
         write_yaml(config, out / "train_config.yaml")
     loaded = _load_data(config, main=main, say=say)
+    fingerprint = run_fingerprint(config, loaded.tokenizer)
+    if ckpt is not None:
+        check_fingerprint(read_state(ckpt).get("fingerprint"), fingerprint, ckpt, anyway=resume_anyway, say=say)
     data, eval_data = loaded.data, loaded.eval_data
     total = total_steps(config, data.num_units, world)
     model = load_model(config, device=device, attention=attention, vocab_size=loaded.vocab_size)
+    _check_ids(model, data, eval_data)
     trainable, params = count_parameters(model)
     optimizer = make_optimizer(model, config)
     scheduler = make_scheduler(optimizer, config, total)
@@ -346,7 +415,7 @@ def train_steps(config: TrainConfig, *, resume: str | bool | None = None, log: C
 
     def save(at: int, *, plot: bool = True) -> None:
         state = {"config": config.to_dict(), "history": reporter.history, "evals": reporter.evals,
-                 "world_size": world, "total_steps": total, "run_id": run_id}
+                 "world_size": world, "total_steps": total, "run_id": run_id, "fingerprint": fingerprint}
         path = save_checkpoint(accelerator, model, optimizer, scheduler, output_dir=out, step=at, state=state,
                                keep=config.save_total_limit)
         if plot:
@@ -371,14 +440,15 @@ def train_steps(config: TrainConfig, *, resume: str | bool | None = None, log: C
     except GeneratorExit:  # train_steps abandoned by its caller: not an interruption to checkpoint
         reporter.close()
         raise
-    except BaseException:  # Ctrl-C or an error between updates: keep what was trained (one process only)
+    except BaseException as e:  # Ctrl-C, SIGTERM or an error between updates: keep what was trained (one process)
         reporter.close()
-        reporter.write(status=f"stopped at step {step}")
+        reporter.write(status=f"stopped at step {step}" + (" (non-finite loss)" if isinstance(e, NonFiniteError)
+                                                           else ""))
         if world == 1 and not stepper.updating and step > start:
             say(f"interrupted after step {step}: saving a checkpoint to resume from")
             save(step)
         raise
-    reporter.write(status="finished")
+    reporter.write(status="finishing")  # "finished" is written last, once the final save is done
     try:  # the final eval reaches the trackers: they close after it
         final_eval = evaluate(accelerator, model, eval_data, config) if eval_data is not None else None
         if final_eval is not None:
@@ -407,4 +477,5 @@ def train_steps(config: TrainConfig, *, resume: str | bool | None = None, log: C
                        plot_path=plot, seconds=run_seconds, tokens=run_tokens)
 
 
-__all__ = ["TrainConfig", "TrainConfigError", "TrainResult", "eval_loss", "evaluate", "train", "train_steps"]
+__all__ = ["NonFiniteError", "TrainConfig", "TrainConfigError", "TrainResult", "eval_loss", "evaluate", "train",
+           "train_steps"]

@@ -130,12 +130,15 @@ def check_model(spec: str) -> None:
 def load_tokenizer_for(config: TrainConfig) -> Any:
     """The tokenizer of ``config`` (its own spec, else the model's, else builtin:qwen3 for tiny)."""
     spec = config.tokenizer or (config.model if config.model is not None else "builtin:qwen3")
-    return _cached_tokenizer(spec, config.chat_template)
+    template = config.chat_template
+    content = Path(template).read_bytes() if template and Path(template).is_file() else None
+    return _cached_tokenizer(spec, template, content)
 
 
 @functools.lru_cache(maxsize=4)
-def _cached_tokenizer(spec: str, chat_template: str | None) -> Any:
-    """Loading a 150k-token vocabulary takes seconds; runs in one process (tests, the demo) share it."""
+def _cached_tokenizer(spec: str, chat_template: str | None, _content: bytes | None = None) -> Any:
+    """Loading a 150k-token vocabulary takes seconds; runs in one process (tests, the demo) share it.
+    ``_content``: the template file's bytes, so an edited template is loaded again."""
     from onepass.tokenizer import load_tokenizer
 
     return load_tokenizer(spec, chat_template=chat_template)

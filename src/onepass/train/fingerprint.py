@@ -1,0 +1,91 @@
+"""The fingerprint of what a training run learns from, compared when it resumes.
+
+Why this module exists: ``--resume`` continues a run only if the steps after the checkpoint are the
+steps the run would have taken. The settings are compared by name (``RESUME_KEYS``), but the same
+name can hold other content: a data file rewritten in place (20 one-pass rows became 234 n-pass
+rows), a chat template edited behind the same path, a tokenizer updated on disk. So a checkpoint's
+``state.json`` keeps a digest of each, and resuming with a different one is refused naming the key
+(``--resume-anyway`` is the deliberate case):
+
+    {"data": "sha256:9f2c...", "eval_data": null, "tokenizer": "sha256:41d0..."}
+
+Digests are of content, never of a path, so the same data given by a relative or an absolute path
+is the same run. No torch here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from onepass.train.config import TrainConfig, TrainConfigError
+
+# what a run writes into a folder (training into the data folder must not change the data's digest)
+_RUN_OUTPUTS = frozenset({"checkpoints", "final", "metrics.json", "train_config.yaml", "loss.png"})
+_CHUNK = 1 << 20
+
+
+def _digest_files(files: list[Path], root: Path) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(root)).encode() + b"\0")
+        with open(f, "rb") as stream:
+            while chunk := stream.read(_CHUNK):
+                h.update(chunk)
+        h.update(b"\0")
+    return "sha256:" + h.hexdigest()
+
+
+def data_digest(spec: str) -> str:
+    """The digest of the content a data spec names (a file, or the data files of a folder); a spec
+    that names no local content (``builtin:``, ``synthetic:``, a hub id) is its own digest."""
+    from onepass.data.load import resolve_data
+
+    path = resolve_data(spec).path
+    if path is None or not path.exists():
+        return f"spec:{spec}"
+    if path.is_file():
+        return _digest_files([path], path.parent)
+    files = [f for f in sorted(path.rglob("*")) if f.is_file()
+             and not any(part.startswith(".") or part in _RUN_OUTPUTS for part in f.relative_to(path).parts)]
+    return _digest_files(files, path)
+
+
+def tokenizer_digest(tokenizer: Any | None) -> str | None:
+    """The digest of a tokenizer's vocabulary, merges and special tokens, and of its chat template."""
+    if tokenizer is None:
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    body = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
+    template = getattr(tokenizer, "chat_template", None)
+    return "sha256:" + hashlib.sha256(f"{body}\0{template!r}".encode()).hexdigest()
+
+
+def run_fingerprint(config: TrainConfig, tokenizer: Any | None) -> dict[str, str | None]:
+    return {"data": data_digest(config.data),
+            "eval_data": data_digest(config.eval_data) if config.eval_data is not None else None,
+            "tokenizer": tokenizer_digest(tokenizer)}
+
+
+def check_fingerprint(saved: dict[str, Any] | None, now: dict[str, str | None], path: Path, *, anyway: bool,
+                      say: Callable[[str], None]) -> None:
+    """Refuse to resume from ``path`` when a digest differs (naming the key); ``anyway``: say so and go on.
+    A checkpoint from before fingerprints (``saved`` None) is not checked."""
+    if not saved:
+        return
+    diffs = [key for key, value in now.items() if key in saved and saved[key] != value]
+    if not diffs:
+        return
+    what = ", ".join(f"{k} ({'content' if k != 'tokenizer' else 'vocabulary or chat template'} changed)"
+                     for k in diffs)
+    if anyway:
+        say(f"warning: --resume-anyway: resuming {path} although {what}")
+        return
+    raise TrainConfigError(f"cannot resume from {path}: {what} since the checkpoint was written; the steps "
+                           "after it would not be the run's. Start a new run, or pass --resume-anyway if you "
+                           "mean to continue on the changed input")
+
+
+__all__ = ["check_fingerprint", "data_digest", "run_fingerprint", "tokenizer_digest"]
