@@ -45,7 +45,7 @@ class Case:
     """One vendored template run over the 6 tool-chain conversations (12 assistant turns), and what
     it keeps today: ``kept`` = (conversations with a kept view, views kept, views split by the
     template itself; the rest of the kept views come from a completion format or a derived one);
-    ``dropped`` = kept views leaving reasoning out (render.View.reasoning_dropped / history_reasoning_dropped)."""
+    ``dropped`` = kept views leaving reasoning out (view.View.reasoning_dropped / history_reasoning_dropped)."""
 
     template: str
     kept: tuple[int, int, int]

@@ -10,7 +10,7 @@ from pathlib import Path
 import onepass
 
 SRC = Path(onepass.__file__).parent
-PURE = ("onepass.conversation", "onepass.render", "onepass.tree", "onepass.schedule", "onepass.pack",
+PURE = ("onepass.conversation", "onepass.render", "onepass.view", "onepass.tree", "onepass.schedule", "onepass.pack",
         "onepass.flops", "onepass.attention.blocks", "onepass.attention.segments", "onepass.attention.paper",
         "onepass.model_config", "onepass.shards", "onepass.generation_format", "onepass.template_probe",
         "onepass.encode", "onepass.rl.rollouts", "onepass.rl.layout", "onepass.rl.synthetic")
@@ -82,6 +82,32 @@ def test_no_import_cycles_between_our_modules():
         if MODULES[name].name == "__init__.py":
             graph[name] = {m for m in graph[name] if not m.startswith(name + ".")}
     assert find_cycle(graph) is None
+
+
+def imported_closure(name: str) -> set[str]:
+    """Every module of ours that importing ``name`` imports (module level, transitively)."""
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        for m in top_level_imports(MODULES[todo.pop()]):
+            parts = m.split(".")  # importing a.b.c imports its packages a.b and a too
+            for n in {".".join(parts[:i]) for i in range(2, len(parts) + 1)} & MODULES.keys():
+                if n not in seen:
+                    seen.add(n)
+                    todo.append(n)
+    return seen
+
+
+RENDERING = ("onepass.render", "onepass.generation_format", "onepass.template_probe", "onepass.dropped_reasoning",
+             "onepass.encode")
+
+
+def test_the_layout_imports_no_rendering_module():
+    # tree, schedule, pack and loss take views (onepass.view), never how a template produced them
+    for name in ("onepass.tree", "onepass.schedule", "onepass.pack", "onepass.loss"):
+        rendering = {m for m in imported_closure(name) if m.startswith(RENDERING)}
+        assert not rendering, f"{name} imports rendering code: {sorted(rendering)}"
+    assert "onepass.view" in imported_closure("onepass.tree")  # the check sees imports at all
 
 
 def test_pure_layout_modules_import_no_torch():

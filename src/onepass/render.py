@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from onepass.conversation import Conversation, message_at
+from onepass.conversation import Conversation
 from onepass.dropped_reasoning import (
     REASONING_CHOICES,
     unrendered_history_reasoning,
@@ -69,6 +69,7 @@ from onepass.template_probe import (
     template_fields,
     template_line,
 )
+from onepass.view import View
 
 class RenderError(DataError):
     """A turn the template cannot split into prompt and completion (counted as ``reason``)."""
@@ -91,32 +92,6 @@ class TemplateRaised(RenderError):
     """The chat template itself raised (``raise_exception``, a jinja error) for one turn."""
 
     reason = "template error"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class View:
-    """One N-pass training example: ``tokens[:num_prompt]`` is context, the rest is trained."""
-
-    tokens: np.ndarray  # int64 [n]
-    num_prompt: int
-    turn: int  # index of the assistant message in Conversation.messages
-    source: str = "<memory>"
-    boundary_merge: bool = False  # tokenizing prompt+completion as one text gives other tokens
-    derived: bool = False  # completion from the derived generation format (the template cannot split it)
-    reasoning_dropped: bool = False  # its own reasoning left out by choice (--reasoning drop)
-    history_reasoning_dropped: bool = False  # an earlier message's reasoning the template drops here left out
-    first_message: int = 0  # Conversation.first_message: errors number the turn as the record does
-
-    @property
-    def at(self) -> str:  # SOURCE, message N: as Conversation.at names this turn
-        return message_at(self.source, self.turn + self.first_message)
-
-    @property
-    def num_completion(self) -> int:
-        return len(self.tokens) - self.num_prompt
-
-    def __len__(self) -> int:
-        return len(self.tokens)
 
 
 @dataclass(frozen=True, kw_only=True)

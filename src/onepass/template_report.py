@@ -107,7 +107,7 @@ class TemplateReport:
     conversations_kept: int = 0
     views: int = 0
     views_split: int = 0
-    views_derived: int = 0  # rendered with the generation format derived from the template (render.View.derived)
+    views_derived: int = 0  # rendered with the generation format derived from the template (view.View.derived)
     views_formatted: int = 0  # built from a --completion-format (then nothing is split by the template)
     views_reasoning_dropped: int = 0  # trained without their own reasoning (--reasoning drop; View.reasoning_dropped)
     views_history_reasoning_dropped: int = 0  # an earlier turn's reasoning the template drops there left out
