@@ -12,8 +12,8 @@ import onepass
 SRC = Path(onepass.__file__).parent
 PURE = ("onepass.conversation", "onepass.render", "onepass.view", "onepass.tree", "onepass.schedule", "onepass.pack",
         "onepass.flops", "onepass.attention.blocks", "onepass.attention.segments", "onepass.attention.paper",
-        "onepass.model_config", "onepass.shards", "onepass.generation_format", "onepass.template_probe",
-        "onepass.encode", "onepass.rl.rollouts", "onepass.rl.layout", "onepass.rl.synthetic")
+        "onepass.model_config", "onepass.shards", "onepass.render.derived", "onepass.render.fields",
+        "onepass.render.encode", "onepass.rl.rollouts", "onepass.rl.layout", "onepass.rl.synthetic")
 
 
 def module_name(path: Path) -> str:
@@ -98,14 +98,10 @@ def imported_closure(name: str) -> set[str]:
     return seen
 
 
-RENDERING = ("onepass.render", "onepass.generation_format", "onepass.template_probe", "onepass.dropped_reasoning",
-             "onepass.encode")
-
-
 def test_the_layout_imports_no_rendering_module():
     # tree, schedule, pack and loss take views (onepass.view), never how a template produced them
     for name in ("onepass.tree", "onepass.schedule", "onepass.pack", "onepass.loss"):
-        rendering = {m for m in imported_closure(name) if m.startswith(RENDERING)}
+        rendering = {m for m in imported_closure(name) if m == "onepass.render" or m.startswith("onepass.render.")}
         assert not rendering, f"{name} imports rendering code: {sorted(rendering)}"
     assert "onepass.view" in imported_closure("onepass.tree")  # the check sees imports at all
 
@@ -119,3 +115,18 @@ def test_pure_layout_modules_import_no_torch():
 def test_no_module_grows_past_450_lines():
     long = {name: n for name, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 450}
     assert not long, f"split these modules (one concept each): {long}"
+
+
+def test_only_render_template_calls_the_chat_template():
+    calls = {name for name, p in MODULES.items() if ".apply_chat_template(" in p.read_text()}
+    assert calls == {"onepass.render.template"}, calls
+
+
+def test_every_record_reasoning_key_is_a_candidate_the_template_probe_tries():
+    # two lists on purpose: the keys a record may give reasoning under (reading records) and the keys a
+    # template may read it from, in probe order (plus Command R7B's tool_plan, never a record field)
+    from onepass.record_schemas import REASONING_KEYS
+    from onepass.render.fields import TEMPLATE_REASONING_KEYS
+
+    assert set(REASONING_KEYS) < set(TEMPLATE_REASONING_KEYS)
+    assert set(TEMPLATE_REASONING_KEYS) - set(REASONING_KEYS) == {"tool_plan"}
