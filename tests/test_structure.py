@@ -1,10 +1,11 @@
-"""The package's shape: no import cycles, the pure data layout imports no torch, files stay small."""
+"""The package's shape: no import cycles, the pure data layout imports no torch, files stay small by concept."""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import onepass
@@ -112,9 +113,34 @@ def test_pure_layout_modules_import_no_torch():
     assert out.stdout.strip() == "False"
 
 
-def test_no_module_grows_past_450_lines():
-    long = {name: n for name, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 450}
-    assert not long, f"split these modules (one concept each): {long}"
+SOFT_LINES, HARD_LINES = 400, 600  # past SOFT a warning (a missing concept?), past HARD a failure
+
+
+def only_reexports(path: Path) -> bool:
+    """True when a module holds nothing but its docstring, imports and ``__all__``: it exists to move names."""
+    body = ast.parse(path.read_text()).body
+    body = body[1:] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else body
+    return all(isinstance(n, ast.Import | ast.ImportFrom) or (isinstance(n, ast.Assign) and ast.unparse(n.targets[0])
+                                                               == "__all__") for n in body)
+
+
+def test_the_reexport_finder_finds_one(tmp_path):
+    (tmp_path / "a.py").write_text('"""Moved."""\nfrom x import y  # noqa: F401\n__all__ = ["y"]\n')
+    (tmp_path / "b.py").write_text('"""Real."""\nfrom x import y\n\ndef f():\n    return y\n')
+    assert only_reexports(tmp_path / "a.py") and not only_reexports(tmp_path / "b.py")
+
+
+def test_modules_stay_small_by_concept_not_by_count():
+    # A file past ~400 lines is telling of a missing concept (STYLE.md 8): a warning, not a reason to split
+    # off a file; past 600 it fails. A module (not a package's __init__) that only re-exports names is a
+    # stale shim: import from the home of the name instead.
+    lines = {name: len(p.read_text().splitlines()) for name, p in MODULES.items()}
+    long = {name: n for name, n in lines.items() if n > SOFT_LINES}
+    if long:
+        warnings.warn(f"modules past {SOFT_LINES} lines (a missing concept?): {long}", stacklevel=1)
+    assert not {n: k for n, k in long.items() if k > HARD_LINES}, f"split these by concept: {long}"
+    shims = [name for name, p in MODULES.items() if p.name != "__init__.py" and only_reexports(p)]
+    assert not shims, f"modules that only re-export: {shims}"
 
 
 def test_only_render_template_calls_the_chat_template():
