@@ -1,4 +1,4 @@
-"""Encoding by pieces between added tokens (onepass.encode) against the tokenizer's own encode of
+"""Encoding by pieces between added tokens (onepass.render.encode) against the tokenizer's own encode of
 each whole text (the reference), on every vendored template and on the bundled and synthetic data;
 and the probe that turns the fast path off where the tokenizer does not cut text at its added tokens."""
 
@@ -8,17 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from onepass import encode
+from onepass.render import encode
 from onepass.conversation import parse_record
 from onepass.data.load import load_conversations
-from onepass.encode import encode_plain, encode_texts, piece_splitter, split_between
-from onepass.render import (
-    RenderConfig,
-    RenderError,
-    _iter_texts,
-    merges_across,
-    render_conversation,
-)
+from onepass.render.encode import encode_plain, encode_texts, piece_splitter, split_between
+from onepass.render import RenderConfig, RenderError, merges_across, render_conversation
+from onepass.render.views import _iter_texts
 from onepass.template_report import TOOL_CHAIN_RECORDS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "chat_templates"

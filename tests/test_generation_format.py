@@ -1,4 +1,4 @@
-"""The derived generation format (onepass.generation_format): a turn the template cannot split is
+"""The derived generation format (onepass.render.derived): a turn the template cannot split is
 still trained, with exactly what the model sees at inference (the template's own prompt) followed by
 what it generates (the template's own rendering of that turn as the last message)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from onepass.conversation import parse_record
-from onepass.generation_format import read_completion
+from onepass.render.derived import read_completion
 from onepass.prepare import prepare
 from onepass.render import (
     RenderConfig,
@@ -18,7 +18,7 @@ from onepass.render import (
     render_conversation,
     render_texts,
 )
-from onepass.template_probe import template_fields
+from onepass.render.fields import template_fields
 from onepass.template_report import tool_chain_conversations
 
 FIXTURES = Path(__file__).parent / "fixtures" / "chat_templates"
@@ -199,7 +199,7 @@ def test_boundary_merges_on_a_window_equal_the_whole_text_reference(vendored, na
 
 
 def _texts(c, tok):
-    from onepass.render import _iter_texts
+    from onepass.render.views import _iter_texts
 
     return [t for t in _iter_texts(c, tok, RenderConfig()) if not isinstance(t[1], RenderError)]
 

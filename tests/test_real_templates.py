@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from onepass.conversation import parse_record
-from onepass.dropped_reasoning import without_reasoning
+from onepass.render.reasoning import without_reasoning
 from onepass.prepare import PrepareConfig, prepare
 from onepass.render import RenderConfig, UnopenedReasoning, render_conversation
-from onepass.template_probe import TemplateFields, template_fields
+from onepass.render.fields import TemplateFields, template_fields
 from onepass.template_report import (
     TOOL_CHAIN_RECORDS,
     template_report,
@@ -45,7 +45,7 @@ class Case:
     """One vendored template run over the 6 tool-chain conversations (12 assistant turns), and what
     it keeps today: ``kept`` = (conversations with a kept view, views kept, views split by the
     template itself; the rest of the kept views come from a completion format or a derived one);
-    ``dropped`` = kept views leaving reasoning out (render.View.reasoning_dropped / history_reasoning_dropped)."""
+    ``dropped`` = kept views leaving reasoning out (view.View.reasoning_dropped / history_reasoning_dropped)."""
 
     template: str
     kept: tuple[int, int, int]
@@ -317,14 +317,15 @@ def test_history_reasoning_is_left_out_only_where_the_probe_shows_the_template_d
     """At turn 6 (no final answer yet in its prompt) gpt-oss renders the earlier analyses: nothing is left
     out, the skip stays. At turn 8 all three are dropped by the template. Without the probe's answer
     (mutation), turn 8 is a counted skip again."""
-    import onepass.render as render_module
-    from onepass.dropped_reasoning import unrendered_history_reasoning
+    import onepass.render.views as render_module
+    from onepass.render.reasoning import unrendered_history_reasoning
+    from onepass.render.template import prober
 
     conv = tool_chain_conversations()[2]
     options = template_fields(template_tokenizer, {}).message_options
 
     def probe(k):
-        render = render_module._prober(template_tokenizer, conv, {}, k)
+        render = prober(template_tokenizer, conv, {}, k)
         return unrendered_history_reasoning(render, conv, k, head=0, options=options)
 
     assert (probe(6), probe(8)) == ([], [1, 4, 6])

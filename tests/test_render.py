@@ -17,7 +17,7 @@ from onepass.render import (
     render_texts,
     render_views,
 )
-from onepass.template_probe import template_fields
+from onepass.render.fields import template_fields
 from onepass.tokenizer import builtin_template, load_tokenizer
 
 SHARED_TEMPLATE = Path(__file__).resolve().parents[1] / ".." / "shared" / "fixtures" / "chat_templates" / "qwen3.jinja"

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from onepass.pack import best_fit_decreasing, best_fit_reference, pack_layouts
-from onepass.render import View
 from onepass.schedule import contiguous_groups, parse_schedule, schedule_views, view_weights
 from onepass.tree import (COLUMNS, IGNORE, PrefixTree, ancestors_reference, build_layout, concat,
                           view_targets)
+from onepass.view import View
 
 
 def V(tokens, num_prompt, turn=0):

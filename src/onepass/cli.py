@@ -35,7 +35,7 @@ from onepass import export as export_cli
 from onepass import template_report as templates_cli
 from onepass.bench import cli as bench_cli
 from onepass.data import cli as data_cli
-from onepass.dropped_reasoning import REASONING_CHOICES, REASONING_HELP
+from onepass.render.reasoning import REASONING_CHOICES, REASONING_HELP
 from onepass.evaluate import cli as eval_cli
 from onepass.errors import ConfigError, OnePassError, UsageError, run_main
 from onepass.hub import hub_offline, offline_reason

@@ -86,7 +86,7 @@ class ToolCall:
     def to_template(self, *, arguments_json: bool = False, verbatim: bool = False) -> dict[str, Any]:
         """The HF tool-call dict; ``arguments_json`` gives ``arguments`` as a JSON string, as the
         DeepSeek-V3 and Kimi-K2 templates expect; ``verbatim`` gives a record's own string unchanged
-        (for a template that renders a string as it is: :mod:`onepass.template_probe` finds out which)."""
+        (for a template that renders a string as it is: :mod:`onepass.render.fields` finds out which)."""
         args: Any = json.dumps(self.arguments, ensure_ascii=False) if arguments_json else self.arguments
         if self.text is not None and (verbatim or arguments_json):
             args = self.text

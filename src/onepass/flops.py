@@ -34,7 +34,7 @@ Worked example: view A = ``1 2 | 3 4`` (trains 3, 4) and view B = ``1 2 5 | 6``
     5  6     3   6                            6  x x     x x
 
     >>> import numpy as np
-    >>> from onepass.render import View
+    >>> from onepass.view import View
     >>> from onepass.tree import build_layout
     >>> a = View(tokens=np.array([1, 2, 3, 4]), num_prompt=2, turn=0)
     >>> b = View(tokens=np.array([1, 2, 5, 6]), num_prompt=3, turn=1)

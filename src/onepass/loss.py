@@ -33,8 +33,8 @@ from onepass.head import (
     weighted_ce,
 )
 from onepass.mixers.tree import tree_kwargs
-from onepass.render import View
 from onepass.tree import IGNORE, ROW_SCHEMA, Layout
+from onepass.view import View
 
 
 def layouts_to_batch(layouts: Sequence[Layout], *, device: torch.device | str = "cpu",

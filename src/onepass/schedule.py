@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from onepass.errors import UsageError
-from onepass.render import View
 from onepass.tree import Layout, PrefixTree
+from onepass.view import View
 
 WEIGHTINGS = ("token", "turn", "conversation")
 

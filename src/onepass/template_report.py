@@ -29,7 +29,7 @@ from typing import Any
 
 from onepass.conversation import Conversation, parse_record
 from onepass.render import RenderConfig, render_conversation
-from onepass.template_probe import TemplateFields, template_fields
+from onepass.render.fields import TemplateFields, template_fields
 
 _WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
@@ -107,7 +107,7 @@ class TemplateReport:
     conversations_kept: int = 0
     views: int = 0
     views_split: int = 0
-    views_derived: int = 0  # rendered with the generation format derived from the template (render.View.derived)
+    views_derived: int = 0  # rendered with the generation format derived from the template (view.View.derived)
     views_formatted: int = 0  # built from a --completion-format (then nothing is split by the template)
     views_reasoning_dropped: int = 0  # trained without their own reasoning (--reasoning drop; View.reasoning_dropped)
     views_history_reasoning_dropped: int = 0  # an earlier turn's reasoning the template drops there left out
@@ -175,7 +175,7 @@ def template_report(conversations: Iterable[Conversation], tokenizer: Any, confi
 
 def add_parser(sub: Any) -> None:
     """Add ``templates check`` to ``onepass``'s subcommands."""
-    from onepass.dropped_reasoning import REASONING_CHOICES, REASONING_HELP
+    from onepass.render.reasoning import REASONING_CHOICES, REASONING_HELP
     from onepass.render import COMPLETION_FORMATS
 
     p = sub.add_parser("templates", help="check how a chat template splits conversations into views")

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from onepass.render import View
+from onepass.view import View
 
 IGNORE = -100  # the target of a position that trains nothing
 

@@ -24,8 +24,8 @@ import torch
 from onepass.errors import DataError
 from onepass.loss import layout_loss, view_loss_reference
 from onepass.pack import pack_layouts
-from onepass.render import View
 from onepass.schedule import Schedule, parse_schedule, schedule_views, view_weights
+from onepass.view import View
 from onepass.vocab import remap, used_ids
 
 

@@ -11,8 +11,8 @@ from onepass.bench import harness as bench
 from onepass.bench.report import headline, markdown
 from onepass.flops import ModelShape, train_flops, visible_pairs
 from onepass.cli import main
-from onepass.render import View
 from onepass.tree import build_layout
+from onepass.view import View
 
 
 def V(tokens, num_prompt):

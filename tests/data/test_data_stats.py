@@ -11,8 +11,8 @@ from onepass.data.load import load_conversations
 from onepass.data.stats import compute_stats, percentiles, plot_depths
 from onepass.flops import MODEL_SHAPES, ModelShape, TokenCounts, conversation_counts, flops, model_shape
 from onepass.prepare import PrepareConfig, prepare
-from onepass.render import View
 from onepass.tree import build_layout
+from onepass.view import View
 
 
 def view(tokens, num_prompt):

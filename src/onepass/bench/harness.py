@@ -51,9 +51,9 @@ from onepass.errors import UsageError
 from onepass.flops import speed_bound, visible_pairs
 from onepass.loss import batch_loss, layouts_to_batch
 from onepass.pack import pack_layouts
-from onepass.render import View
 from onepass.schedule import parse_schedule, schedule_views
 from onepass.tree import Layout
+from onepass.view import View
 
 SETTINGS: dict[str, tuple[str, bool]] = {
     "n-pass": ("n-pass", False),

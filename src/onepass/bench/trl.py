@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from onepass.bench.harness import Timing, peak_memory_since, start_peak_memory, sync_device
-from onepass.render import View
+from onepass.view import View
 
 SETTING = "trl-sft-packed"  # TRL's defaults
 TUNED = "trl-sft-packed-tuned"  # checkpointing off, onepass's attention backend where TRL can take it

@@ -46,7 +46,7 @@ from onepass.errors import UsageError
 from onepass.evaluate.answers import answers_match, compile_answer_regex, extract_answer
 from onepass.evaluate.generate import Generator, MessagesGenerator
 from onepass.render import render_prompt
-from onepass.template_probe import template_fields
+from onepass.render.fields import template_fields
 
 HISTORY_MODES = ("reference", "model")
 
@@ -88,7 +88,7 @@ def template_prompt(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = 
 
 
 def template_message_options(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The message fields the tokenizer's template expects (:func:`onepass.template_probe.template_fields`:
+    """The message fields the tokenizer's template expects (:func:`onepass.render.fields.template_fields`:
     tool-call arguments, reasoning key, developer role, tool-call ids), as training and
     :func:`template_prompt` hand messages over; for :func:`evaluate`'s messages path."""
     return template_fields(tokenizer, dict(template_kwargs or {})).message_options

@@ -35,7 +35,8 @@ import torch
 from onepass.guard import divergence
 from onepass.guard.divergence import LayerDiff, layer_of_parameter, locate, named_layer
 from onepass.errors import ConfigError, DataError, debug
-from onepass.render import RenderConfig, View
+from onepass.render import RenderConfig
+from onepass.view import View
 from onepass.guard.twin import layer_types as twin_layer_types
 from onepass.guard.twin import tiny_twin
 from onepass.model_config import text_config

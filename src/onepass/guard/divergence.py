@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from onepass.mixers.tree import tree_kwargs
-from onepass.render import View
 from onepass.guard.twin import layer_types
 from onepass.model_config import text_config
+from onepass.view import View
 
 TOLERANCE = 1e-9  # relative, float64
 

@@ -34,10 +34,10 @@ import numpy as np
 
 from onepass.errors import DataError
 from onepass.pack import best_fit_decreasing
-from onepass.render import View
 from onepass.rl.rollouts import Trajectory
 from onepass.schedule import Schedule, schedule_views
 from onepass.tree import Layout, PrefixTree, concat
+from onepass.view import View
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from onepass.errors import run_main
-from onepass.render import parse_key_value
+from onepass.key_value import parse_key_value
 
 _DESCRIPTION = "Fine-tune a HF causal LM on one-pass rows: a YAML config (--config) plus flag overrides."
 _EPILOG = """\

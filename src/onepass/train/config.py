@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onepass.dropped_reasoning import REASONING_CHOICES, REASONING_HELP
+from onepass.render.reasoning import REASONING_CHOICES, REASONING_HELP
 from onepass.errors import ConfigError
 
 FINETUNES = ("full", "lora", "qlora")

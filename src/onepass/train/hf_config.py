@@ -34,7 +34,7 @@ from typing import Any
 
 from transformers import TrainingArguments
 
-from onepass.dropped_reasoning import REASONING_HELP
+from onepass.render.reasoning import REASONING_HELP
 
 log = logging.getLogger("onepass")
 

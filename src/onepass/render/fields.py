@@ -35,9 +35,6 @@ Worked example (a template that concatenates arguments as text)::
     TemplateFields(arguments='json', reasoning_key='thinking', developer=True, tool_ids='given',
                    generation_always=False, string_arguments=True)
 
-It also reads where a template raised (:func:`template_line`): jinja puts the
-template's own line number in the traceback under the file name ``<template>``.
-
 No torch here: this is pure data.
 """
 
@@ -48,7 +45,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-REASONING_KEYS = ("reasoning_content", "thinking", "reasoning", "tool_plan")  # tool_plan: Command R7B tool_use
+from onepass.render.template import render_or_none
+
+TEMPLATE_REASONING_KEYS = ("reasoning_content", "thinking", "reasoning", "tool_plan")
+"""The message keys a template may read reasoning from, in the order they are probed (the first one
+rendered wins): every key a record may give reasoning under (:data:`onepass.record_schemas.REASONING_KEYS`,
+a reading concern) plus ``tool_plan``, which only Command R7B's ``tool_use`` template reads."""
 ARGUMENT_KINDS = ("dict", "json")
 TOOL_ID_KINDS = ("given", "functions")  # the record's ids, or Kimi-K2's functions.NAME:IDX
 _KEY, _VALUE, _REASONING = "onepass_probe_key", "onepass_probe_value", "onepass probe reasoning"
@@ -79,27 +81,6 @@ class TemplateFields:
                 "reasoning_key": self.reasoning_key, "developer": self.developer, "tool_ids": self.tool_ids}
 
 
-def template_line(error: BaseException) -> int | None:
-    """The chat template's line where ``error`` was raised (None when it is not from a template)."""
-    line = getattr(error, "lineno", None) if error.__class__.__name__ == "TemplateSyntaxError" else None
-    tb = error.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == "<template>":
-            line = tb.tb_lineno
-        tb = tb.tb_next
-    return line
-
-
-def is_template_error(error: BaseException) -> bool:
-    """True when ``error`` comes from the template's own code (``raise_exception``, a jinja error,
-    a type error in an expression), not from onepass or transformers."""
-    try:
-        from jinja2.exceptions import TemplateError
-    except ImportError:  # pragma: no cover - transformers depends on jinja2
-        TemplateError = ()
-    return isinstance(error, TemplateError) or template_line(error) is not None
-
-
 _TOOL = {"type": "function", "function": {"name": "onepass_probe", "description": "probe",
                                           "parameters": {"type": "object", "properties": {
                                               _KEY: {"type": "string"}}}}}
@@ -109,13 +90,7 @@ def _render(tokenizer: Any, messages: list[dict[str, Any]], kwargs: Mapping[str,
             tools: list[dict[str, Any]] | None = None) -> str | None:
     tools = tools or kwargs.get(_TOOLS)
     kwargs = {"add_generation_prompt": False, **{k: v for k, v in kwargs.items() if k != _TOOLS}}
-    try:
-        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
-    except Exception as e:
-        if is_template_error(e):
-            return None
-        raise
-    return text if isinstance(text, str) else None
+    return render_or_none(tokenizer, messages, tools=tools, kwargs=kwargs)
 
 
 def _arguments_ok(tokenizer: Any, kind: str, kwargs: Mapping[str, Any]) -> bool:
@@ -175,8 +150,8 @@ def probe_fields(tokenizer: Any, kwargs: Mapping[str, Any]) -> TemplateFields:
     """Uncached :func:`template_fields`: the first candidate of each field that renders faithfully
     (defaults when none does: the turn's own checks then report what is not rendered)."""
     arguments = next((k for k in ARGUMENT_KINDS if _arguments_ok(tokenizer, k, kwargs)), "dict")
-    reasoning = next((k for k in REASONING_KEYS if _reasoning_ok(tokenizer, k, kwargs)), None) or next(
-        (k for k in REASONING_KEYS if _reasoning_ok(tokenizer, k, kwargs, arguments, tool_call=True)),
+    reasoning = next((k for k in TEMPLATE_REASONING_KEYS if _reasoning_ok(tokenizer, k, kwargs)), None) or next(
+        (k for k in TEMPLATE_REASONING_KEYS if _reasoning_ok(tokenizer, k, kwargs, arguments, tool_call=True)),
         "reasoning_content")
     tool_ids = next((k for k in TOOL_ID_KINDS if _tool_ids_ok(tokenizer, k, arguments, kwargs)), "given")
     probe = [{"role": "user", "content": "probe"}]  # the generation prompt rendered without being asked for?

@@ -29,10 +29,11 @@ No torch here: this is pure data.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from onepass.conversation import Conversation
+from onepass.render.template import Render
 
 REASONING_CHOICES = ("keep", "drop")
 """``--reasoning``: ``keep`` (default: a turn whose reasoning the template does not render is a counted
@@ -43,9 +44,6 @@ REASONING_HELP = ("keep (default): a turn whose reasoning the template never ren
 """The ``--reasoning`` help of every subcommand and config that takes it."""
 
 SENTINEL = "ONEPASSxHISTORYxREASONINGx{}x"
-
-Render = Callable[[list[dict[str, Any]], bool], "str | None"]
-"""``render(messages, add_generation_prompt)``: the template's text, or None when it raised."""
 
 
 def without_reasoning(conv: Conversation, turns: Iterable[int]) -> Conversation:

@@ -2,7 +2,7 @@
 
 Why this module exists: a view is ``prompt_k + completion_k`` with ``prompt_k`` the template's
 rendering of ``messages[:k]`` with the generation prompt. Usually the template's rendering of
-``messages[:k+1]`` starts with ``prompt_k`` and the completion is the rest (render.py). Some
+``messages[:k+1]`` starts with ``prompt_k`` and the completion is the rest (:mod:`onepass.render.sources`). Some
 templates break that prefix for one turn although the view is well defined:
 
 - Nemotron 3, MiniMax-M2: the generation prompt opens ``<think>\\n``, but a turn with *empty*
@@ -30,42 +30,23 @@ put where the answer holds the same block emptied (``<think></think>``): :func:`
 
 Where the format cannot be read off (a sentinel missing or found twice, the generation prompt not
 found in the probe, the template raising), :func:`derive_completion` says why and the turn stays
-a counted skip. ``completion_fields`` reads the same way what a ``--completion-format`` puts in
-``{tool_calls}`` and ``{eos}`` (the template's own tool-call text and end of turn).
+a counted skip. :func:`onepass.render.formats.completion_fields` reads the same way what a
+``--completion-format`` puts in ``{tool_calls}`` and ``{eos}``.
 
 No torch here: this is pure data.
 """
 
 from __future__ import annotations
 
-import json
-
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onepass.conversation import Message
-
-COMPLETION_FORMATS: dict[str, str] = {
-    # DeepSeek-R1 style templates strip reasoning from every assistant turn and end
-    # the generation prompt with "<think>\n": the model generates the rest.
-    "deepseek-r1": "{reasoning}\n</think>\n\n{content}{tool_calls}{eos}",
-    # A template whose generation prompt ends with the assistant header only.
-    "think-tags": "<think>\n{reasoning}\n</think>\n\n{content}{tool_calls}{eos}",
-}
-"""Named completion formats. Fields: ``{reasoning}`` (empty string when absent),
-``{content}``, ``{tool_calls}`` and ``{eos}``: the turn's tool calls and the end of
-the turn as the template renders them after the content
-(:func:`onepass.generation_format.completion_fields`; where the template does not
-show them, Qwen-style ``<tool_call>`` blocks and the tokenizer's EOS token). Any
-other string with these fields is accepted as a format too; one without
-``{tool_calls}`` skips (and counts) a turn with tool calls, never drops them."""
+from onepass.render.template import Render
 
 REASONING = "ONEPASSxREASONINGxSENTINEL"
 CONTENT = "ONEPASSxCONTENTxSENTINEL"
 
-Render = Callable[[list[dict[str, Any]], bool], "str | None"]
-"""``render(messages, add_generation_prompt)``: the template's text, or None when it raised."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -132,7 +113,7 @@ def fill(text: str, *, reasoning: str, content: str | None) -> str:
     return text if content is None else text.replace(CONTENT, content)
 
 
-def _probe(turn: dict[str, Any], reasoning_key: str, *, content: bool) -> dict[str, Any]:
+def probe_turn(turn: dict[str, Any], reasoning_key: str, *, content: bool) -> dict[str, Any]:
     probe = dict(turn)
     probe[reasoning_key] = REASONING
     if content:
@@ -151,7 +132,7 @@ def derive_completion(render: Render, history: list[dict[str, Any]], turn: dict[
     turn has reasoning, the content sentinel exactly once, and every tool call's name.
     """
     probe_content = bool(content.strip())
-    rendered = render(history + [_probe(turn, reasoning_key, content=probe_content)], False)
+    rendered = render(history + [probe_turn(turn, reasoning_key, content=probe_content)], False)
     if rendered is None:
         return Derived(problem="the template raised rendering a probe of this turn")
     texts = [m["content"] for m in history if isinstance(m.get("content"), str)]
@@ -204,72 +185,3 @@ def _reasoning_block(render: Render, history: list[dict[str, Any]], turn: dict[s
     if not full or not empty or full.count(REASONING) != 1 or full.replace(REASONING, "") != empty:
         return None
     return full + text[len(empty):] if text.startswith(empty) else None
-
-
-def completion_fields(render: Render, history: list[dict[str, Any]], turn: dict[str, Any], *,
-                      reasoning_key: str) -> tuple[str, str] | None:
-    """``({tool_calls}, {eos})`` of a completion format, as the template renders them for ``turn`` in
-    this position: the text after the content (the turn's tool calls, then the end of the turn).
-    None when the template does not render a probe content once (then the format cannot be filled).
-
-    Example (Qwen3, a tool-call turn): ``('\\n<tool_call>\\n{"name": ...}\\n</tool_call>', '<|im_end|>\\n')``.
-    """
-    def tail(message: dict[str, Any]) -> str | None:
-        text = render(history + [_probe(message, reasoning_key, content=True)], False)
-        if text is None or text.count(CONTENT) != 1 or REASONING in text.split(CONTENT)[1]:
-            return None
-        head, after = text.split(CONTENT)
-        if not (message.get("content") or "").strip():  # what follows an empty content (QwQ: no "\n")
-            empty = render(history + [_probe(message, reasoning_key, content=False)], False)
-            if empty is not None and empty.startswith(head):
-                return empty[len(head):]
-        return after
-
-    with_calls = tail(turn)
-    if with_calls is None:
-        return None
-    if not turn.get("tool_calls"):
-        return "", with_calls
-    without = tail({k: v for k, v in turn.items() if k != "tool_calls"})
-    if without and with_calls.endswith(without):
-        return with_calls[:-len(without)], without
-    return with_calls, ""
-
-
-def turn_end(completion: str, eos: str) -> str | None:
-    """``completion`` cut after the turn's end-of-turn token ``eos`` (the tokenizer's EOS), or None when it
-    is not in it. For a template that appends its generation prompt to a finished conversation too
-    (Command R7B ``tool_use``: ``...<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>``):
-    the next turn's header follows the turn, and the model, stopping at its EOS, never generates it.
-
-    >>> turn_end("<a>x<eot><sot><bot>", "<eot>")
-    '<a>x<eot>'
-    """
-    return completion[:completion.rindex(eos) + len(eos)] if eos and eos in completion else None
-
-
-def format_completion(fmt: str, message: Message, eos: str, tool_calls: str | None = None) -> str:
-    """``fmt`` filled with the turn's fields; ``tool_calls`` is the template's own text for them
-    (:func:`onepass.generation_format.completion_fields`), else Qwen-style ``<tool_call>`` blocks."""
-    calls = tool_calls if tool_calls is not None else "".join(
-        "\n<tool_call>\n" + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False)
-        + "\n</tool_call>" for c in message.tool_calls)
-    return fmt.format(reasoning=message.reasoning or "", content=message.content,
-                      tool_calls=calls, eos=eos)
-
-
-def unopened_close(fmt: str, prompt: str, tag: str = "think") -> str | None:
-    """The closing ``</tag>`` a completion format writes before opening it, where the generation prompt
-    ``prompt`` has no open ``<tag>`` either (DeepSeek-V3.1 thinking after a tool result); else None.
-
-    >>> unopened_close("{reasoning}\\n</think>\\n\\n{content}", "<｜tool▁output▁end｜>")
-    '</think>'
-    >>> unopened_close("{reasoning}\\n</think>\\n\\n{content}", "<｜Assistant｜><think>") is None
-    True
-    """
-    opener, closer = f"<{tag}>", f"</{tag}>"
-    head = fmt.format(reasoning="", content="", tool_calls="", eos="")
-    closes = head.find(closer)
-    if closes < 0 or opener in head[:closes] or prompt.rfind(opener) > prompt.rfind(closer):
-        return None
-    return closer

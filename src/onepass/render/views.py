@@ -1,0 +1,271 @@
+"""Views: one training example per assistant turn, rendered by the model's own template.
+
+Why this module exists: the N-pass example for assistant turn k is exactly what
+the model sees at inference (the prompt, rendered by its chat template with the
+generation prompt) followed by what it generates. Rendering with the template,
+instead of assuming a format, is what makes onepass exact for any template:
+Qwen3 dropping old reasoning, keeping it inside a tool-call chain, the empty
+``<think>\\n\\n</think>\\n\\n`` block on a turn without reasoning, all come from
+the template itself.
+
+For assistant message k::
+
+    prompt_k     = render(messages[:k], add_generation_prompt=True)
+    full_k       = render(messages[:k+1])
+    completion_k = full_k[len(prompt_k):]           if full_k starts with prompt_k  (template split)
+                 = the derived generation format     else (onepass.render.derived)
+                 = completion_format.format(...)     instead, if a format is given (onepass.render.formats)
+                 (else: RenderError naming the turn and what failed: onepass.render.sources)
+    tokens_k     = tokenize(prompt_k) + tokenize(completion_k)   (each on its own)
+
+Tokenizing the two parts on their own is what happens at inference (the prompt is encoded, then the model
+emits tokens); it differs from tokenizing ``full_k`` when a BPE merge crosses the boundary. Such views are
+counted (``View.boundary_merge``, found on a window around the boundary: :func:`merges_across`). The prompts
+of one conversation repeat its history: :mod:`onepass.render.encode` encodes each piece between added tokens once.
+
+A turn that cannot be split, or for which the template raises, is skipped on its own (:func:`render_conversation`
+returns it with its error, naming record, message and template line); the other views are kept. Message fields
+go over as the template reads them (:mod:`onepass.render.fields`); reasoning is left out only by the
+retries of :data:`RETRIES` (``--reasoning drop``, or an earlier turn's the template drops anyway:
+:mod:`onepass.render.reasoning`), each counted on the view.
+
+Worked example (Qwen3, reasoning "r", answer "a")::
+
+    prompt      <|im_start|>user\\nq<|im_end|>\\n<|im_start|>assistant\\n
+    completion  <think>\\nr\\n</think>\\n\\na<|im_end|>\\n        <- trained tokens
+
+No torch here: this is pure data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from onepass.conversation import Conversation
+from onepass.errors import UsageError
+from onepass.render.encode import encode_texts, split_between
+from onepass.render.errors import ReasoningNotRendered, RenderError, TemplateRaised
+from onepass.render.fields import template_fields
+from onepass.render.formats import resolve_completion_format
+from onepass.render.reasoning import REASONING_CHOICES, unrendered_history_reasoning, without_reasoning
+from onepass.render.sources import GIVEN_FORMAT, TEMPLATE_SOURCES, CompletionSource, Declined, Turn
+from onepass.render.template import render_turn
+from onepass.view import View
+
+
+@dataclass(frozen=True, kw_only=True)
+class RenderConfig:
+    """How to render views. ``template_kwargs`` go to the template (e.g. ``enable_thinking``)."""
+
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    completion_format: str | None = None  # a name from COMPLETION_FORMATS or a format string
+    reasoning: str = "keep"  # or "drop": a turn whose reasoning the template never renders is trained without it
+
+    def __post_init__(self) -> None:
+        if self.reasoning not in REASONING_CHOICES:
+            raise UsageError(f"--reasoning must be one of {', '.join(REASONING_CHOICES)}, got {self.reasoning!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Text:
+    """One turn's texts, and how they were obtained (the View's flags)."""
+
+    prompt: str
+    completion: str
+    derived: bool = False
+    reasoning_dropped: bool = False
+    history_reasoning_dropped: bool = False
+
+
+def _complete(turn: Turn, sources: Sequence[CompletionSource]) -> _Text:
+    """THE RULE for one turn: the prompt is the template's; the completion comes from the first source
+    that gives one, and must pass that source's checks. When every source declines, the first reason
+    given is the error (the template split's "reasoning not rendered" before the derived format's)."""
+    prompt = turn.prompt()
+    declined: list[Declined] = []
+    for source in sources:
+        completion = source.complete(turn, prompt)
+        if isinstance(completion, Declined):
+            declined.append(completion)
+            continue
+        for check in source.checks:
+            check(turn, completion)
+        return _Text(prompt, completion, derived=source.derived)
+    raise next(d.reason for d in declined if d.reason is not None)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Retry:
+    """A second try of a turn skipped with error ``on``, with the reasoning of messages ``drop`` left out
+    (no retry where it finds none), counted on the view as ``flag``. When the retry fails too, the error
+    reported is the first one (``report_first``) or the retry's."""
+
+    name: str
+    on: type[RenderError]
+    drop: Callable[[Turn, RenderConfig], list[int]]
+    flag: str
+    report_first: bool
+
+
+def _own_reasoning(turn: Turn, config: RenderConfig) -> list[int]:
+    """``--reasoning drop``: the turn's own reasoning, which the template never renders (non-thinking)."""
+    return [turn.k] if config.reasoning == "drop" else []
+
+
+def _history_reasoning(turn: Turn, config: RenderConfig) -> list[int]:
+    """Earlier messages the template raises for, in a position where it drops their reasoning anyway
+    (gpt-oss): probed, never assumed (:func:`onepass.render.reasoning.unrendered_history_reasoning`)."""
+    head = len(turn.conv.template_messages(0))
+    return unrendered_history_reasoning(turn.probe(), turn.conv, turn.k, head=head,
+                                        options=turn.fields.message_options)
+
+
+RETRIES = (
+    Retry(name="own reasoning dropped", on=ReasoningNotRendered, drop=_own_reasoning, flag="reasoning_dropped",
+          report_first=False),
+    Retry(name="history reasoning dropped", on=TemplateRaised, drop=_history_reasoning,
+          flag="history_reasoning_dropped", report_first=True),
+)
+"""The retries of a skipped turn, in order: at most one runs (the first whose ``on`` matches and finds reasoning)."""
+
+
+def _turn_text(turn: Turn, config: RenderConfig, sources: Sequence[CompletionSource]) -> _Text:
+    """The texts of one turn (:func:`_complete`), retried once per :data:`RETRIES`; or the RenderError."""
+    try:
+        return _complete(turn, sources)
+    except RenderError as error:
+        retry = next((r for r in RETRIES if isinstance(error, r.on)), None)
+        dropped = retry.drop(turn, config) if retry is not None else []
+        if retry is None or not dropped:
+            raise
+        try:
+            text = _complete(dataclasses.replace(turn, conv=without_reasoning(turn.conv, dropped)), sources)
+        except RenderError:
+            if retry.report_first:
+                raise error from None
+            raise
+        return dataclasses.replace(text, **{retry.flag: True})
+
+
+def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig
+                ) -> Iterator[tuple[int, _Text] | tuple[int, RenderError]]:
+    """Per assistant turn: ``(turn, its texts)``, or ``(turn, the RenderError that skips it)``."""
+    fmt = resolve_completion_format(config.completion_format)
+    sources = GIVEN_FORMAT if fmt is not None else TEMPLATE_SOURCES
+    kwargs = dict(config.template_kwargs)
+    eos = getattr(tokenizer, "eos_token", None) or ""
+    fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
+    for k, message in enumerate(conv.messages):
+        if message.role != "assistant" or not message.train:
+            continue
+        turn = Turn(conv=conv, k=k, tokenizer=tokenizer, kwargs=kwargs, fields=fields, eos=eos, fmt=fmt)
+        try:
+            yield k, _turn_text(turn, config, sources)
+        except RenderError as e:
+            yield k, e
+
+
+def render_prompt(conv: Conversation, tokenizer: Any, upto: int,
+                  template_kwargs: Mapping[str, Any] | None = None) -> str:
+    """The prompt the model sees before message ``upto``: ``messages[:upto]`` with the generation
+    prompt, with the fields this template expects (:func:`onepass.render.fields.template_fields`),
+    exactly as training renders a view's prompt. Inference-time callers (``onepass eval``) use it."""
+    kwargs = dict(template_kwargs or {})
+    fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
+    return render_turn(tokenizer, conv, conv.template_messages(upto, **fields.message_options), generation=True,
+                       kwargs=kwargs, turn=upto, blame=True)
+
+
+def render_texts(conv: Conversation, tokenizer: Any, config: RenderConfig = RenderConfig()
+                 ) -> list[tuple[int, str, str]]:
+    """``(turn, prompt_text, completion_text)`` for every assistant message of ``conv``;
+    raises the first turn's RenderError (:func:`render_conversation` skips that turn instead)."""
+    out = []
+    for turn, text in _iter_texts(conv, tokenizer, config):
+        if isinstance(text, RenderError):
+            raise text
+        out.append((turn, text.prompt, text.completion))
+    return out
+
+
+BOUNDARY_WINDOW = 64  # characters each side of the prompt|completion boundary
+
+
+def merges_across(tokenizer: Any, pairs: Sequence[tuple[str, str]], window: int = BOUNDARY_WINDOW) -> list[bool]:
+    """Per ``(prompt, completion)``: does tokenizing them as one text give other tokens than each on its
+    own? A BPE merge crosses the boundary only inside the pre-token holding it, so ``window`` characters
+    each side decide it, without encoding the whole view a third time (the slow reference, the whole
+    text, is compared with this in tests/test_render.py). Example: an R1 prompt ends ``<think>\\n`` and a
+    completion with empty reasoning starts ``\\n</think>``; joined, ``\\n\\n`` is one Qwen token: True.
+    A pair the tokenizer surely cuts at the boundary (an added token on either side:
+    :func:`onepass.render.encode.split_between`) is False without encoding anything.
+    """
+    unknown = [i for i, (p, c) in enumerate(pairs) if not split_between(tokenizer, p, c)]
+    texts = [t for i in unknown for p, c in [pairs[i]] for t in (p[-window:] + c[:window], p[-window:], c[:window])]
+    ids = encode_texts(tokenizer, texts) if texts else []
+    merged = [False] * len(pairs)
+    for j, i in enumerate(unknown):
+        merged[i] = ids[3 * j] != ids[3 * j + 1] + ids[3 * j + 2]
+    return merged
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rendered:
+    """The views of one conversation, and each turn that could not be used (with its error)."""
+
+    views: tuple[View, ...]
+    skipped: tuple[RenderError, ...] = ()
+    not_trained: int = 0  # assistant turns the record marks not to train (weight 0): no view, context only
+    arguments_parsed: int = 0  # tool calls given as a JSON string, parsed for a template that needs a dict
+
+
+def _counts(conv: Conversation, tokenizer: Any, config: RenderConfig) -> dict[str, int]:
+    """:class:`Rendered`'s counts of what the record says and the template needs, beside the views."""
+    fields = template_fields(tokenizer, dict(config.template_kwargs), tools=bool(conv.tools))
+    strings = sum(c.text is not None for m in conv.messages for c in m.tool_calls)
+    return {"not_trained": sum(m.role == "assistant" and not m.train for m in conv.messages),
+            "arguments_parsed": 0 if fields.string_arguments else strings}
+
+
+def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig = RenderConfig()
+                        ) -> Rendered:
+    """Every view of ``conv`` that renders; a turn that does not is skipped on its own, with its
+    error, and the conversation's other views are kept (a view depends on its own turn only)."""
+    texts: list[tuple[int, _Text]] = []
+    skipped: list[tuple[int, RenderError]] = []
+    for item in _iter_texts(conv, tokenizer, config):
+        (skipped if isinstance(item[1], RenderError) else texts).append(item)  # type: ignore[arg-type]
+    counts = _counts(conv, tokenizer, config)
+    if not texts:
+        return Rendered(views=(), skipped=tuple(e for _, e in skipped), **counts)
+    encoded = encode_texts(tokenizer, [t.prompt for _, t in texts] + [t.completion for _, t in texts])
+    prompts, completions = encoded[:len(texts)], encoded[len(texts):]
+    merged = merges_across(tokenizer, [(t.prompt, t.completion) for _, t in texts])
+    views = []
+    for (turn, text), p, c, merge in zip(texts, prompts, completions, merged):
+        if not c:
+            skipped.append((turn, RenderError(f"{conv.at(turn)}: the completion has no tokens")))
+        elif not p:
+            skipped.append((turn, RenderError(f"{conv.at(turn)}: the prompt has no tokens, so "
+                                              "the first completion token has nothing to be predicted from")))
+        else:
+            views.append(View(tokens=np.asarray(p + c, dtype=np.int64), num_prompt=len(p), turn=turn,
+                              source=conv.source, boundary_merge=merge, derived=text.derived,
+                              reasoning_dropped=text.reasoning_dropped, first_message=conv.first_message,
+                              history_reasoning_dropped=text.history_reasoning_dropped))
+    skipped.sort(key=lambda pair: pair[0])
+    return Rendered(views=tuple(views), skipped=tuple(e for _, e in skipped), **counts)
+
+
+def render_views(conv: Conversation, tokenizer: Any, config: RenderConfig = RenderConfig()
+                 ) -> list[View]:
+    """The N-pass views of ``conv``, in turn order; raises the first skipped turn's RenderError."""
+    rendered = render_conversation(conv, tokenizer, config)
+    if rendered.skipped:
+        raise rendered.skipped[0]
+    return list(rendered.views)

@@ -1,0 +1,50 @@
+"""The view: one N-pass training example, the hand-off from rendering to the layout.
+
+Why this module exists: everything after rendering (the prefix tree, the schedule, packing, the
+loss, the guard, benchmarks, RL scoring) needs a view's tokens and where its prompt ends, never
+how the template produced them. Keeping :class:`View` here, apart from :mod:`onepass.render`,
+lets the layout modules (``tree``, ``schedule``, ``pack``, ``loss``) import no template code.
+
+A view of assistant turn k is ``tokens = prompt_k + completion_k`` (each tokenized on its own):
+``tokens[:num_prompt]`` is context, the rest is trained::
+
+    >>> v = View(tokens=np.array([11, 12, 13, 14, 15]), num_prompt=3, turn=1, source="chat.jsonl line 4")
+    >>> v.num_completion, len(v), v.at
+    (2, 5, 'chat.jsonl line 4, message 1')
+
+No torch here: this is pure data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from onepass.record_schemas import message_at
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class View:
+    """One N-pass training example: ``tokens[:num_prompt]`` is context, the rest is trained."""
+
+    tokens: np.ndarray  # int64 [n]
+    num_prompt: int
+    turn: int  # index of the assistant message in Conversation.messages
+    source: str = "<memory>"
+    boundary_merge: bool = False  # tokenizing prompt+completion as one text gives other tokens
+    derived: bool = False  # completion from the derived generation format (the template cannot split it)
+    reasoning_dropped: bool = False  # its own reasoning left out by choice (--reasoning drop)
+    history_reasoning_dropped: bool = False  # an earlier message's reasoning the template drops here left out
+    first_message: int = 0  # Conversation.first_message: errors number the turn as the record does
+
+    @property
+    def at(self) -> str:  # SOURCE, message N: as Conversation.at names this turn
+        return message_at(self.source, self.turn + self.first_message)
+
+    @property
+    def num_completion(self) -> int:
+        return len(self.tokens) - self.num_prompt
+
+    def __len__(self) -> int:
+        return len(self.tokens)
