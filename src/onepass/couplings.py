@@ -17,14 +17,16 @@ with N-pass on a tiny twin whatever this module concluded.
 ``make test-latest`` against the newest ones).
 
 Example: a recurrent mixer is a module whose forward reads conv or recurrent
-states from one of its arguments; that argument is its cache argument.
+states from one of its arguments; that argument is its cache argument
+(``past_key_values`` for LFM2's short convolution up to transformers 5.23,
+``cache`` since 5.24), and it calls only what onepass's chain state provides.
 
->>> class Mixer:
-...     def forward(self, hidden_states, state=None, attention_mask=None):
-...         conv = state.get_conv_state(0) if state is not None else None
-...         return hidden_states
->>> recurrent_mixer(Mixer)
-MixerCoupling(cls_name='Mixer', cache_arg='state', cache_methods=frozenset({'get_conv_state'}))
+>>> from transformers.models.lfm2.modeling_lfm2 import Lfm2ShortConv, Lfm2MLP
+>>> coupling = recurrent_mixer(Lfm2ShortConv)
+>>> coupling.cache_arg in ("cache", "past_key_values"), sorted(coupling.cache_methods)
+(True, ['get_conv_state', 'is_recording_past', 'update_conv_state'])
+>>> recurrent_mixer(Lfm2MLP) is None
+True
 """
 
 from __future__ import annotations

@@ -234,6 +234,13 @@ def atomic_dir(path: str | Path, *, replace: bool = True) -> Iterator[Path]:
     publish_dir(tmp, path, replace=replace)
 
 
+def cache_dir() -> Path:
+    """onepass's cache folder: ``$ONEPASS_CACHE``, else ``$XDG_CACHE_HOME/onepass`` (``~/.cache/onepass``)."""
+    root = os.environ.get("ONEPASS_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "onepass")
+    return Path(root)
+
+
 class OutputLocked(UsageError):
     """Another running onepass command writes the same output folder."""
 
@@ -243,8 +250,6 @@ def lock_path(path: str | Path) -> Path:
     of its real absolute path (two spellings of one folder share it; nothing is left beside the user's
     outputs, nothing in ``TMPDIR``)."""
     import hashlib
-
-    from onepass.tokenizer import cache_dir
 
     real = os.path.realpath(os.path.abspath(path))
     digest = hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()[:24]

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from onepass.errors import ConfigError
-from onepass.files import atomic_dir
+from onepass.files import atomic_dir, cache_dir
 from onepass.hub import hub_offline, offline_reason
 
 QWEN3_ADDED_TOKENS = (
@@ -68,12 +68,6 @@ def check_template(template: str, name: str) -> None:
     except TemplateSyntaxError as e:
         raise TokenizerError(f"the chat template of {name} does not compile: line {e.lineno}: {e.message}"
                              ) from None
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("ONEPASS_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "onepass")
-    return Path(root)
 
 
 def build_qwen3_tokenizer(out_dir: str | Path) -> Path:
