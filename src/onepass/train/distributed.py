@@ -124,11 +124,12 @@ def _parent_argv() -> list[str]:
 
 def _accelerate_num_processes(argv: Sequence[str]) -> int | None:
     """``--num_processes`` of an ``accelerate launch`` command line, else its config file's; None if neither."""
-    if "launch" not in argv:
+    starts = [i for i, a in enumerate(argv) if a in ("launch", "accelerate.commands.launch")]
+    if not starts:  # `accelerate launch ...` or `python -m accelerate.commands.launch ...`
         return None
     from accelerate.commands.launch import launch_command_parser
 
-    rest = list(argv[argv.index("launch") + 1:])
+    rest = list(argv[starts[0] + 1:])
     args, _ = launch_command_parser().parse_known_args(rest)
     if args.num_processes is not None:
         return int(args.num_processes)
