@@ -147,3 +147,58 @@ def test_fsdp_on_two_cpu_ranks_takes_the_steps_of_one_process(tmp_path, chats, f
     for k in w1:
         assert float((w1[k] - w2[k]).norm()) <= 1e-12 * max(float(w1[k].norm()), 1.0), k
     assert all(w.dtype == torch.float64 for w in w2.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# shipped configs, checked against the libraries' own schemas (no GPU needed)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("accelerate-*.yaml")))
+def test_shipped_accelerate_configs_pass_accelerates_schema(name):
+    from onepass.train.distributed import check_accelerate_config
+
+    cluster = check_accelerate_config(CONFIGS / name)
+    assert cluster.num_processes >= 2
+
+
+@pytest.mark.parametrize("edit, error", [
+    (("fsdp_config:\n  fsdp_version: 2", "fsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forwad: true"),
+     "fsdp_config has key.* accelerate launch does not know: fsdp_reshard_after_forwad"),
+    (("distributed_type: FSDP", "distributed_type: FSDP\nnum_proceses: 2"), "unknown keys"),
+    (("fsdp_state_dict_type: SHARDED_STATE_DICT", "fsdp_state_dict_type: SHARDED"), "fsdp_config"),
+])
+def test_a_misspelled_accelerate_config_key_or_value_is_refused(tmp_path, edit, error):
+    from onepass.train.distributed import check_accelerate_config
+
+    text = (CONFIGS / "accelerate-fsdp-cpu.yaml").read_text()
+    assert edit[0] in text
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace(edit[0], edit[1]))
+    with pytest.raises(TrainConfigError, match=error):
+        check_accelerate_config(bad)
+
+
+def test_qlora_quantization_config_is_built_and_checked_on_cpu():
+    from onepass.train.model import quantization_config, qlora_settings
+
+    config = load_config(None, dict(model="x", data="x", finetune="qlora", dtype="bfloat16"))
+    built = quantization_config(config)
+    assert built.load_in_4bit and built.bnb_4bit_quant_type == "nf4" and built.bnb_4bit_use_double_quant
+    assert built.bnb_4bit_compute_dtype == torch.bfloat16
+    with pytest.raises(TrainConfigError, match="BitsAndBytesConfig takes no bnb_4bit_quant_typ"):
+        quantization_config(config, {**qlora_settings(config), "bnb_4bit_quant_typ": "nf4"})
+    with pytest.raises(TrainConfigError, match="bnb_4bit_quant_type 'nf5'"):
+        quantization_config(config, {**qlora_settings(config), "bnb_4bit_quant_type": "nf5"})
+
+
+def test_eight_bit_optimizer_names_are_transformers_names_and_bitsandbytes_classes():
+    from transformers.training_args import OptimizerNames
+
+    from onepass.train.config import OPTIMIZERS
+    from onepass.train.model import BNB_OPTIMIZERS
+
+    assert sorted(BNB_OPTIMIZERS) == sorted(o for o in OPTIMIZERS if o.endswith("8bit"))
+    assert set(BNB_OPTIMIZERS) <= {o.value for o in OptimizerNames}  # what TrainingArguments(optim=...) takes
+    bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes not installed: class names unchecked")
+    for cls in BNB_OPTIMIZERS.values():
+        assert isinstance(getattr(bnb.optim, cls), type), cls

@@ -140,6 +140,57 @@ def _accelerate_num_processes(argv: Sequence[str]) -> int | None:
     return None
 
 
+_PREFIXED = {"fsdp_config": "fsdp_", "fp8_config": "fp8_", "dynamo_config": "dynamo_"}
+
+
+def check_accelerate_config(path: str | Path) -> Any:
+    """An accelerate config file, checked against accelerate's own schema; returns its ``ClusterConfig``.
+
+    accelerate refuses unknown top-level keys when it reads the file, but copies the keys of
+    ``fsdp_config`` / ``deepspeed_config`` / ... onto its launch arguments and ignores any it
+    has no argument for, so a misspelled ``fsdp_reshard_after_forwad`` would quietly be the
+    default. Each one must be an argument of ``accelerate launch`` (the name it maps to, as
+    ``accelerate launch`` maps it); an FSDP config's plugin is then built from what the
+    launcher would export, so a bad value fails here too.
+    """
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import launch_command_parser
+
+    try:
+        cluster = load_config_from_file(str(path))
+    except (ValueError, TypeError) as e:
+        raise TrainConfigError(f"{path}: {e}") from None
+    known = {a.dest for a in launch_command_parser()._actions}
+    for name, section in vars(cluster).items():
+        if not isinstance(section, dict):
+            continue
+        prefix = _PREFIXED.get(name, "")
+        unknown = [k for k in section if (k if k.startswith(prefix) else prefix + k) not in known]
+        if unknown:
+            raise TrainConfigError(f"{path}: {name} has key(s) accelerate launch does not know: "
+                                   f"{', '.join(sorted(unknown))}")
+    if str(cluster.distributed_type).split(".")[-1] == "FSDP":
+        _fsdp_plugin_of(cluster, path)
+    return cluster
+
+
+def _fsdp_plugin_of(cluster: Any, path: str | Path) -> Any:
+    """The ``FullyShardedDataParallelPlugin`` each rank would build from ``cluster`` (launcher's variables)."""
+    from unittest import mock
+
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    env = {"ACCELERATE_USE_FSDP": "true"}
+    for key, value in cluster.fsdp_config.items():
+        name = (key if key.startswith("fsdp_") else "fsdp_" + key)[len("fsdp_"):].upper()
+        env["FSDP_" + name] = str(value)
+    with mock.patch.dict(os.environ, env):
+        try:
+            return FullyShardedDataParallelPlugin()
+        except (ValueError, TypeError, KeyError) as e:
+            raise TrainConfigError(f"{path}: fsdp_config: {e}") from None
+
+
 def make_accelerator(*, cpu: bool, mixed_precision: str, env: Mapping[str, str] | None = None,
                      **kwargs: Any) -> Any:
     """``Accelerator(cpu=..., mixed_precision=..., **kwargs)`` running the parallelism the launcher asked for.
@@ -193,4 +244,4 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-__all__ = ["MODES", "Distributed", "asked_mode", "check_launch", "describe", "make_accelerator", "shutdown"]
+__all__ = ["MODES", "Distributed", "asked_mode", "check_accelerate_config", "check_launch", "describe", "make_accelerator", "shutdown"]
