@@ -1,4 +1,4 @@
-"""Run by test_hf_trainer under one process or ``torchrun``: train 3 steps, write result.json.
+"""Run by test_hf_trainer alone, under ``torchrun`` or ``accelerate launch``: train 3 steps, write result.json.
 
 Usage: hf_trainer_script.py DATA_DIR OUT_DIR PER_DEVICE_BATCH VOCAB
 """
@@ -36,11 +36,13 @@ def main(data: str, out: str, batch: int, vocab: int) -> None:
                              dataloader_num_workers=0)
     trainer = OnePassTrainer(model=model, args=args, train_dataset=datasets.load_from_disk(data))
     trainer.train()
+    state = trainer.accelerator.get_state_dict(trainer.model)  # gathered from every rank under FSDP
     if trainer.is_world_process_zero():
-        norm = float(torch.cat([p.detach().flatten() for p in model.parameters()]).norm())
+        norm = float(torch.cat([v.detach().flatten() for v in state.values()]).norm())
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "result.json").write_text(json.dumps({
-            "world_size": trainer.args.world_size, "initial_weight_norm": initial, "weight_norm": norm,
+            "world_size": trainer.args.world_size, "distributed": trainer.distributed.to_dict(),
+            "initial_weight_norm": initial, "weight_norm": norm,
             "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h]}))
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # end the gloo group before the interpreter tears down

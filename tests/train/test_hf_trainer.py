@@ -215,6 +215,35 @@ def test_torchrun_two_processes_match_one(tmp_path, datasets_):
     assert a["weight_norm"] != a["initial_weight_norm"]
 
 
+@pytest.mark.slow
+def test_accelerate_fsdp_on_two_cpu_ranks_matches_one_process(tmp_path, datasets_):
+    """OnePassTrainer under accelerate launch with configs/accelerate-fsdp-cpu.yaml runs FSDP2 (not DDP)."""
+    one, _, ids = datasets_
+    data = tmp_path / "data"
+    one.save_to_disk(str(data))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONFAULTHANDLER": "1"}
+    script = str(HERE / "hf_trainer_script.py")
+    single = subprocess.run([sys.executable, script, str(data), str(tmp_path / "one"), "2", str(len(ids))],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-3000:]
+    config = Path(__file__).parents[2] / "configs" / "accelerate-fsdp-cpu.yaml"
+    two = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), script,
+                          str(data), str(tmp_path / "two"), "1", str(len(ids))],
+                         env=env, capture_output=True, text=True, timeout=400)
+    assert two.returncode == 0, two.stderr[-6000:]
+    assert "Reducer" not in two.stderr and "DistributedDataParallel" not in two.stderr
+    a = json.loads((tmp_path / "one" / "result.json").read_text())
+    b = json.loads((tmp_path / "two" / "result.json").read_text())
+    assert a["distributed"]["mode"] == "single"
+    assert b["distributed"] == {"mode": "fsdp", "world_size": 2, "backend": "gloo", "device": "cpu",
+                                "fsdp_version": 2, "launcher": "accelerate"}
+    assert len(a["losses"]) == len(b["losses"]) == 3
+    assert max(rel(x, y) for x, y in zip(a["losses"], b["losses"])) <= 1e-9
+    assert rel(a["weight_norm"], b["weight_norm"]) <= 1e-12
+    assert a["weight_norm"] != a["initial_weight_norm"]
+
+
 @pytest.mark.requires_cuda
 def test_deepspeed_zero2_through_the_trainer_matches_plain(tmp_path, datasets_):
     pytest.importorskip("deepspeed")

@@ -203,17 +203,28 @@ def make_accelerator(*, cpu: bool, mixed_precision: str, env: Mapping[str, str] 
 
     env = os.environ if env is None else env
     check_launch(env)
-    asked = asked_mode(env)
     accelerator = Accelerator(cpu=cpu, mixed_precision=mixed_precision, **kwargs)
+    honour_request(accelerator, env)
+    return accelerator
+
+
+def honour_request(accelerator: Any, env: Mapping[str, str] | None = None) -> Distributed:
+    """Make ``accelerator`` (just made, nothing prepared yet) run what the launcher asked for, or refuse.
+
+    Used by :func:`make_accelerator` and by ``OnePassTrainer`` for the accelerator HF's Trainer makes.
+    Returns what will run.
+    """
+    env = os.environ if env is None else env
+    asked = asked_mode(env)
     if asked == "fsdp" and _kind(accelerator) == "MULTI_CPU":
-        _fsdp_on_cpu(accelerator, mixed_precision)
+        _fsdp_on_cpu(accelerator, str(accelerator.mixed_precision))
     got = describe(accelerator, env)
     if asked in ("fsdp", "deepspeed") and got.mode != asked or asked == "ddp" and got.mode == "single":
         raise TrainConfigError(
             f"the launcher asked for {asked} but this process would run {got.mode} over {got.world_size} "
             f"process(es) on {got.device}: check the accelerate config (distributed_type, num_processes, use_cpu) "
             "and that every process sees the same devices")
-    return accelerator
+    return got
 
 
 def _kind(accelerator: Any) -> str:
@@ -244,4 +255,5 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-__all__ = ["MODES", "Distributed", "asked_mode", "check_accelerate_config", "check_launch", "describe", "make_accelerator", "shutdown"]
+__all__ = ["MODES", "Distributed", "asked_mode", "check_accelerate_config", "check_launch", "describe", "honour_request", "make_accelerator",
+           "shutdown"]

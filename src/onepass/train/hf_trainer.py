@@ -240,6 +240,16 @@ class OnePassTrainer(Trainer):
         # compute_loss divides by the step's weight sum itself: no extra division by grad-accum steps
         self.model_accepts_loss_kwargs = True
 
+    def create_accelerator_and_postprocess(self) -> None:
+        """HF's accelerator, running the parallelism the launcher asked for: FSDP on CPU ranks too
+        (accelerate alone runs DDP there), anything else asked for and not had is an error
+        (:mod:`onepass.train.distributed`)."""
+        from onepass.train.distributed import honour_request
+
+        super().create_accelerator_and_postprocess()
+        self.distributed = honour_request(self.accelerator)
+        self.is_fsdp_enabled = getattr(self.accelerator.state, "fsdp_plugin", None) is not None
+
     def check_exactness(self) -> Any:
         """The exactness guard on a tiny float64 twin of the model; raises
         :class:`onepass.guard.InexactModelError` (one line) unless ``allow_inexact``."""
