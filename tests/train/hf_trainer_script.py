@@ -14,10 +14,6 @@ import torch
 
 
 def main(data: str, out: str, batch: int, vocab: int) -> None:
-    import faulthandler
-
-    faulthandler.enable(all_threads=True)  # an abort (also in teardown) prints every thread's Python stack
-    faulthandler.dump_traceback_later(240)  # a hang does too, before the test's 300 s timeout
     import datasets
     from transformers import TrainingArguments
 

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from onepass.train.config import TrainConfigError, load_config
 from onepass.train.distributed import asked_mode, check_launch
 from onepass.train.loop import train
 
+from ranks import run_ranks
 from strategies import synthetic_conversations
 
 CONFIGS = Path(__file__).parents[2] / "configs"
@@ -111,8 +113,8 @@ def fsdp_two_ranks(tmp_path, chats, name, steps, extra):
            "--tiny", "qwen3", "--data", str(chats), "--dtype", "float64", "--per-device-train-batch-size", "1",
            "--max-steps", str(steps), "--learning-rate", "3e-3", "--seed", "0", "--device", "cpu",
            "--output-dir", str(out), "--no-progress", *extra]
-    proc = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_ranks(cmd, env(), timeout=400)
+    assert proc.returncode == 0, proc.stderr[-6000:]
     assert proc.stderr.lstrip().startswith("parallelism: FSDP2 over 2 processes (gloo) on cpu, launched by accelerate")
     assert "Reducer" not in proc.stderr and "DistributedDataParallel" not in proc.stderr  # no DDP underneath
     return out, proc
@@ -202,3 +204,20 @@ def test_eight_bit_optimizer_names_are_transformers_names_and_bitsandbytes_class
     bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes not installed: class names unchecked")
     for cls in BNB_OPTIMIZERS.values():
         assert isinstance(getattr(bnb.optim, cls), type), cls
+
+
+def test_a_launch_that_hangs_fails_with_every_process_stack_and_leaves_none_behind(tmp_path):
+    """tests/ranks.py: what replaced the retries; a hung rank is killed with its stack, not retried beside."""
+    pid_file = tmp_path / "child.pid"
+    code = ("import subprocess, sys, time; "
+            "c = subprocess.Popen([sys.executable, '-c', 'import time\\ndef waiting_rank():\\n time.sleep(600)\\n"
+            "waiting_rank()']); "
+            f"open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(600)")
+    with pytest.raises(AssertionError, match="did not finish in 3 s") as caught:
+        run_ranks([sys.executable, "-c", code], dict(os.environ), timeout=3)
+    assert "waiting_rank" in str(caught.value)  # the child's Python stack, from faulthandler on SIGABRT
+    child = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):  # killed with the launch (reaped by init: give it 5 s)
+        for _ in range(50):
+            os.kill(child, 0)
+            time.sleep(0.1)

@@ -25,6 +25,7 @@ from onepass.render import render_views
 from onepass.tiny import tiny_model
 from onepass.tree import IGNORE, Layout
 
+from ranks import run_ranks
 from strategies import synthetic_conversations
 
 HERE = Path(__file__).parent
@@ -200,11 +201,9 @@ def test_torchrun_two_processes_match_one(tmp_path, datasets_):
     single = subprocess.run([sys.executable, script, str(data), str(tmp_path / "one"), "2", str(len(ids))],
                             env=env, capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
-    # one try: a teardown abort or hang is a failure, and its Python stacks are in the output (the script's
-    # faulthandler dumps every thread on SIGABRT and after 240 s; PYTHONFAULTHANDLER covers torchrun itself)
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          script, str(data), str(tmp_path / "two"), "1", str(len(ids))],
-                         env={**env, "PYTHONFAULTHANDLER": "1"}, capture_output=True, text=True, timeout=300)
+    # one try: a teardown abort or a hang is a failure, with every process's Python stacks (tests/ranks.py)
+    two = run_ranks([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                     script, str(data), str(tmp_path / "two"), "1", str(len(ids))], env, timeout=300)
     assert two.returncode == 0, two.stderr[-6000:]
     a = json.loads((tmp_path / "one" / "result.json").read_text())
     b = json.loads((tmp_path / "two" / "result.json").read_text())
@@ -221,16 +220,14 @@ def test_accelerate_fsdp_on_two_cpu_ranks_matches_one_process(tmp_path, datasets
     one, _, ids = datasets_
     data = tmp_path / "data"
     one.save_to_disk(str(data))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONFAULTHANDLER": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     script = str(HERE / "hf_trainer_script.py")
     single = subprocess.run([sys.executable, script, str(data), str(tmp_path / "one"), "2", str(len(ids))],
                             env=env, capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
     config = Path(__file__).parents[2] / "configs" / "accelerate-fsdp-cpu.yaml"
-    two = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), script,
-                          str(data), str(tmp_path / "two"), "1", str(len(ids))],
-                         env=env, capture_output=True, text=True, timeout=400)
+    two = run_ranks([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), script,
+                     str(data), str(tmp_path / "two"), "1", str(len(ids))], env, timeout=400)
     assert two.returncode == 0, two.stderr[-6000:]
     assert "Reducer" not in two.stderr and "DistributedDataParallel" not in two.stderr
     a = json.loads((tmp_path / "one" / "result.json").read_text())

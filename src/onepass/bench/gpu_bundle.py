@@ -44,8 +44,10 @@ PACKAGES = {
     "pydantic": "2.14.4", "pydantic-core": "2.50.5", "annotated-types": "0.8.0", "typing-inspection": "0.4.5",
     "matplotlib": "3.11.2", "contourpy": "1.3.3", "cycler": "0.12.1", "fonttools": "4.68.0",
     "kiwisolver": "1.5.1", "pillow": "13.0.0", "pyparsing": "3.3.3",
-    "pytest": "9.2.0", "pluggy": "1.7.0", "iniconfig": "2.3.1", "hypothesis": "6.170.17",
-    "sortedcontainers": "2.4.0",
+    "pytest": "9.2.0", "pluggy": "1.7.0", "iniconfig": "2.3.1", "pygments": "2.21.0", "hypothesis": "6.170.17",
+    "sortedcontainers": "2.4.0", "certifi": "2026.10.19.post1",
+    "typer": "0.29.2", "click": "8.5.1", "rich": "15.0.0", "shellingham": "1.5.4", "markdown-it-py": "4.3.0",
+    "mdurl": "0.1.2", "annotated-doc": "0.0.7",  # transformers requires typer (its CLI)
 }
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_24_x86_64", "manylinux_2_28_x86_64")
 

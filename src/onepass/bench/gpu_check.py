@@ -170,11 +170,23 @@ def run_step(step: Step, args: argparse.Namespace, out: Path, cuda: bool) -> dic
             status = "passed" if rc == 0 else "failed"
         except subprocess.TimeoutExpired:
             rc, status = None, "timed out"
+    if step.name == "install" and status == "passed":
+        _report_missing(out)
     seconds = round(time.perf_counter() - t0, 1)
     print(f"gpu-check: {step.name}: {status}" + (f" (exit {rc})" if rc else "") + f", {seconds} s; log {log}",
           flush=True)
     return {"step": step.name, "status": status, "command": cmd, "returncode": rc, "seconds": seconds,
             "log": log.name}
+
+
+def _report_missing(out: Path) -> None:
+    """``pip check`` after the install: one line naming what is still missing (the steps needing it fail)."""
+    check = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
+    (out / "pip-check.log").write_text(check.stdout + check.stderr)
+    missing = sorted({line.split(" requires ")[1].split(",")[0] for line in check.stdout.splitlines()
+                      if " requires " in line and "not installed" in line})
+    if missing:
+        print(f"gpu-check: install: still missing (pip check): {', '.join(missing)}", flush=True)
 
 
 def pack(out: Path) -> Path:

@@ -1,0 +1,45 @@
+"""Run a multi-process launch (torchrun, accelerate launch) from a test: one try, and a failure you can read.
+
+Why this module exists: the two-rank tests used to retry a run that aborted or hung in
+teardown, and ``subprocess.run(timeout=...)`` killed only the launcher, so the ranks of a
+timed-out try lived on (their store gone) beside the next try. Here the launch gets its
+own process group; on a timeout every process in it gets SIGABRT first, which, with
+``PYTHONFAULTHANDLER=1``, makes each of them print every thread's Python stack, then
+SIGKILL. The stacks are in the assertion message.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+
+
+def run_ranks(cmd: Sequence[str], env: Mapping[str, str], *, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``cmd`` to the end; raise AssertionError with its output (and stacks) if it times out."""
+    env = {**env, "PYTHONFAULTHANDLER": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc.pid, signal.SIGABRT)  # faulthandler: every rank prints its threads' stacks
+        try:
+            out, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            out, err = "", ""
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise AssertionError(f"{cmd[:4]}... did not finish in {timeout:.0f} s; stacks of every process:\n"
+                             f"{err[-8000:]}\n{out[-2000:]}") from None
+    finally:
+        _signal_group(proc.pid, signal.SIGKILL)  # nothing of this launch outlives it
+    return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
