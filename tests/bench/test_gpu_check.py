@@ -30,8 +30,15 @@ def test_cuda_steps_skip_in_one_line_each_and_results_are_one_tarball(tmp_path):
     record = json.loads((out / "gpu-check.json").read_text())
     assert record["steps"]["env"]["status"] == "passed" and record["steps"]["bench"]["status"] == "skipped"
     assert json.loads((out / "env.json").read_text())["cuda_available"] is False
+    (out / "run").mkdir()
+    (out / "run" / "model.safetensors").write_bytes(b"x" * 100)  # weights stay on the machine
+    (out / "run" / "metrics.json").write_text("{}")
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert again.returncode == 0, again.stderr
     with tarfile.open(out.with_name("results.tar.gz")) as tar:
-        assert {"results/gpu-check.json", "results/env.json"} <= set(tar.getnames())
+        names = set(tar.getnames())
+    assert {"results/gpu-check.json", "results/env.json", "results/run/metrics.json"} <= names
+    assert "results/run/model.safetensors" not in names
     # a later command adds its steps to the same record
     again = subprocess.run([*cmd[:4], "bench", *cmd[5:]], cwd=ROOT, env=env, capture_output=True, text=True,
                            timeout=300, check=False)

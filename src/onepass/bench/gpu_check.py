@@ -103,7 +103,8 @@ def _bench_command(args: argparse.Namespace, out: Path) -> list[str]:
 
 
 def _qlora_command(args: argparse.Namespace, out: Path) -> list[str]:
-    return [sys.executable, "-m", "onepass.bench.gpu_qlora", "--shape", "qwen3-4b", "--out", str(out / "qlora-4b")]
+    return [sys.executable, "-m", "onepass.bench.gpu_qlora", "--shape", "qwen3-4b", "--out", str(out / "qlora-4b"),
+            "--model-dir", str(out.with_name("gpu-check-models") / "random-qwen3-4b")]
 
 
 STEPS = (
@@ -157,7 +158,8 @@ def run_step(step: Step, args: argparse.Namespace, out: Path, cuda: bool) -> dic
     cmd = step.command(args, out)
     if cmd is None:
         return {"step": step.name, "status": "passed", "seconds": round(time.perf_counter() - t0, 1)}
-    log = out / f"{step.name}.log"
+    label = step.name if step.name != "install" else f"install-{Path(args.bundle).name}"  # one per part
+    log = out / f"{label}.log"
     shown = cmd if step.name != "install" else [*cmd[:6], f"({len(cmd) - 6} wheels)"]
     print(f"gpu-check: {step.name}: {' '.join(shown)}", flush=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path("src").resolve()),
@@ -175,7 +177,7 @@ def run_step(step: Step, args: argparse.Namespace, out: Path, cuda: bool) -> dic
     seconds = round(time.perf_counter() - t0, 1)
     print(f"gpu-check: {step.name}: {status}" + (f" (exit {rc})" if rc else "") + f", {seconds} s; log {log}",
           flush=True)
-    return {"step": step.name, "status": status, "command": cmd, "returncode": rc, "seconds": seconds,
+    return {"step": label, "status": status, "command": cmd, "returncode": rc, "seconds": seconds,
             "log": log.name}
 
 
@@ -190,11 +192,19 @@ def _report_missing(out: Path) -> None:
 
 
 def pack(out: Path) -> Path:
-    """``OUT.tar.gz``: every result so far, one file."""
+    """``OUT.tar.gz``: every result so far (no weights), one file."""
     tarball = out.with_name(out.name + ".tar.gz")
     with tarfile.open(tarball, "w:gz") as tar:
-        tar.add(out, arcname=out.name)
+        tar.add(out, arcname=out.name, filter=_results_only)
     return tarball
+
+
+WEIGHTS = (".safetensors", ".pt", ".bin")
+
+
+def _results_only(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """Logs, JSON, tables and plots come back; weights and checkpoints stay on the machine."""
+    return None if info.isfile() and info.name.endswith(WEIGHTS) else info
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,8 @@ bfloat16) is written to disk once, then loaded 4-bit by bitsandbytes and trained
 few steps on the bundled MathChat sample: loss finite, adapter saved, the step time
 and peak GPU memory in ``OUT/metrics.json`` (``onepass train``'s own).
 
-    python -m onepass.bench.gpu_qlora --shape qwen3-4b --out gpu-check-results/qlora-4b
+    python -m onepass.bench.gpu_qlora --shape qwen3-4b --out gpu-check-results/qlora-4b \
+        --model-dir gpu-check-models/random-qwen3-4b
 """
 
 from __future__ import annotations
@@ -39,12 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="gpu-qlora", description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="qwen3-4b")
     p.add_argument("--out", default="gpu-check-results/qlora-4b")
+    p.add_argument("--model-dir", default="gpu-check-models/random-qwen3-4b",
+                   help="where the random model is written once (outside the results: it is GBs)")
     p.add_argument("--max-steps", type=int, default=5)
     args = p.parse_args(argv)
     from onepass.train.cli import main as train_main
 
     out = Path(args.out)
-    model = write_model(args.shape, out.parent / f"random-{args.shape}")
+    model = write_model(args.shape, Path(args.model_dir))
     return train_main(["--model", str(model), "--tokenizer", "builtin:qwen3", "--data", "builtin:mathchat",
                        "--limit", "16", "--finetune", "qlora", "--lora-r", "16", "--dtype", "bfloat16",
                        "--mixed-precision", "bf16", "--gradient-checkpointing", "--max-steps", str(args.max_steps),
