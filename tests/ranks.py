@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 
 
@@ -25,12 +26,9 @@ def run_ranks(cmd: Sequence[str], env: Mapping[str, str], *, timeout: float) -> 
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _signal_group(proc.pid, signal.SIGABRT)  # faulthandler: every rank prints its threads' stacks
-        try:
-            out, err = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            out, err = "", ""
-        _signal_group(proc.pid, signal.SIGKILL)
-        proc.wait()
+        time.sleep(10)
+        _signal_group(proc.pid, signal.SIGKILL)  # then every writer of the pipes is gone: read them to the end
+        out, err = proc.communicate()
         raise AssertionError(f"{cmd[:4]}... did not finish in {timeout:.0f} s; stacks of every process:\n"
                              f"{err[-8000:]}\n{out[-2000:]}") from None
     finally:

@@ -1,6 +1,6 @@
 """Run by test_hf_trainer alone, under ``torchrun`` or ``accelerate launch``: train 3 steps, write result.json.
 
-Usage: hf_trainer_script.py DATA_DIR OUT_DIR PER_DEVICE_BATCH VOCAB
+Usage: hf_trainer_script.py DATA_DIR OUT_DIR PER_DEVICE_BATCH VOCAB [FSDP, e.g. "full_shard auto_wrap"]
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 
-def main(data: str, out: str, batch: int, vocab: int) -> None:
+def main(data: str, out: str, batch: int, vocab: int, fsdp: str = "") -> None:
     import datasets
     from transformers import TrainingArguments
 
@@ -29,7 +29,7 @@ def main(data: str, out: str, batch: int, vocab: int) -> None:
                              logging_steps=1, save_strategy="no", report_to=[], seed=0, data_seed=0, use_cpu=True,
                              disable_tqdm=True, lr_scheduler_type="constant",
                              ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
-                             dataloader_num_workers=0)
+                             dataloader_num_workers=0, fsdp=fsdp)
     trainer = OnePassTrainer(model=model, args=args, train_dataset=datasets.load_from_disk(data))
     trainer.train()
     state = trainer.accelerator.get_state_dict(trainer.model)  # gathered from every rank under FSDP
@@ -45,4 +45,4 @@ def main(data: str, out: str, batch: int, vocab: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:])

@@ -215,8 +215,10 @@ def test_torchrun_two_processes_match_one(tmp_path, datasets_):
 
 
 @pytest.mark.slow
-def test_accelerate_fsdp_on_two_cpu_ranks_matches_one_process(tmp_path, datasets_):
-    """OnePassTrainer under accelerate launch with configs/accelerate-fsdp-cpu.yaml runs FSDP2 (not DDP)."""
+@pytest.mark.parametrize("launch", ["accelerate-config", "torchrun-fsdp-args"])
+def test_fsdp_on_two_cpu_ranks_matches_one_process(tmp_path, datasets_, launch):
+    """OnePassTrainer runs FSDP2 (not DDP) under accelerate launch with configs/accelerate-fsdp-cpu.yaml, and
+    under torchrun with TrainingArguments(fsdp="full_shard auto_wrap")."""
     one, _, ids = datasets_
     data = tmp_path / "data"
     one.save_to_disk(str(data))
@@ -226,15 +228,18 @@ def test_accelerate_fsdp_on_two_cpu_ranks_matches_one_process(tmp_path, datasets
                             env=env, capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
     config = Path(__file__).parents[2] / "configs" / "accelerate-fsdp-cpu.yaml"
-    two = run_ranks([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), script,
-                     str(data), str(tmp_path / "two"), "1", str(len(ids))], env, timeout=400)
+    args = [script, str(data), str(tmp_path / "two"), "1", str(len(ids))]
+    launcher = (["-m", "accelerate.commands.launch", "--config_file", str(config)] if launch == "accelerate-config"
+                else ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"])
+    fsdp = [] if launch == "accelerate-config" else ["full_shard auto_wrap"]
+    two = run_ranks([sys.executable, *launcher, *args, *fsdp], env, timeout=400)
     assert two.returncode == 0, two.stderr[-6000:]
     assert "Reducer" not in two.stderr and "DistributedDataParallel" not in two.stderr
     a = json.loads((tmp_path / "one" / "result.json").read_text())
     b = json.loads((tmp_path / "two" / "result.json").read_text())
     assert a["distributed"]["mode"] == "single"
     assert b["distributed"] == {"mode": "fsdp", "world_size": 2, "backend": "gloo", "device": "cpu",
-                                "fsdp_version": 2, "launcher": "accelerate"}
+                                "fsdp_version": 2, "launcher": launch.split("-")[0]}
     assert len(a["losses"]) == len(b["losses"]) == 3
     assert max(rel(x, y) for x, y in zip(a["losses"], b["losses"])) <= 1e-9
     assert rel(a["weight_norm"], b["weight_norm"]) <= 1e-12

@@ -75,7 +75,7 @@ class Distributed:
 
 
 def _launcher(env: Mapping[str, str]) -> str:
-    if any(k.startswith("ACCELERATE_") for k in env) and ("LOCAL_RANK" in env or "ACCELERATE_USE_CPU" in env):
+    if "ACCELERATE_DYNAMO_BACKEND" in env:  # exported by every accelerate launcher, set by no Accelerator
         return "accelerate"
     return "torchrun" if "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env else "none"
 
@@ -208,16 +208,18 @@ def make_accelerator(*, cpu: bool, mixed_precision: str, env: Mapping[str, str] 
     return accelerator
 
 
-def honour_request(accelerator: Any, env: Mapping[str, str] | None = None) -> Distributed:
-    """Make ``accelerator`` (just made, nothing prepared yet) run what the launcher asked for, or refuse.
+def honour_request(accelerator: Any, env: Mapping[str, str] | None = None, *, asked: str | None = None,
+                   fsdp_plugin_args: Mapping[str, Any] | None = None) -> Distributed:
+    """Make ``accelerator`` (just made, nothing prepared yet) run what was asked for, or refuse.
 
-    Used by :func:`make_accelerator` and by ``OnePassTrainer`` for the accelerator HF's Trainer makes.
-    Returns what will run.
+    ``asked``: the mode, when not the launcher's (``TrainingArguments(fsdp=...)`` asks for FSDP
+    with ``fsdp_plugin_args``, the plugin's settings). Used by :func:`make_accelerator` and by
+    ``OnePassTrainer`` for the accelerator HF's Trainer makes. Returns what will run.
     """
     env = os.environ if env is None else env
-    asked = asked_mode(env)
+    asked = asked or asked_mode(env)
     if asked == "fsdp" and _kind(accelerator) == "MULTI_CPU":
-        _fsdp_on_cpu(accelerator, str(accelerator.mixed_precision))
+        _fsdp_on_cpu(accelerator, str(accelerator.mixed_precision), fsdp_plugin_args)
     got = describe(accelerator, env)
     if asked in ("fsdp", "deepspeed") and got.mode != asked or asked == "ddp" and got.mode == "single":
         raise TrainConfigError(
@@ -231,12 +233,12 @@ def _kind(accelerator: Any) -> str:
     return str(accelerator.distributed_type).split(".")[-1]
 
 
-def _fsdp_on_cpu(accelerator: Any, mixed_precision: str) -> None:
+def _fsdp_on_cpu(accelerator: Any, mixed_precision: str, plugin_args: Mapping[str, Any] | None = None) -> None:
     """accelerate's FSDP state on CPU ranks (gloo): what ``AcceleratorState`` does for GPUs, done here."""
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-    plugin = FullyShardedDataParallelPlugin()  # from the launcher's FSDP_* variables
+    plugin = FullyShardedDataParallelPlugin(**(plugin_args or {}))  # else from the launcher's FSDP_* variables
     if plugin.fsdp_version != 2:
         raise TrainConfigError(f"FSDP on CPU runs FSDP2 only (fully_shard); the accelerate config has "
                                f"fsdp_version: {plugin.fsdp_version}: set fsdp_version: 2")

@@ -247,7 +247,9 @@ class OnePassTrainer(Trainer):
         from onepass.train.distributed import honour_request
 
         super().create_accelerator_and_postprocess()
-        self.distributed = honour_request(self.accelerator)
+        fsdp = getattr(self.args, "fsdp_plugin_args", None)  # TrainingArguments(fsdp=...) asks without the launcher
+        fsdp = fsdp if fsdp and self.args.world_size > 1 else None
+        self.distributed = honour_request(self.accelerator, asked="fsdp" if fsdp else None, fsdp_plugin_args=fsdp)
         self.is_fsdp_enabled = getattr(self.accelerator.state, "fsdp_plugin", None) is not None
 
     def check_exactness(self) -> Any:
