@@ -2,10 +2,10 @@
 
 Why this module exists: the two-rank tests used to retry a run that aborted or hung in
 teardown, and ``subprocess.run(timeout=...)`` killed only the launcher, so the ranks of a
-timed-out try lived on (their store gone) beside the next try. Here the launch gets its
-own process group; on a timeout every process in it gets SIGABRT first, which, with
-``PYTHONFAULTHANDLER=1``, makes each of them print every thread's Python stack, then
-SIGKILL. The stacks are in the assertion message.
+timed-out try lived on beside the next try (torch elastic starts each rank in a session of
+its own: found still alive minutes later). Here, on a timeout, the launcher and every
+process under it get SIGABRT first, which, with ``PYTHONFAULTHANDLER=1``, makes each print
+every thread's Python stack, then SIGKILL. The stacks are in the assertion message.
 """
 
 from __future__ import annotations
@@ -36,8 +36,21 @@ def run_ranks(cmd: Sequence[str], env: Mapping[str, str], *, timeout: float) -> 
     return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
 
 
-def _signal_group(pgid: int, sig: int) -> None:
+def _signal_group(pid: int, sig: int) -> None:
+    """``sig`` to the launch and every process under it: its process group, and each descendant on its own
+    (torch elastic starts each rank in a session of its own, out of the launcher's group)."""
+    import psutil
+
     try:
-        os.killpg(pgid, sig)
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        procs = []
+    try:
+        os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass

@@ -40,9 +40,10 @@ def main(data: str, out: str, batch: int, vocab: int, fsdp: str = "") -> None:
             "world_size": trainer.args.world_size, "distributed": trainer.distributed.to_dict(),
             "initial_weight_norm": initial, "weight_norm": norm,
             "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h]}))
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()  # end the gloo group before the interpreter tears down
 
 
 if __name__ == "__main__":
+    from onepass.train.distributed import shutdown
+
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:])
+    shutdown()  # after main's trainer and DDP model are gone (see shutdown: the teardown deadlock)

@@ -250,11 +250,30 @@ def _fsdp_on_cpu(accelerator: Any, mixed_precision: str, plugin_args: Mapping[st
 
 
 def shutdown() -> None:
-    """End the process group at the end of a run, while the interpreter is whole (no-op for one process)."""
+    """End the process group after a finished run, in the order that cannot deadlock (no-op for one process).
+
+    Call it once the model, its DDP wrapper and the accelerator are out of scope. The two-rank
+    teardown flake, caught with py-spy on a hung rank (gloo, load 9 on 2 cores):
+
+        main thread   pybind dealloc of DDP's Reducer (GIL held) -> ~ProcessGroupGloo -> thread.join
+        gloo worker   ~AsyncAllgatherWork -> decref of a Python tensor -> waits for the GIL
+
+    The Reducer held the group's last reference (``destroy_process_group`` had dropped the
+    registry's), so the join ran with the GIL held while a worker was still freeing finished
+    work. During interpreter finalisation the same race aborts instead ('terminate called
+    without an active exception': the worker cannot take the GIL). So: free the wrappers while
+    the group is still registered (``gc.collect``), let the workers finish with the GIL free
+    (``barrier`` waits without it), then drop the last reference on idle workers.
+    """
+    import gc
+
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 __all__ = ["MODES", "Distributed", "asked_mode", "check_accelerate_config", "check_launch", "describe", "honour_request", "make_accelerator",
