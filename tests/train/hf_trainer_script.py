@@ -1,6 +1,6 @@
-"""Run by test_hf_trainer under one process or ``torchrun``: train 3 steps, write result.json.
+"""Run by test_hf_trainer alone, under ``torchrun`` or ``accelerate launch``: train 3 steps, write result.json.
 
-Usage: hf_trainer_script.py DATA_DIR OUT_DIR PER_DEVICE_BATCH VOCAB
+Usage: hf_trainer_script.py DATA_DIR OUT_DIR PER_DEVICE_BATCH VOCAB [FSDP, e.g. "full_shard auto_wrap"]
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 
-def main(data: str, out: str, batch: int, vocab: int) -> None:
+def main(data: str, out: str, batch: int, vocab: int, fsdp: str = "") -> None:
     import datasets
     from transformers import TrainingArguments
 
@@ -29,18 +29,21 @@ def main(data: str, out: str, batch: int, vocab: int) -> None:
                              logging_steps=1, save_strategy="no", report_to=[], seed=0, data_seed=0, use_cpu=True,
                              disable_tqdm=True, lr_scheduler_type="constant",
                              ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
-                             dataloader_num_workers=0)
+                             dataloader_num_workers=0, fsdp=fsdp)
     trainer = OnePassTrainer(model=model, args=args, train_dataset=datasets.load_from_disk(data))
     trainer.train()
+    state = trainer.accelerator.get_state_dict(trainer.model)  # gathered from every rank under FSDP
     if trainer.is_world_process_zero():
-        norm = float(torch.cat([p.detach().flatten() for p in model.parameters()]).norm())
+        norm = float(torch.cat([v.detach().flatten() for v in state.values()]).norm())
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "result.json").write_text(json.dumps({
-            "world_size": trainer.args.world_size, "initial_weight_norm": initial, "weight_norm": norm,
+            "world_size": trainer.args.world_size, "distributed": trainer.distributed.to_dict(),
+            "initial_weight_norm": initial, "weight_norm": norm,
             "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h]}))
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()  # end the gloo group before the interpreter tears down
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    from onepass.train.distributed import shutdown
+
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:])
+    shutdown()  # after main's trainer and DDP model are gone (see shutdown: the teardown deadlock)

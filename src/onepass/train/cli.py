@@ -195,11 +195,13 @@ def setup_logging() -> None:
 def run(args: argparse.Namespace) -> int:
     """``onepass train``: returns 0 when the run finished. Bad settings raise a OnePassError (one line)."""
     from onepass.train.config import load_config
+    from onepass.train.distributed import shutdown
     from onepass.train.loop import train
 
     setup_logging()
     config = load_config(args.config, overrides_from_args(args))
     train(config, resume=args.resume, resume_anyway=args.resume_anyway)
+    shutdown()  # after a finished run only: a rank that failed must not wait in a collective for the others
     return 0
 
 

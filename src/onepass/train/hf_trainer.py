@@ -288,6 +288,18 @@ class OnePassTrainer(Trainer):
         self._metric_sums: dict[str, dict[str, torch.Tensor]] = {"train": {}, "eval": {}}
         self._total_train_tokens = 0
 
+    def create_accelerator_and_postprocess(self) -> None:
+        """HF's accelerator, running the parallelism the launcher asked for: FSDP on CPU ranks too
+        (accelerate alone runs DDP there), anything else asked for and not had is an error
+        (:mod:`onepass.train.distributed`)."""
+        from onepass.train.distributed import honour_request
+
+        super().create_accelerator_and_postprocess()
+        fsdp = getattr(self.args, "fsdp_plugin_args", None)  # TrainingArguments(fsdp=...) asks without the launcher
+        fsdp = fsdp if fsdp and self.args.world_size > 1 else None
+        self.distributed = honour_request(self.accelerator, asked="fsdp" if fsdp else None, fsdp_plugin_args=fsdp)
+        self.is_fsdp_enabled = getattr(self.accelerator.state, "fsdp_plugin", None) is not None
+
     def check_exactness(self) -> Any:
         """The exactness guard on a tiny float64 twin of the model; raises
         :class:`onepass.guard.InexactModelError` (one line) unless ``allow_inexact``."""

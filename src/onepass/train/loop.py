@@ -110,15 +110,17 @@ class TrainResult:
 
 def make_accelerator(config: TrainConfig, device: torch.device, log_with: Sequence[Any] = ()) -> Any:
     """The run's ``Accelerator``; ``log_with``: its trackers (:func:`onepass.train.report.make_trackers`)."""
-    from accelerate import Accelerator
     from accelerate.state import AcceleratorState
+
+    from onepass.train import distributed
 
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         AcceleratorState._reset_state(True)  # a second train() in one process may change precision
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)
     tracking = dict(log_with=list(log_with), project_dir=str(config.output_dir)) if log_with else {}
-    return Accelerator(cpu=device.type == "cpu", mixed_precision=config.mixed_precision, **tracking)
+    return distributed.make_accelerator(cpu=device.type == "cpu", mixed_precision=config.mixed_precision,
+                                        **tracking)
 
 
 def _rank_passes(data: TrainData, units: Sequence[int], config: TrainConfig, *, rank: int, world: int
@@ -351,6 +353,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         resolve_device,
         save_final,
     )
+    from onepass.train.distributed import describe
     from onepass.train.report import Reporter, make_trackers
 
     device = resolve_device(config.device)  # everything that can fail on this machine fails here, in a second
@@ -371,6 +374,8 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     accelerator = make_accelerator(config, device, make_trackers(config.report_to, out, initial=initial))
     device, world, main = accelerator.device, accelerator.num_processes, accelerator.is_main_process
     say: Callable[[str], None] = log if main else (lambda _msg: None)
+    parallel = describe(accelerator)
+    say(parallel.line())  # the first line: what runs, not what was asked for
     exactness = check_exactness(config, attention=attention, log=say)  # every process: a refusal stops all
     if main:
         if out / "checkpoints" in replaced:
@@ -398,7 +403,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         start, history, evals = state["step"], state["history"], state.get("evals", [])
         say(f"resumed from {ckpt} at step {start}")
     stats = data.stats
-    header = {"config": config.to_dict(), "world_size": world, "device": str(device), "attention": attention,
+    header = {"config": config.to_dict(), "distributed": parallel.to_dict(), "world_size": world, "device": str(device), "attention": attention,
               "dtype": config.dtype, "mixed_precision": config.mixed_precision, "schedule": config.schedule,
               "parameters": params, "trainable_parameters": trainable, "units": data.num_units,
               "unit": data.kind, "units_per_step": stepper.per_step, "total_steps": total,

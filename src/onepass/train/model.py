@@ -191,12 +191,7 @@ def load_model(config: TrainConfig, *, device: torch.device, attention: str, voc
 
         kwargs: dict[str, Any] = dict(dtype=dtype, attn_implementation=attention)
         if config.finetune == "qlora":
-            from transformers import BitsAndBytesConfig
-
-            compute = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
-            kwargs["quantization_config"] = BitsAndBytesConfig(
-                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                bnb_4bit_compute_dtype=compute)
+            kwargs["quantization_config"] = quantization_config(config)
             kwargs["device_map"] = {"": device.index if device.index is not None else torch.cuda.current_device()}
         model = AutoModelForCausalLM.from_pretrained(config.model, **kwargs)
         if config.finetune != "qlora":
@@ -217,6 +212,37 @@ def load_model(config: TrainConfig, *, device: torch.device, attention: str, voc
         model = add_lora(model, config)
     model.train()
     return model
+
+
+def qlora_settings(config: TrainConfig) -> dict[str, Any]:
+    """QLoRA's quantization: the base model's weights in 4-bit NF4, double-quantized, computing in ``dtype``."""
+    return dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=torch.bfloat16 if config.dtype == "bfloat16" else torch.float32)
+
+
+def quantization_config(config: TrainConfig, settings: dict[str, Any] | None = None) -> Any:
+    """``BitsAndBytesConfig(**settings)`` (default :func:`qlora_settings`), refusing a name it does not take.
+
+    transformers' ``BitsAndBytesConfig`` takes ``**kwargs`` and only logs the ones it does not
+    know, so a misspelled setting would quietly be the default; built here (no CUDA needed).
+    """
+    import inspect
+
+    from transformers import BitsAndBytesConfig
+
+    settings = qlora_settings(config) if settings is None else settings
+    known = {n for n, p in inspect.signature(BitsAndBytesConfig.__init__).parameters.items()
+             if p.kind is p.POSITIONAL_OR_KEYWORD and n != "self"}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise TrainConfigError(f"BitsAndBytesConfig takes no {', '.join(unknown)}; it takes {', '.join(sorted(known))}")
+    if settings.get("bnb_4bit_quant_type", "fp4") not in ("fp4", "nf4"):
+        raise TrainConfigError(f"bnb_4bit_quant_type {settings['bnb_4bit_quant_type']!r}: use nf4 or fp4")
+    return BitsAndBytesConfig(**settings)
+
+
+BNB_OPTIMIZERS = {"adamw_8bit": "AdamW8bit", "paged_adamw_8bit": "PagedAdamW8bit"}
+"""onepass's 8-bit optimizer names (TrainingArguments' names) -> the ``bitsandbytes.optim`` classes."""
 
 
 def enable_checkpointing(model: Any) -> None:
@@ -241,7 +267,7 @@ def make_optimizer(model: Any, config: TrainConfig) -> torch.optim.Optimizer:
         return torch.optim.AdamW(groups, lr=config.learning_rate, betas=betas, eps=config.adam_epsilon)
     import bitsandbytes as bnb
 
-    cls = bnb.optim.PagedAdamW8bit if config.optim == "paged_adamw_8bit" else bnb.optim.AdamW8bit
+    cls = getattr(bnb.optim, BNB_OPTIMIZERS[config.optim])
     return cls(groups, lr=config.learning_rate, betas=betas, eps=config.adam_epsilon)
 
 

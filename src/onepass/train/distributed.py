@@ -1,0 +1,280 @@
+"""Which parallelism a run asked for, which one it got, and getting the one it asked for.
+
+Why this module exists: a launcher's request and what actually runs can differ
+silently. Tried on CPU with accelerate 1.x: ``accelerate launch --cpu
+--num_processes 2`` starts *one* process (its simple launcher; more CPU ranks
+need mpirun); an ``FSDP`` config starts two processes that then run DDP,
+because accelerate turns FSDP on only for GPU-like devices (``state.py``: the
+``MULTI_CPU`` type never becomes ``FSDP``). A run must say what ran, and a run
+that would not be what was asked for must stop with one line.
+
+    asked (the launcher's environment)        got (the Accelerator)
+    ACCELERATE_USE_DEEPSPEED=true  deepspeed   DistributedType.DEEPSPEED
+    ACCELERATE_USE_FSDP=true       fsdp        DistributedType.FSDP
+    WORLD_SIZE > 1                 ddp         MULTI_CPU / MULTI_GPU / ...
+    nothing                        single      NO
+
+On CPU, :func:`make_accelerator` gives FSDP back its meaning: the state is
+switched to ``FSDP`` with the plugin accelerate's launcher described
+(``FSDP_*`` variables), so ``accelerator.prepare`` runs accelerate's own FSDP2
+path (``fully_shard`` per decoder layer, gloo) - the path a GPU user's FSDP
+config takes. ``describe`` is what the first log line and ``metrics.json``
+(``distributed``) say.
+
+    >>> asked_mode({"ACCELERATE_USE_FSDP": "true", "WORLD_SIZE": "2"}), asked_mode({})
+    ('fsdp', 'single')
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from onepass.train.config import TrainConfigError
+
+MODES = ("single", "ddp", "fsdp", "deepspeed")
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "false").strip().lower() in ("1", "true", "yes")
+
+
+def asked_mode(env: Mapping[str, str] | None = None) -> str:
+    """The parallelism the launcher asked for, read from its environment (one of :data:`MODES`)."""
+    env = os.environ if env is None else env
+    if _flag(env, "ACCELERATE_USE_DEEPSPEED"):
+        return "deepspeed"
+    if _flag(env, "ACCELERATE_USE_FSDP"):
+        return "fsdp"
+    return "ddp" if int(env.get("WORLD_SIZE", "1") or 1) > 1 else "single"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Distributed:
+    """What ran: written to ``metrics.json`` as ``distributed`` and said in the run's first log line."""
+
+    mode: str  # single | ddp | fsdp | deepspeed
+    world_size: int
+    backend: str | None  # the process group's backend (gloo, nccl), None for one process
+    device: str
+    fsdp_version: int | None = None
+    launcher: str = "none"  # accelerate | torchrun | none
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        how = {"single": "one process", "ddp": "DDP", "fsdp": f"FSDP{self.fsdp_version or ''}",
+               "deepspeed": "DeepSpeed"}[self.mode]
+        over = "" if self.mode == "single" else f" over {self.world_size} processes ({self.backend})"
+        via = "" if self.launcher == "none" else f", launched by {self.launcher}"
+        return f"parallelism: {how}{over} on {self.device}{via}"
+
+
+def _launcher(env: Mapping[str, str]) -> str:
+    if "ACCELERATE_DYNAMO_BACKEND" in env:  # exported by every accelerate launcher, set by no Accelerator
+        return "accelerate"
+    return "torchrun" if "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env else "none"
+
+
+def describe(accelerator: Any, env: Mapping[str, str] | None = None) -> Distributed:
+    """The parallelism ``accelerator`` runs (not what was asked for)."""
+    import torch.distributed as dist
+
+    env = os.environ if env is None else env
+    kind = str(accelerator.distributed_type).split(".")[-1]
+    mode = {"NO": "single", "FSDP": "fsdp", "DEEPSPEED": "deepspeed"}.get(kind, "ddp")
+    plugin = getattr(accelerator.state, "fsdp_plugin", None) if mode == "fsdp" else None
+    backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
+    return Distributed(mode=mode, world_size=accelerator.num_processes, backend=backend,
+                       device=accelerator.device.type, launcher=_launcher(env),
+                       fsdp_version=getattr(plugin, "fsdp_version", None))
+
+
+def check_launch(env: Mapping[str, str] | None = None, parent_argv: Sequence[str] | None = None) -> None:
+    """Refuse ``accelerate launch --cpu`` asked for N > 1 processes: accelerate started one (needs mpirun).
+
+    accelerate's simple launcher (``--cpu`` / ``use_cpu: true``) runs the script once and
+    sets ``ACCELERATE_USE_CPU`` but no ``WORLD_SIZE``; the process count it was given is only
+    on its own command line (or in its config file), so both are read back from the parent.
+    """
+    env = os.environ if env is None else env
+    if "ACCELERATE_USE_CPU" not in env or "WORLD_SIZE" in env or "PMI_SIZE" in env or "OMPI_COMM_WORLD_SIZE" in env:
+        return
+    argv = list(parent_argv) if parent_argv is not None else _parent_argv()
+    asked = _accelerate_num_processes(argv)
+    if asked is not None and asked > 1:
+        raise TrainConfigError(
+            f"accelerate launch was asked for {asked} processes with --cpu / use_cpu: true, which starts one "
+            "(accelerate's CPU launcher needs mpirun for more); for CPU ranks over gloo use "
+            "--config_file configs/accelerate-fsdp-cpu.yaml (FSDP) or --multi_gpu --num_processes N (DDP), "
+            "without --cpu")
+
+
+def _parent_argv() -> list[str]:
+    try:
+        raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _accelerate_num_processes(argv: Sequence[str]) -> int | None:
+    """``--num_processes`` of an ``accelerate launch`` command line, else its config file's; None if neither."""
+    starts = [i for i, a in enumerate(argv) if a in ("launch", "accelerate.commands.launch")]
+    if not starts:  # `accelerate launch ...` or `python -m accelerate.commands.launch ...`
+        return None
+    from accelerate.commands.launch import launch_command_parser
+
+    rest = list(argv[starts[0] + 1:])
+    args, _ = launch_command_parser().parse_known_args(rest)
+    if args.num_processes is not None:
+        return int(args.num_processes)
+    if args.config_file:
+        from accelerate.commands.config.config_args import load_config_from_file
+
+        return int(load_config_from_file(args.config_file).num_processes or 1)
+    return None
+
+
+_PREFIXED = {"fsdp_config": "fsdp_", "fp8_config": "fp8_", "dynamo_config": "dynamo_"}
+
+
+def check_accelerate_config(path: str | Path) -> Any:
+    """An accelerate config file, checked against accelerate's own schema; returns its ``ClusterConfig``.
+
+    accelerate refuses unknown top-level keys when it reads the file, but copies the keys of
+    ``fsdp_config`` / ``deepspeed_config`` / ... onto its launch arguments and ignores any it
+    has no argument for, so a misspelled ``fsdp_reshard_after_forwad`` would quietly be the
+    default. Each one must be an argument of ``accelerate launch`` (the name it maps to, as
+    ``accelerate launch`` maps it); an FSDP config's plugin is then built from what the
+    launcher would export, so a bad value fails here too.
+    """
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import launch_command_parser
+
+    try:
+        cluster = load_config_from_file(str(path))
+    except (ValueError, TypeError) as e:
+        raise TrainConfigError(f"{path}: {e}") from None
+    known = {a.dest for a in launch_command_parser()._actions}
+    for name, section in vars(cluster).items():
+        if not isinstance(section, dict):
+            continue
+        prefix = _PREFIXED.get(name, "")
+        unknown = [k for k in section if (k if k.startswith(prefix) else prefix + k) not in known]
+        if unknown:
+            raise TrainConfigError(f"{path}: {name} has key(s) accelerate launch does not know: "
+                                   f"{', '.join(sorted(unknown))}")
+    if str(cluster.distributed_type).split(".")[-1] == "FSDP":
+        _fsdp_plugin_of(cluster, path)
+    return cluster
+
+
+def _fsdp_plugin_of(cluster: Any, path: str | Path) -> Any:
+    """The ``FullyShardedDataParallelPlugin`` each rank would build from ``cluster`` (launcher's variables)."""
+    from unittest import mock
+
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    env = {"ACCELERATE_USE_FSDP": "true"}
+    for key, value in cluster.fsdp_config.items():
+        name = (key if key.startswith("fsdp_") else "fsdp_" + key)[len("fsdp_"):].upper()
+        env["FSDP_" + name] = str(value)
+    with mock.patch.dict(os.environ, env):
+        try:
+            return FullyShardedDataParallelPlugin()
+        except (ValueError, TypeError, KeyError) as e:
+            raise TrainConfigError(f"{path}: fsdp_config: {e}") from None
+
+
+def make_accelerator(*, cpu: bool, mixed_precision: str, env: Mapping[str, str] | None = None,
+                     **kwargs: Any) -> Any:
+    """``Accelerator(cpu=..., mixed_precision=..., **kwargs)`` running the parallelism the launcher asked for.
+
+    On CPU an FSDP request is honoured (accelerate would run DDP): the shared state is switched
+    to ``FSDP`` with the launcher's plugin before ``prepare``. Then the mode in effect must be
+    the one asked for, else :class:`TrainConfigError`.
+    """
+    from accelerate import Accelerator
+
+    env = os.environ if env is None else env
+    check_launch(env)
+    accelerator = Accelerator(cpu=cpu, mixed_precision=mixed_precision, **kwargs)
+    honour_request(accelerator, env)
+    return accelerator
+
+
+def honour_request(accelerator: Any, env: Mapping[str, str] | None = None, *, asked: str | None = None,
+                   fsdp_plugin_args: Mapping[str, Any] | None = None) -> Distributed:
+    """Make ``accelerator`` (just made, nothing prepared yet) run what was asked for, or refuse.
+
+    ``asked``: the mode, when not the launcher's (``TrainingArguments(fsdp=...)`` asks for FSDP
+    with ``fsdp_plugin_args``, the plugin's settings). Used by :func:`make_accelerator` and by
+    ``OnePassTrainer`` for the accelerator HF's Trainer makes. Returns what will run.
+    """
+    env = os.environ if env is None else env
+    asked = asked or asked_mode(env)
+    if asked == "fsdp" and _kind(accelerator) == "MULTI_CPU":
+        _fsdp_on_cpu(accelerator, str(accelerator.mixed_precision), fsdp_plugin_args)
+    got = describe(accelerator, env)
+    if asked in ("fsdp", "deepspeed") and got.mode != asked or asked == "ddp" and got.mode == "single":
+        raise TrainConfigError(
+            f"the launcher asked for {asked} but this process would run {got.mode} over {got.world_size} "
+            f"process(es) on {got.device}: check the accelerate config (distributed_type, num_processes, use_cpu) "
+            "and that every process sees the same devices")
+    return got
+
+
+def _kind(accelerator: Any) -> str:
+    return str(accelerator.distributed_type).split(".")[-1]
+
+
+def _fsdp_on_cpu(accelerator: Any, mixed_precision: str, plugin_args: Mapping[str, Any] | None = None) -> None:
+    """accelerate's FSDP state on CPU ranks (gloo): what ``AcceleratorState`` does for GPUs, done here."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(**(plugin_args or {}))  # else from the launcher's FSDP_* variables
+    if plugin.fsdp_version != 2:
+        raise TrainConfigError(f"FSDP on CPU runs FSDP2 only (fully_shard); the accelerate config has "
+                               f"fsdp_version: {plugin.fsdp_version}: set fsdp_version: 2")
+    if mixed_precision != "no":
+        plugin.set_mixed_precision(mixed_precision)
+    AcceleratorState._shared_state["fsdp_plugin"] = plugin
+    AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+
+def shutdown() -> None:
+    """End the process group after a finished run, in the order that cannot deadlock (no-op for one process).
+
+    Call it once the model, its DDP wrapper and the accelerator are out of scope. The two-rank
+    teardown flake, caught with py-spy on a hung rank (gloo, load 9 on 2 cores):
+
+        main thread   pybind dealloc of DDP's Reducer (GIL held) -> ~ProcessGroupGloo -> thread.join
+        gloo worker   ~AsyncAllgatherWork -> decref of a Python tensor -> waits for the GIL
+
+    The Reducer held the group's last reference (``destroy_process_group`` had dropped the
+    registry's), so the join ran with the GIL held while a worker was still freeing finished
+    work. During interpreter finalisation the same race aborts instead ('terminate called
+    without an active exception': the worker cannot take the GIL). So: free the wrappers while
+    the group is still registered (``gc.collect``), let the workers finish with the GIL free
+    (``barrier`` waits without it), then drop the last reference on idle workers.
+    """
+    import gc
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+__all__ = ["MODES", "Distributed", "asked_mode", "check_accelerate_config", "check_launch", "describe", "honour_request", "make_accelerator",
+           "shutdown"]

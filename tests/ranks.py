@@ -1,0 +1,56 @@
+"""Run a multi-process launch (torchrun, accelerate launch) from a test: one try, and a failure you can read.
+
+Why this module exists: the two-rank tests used to retry a run that aborted or hung in
+teardown, and ``subprocess.run(timeout=...)`` killed only the launcher, so the ranks of a
+timed-out try lived on beside the next try (torch elastic starts each rank in a session of
+its own: found still alive minutes later). Here, on a timeout, the launcher and every
+process under it get SIGABRT first, which, with ``PYTHONFAULTHANDLER=1``, makes each print
+every thread's Python stack, then SIGKILL. The stacks are in the assertion message.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+
+
+def run_ranks(cmd: Sequence[str], env: Mapping[str, str], *, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``cmd`` to the end; raise AssertionError with its output (and stacks) if it times out."""
+    env = {**env, "PYTHONFAULTHANDLER": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc.pid, signal.SIGABRT)  # faulthandler: every rank prints its threads' stacks
+        time.sleep(10)
+        _signal_group(proc.pid, signal.SIGKILL)  # then every writer of the pipes is gone: read them to the end
+        out, err = proc.communicate()
+        raise AssertionError(f"{cmd[:4]}... did not finish in {timeout:.0f} s; stacks of every process:\n"
+                             f"{err[-8000:]}\n{out[-2000:]}") from None
+    finally:
+        _signal_group(proc.pid, signal.SIGKILL)  # nothing of this launch outlives it
+    return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    """``sig`` to the launch and every process under it: its process group, and each descendant on its own
+    (torch elastic starts each rank in a session of its own, out of the launcher's group)."""
+    import psutil
+
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        procs = []
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
