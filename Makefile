@@ -69,7 +69,7 @@ test-min:
 # Python, GPU_BUNDLE_PYTHON) into $(GPU_BUNDLE)/part-N/, each part under 64 MiB. `make gpu-check`
 # there uses that machine's own python and CUDA torch (no venv, no torch install), installs the
 # bundle with pip --no-index, runs its steps (each under 10 minutes; CUDA steps skip in one line
-# without CUDA) and writes gpu-check-results.tar.gz. See README "Running on a GPU".
+# without CUDA) and writes gpu-check-results.tar.gz. See docs/gpu.md.
 GPU_PYTHON ?= python3
 GPU_BUNDLE ?= gpu-bundle
 GPU_BUNDLE_PYTHON ?= 3.12

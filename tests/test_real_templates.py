@@ -71,7 +71,7 @@ R1_STYLE = ("R1-style generation prompt (opens <think>, reasoning never rendered
 AFTER_TOOL = ("; after a tool result the generation prompt opens no <think> (no generation prompt at all), so "
               "the R1 format would close a tag never opened: those turns are counted skips (issue 23)")
 # THE table of what every vendored template keeps (issue 16 item 6). Rendering changes (a derived
-# generation format, issue 16 item 2) update the figures here and nowhere else; README "Templates
+# generation format, issue 16 item 2) update the figures here and nowhere else; docs/templates.md "Templates
 # tested" quotes them. Below the issue's goal of 90% of conversations: deepseekv3, qwq_32b,
 # deepseek_r1_distill (without a format: R1-style, documented flag), qwen3_instruct_2507 and deepseekv3_1
 # (non-thinking: 6/6 with --reasoning drop), cohere2 alone (its default template renders no tool use; the
