@@ -191,7 +191,7 @@ def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConf
     """The trees (unpacked) of one conversation; its counts and skips go into ``stats``."""
     schedule: Schedule = parse_schedule(config.schedule)
     stats.conversations += 1
-    rendered = render_conversation(conv, tokenizer, config.render)
+    rendered = render_conversation(conv, tokenizer, config.render, max_tokens=config.max_tokens)
     if strict and rendered.skipped:
         raise rendered.skipped[0]
     for name in conv.conversions:

@@ -28,7 +28,7 @@ import numpy as np
 
 from onepass.errors import UsageError
 from onepass.tree import Layout, PrefixTree
-from onepass.view import View
+from onepass.view import Unmeasured, View, over_budget
 
 WEIGHTINGS = ("token", "turn", "conversation")
 
@@ -84,7 +84,7 @@ class Scheduled:
     num_views_skipped: int = 0
 
 
-def schedule_views(views: Sequence[View], schedule: Schedule, *, weighting: str = "token",
+def schedule_views(views: Sequence[View | Unmeasured], schedule: Schedule, *, weighting: str = "token",
                    max_tokens: int | None = None) -> Scheduled:
     """Group the views of one conversation into trees and lay each tree out.
 
@@ -95,9 +95,8 @@ def schedule_views(views: Sequence[View], schedule: Schedule, *, weighting: str 
     out = Scheduled()
     kept = []
     for i, v in enumerate(views):
-        if max_tokens is not None and len(v) > max_tokens:
-            out.skipped.append(f"{v.at}: view of {len(v)} tokens is longer "
-                               f"than max_tokens={max_tokens}")
+        if max_tokens is not None and (isinstance(v, Unmeasured) or len(v) > max_tokens):
+            out.skipped.append(over_budget(v, max_tokens))
             out.skipped_views.append(1)
             out.num_views_skipped += 1
         else:

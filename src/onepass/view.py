@@ -48,3 +48,32 @@ class View:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Unmeasured:
+    """A view known to be over ``max_tokens`` without tokenizing it: it has at least ``at_least`` tokens
+    (:func:`onepass.render.token_floor.token_floor` of its ``chars`` characters). It carries the flags of
+    the :class:`View` it stands for, so the counts are those of the tokenized view; the schedule skips it
+    as it skips a view over the budget, with the floor in place of the length it never learnt."""
+
+    turn: int
+    at_least: int
+    chars: int
+    source: str = "<memory>"
+    derived: bool = False
+    reasoning_dropped: bool = False
+    history_reasoning_dropped: bool = False
+    first_message: int = 0
+
+    @property
+    def at(self) -> str:
+        return message_at(self.source, self.turn + self.first_message)
+
+
+def over_budget(view: View | Unmeasured, max_tokens: int) -> str:
+    """The skip message of a view longer than ``max_tokens`` on its own."""
+    if isinstance(view, Unmeasured):
+        return (f"{view.at}: view of at least {view.at_least} tokens ({view.chars} characters, not tokenized) "
+                f"is longer than max_tokens={max_tokens}")
+    return f"{view.at}: view of {len(view)} tokens is longer than max_tokens={max_tokens}"

@@ -55,7 +55,8 @@ from onepass.render.formats import resolve_completion_format
 from onepass.render.reasoning import REASONING_CHOICES, unrendered_history_reasoning, without_reasoning
 from onepass.render.sources import GIVEN_FORMAT, TEMPLATE_SOURCES, CompletionSource, Declined, Turn
 from onepass.render.template import render_turn
-from onepass.view import View
+from onepass.render.token_floor import token_floor
+from onepass.view import Unmeasured, View
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,7 +219,7 @@ def merges_across(tokenizer: Any, pairs: Sequence[tuple[str, str]], window: int 
 class Rendered:
     """The views of one conversation, and each turn that could not be used (with its error)."""
 
-    views: tuple[View, ...]
+    views: tuple[View | Unmeasured, ...]  # Unmeasured only when asked for a max_tokens (render_conversation)
     skipped: tuple[RenderError, ...] = ()
     not_trained: int = 0  # assistant turns the record marks not to train (weight 0): no view, context only
     arguments_parsed: int = 0  # tool calls given as a JSON string, parsed for a template that needs a dict
@@ -232,21 +233,43 @@ def _counts(conv: Conversation, tokenizer: Any, config: RenderConfig) -> dict[st
             "arguments_parsed": 0 if fields.string_arguments else strings}
 
 
-def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig = RenderConfig()
-                        ) -> Rendered:
+def _unmeasured(conv: Conversation, tokenizer: Any, turn: int, text: _Text, max_tokens: int | None
+                ) -> Unmeasured | None:
+    """The turn as an :class:`Unmeasured` view when its token floor is already over ``max_tokens``
+    (both parts non-empty, so it could not be skipped for an empty prompt or completion instead)."""
+    if max_tokens is None:
+        return None
+    floors = (token_floor(tokenizer, text.prompt), token_floor(tokenizer, text.completion))
+    if min(floors) < 1 or sum(floors) <= max_tokens:
+        return None
+    return Unmeasured(turn=turn, at_least=sum(floors), chars=len(text.prompt) + len(text.completion),
+                      source=conv.source, derived=text.derived, reasoning_dropped=text.reasoning_dropped,
+                      history_reasoning_dropped=text.history_reasoning_dropped, first_message=conv.first_message)
+
+
+def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig = RenderConfig(), *,
+                        max_tokens: int | None = None) -> Rendered:
     """Every view of ``conv`` that renders; a turn that does not is skipped on its own, with its
-    error, and the conversation's other views are kept (a view depends on its own turn only)."""
+    error, and the conversation's other views are kept (a view depends on its own turn only).
+    With ``max_tokens``, a view whose token floor is over it is not tokenized: it comes back as an
+    :class:`~onepass.view.Unmeasured` in its place (:mod:`onepass.render.token_floor`)."""
     texts: list[tuple[int, _Text]] = []
     skipped: list[tuple[int, RenderError]] = []
+    unmeasured: dict[int, Unmeasured] = {}
     for item in _iter_texts(conv, tokenizer, config):
-        (skipped if isinstance(item[1], RenderError) else texts).append(item)  # type: ignore[arg-type]
+        if isinstance(item[1], RenderError):
+            skipped.append(item)  # type: ignore[arg-type]
+        elif (over := _unmeasured(conv, tokenizer, item[0], item[1], max_tokens)) is not None:
+            unmeasured[item[0]] = over
+        else:
+            texts.append(item)  # type: ignore[arg-type]
     counts = _counts(conv, tokenizer, config)
     if not texts:
-        return Rendered(views=(), skipped=tuple(e for _, e in skipped), **counts)
+        return Rendered(views=tuple(unmeasured.values()), skipped=tuple(e for _, e in skipped), **counts)
     encoded = encode_texts(tokenizer, [t.prompt for _, t in texts] + [t.completion for _, t in texts])
     prompts, completions = encoded[:len(texts)], encoded[len(texts):]
     merged = merges_across(tokenizer, [(t.prompt, t.completion) for _, t in texts])
-    views = []
+    views: list[View | Unmeasured] = []
     for (turn, text), p, c, merge in zip(texts, prompts, completions, merged):
         if not c:
             skipped.append((turn, RenderError(f"{conv.at(turn)}: the completion has no tokens")))
@@ -259,6 +282,7 @@ def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig
                               reasoning_dropped=text.reasoning_dropped, first_message=conv.first_message,
                               history_reasoning_dropped=text.history_reasoning_dropped))
     skipped.sort(key=lambda pair: pair[0])
+    views = sorted([*views, *unmeasured.values()], key=lambda v: v.turn)
     return Rendered(views=tuple(views), skipped=tuple(e for _, e in skipped), **counts)
 
 
@@ -268,4 +292,4 @@ def render_views(conv: Conversation, tokenizer: Any, config: RenderConfig = Rend
     rendered = render_conversation(conv, tokenizer, config)
     if rendered.skipped:
         raise rendered.skipped[0]
-    return list(rendered.views)
+    return [v for v in rendered.views if isinstance(v, View)]  # all of them: no max_tokens, no Unmeasured
