@@ -78,3 +78,11 @@ def test_the_report_quotes_the_timed_steps_not_the_setup(tmp_path, monkeypatch, 
     out = capsys.readouterr().out
     assert "one-pass  10 steps in  10.0 s (the timed steps;" in out
     assert "n-pass    10 steps in  12.0 s (the timed steps;" in out
+
+
+def test_a_second_demo_run_starts_its_training_runs_anew(tmp_path, capsys):
+    """`make demo` twice: the second run trained into the first's folders (it stopped with 'holds another run'
+    and a traceback before the demo set overwrite_output_dir for its own run folders)."""
+    for _ in range(2):
+        assert train_side_by_side(tmp_path, 1, block_steps=1) == 0
+    assert "one-pass  1 steps in" in capsys.readouterr().out

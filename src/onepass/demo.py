@@ -78,7 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"({stats['token_ratio']:.2f}x fewer), same loss and gradients (see verify above)")
     print(f"outputs in {out}/: one-pass/ and one-pass-packed/ (Arrow + stats.json), mask.png")
     if args.train_steps > 0:
-        return train_side_by_side(out, args.train_steps)
+        from onepass.errors import run_main
+
+        return run_main(lambda steps: train_side_by_side(out, steps), args.train_steps)  # one line on an error
     return 0
 
 
@@ -114,7 +116,8 @@ def train_side_by_side(out: Path, steps: int, *, block_steps: int = BLOCK_STEPS)
         "tiny": "qwen3", "tiny_config": DEMO_MODEL, "data": "builtin:mathchat", "per_device_train_batch_size": 8,
         "pack": True, "max_tokens": 4096, "max_batch_tokens": 4096, "max_steps": steps, "learning_rate": 3.0e-3,
         "lr_scheduler_type": "linear", "warmup_steps": 5, "seed": 0, "device": "cpu", "logging_steps": 10,
-        "progress": False}, sort_keys=False))
+        "progress": False, "overwrite_output_dir": True}, sort_keys=False))
+    # overwrite: these run folders are the demo's own; a second `make demo` starts them anew
     # max_batch_tokens = max_tokens: every packed row is a forward pass of its own, so neither schedule pads
     # its rows to a longer one's (N-pass, with more rows per step, would pay for padding one-pass never has)
     schedules = ("one-pass", "n-pass")
