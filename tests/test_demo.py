@@ -69,17 +69,6 @@ def test_load_that_lands_on_n_pass_alone_is_reported_as_disturbed_timing(tmp_pat
     assert expected in out and "the speed of N-pass" not in out
 
 
-def test_the_report_quotes_the_timed_steps_not_the_setup(tmp_path, monkeypatch, capsys):
-    """A run's train_seconds holds its data, guard and saving too (one-pass's was 14 s more than N-pass's in
-    a real demo, against a 1.21x step ratio): the per-run line quotes the interleaved steps the ratio uses."""
-    clock = {"steps": 0}
-    monkeypatch.setattr(loop, "train_steps", fake_train_steps(clock, slow=lambda n, _s: 1.0))
-    assert train_side_by_side(tmp_path, 10, block_steps=5) == 0
-    out = capsys.readouterr().out
-    assert "one-pass  10 steps in  10.0 s (the timed steps;" in out
-    assert "n-pass    10 steps in  12.0 s (the timed steps;" in out
-
-
 def test_a_second_demo_run_starts_its_training_runs_anew(tmp_path, capsys):
     """`make demo` twice: the second run trained into the first's folders (it stopped with 'holds another run'
     and a traceback before the demo set overwrite_output_dir for its own run folders)."""

@@ -169,8 +169,7 @@ def train_side_by_side(out: Path, steps: int, *, block_steps: int = BLOCK_STEPS)
           f"{torch.get_num_threads()} CPU thread(s), attention {one['attention']})")
     for name, m in metrics.items():
         h = m["history"]
-        print(f"{name:9s} {len(h)} steps in {sum(blocks[name]):5.1f} s (the timed steps; "
-              f"{m['train_seconds']:.1f} s with its data, guard and saving): {m['train_tokens']:7,} tokens, "
+        print(f"{name:9s} {len(h)} steps in {m['train_seconds']:5.1f} s: {m['train_tokens']:7,} tokens, "
               + (f"{total(m, 'dense_pairs') / 1e6:6.1f}M attention pairs computed "
                  f"({total(m, 'visible_pairs') / 1e6:.1f}M visible), " if dense_backend
                  else f"{total(m, 'visible_pairs') / 1e6:.1f}M attention pairs, ")
