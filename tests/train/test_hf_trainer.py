@@ -191,8 +191,9 @@ def test_cpu_fast_backend_serves_the_trainer(tmp_path, datasets_):
     assert max(rel(a, b) for a, b in zip(*losses)) <= 1e-9
 
 
-@pytest.mark.slow
-def test_torchrun_two_processes_match_one(tmp_path, datasets_):
+def _one_process_run(tmp_path, datasets_):
+    """The data saved, the environment, the script's arguments for the two-rank run, and the
+    one-process reference run of ``hf_trainer_script.py`` (its result in ``tmp_path / "one"``)."""
     one, _, ids = datasets_
     data = tmp_path / "data"
     one.save_to_disk(str(data))
@@ -201,17 +202,29 @@ def test_torchrun_two_processes_match_one(tmp_path, datasets_):
     single = subprocess.run([sys.executable, script, str(data), str(tmp_path / "one"), "2", str(len(ids))],
                             env=env, capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
-    # one try: a teardown abort or a hang is a failure, with every process's Python stacks (tests/ranks.py)
-    two = run_ranks([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                     script, str(data), str(tmp_path / "two"), "1", str(len(ids))], env, timeout=300)
-    assert two.returncode == 0, two.stderr[-6000:]
+    return env, [script, str(data), str(tmp_path / "two"), "1", str(len(ids))]
+
+
+def _results_match(tmp_path):
+    """Both runs' results, after checking the two-rank run took the one-process run's steps."""
     a = json.loads((tmp_path / "one" / "result.json").read_text())
     b = json.loads((tmp_path / "two" / "result.json").read_text())
-    assert a["world_size"] == 1 and b["world_size"] == 2
     assert len(a["losses"]) == len(b["losses"]) == 3
     assert max(rel(x, y) for x, y in zip(a["losses"], b["losses"])) <= 1e-9
     assert rel(a["weight_norm"], b["weight_norm"]) <= 1e-12
     assert a["weight_norm"] != a["initial_weight_norm"]
+    return a, b
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_match_one(tmp_path, datasets_):
+    env, args = _one_process_run(tmp_path, datasets_)
+    # one try: a teardown abort or a hang is a failure, with every process's Python stacks (tests/ranks.py)
+    two = run_ranks([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                     *args], env, timeout=300)
+    assert two.returncode == 0, two.stderr[-6000:]
+    a, b = _results_match(tmp_path)
+    assert a["world_size"] == 1 and b["world_size"] == 2
 
 
 @pytest.mark.slow
@@ -219,31 +232,18 @@ def test_torchrun_two_processes_match_one(tmp_path, datasets_):
 def test_fsdp_on_two_cpu_ranks_matches_one_process(tmp_path, datasets_, launch):
     """OnePassTrainer runs FSDP2 (not DDP) under accelerate launch with configs/accelerate-fsdp-cpu.yaml, and
     under torchrun with TrainingArguments(fsdp="full_shard auto_wrap")."""
-    one, _, ids = datasets_
-    data = tmp_path / "data"
-    one.save_to_disk(str(data))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    script = str(HERE / "hf_trainer_script.py")
-    single = subprocess.run([sys.executable, script, str(data), str(tmp_path / "one"), "2", str(len(ids))],
-                            env=env, capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stderr[-3000:]
+    env, args = _one_process_run(tmp_path, datasets_)
     config = Path(__file__).parents[2] / "configs" / "accelerate-fsdp-cpu.yaml"
-    args = [script, str(data), str(tmp_path / "two"), "1", str(len(ids))]
     launcher = (["-m", "accelerate.commands.launch", "--config_file", str(config)] if launch == "accelerate-config"
                 else ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"])
     fsdp = [] if launch == "accelerate-config" else ["full_shard auto_wrap"]
     two = run_ranks([sys.executable, *launcher, *args, *fsdp], env, timeout=400)
     assert two.returncode == 0, two.stderr[-6000:]
     assert "Reducer" not in two.stderr and "DistributedDataParallel" not in two.stderr
-    a = json.loads((tmp_path / "one" / "result.json").read_text())
-    b = json.loads((tmp_path / "two" / "result.json").read_text())
+    a, b = _results_match(tmp_path)
     assert a["distributed"]["mode"] == "single"
     assert b["distributed"] == {"mode": "fsdp", "world_size": 2, "backend": "gloo", "device": "cpu",
                                 "fsdp_version": 2, "launcher": launch.split("-")[0]}
-    assert len(a["losses"]) == len(b["losses"]) == 3
-    assert max(rel(x, y) for x, y in zip(a["losses"], b["losses"])) <= 1e-9
-    assert rel(a["weight_norm"], b["weight_norm"]) <= 1e-12
-    assert a["weight_norm"] != a["initial_weight_norm"]
 
 
 @pytest.mark.requires_cuda
