@@ -210,12 +210,11 @@ def install(model: Any) -> int:
         coupling = recurrent_mixer(type(mod))
         if coupling is None:
             continue
-        check_cache_api(coupling, CHAIN_STATE_METHODS, type(mod))
-        cache_kw = coupling.cache_arg
         count += 1
-        if _WRAPPED not in mod.__dict__:
+        if _WRAPPED not in mod.__dict__:  # checked and wrapped once per instance (install runs every step)
+            check_cache_api(coupling, CHAIN_STATE_METHODS, type(mod))
             original = mod.forward
-            mod.forward = functools.partial(_tree_forward, mod, original, cache_kw)
+            mod.forward = functools.partial(_tree_forward, mod, original, coupling.cache_arg)
             mod.__dict__[_WRAPPED] = original
     return count
 
