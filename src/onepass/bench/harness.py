@@ -46,7 +46,7 @@ from onepass.bench.memory import (
     step_memory,
     tensor_bytes,
 )
-from onepass.bench.ratio import speed_ratio
+from onepass.bench.ratio import fastest_ratio, speed_ratio
 from onepass.errors import UsageError
 from onepass.flops import speed_bound, visible_pairs
 from onepass.loss import batch_loss, layouts_to_batch
@@ -355,7 +355,7 @@ def _best_epoch_ratio(base: dict[str, Any] | None, s: dict[str, Any]) -> float |
     interference in it, beside the medians' ``speedup_vs_n_pass_packed``."""
     if not base or not base.get("epoch_seconds_best") or not s.get("epoch_seconds_best"):
         return None
-    return base["epoch_seconds_best"] / s["epoch_seconds_best"]
+    return fastest_ratio([base["epoch_seconds_best"]], [s["epoch_seconds_best"]])
 
 
 def checked_ratio(base: dict[str, Any] | None, s: dict[str, Any]) -> dict[str, Any] | None:

@@ -99,6 +99,15 @@ def relative_deviation(values: Sequence[float]) -> float:
     return statistics.median(abs(v - med) for v in values) / med if med else 0.0
 
 
+def fastest_ratio(baseline_seconds: Sequence[float], seconds: Sequence[float]) -> float:
+    """The baseline's fastest repeat over the candidate's fastest (:attr:`SpeedRatio.best`).
+
+    >>> fastest_ratio([10.0, 8.0], [5.0, 4.0])
+    2.0
+    """
+    return min(baseline_seconds) / min(seconds)
+
+
 def speed_ratio(baseline_seconds: Sequence[float], seconds: Sequence[float], *, bound: float,
                 paired: bool) -> SpeedRatio:
     """The candidate's speed over the baseline's from their repeat times (same work per repeat).
@@ -116,5 +125,5 @@ def speed_ratio(baseline_seconds: Sequence[float], seconds: Sequence[float], *, 
     else:
         median = statistics.median(baseline_seconds) / statistics.median(seconds)
         deviation = relative_deviation(baseline_seconds) + relative_deviation(seconds)
-    return SpeedRatio(median=median, best=min(baseline_seconds) / min(seconds), deviation=deviation, bound=bound,
+    return SpeedRatio(median=median, best=fastest_ratio(baseline_seconds, seconds), deviation=deviation, bound=bound,
                       repeats=min(len(baseline_seconds), len(seconds)), paired=paired)
