@@ -49,3 +49,26 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_adapter(tmp_path_factory, qwen3_tokenizer):
+    """A float64 tiny Qwen3 (300 ids) saved as a base with the Qwen3 tokenizer, and a LoRA adapter on it with
+    non-zero B (so merging it matters): ``(base_dir, adapter_dir, peft_model)``, for ``onepass export``."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from onepass.tiny import tiny_model
+
+    root = tmp_path_factory.mktemp("export")
+    base_dir, adapter_dir = root / "base", root / "adapter"
+    tiny_model("qwen3", 300, dtype=torch.float64, seed=0).save_pretrained(base_dir)
+    qwen3_tokenizer.save_pretrained(base_dir)
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float64)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                               init_lora_weights=False, task_type="CAUSAL_LM"))
+    lora.eval()
+    lora.save_pretrained(adapter_dir)
+    return base_dir, adapter_dir, lora

@@ -9,48 +9,24 @@ import torch
 
 from onepass.cli import main
 from onepass.export import adapter_base
-from onepass.tiny import tiny_model
 from onepass.tokenizer import builtin_template
-
-VOCAB = 300  # the tiny model's ids; the tokenizer saved beside it only has to carry the template
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, qwen3_tokenizer):
-    """A float64 tiny Qwen3 saved as the base, and a LoRA adapter on it with non-zero B (so it matters)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    root = tmp_path_factory.mktemp("export")
-    base_dir, adapter_dir = root / "base", root / "adapter"
-    tiny_model("qwen3", VOCAB, dtype=torch.float64, seed=0).save_pretrained(base_dir)
-    qwen3_tokenizer.save_pretrained(base_dir)
-    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float64)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1)
-        lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
-                                               init_lora_weights=False, task_type="CAUSAL_LM"))
-    lora.eval()
-    lora.save_pretrained(adapter_dir)
-    return base_dir, adapter_dir, lora
-
 
 def logits(model, ids):
     with torch.no_grad():
         return model(input_ids=ids).logits
 
 
-def test_merged_logits_equal_the_adapter_models(tmp_path, trained):
+def test_merged_logits_equal_the_adapter_models(tmp_path, tiny_adapter):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    base_dir, adapter_dir, lora = trained
+    base_dir, adapter_dir, lora = tiny_adapter
     out = tmp_path / "merged"
     assert adapter_base(adapter_dir) == str(base_dir)  # what --base defaults to
     assert main(["export", "--base", str(base_dir), "--adapter", str(adapter_dir), "--out", str(out)]) == 0
     assert (out / "model.safetensors").is_file() and not (out / "adapter_config.json").exists()
     merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64)
     assert not any("lora" in name for name, _ in merged.named_parameters())
-    ids = torch.randint(0, VOCAB, (3, 19), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, lora.config.vocab_size, (3, 19), generator=torch.Generator().manual_seed(0))
     expected = logits(lora, ids)
     with lora.disable_adapter():
         plain = logits(lora, ids)
@@ -60,11 +36,11 @@ def test_merged_logits_equal_the_adapter_models(tmp_path, trained):
     assert tok.chat_template == builtin_template("qwen3")  # the base's tokenizer (the adapter has none here)
 
 
-def test_the_adapters_tokenizer_and_template_win(tmp_path, trained, qwen3_tokenizer):
+def test_the_adapters_tokenizer_and_template_win(tmp_path, tiny_adapter, qwen3_tokenizer):
     """``onepass train`` saves the tokenizer (with the template it trained with) beside the adapter."""
     from transformers import AutoTokenizer
 
-    base_dir, adapter_dir, _ = trained
+    base_dir, adapter_dir, _ = tiny_adapter
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     for f in adapter_dir.iterdir():
@@ -76,11 +52,11 @@ def test_the_adapters_tokenizer_and_template_win(tmp_path, trained, qwen3_tokeni
     assert main(["export", "--adapter", str(adapter), "--out", str(out)]) == 0  # --base from adapter_config
     assert AutoTokenizer.from_pretrained(out).chat_template == builtin_template("chatml_reasoning")
     config = json.loads((out / "config.json").read_text())
-    assert config["vocab_size"] == VOCAB
+    assert config["vocab_size"] == 300  # the tiny base's (conftest.tiny_adapter)
 
 
-def test_export_refusals_are_one_line(tmp_path, trained, capsys, monkeypatch):
-    base_dir, adapter_dir, _ = trained
+def test_export_refusals_are_one_line(tmp_path, tiny_adapter, capsys, monkeypatch):
+    base_dir, adapter_dir, _ = tiny_adapter
     out = tmp_path / "merged"
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert main(["export", "--adapter", str(adapter_dir), "--out", str(out), "--push-to-hub", "me/model"]) == 2

@@ -16,38 +16,17 @@ import os
 import subprocess
 
 import pytest
-import torch
 from fault_helpers import onepass, wait_for
 
 from onepass.cli import main
-
-VOCAB = 300
-
-
-@pytest.fixture(scope="module")
-def adapter(tmp_path_factory, qwen3_tokenizer):
-    """A tiny Qwen3 base and a LoRA adapter on it (what ``export`` merges)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from onepass.tiny import tiny_model
-
-    root = tmp_path_factory.mktemp("export")
-    base_dir, adapter_dir = root / "base", root / "adapter"
-    tiny_model("qwen3", VOCAB, dtype=torch.float32, seed=0).save_pretrained(base_dir)
-    qwen3_tokenizer.save_pretrained(base_dir)
-    lora = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir),
-                          LoraConfig(r=2, target_modules="all-linear", task_type="CAUSAL_LM"))
-    lora.save_pretrained(adapter_dir)
-    return base_dir, adapter_dir
 
 
 def _snapshot(folder):
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_export_never_overwrites_another_models_folder(tmp_path, adapter, capsys):
-    base_dir, adapter_dir = adapter
+def test_export_never_overwrites_another_models_folder(tmp_path, tiny_adapter, capsys):
+    base_dir, adapter_dir, _ = tiny_adapter
     other = tmp_path / "other-model"
     other.mkdir()
     (other / "config.json").write_text('{"model_type": "mine"}')
@@ -67,10 +46,10 @@ def test_export_never_overwrites_another_models_folder(tmp_path, adapter, capsys
     assert (other / "model.safetensors").read_bytes() != b"my weights"
 
 
-def test_a_full_disk_during_export_leaves_no_half_folder(tmp_path, adapter, capsys, monkeypatch):
+def test_a_full_disk_during_export_leaves_no_half_folder(tmp_path, tiny_adapter, capsys, monkeypatch):
     from transformers import PreTrainedModel
 
-    base_dir, adapter_dir = adapter
+    base_dir, adapter_dir, _ = tiny_adapter
 
     def full(self, path, **_kw):
         (__import__("pathlib").Path(path) / "model.safetensors").write_bytes(b"half")
