@@ -25,11 +25,11 @@ from onepass.train.config import load_config
 from onepass.train.loop import train
 
 
-def _run(out, resume=None, anyway=False, **overrides):
+def _run(out, resume=None, anyway=False, log=lambda _m: None, **overrides):
     values = dict(tiny="qwen3", data="builtin:mathchat", limit=2, max_steps=1, save_steps=1, save_total_limit=1,
                   progress=False, save_model=False, output_dir=str(out))
     kw = {"resume_anyway": True} if anyway else {}
-    return train(load_config(None, values | overrides), resume=resume, log=lambda _m: None, **kw)
+    return train(load_config(None, values | overrides), resume=resume, log=log, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +86,13 @@ def test_a_cut_checkpoint_file_is_one_line(run, name):
 def test_a_changed_learning_rate_is_refused_naming_the_key(run):
     with pytest.raises(OnePassError, match="learning_rate was"):
         _run(run, resume=True, max_steps=2, learning_rate=1.0)
-    result = _run(run, resume=True, anyway=True, max_steps=2, learning_rate=1.0)  # the deliberate case
+    said = []
+    result = _run(run, resume=True, anyway=True, max_steps=2, learning_rate=1.0, log=said.append)  # deliberate
     assert result.steps == 2
+    warning = next(m for m in said if "--resume-anyway" in m)
+    assert "carry their own learning_rate, so those keep the checkpoint's values" in warning  # as happens:
+    step_two = json.loads((run / "metrics.json").read_text())["history"][-1]
+    assert step_two["step"] == 2 and step_two["lr"] < 0.5  # the checkpoint's rate, not 1.0
 
 
 def _jsonl(path, limit):

@@ -92,6 +92,11 @@ def read_state(path: Path) -> dict[str, Any]:
     return state
 
 
+# settings the optimizer's param groups and the scheduler's base rates save with their state: on resume they
+# come back from the checkpoint, whatever the config now says
+RESTORED_WITH_STATE = ("learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")
+
+
 def check_compatible(saved: dict[str, Any], config: TrainConfig, path: Path, *, anyway: bool = False,
                      say: Callable[[str], None] | None = None) -> None:
     """Refuse to resume from ``path`` with other :data:`RESUME_KEYS` settings (paths compared resolved);
@@ -101,8 +106,11 @@ def check_compatible(saved: dict[str, Any], config: TrainConfig, path: Path, *, 
     diffs = [f"{k} was {saved[k]!r}, now {now[k]!r}" for k in RESUME_KEYS
              if k in saved and _norm(k, saved[k]) != _norm(k, now[k])]
     if diffs and anyway:
-        (say or logging.getLogger("onepass").warning)(f"warning: --resume-anyway: resuming {path} with different "
-                                                      "settings: " + "; ".join(diffs))
+        kept = [k for k in RESTORED_WITH_STATE if k in saved and _norm(k, saved[k]) != _norm(k, now[k])]
+        (say or logging.getLogger("onepass").warning)(
+            f"warning: --resume-anyway: resuming {path} with different settings: " + "; ".join(diffs)
+            + (f". The optimizer and scheduler state restored from it carry their own {', '.join(kept)}, so "
+               "those keep the checkpoint's values; start a new run to use the new ones" if kept else ""))
     elif diffs:
         raise TrainConfigError(f"cannot resume from {path} with different settings: " + "; ".join(diffs)
                                + " (--resume-anyway to continue regardless)")
