@@ -12,13 +12,10 @@ import json
 
 import pytest
 import torch
-import transformers
 
 import onepass.rl.losses as losses
 from onepass.cli import main
-from onepass.data.mathchat import load_sample
 from onepass.precision import float64_norms
-from onepass.render import render_views
 from onepass.rl.layout import layout_rollouts
 from onepass.rl.logprobs import token_logprobs, token_logprobs_reference
 from onepass.rl.losses import PolicyLossConfig, policy_loss, policy_loss_reference
@@ -27,7 +24,7 @@ from onepass.rl.synthetic import template_rollouts
 from onepass.rl.verify import compact_rollouts, run_rl_verify
 from onepass.guard import guard_backend
 from onepass.tiny import tiny_config, tiny_model
-from onepass.verify import compact_vocab, max_rel_grad_diff, parameter_grads, run_verify
+from onepass.verify import max_rel_grad_diff, parameter_grads
 
 TOL = 1e-9
 SEED = 2811
@@ -47,30 +44,13 @@ def exact_model(arch, vocab):
     return model
 
 
-_HYBRID_SFT_EXACT: dict[str, float] = {}
-
-
-def skip_unless_hybrid_sft_is_exact(arch, qwen3_tokenizer):
-    """Hybrids here are exact iff the SFT path is; on transformers 5.24 it is not until the lead's issue-22
-    fix (recurrent mixers' cache argument renamed) lands. Measured, so the test runs once it is fixed."""
-    if arch not in HYBRID:
-        return
-    if arch not in _HYBRID_SFT_EXACT:
-        views, vocab = compact_vocab([render_views(c, qwen3_tokenizer) for c in load_sample(limit=1)])
-        _HYBRID_SFT_EXACT[arch] = run_verify(views, exact_model(arch, vocab)).max_rel_grad_diff
-    if _HYBRID_SFT_EXACT[arch] > TOL:
-        pytest.skip(f"{arch}: the SFT one-pass path itself is not exact on transformers "
-                    f"{transformers.__version__} (rel grad diff {_HYBRID_SFT_EXACT[arch]:.2g}; issue 22)")
-
-
 def max_abs(a, b):
     return max((x - y).abs().max().item() for xs, ys in zip(a, b) for x, y in zip(xs, ys) if len(x))
 
 
 @pytest.mark.parametrize("max_tokens", [None, 160])
 @pytest.mark.parametrize("arch", DENSE + WINDOWED + HYBRID)
-def test_token_logprobs_and_entropy_equal_per_turn_forwards(rollouts, qwen3_tokenizer, one_thread, arch, max_tokens):
-    skip_unless_hybrid_sft_is_exact(arch, qwen3_tokenizer)
+def test_token_logprobs_and_entropy_equal_per_turn_forwards(rollouts, one_thread, arch, max_tokens):
     trajs, vocab = rollouts
     model = exact_model(arch, vocab)
     batch = layout_rollouts(trajs, max_tokens=max_tokens)
@@ -155,9 +135,7 @@ def test_the_clipped_surrogate_by_hand():
 
 
 @pytest.mark.parametrize("arch", DENSE + WINDOWED + HYBRID)
-def test_onepass_verify_rollouts_with_a_model_directory_says_equal(rollouts, qwen3_tokenizer, tmp_path, capsys,
-                                                                   arch):
-    skip_unless_hybrid_sft_is_exact(arch, qwen3_tokenizer)
+def test_onepass_verify_rollouts_with_a_model_directory_says_equal(rollouts, tmp_path, capsys, arch):
     trajs, vocab = rollouts
     tiny_model(arch, vocab, dtype=torch.float64, attn_implementation="eager").save_pretrained(tmp_path / "model")
     path = tmp_path / "rollouts.jsonl"
