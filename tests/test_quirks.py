@@ -9,6 +9,7 @@ proves its handling and the function that holds it; both must exist. docs/templa
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import subprocess
 import sys
@@ -17,7 +18,9 @@ from pathlib import Path
 import pytest
 from test_real_templates import EOS, TEMPLATES, chat_template
 
+from onepass.render.fields import TemplateFields
 from onepass.render.quirks import DOCS_BEGIN, DOCS_END, QUIRKS, Quirk, with_quirks_section
+from onepass.render.views import RETRIES
 
 ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs" / "templates.md"
@@ -64,6 +67,15 @@ def test_each_quirk_names_the_function_that_handles_it(quirk: Quirk):
             target = getattr(target, attr)  # AttributeError names what moved
         return
     pytest.fail(f"{quirk.where}: no such module")
+
+
+def test_every_retry_and_every_probed_field_is_a_quirk_of_the_table():
+    """Model knowledge lives in the table: a new retry of a skipped turn, or a new field probed on the
+    template, is a quirk some template shows, so it gets a row (and a proving test) here."""
+    wheres = {q.where for q in QUIRKS}
+    assert {f"{r.drop.__module__}.{r.drop.__qualname__}" for r in RETRIES} <= wheres
+    described = " ".join(q.detected_by for q in QUIRKS)
+    assert [f.name for f in dataclasses.fields(TemplateFields) if f"TemplateFields.{f.name}" not in described] == []
 
 
 def test_each_proving_test_exists():

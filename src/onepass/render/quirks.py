@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from onepass.conversation import Conversation, Message, ToolCall
+from onepass.render.derived import CONTENT
 from onepass.render.errors import RenderError, UnopenedReasoning
 from onepass.render.fields import TemplateFields, template_fields
 from onepass.render.template import prober
@@ -174,6 +175,23 @@ def _one_call_per_name(tokenizer: Any) -> bool:
     return isinstance(skipped, RenderError) and "2 tool call(s) 'get_weather' (found 1)" in str(skipped)
 
 
+def _empty_content_changes_what_follows(tokenizer: Any) -> bool:
+    conv = _chain()
+    render = prober(tokenizer, conv, {}, 1)
+    messages = conv.template_messages(2, **_fields(tokenizer, tools=True).message_options)
+    with_content = render([*messages[:-1], {**messages[-1], "content": CONTENT}], False)
+    empty = render(messages, False)
+    if with_content is None or empty is None or with_content.count(CONTENT) != 1:
+        return False
+    head, after = with_content.split(CONTENT)
+    return empty.startswith(head) and empty[len(head):] != after
+
+
+def _calls_only_without_content(tokenizer: Any) -> bool:
+    skipped = _turn(tokenizer, _chain(), 1, RenderConfig(completion_format="deepseek-r1"))
+    return isinstance(skipped, RenderError) and "only when the content is None" in str(skipped)
+
+
 QUIRKS: tuple[Quirk, ...] = (
     Quirk(name="old reasoning dropped",
           does="drops the reasoning of answers before the last user message from the history: turn 1 trains "
@@ -223,7 +241,7 @@ QUIRKS: tuple[Quirk, ...] = (
                       "and one absent from both renderings is one the template drops there",
           handled_by="the retry `history reasoning dropped` (views.RETRIES) renders the turn without it "
                      "(View.history_reasoning_dropped, counted); a probe that shows it keeps the skip",
-          where="onepass.render.reasoning.unrendered_history_reasoning", probe=_history_reasoning_retry,
+          where="onepass.render.views._history_reasoning", probe=_history_reasoning_retry,
           templates=("gptoss",),
           proved_by="tests/test_real_templates.py::"
                     "test_history_reasoning_is_left_out_only_where_the_probe_shows_the_template_drops_it[gptoss]"),
@@ -233,7 +251,7 @@ QUIRKS: tuple[Quirk, ...] = (
           detected_by="the reasoning is in neither the template split nor the derived format (ReasoningNotRendered)",
           handled_by="a counted skip; with `--reasoning drop` the retry `own reasoning dropped` trains the turn "
                      "without it, as the non-thinking model generates it (View.reasoning_dropped)",
-          where="onepass.render.views.RETRIES", probe=_reasoning_never_rendered,
+          where="onepass.render.views._own_reasoning", probe=_reasoning_never_rendered,
           templates=("cohere2", "cohere2_tool_use", "deepseekv3_1", "qwen3_instruct_2507"),
           proved_by="tests/test_render.py::test_reasoning_drop_trains_a_turn_the_template_never_renders_reasoning_for"),
     Quirk(name="R1-style generation prompt",
@@ -329,6 +347,26 @@ QUIRKS: tuple[Quirk, ...] = (
           where="onepass.render.sources.tool_calls_rendered", probe=_one_call_per_name, templates=("gptoss",),
           proved_by="tests/test_real_templates.py::"
                     "test_a_tool_call_the_template_does_not_render_is_a_skip_even_when_its_name_is[gptoss]"),
+    Quirk(name="empty content changes what follows",
+          does="the text after a turn's content depends on whether it is empty: `text\\n<tool_call>` after text, "
+               "`<tool_call>` alone after none (Qwen3's `(loop.first and content) or not loop.first`)",
+          detected_by="completion_fields renders the turn with a sentinel content, then with the empty content, "
+                      "and reads what follows the content from the second",
+          handled_by="a completion format's `{tool_calls}` is the template's own text for an empty content",
+          where="onepass.render.formats.completion_fields", probe=_empty_content_changes_what_follows,
+          templates=("glm4moe", "nemotron_3_nano", "nemotron_3_super", "qwen3", "qwen3_5_think", "qwen3_6",
+                     "qwen3_instruct_2507", "qwq_32b", "seed_oss"),
+          proved_by="tests/test_render.py::test_named_formats_train_tool_calls_as_the_template_renders_them"),
+    Quirk(name="tool calls only for a None content",
+          does="renders a turn's tool calls only `if message['content'] is none`; transformers drops None-valued "
+               "keys from every message (at inference too), so the calls are never rendered",
+          detected_by="with a completion format, the turn's tool-call names are not in what the template renders "
+                      "after the content",
+          handled_by="such a turn is a counted skip saying why (it cannot be trained with this template)",
+          where="onepass.render.sources.given_format", probe=_calls_only_without_content,
+          templates=("deepseek_r1_distill",),
+          proved_by="tests/test_real_templates.py::"
+                    "test_every_kept_view_is_the_templates_own_rendering[deepseek_r1_distill+deepseek-r1]"),
 )
 
 
