@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from onepass.conversation import (
-    REASONING_KEYS,
     Conversation,
     ConversationError,
     Message,
@@ -19,6 +18,7 @@ from onepass.conversation import (
     read_conversations,
     split_inline_reasoning,
 )
+from onepass.record_schemas import REASONING_KEYS
 
 
 def U(content):

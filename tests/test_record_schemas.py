@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from onepass.conversation import (
+from onepass.conversation import Message, ToolCall, parse_record
+from onepass.prepare import PrepareConfig, prepare
+from onepass.record_schemas import (
     CONTENT_NULL,
     CONTENT_PARTS,
     FIELD_AND_INLINE,
@@ -19,11 +21,7 @@ from onepass.conversation import (
     INPUT_OUTPUT,
     NOT_TRAINED,
     SHAREGPT_CALL,
-    Message,
-    ToolCall,
-    parse_record,
 )
-from onepass.prepare import PrepareConfig, prepare
 from onepass.render import RenderConfig, render_conversation
 
 FIXTURES = Path(__file__).parent / "fixtures" / "chat_templates"

@@ -9,7 +9,7 @@ several places (``reasoning_content``, ``reasoning``, ``thinking``, or a leading
 :class:`Conversation`, as the template would see the record: every message and
 field it can render kept (an empty system message, a tool call's arguments string,
 OpenAI ``weight`` 0 as a turn not to train), every conversion named
-(:data:`CONVERSIONS`, counted in stats), and every defect in the input reported
+(:data:`onepass.record_schemas.CONVERSIONS`, counted in stats), and every defect in the input reported
 here with the file, record and message it came from (docs/data.md, "Record schemas").
 
 Worked example::
@@ -41,19 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from onepass.errors import ConversationError
-from onepass.record_schemas import (  # noqa: F401  (CONVERSIONS and its names, message_at: re-exported)
-    CONTENT_NULL,
-    CONTENT_PARTS,
-    CONVERSIONS,
+from onepass.record_schemas import (
     FIELD_AND_INLINE,
     HERMES_CALL,
-    INPUT_OUTPUT,
-    NOT_TRAINED,
-    REASONING_KEYS,
-    SHAREGPT_CALL,
-    SHAREGPT_ROLES,
     Where,
-    bad_text,
     check_text,
     input_output,
     interactions,
@@ -62,7 +53,6 @@ from onepass.record_schemas import (  # noqa: F401  (CONVERSIONS and its names, 
     message_content,
     reasoning_field,
     sharegpt,
-    text_field,
     trains,
     unknown_schema,
 )
@@ -144,7 +134,7 @@ class Conversation:
     source: str = "<memory>"
     id: str | None = None
     first_message: int = 0  # the record's own number of messages[0]: 1 after a system message in the list
-    conversions: tuple[str, ...] = ()  # what was converted to read the record (CONVERSIONS), counted in stats
+    conversions: tuple[str, ...] = ()  # what was converted to read the record (record_schemas.CONVERSIONS), counted
 
     def at(self, k: int) -> str:
         """``SOURCE, message N``: message ``k`` numbered as in the record, as parse errors name it."""

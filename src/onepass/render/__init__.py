@@ -11,6 +11,7 @@ instead); its rule is in :mod:`onepass.render.views`. The package's rooms, one c
 - ``reasoning`` reasoning left out, counted: ``--reasoning drop``, or an earlier turn's the template drops
 - ``encode``    encoding each distinct piece of text once
 - ``errors``    why a turn gives no view
+- ``quirks``    which real templates take which of these paths, each with its probe and proving test (data)
 
 No torch here: this is pure data.
 """

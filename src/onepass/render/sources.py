@@ -122,7 +122,7 @@ def template_split(turn: Turn, prompt: str) -> str | Declined:
     rest = full[len(prompt):]
     try:
         reasoning_rendered(turn, rest)
-    except ReasoningNotRendered as e:  # Kimi-K2 on a final answer: the derived format may still hold it
+    except ReasoningNotRendered as e:  # the derived format may still hold it (quirks: final answer reasoning dropped)
         return Declined(e)
     end = turn_end(rest, turn.eos) if turn.fields.generation_always else rest
     if end is None:

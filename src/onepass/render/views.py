@@ -27,7 +27,9 @@ A turn that cannot be split, or for which the template raises, is skipped on its
 returns it with its error, naming record, message and template line); the other views are kept. Message fields
 go over as the template reads them (:mod:`onepass.render.fields`); reasoning is left out only by the
 retries of :data:`RETRIES` (``--reasoning drop``, or an earlier turn's the template drops anyway:
-:mod:`onepass.render.reasoning`), each counted on the view.
+:mod:`onepass.render.reasoning`), each counted on the view. No branch here names a model: which real
+templates take which source, field or retry, and the test proving each, is the table
+:data:`onepass.render.quirks.QUIRKS`.
 
 Worked example (Qwen3, reasoning "r", answer "a")::
 
