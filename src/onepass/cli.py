@@ -272,7 +272,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                                else _default_tolerance(args.dtype))
     if not args.data:
         raise UsageError("verify needs --data FILE (conversations) or --rollouts FILE (RL rollouts)")
-    from onepass.guard.divergence import locate
+    from onepass.guard.divergence import judge, locate
     from onepass.render import render_views
     from onepass.verify import compact_vocab, run_verify
 
@@ -286,21 +286,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
     model, label, backend = verify_model(args, vocab)
     result = run_verify(views, model, schedule=args.schedule, weighting=args.weighting)
     tol = args.tolerance if args.tolerance is not None else _default_tolerance(args.dtype)
-    ok = result.rel_loss_diff <= tol and result.max_rel_grad_diff <= tol
+    verdict = judge(result.rel_loss_diff, result.max_rel_grad_diff, tolerance=tol,
+                    where=lambda: locate(model, views, worst_parameter=result.worst_parameter, tolerance=tol))
+    ok = verdict.equal
     print(f"model: {label}, {args.dtype}, attention {backend}")
     print(f"{result.num_conversations} conversations, {result.num_views} views: "
           f"N-pass {result.n_pass_tokens} tokens vs {result.schedule} {result.one_pass_tokens} tokens "
           f"in {result.num_trees} trees")
     print(f"loss N-pass {result.loss_n_pass:.12g}  {result.schedule} {result.loss_one_pass:.12g}  "
           f"rel diff {result.rel_loss_diff:.3g}  max rel grad diff {result.max_rel_grad_diff:.3g}  "
-          f"-> {'EQUAL' if ok else 'DIFFERENT'} within {tol:g}")
-    where = {}
-    if not ok:  # which layer type: the first layer whose output at a tree node differs from N-pass
-        found = locate(model, views, worst_parameter=result.worst_parameter)
-        print(f"{found.describe()}; largest gradient difference in {result.worst_parameter}")
-        where = {"differing_layer": found.index, "layer_type": found.layer_type, "mixer": found.mixer,
-                 "max_layer_diff": found.max_diff}
-    print(json.dumps({**result.to_dict(), "attention": backend, "tolerance": tol, "equal": ok, **where}))
+          f"-> {verdict.word} within {tol:g}")
+    if verdict.where is not None:
+        print(verdict.located(result.worst_parameter))
+    print(json.dumps({**result.to_dict(), "attention": backend, "tolerance": tol, **verdict.to_dict()}))
     return 0 if ok else 1
 
 

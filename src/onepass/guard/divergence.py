@@ -16,7 +16,7 @@ the exactness guard (:mod:`onepass.guard`) and ``onepass verify``.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from onepass.model_config import text_config
 from onepass.view import View
 
 TOLERANCE = 1e-9  # relative, float64
+ROUNDING = 1e-6  # the most a gradient may differ by rounding alone, when every output agrees (see judge)
 
 
 def decoder_layers(model: Any) -> torch.nn.ModuleList | None:
@@ -154,6 +155,69 @@ def locate(model: Any, conversations: Sequence[Sequence[View]], *, worst_paramet
     if index is None and not diffs and worst_parameter:
         index = layer_of_parameter(worst_parameter)
     return named_layer(model, index, max(diffs) if diffs else None)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Verdict:
+    """Whether one-pass equals N-pass (or per-turn scoring), and where they part when not within tolerance."""
+
+    equal: bool
+    rounding: bool  # equal although a gradient is past the tolerance: rounding only (every output agrees)
+    where: LayerDiff | None  # None when everything was within the tolerance (nothing was located)
+
+    @property
+    def word(self) -> str:
+        """What ``onepass verify`` prints: EQUAL, EQUAL (rounding ...) or DIFFERENT."""
+        if not self.equal:
+            return "DIFFERENT"
+        return "EQUAL (a gradient rounds differently; every output agrees)" if self.rounding else "EQUAL"
+
+    def located(self, worst_parameter: str) -> str:
+        """One line: where the outputs part (or that they agree), and the parameter of the largest gradient
+        difference."""
+        assert self.where is not None
+        return (f"{self.where.describe()}; largest gradient difference in {worst_parameter}"
+                + (" (rounding only)" if self.rounding else ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        """``equal``, and where one-pass and N-pass part when something was past the tolerance."""
+        if self.where is None:
+            return {"equal": self.equal}
+        return {"equal": self.equal, "rounding": self.rounding, "differing_layer": self.where.index,
+                "layer_type": self.where.layer_type, "mixer": self.where.mixer,
+                "max_layer_diff": self.where.max_diff}
+
+
+def judge(outputs: float, gradients: float, where: Callable[[], LayerDiff], *,
+          tolerance: float = TOLERANCE) -> Verdict:
+    """The one rule for "exact", used by the guard, ``onepass verify`` and ``verify --rollouts``.
+
+    ``outputs``: the largest relative difference of what the model computes (loss, log-probs,
+    entropies); ``gradients``: the largest relative difference of a parameter's gradient; ``where``:
+    locates the first layer whose output differs (called only when something is past ``tolerance``).
+
+    Outputs must agree within ``tolerance``. A gradient may differ by more, up to :data:`ROUNDING`,
+    when every layer's output agrees within ``tolerance`` at every tree node: the same function,
+    rounded differently. Two causes, both measured: a parameter whose gradient sums many terms of both
+    signs loses relative digits to cancellation (a gated-delta-net decay ``A_log`` or ``dt_bias``: up
+    to 1.05e-9 on 10 bundled conversations with a tiny float64 Qwen3.5, while the loss agrees to 1e-16),
+    and a step computed in float32 inside a float64 model (an MoE router's softmax) sums a shared node's
+    gradient before its cast (~1e-8). A structural difference is 1e-4 and more and shows in the outputs.
+
+        >>> judge(1e-16, 5e-10, where=lambda: 1 / 0).equal             # within: nothing is located
+        True
+        >>> agree = LayerDiff(index=None, layer_type=None, mixer=None, max_diff=3e-15)
+        >>> v = judge(1e-16, 1.05e-9, where=lambda: agree); v.equal, v.rounding
+        (True, True)
+        >>> judge(2e-9, 1e-12, where=lambda: agree).equal              # an output never rounds away
+        False
+    """
+    if outputs <= tolerance and gradients <= tolerance:
+        return Verdict(equal=True, rounding=False, where=None)
+    found = where()
+    rounding = (outputs <= tolerance and gradients <= ROUNDING and found.max_diff is not None
+                and found.max_diff <= tolerance)
+    return Verdict(equal=rounding, rounding=rounding, where=found)
 
 
 def named_layer(model: Any, index: int | None, max_diff: float | None = None) -> LayerDiff:

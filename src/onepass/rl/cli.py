@@ -37,18 +37,8 @@ def verify_rollouts(args: argparse.Namespace, verify_model: Callable[[argparse.N
           f"in {result.num_rows} rows ({result.token_ratio:.2f}x fewer)")
     print(f"max |log-prob diff| {result.max_abs_logprob_diff:.3g}  max |entropy diff| "
           f"{result.max_abs_entropy_diff:.3g}  loss rel diff {result.rel_loss_diff:.3g}  max rel grad diff "
-          f"{result.max_rel_grad_diff:.3g}  -> {'EQUAL' if result.equal else 'DIFFERENT'} within {tol:g}")
-    where = {}
-    if not result.equal:  # which layer type: the first layer whose output at a tree node differs from per-turn
-        from onepass.guard.divergence import locate
-        from onepass.rl.layout import turn_view
-
-        groups: dict[str, list] = {}
-        for traj in trajectories:
-            groups.setdefault(traj.group, []).extend(turn_view(traj, k) for k in range(len(traj.turns)))
-        found = locate(model, list(groups.values()), worst_parameter=result.worst_parameter)
-        print(f"{found.describe()}; largest gradient difference in {result.worst_parameter}")
-        where = {"differing_layer": found.index, "layer_type": found.layer_type, "mixer": found.mixer,
-                 "max_layer_diff": found.max_diff}
-    print(json.dumps({**result.to_dict(), "attention": backend, **where}))
+          f"{result.max_rel_grad_diff:.3g}  -> {result.verdict.word} within {tol:g}")
+    if result.verdict.where is not None:  # the first layer whose output at a tree node differs from per-turn
+        print(result.verdict.located(result.worst_parameter))
+    print(json.dumps({**result.to_dict(), "attention": backend}))
     return 0 if result.equal else 1

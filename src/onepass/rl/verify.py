@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from onepass.rl.layout import layout_rollouts
+from onepass.guard.divergence import Verdict, judge, locate
+from onepass.rl.layout import layout_rollouts, turn_view
 from onepass.rl.logprobs import token_logprobs, token_logprobs_reference
 from onepass.rl.losses import PolicyLossConfig, policy_loss, policy_loss_reference
 from onepass.rl.rollouts import Trajectory
@@ -49,9 +50,11 @@ class RLVerifyReport:
     tolerance: float
     dtype: str
     worst_parameter: str = ""
+    verdict: Verdict | None = None  # how ``equal`` was judged (onepass.guard.divergence.judge), and where they part
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        flat = {k: v for k, v in asdict(self).items() if k != "verdict"}
+        return {**flat, **(self.verdict.to_dict() if self.verdict is not None else {})}
 
 
 def compact_rollouts(trajectories: Sequence[Trajectory]) -> tuple[list[Trajectory], int]:
@@ -101,12 +104,22 @@ def run_rl_verify(trajectories: Sequence[Trajectory], model: Any, *, max_tokens:
     loss_ref, loss = ref.loss.item(), got.loss.item()
     rel_loss = abs(loss - loss_ref) / abs(loss_ref) if loss_ref else abs(loss)
     rel_grad, worst = max_rel_grad_diff(grads_ref, grads)
-    equal = max(lp_diff, ent_diff, rel_loss, rel_grad) <= tolerance
+    verdict = judge(max(lp_diff, ent_diff, rel_loss), rel_grad, tolerance=tolerance,
+                    where=lambda: locate(model, _turn_views_by_group(trajectories), worst_parameter=worst,
+                                         tolerance=tolerance))
     what = f"clipped surrogate (clip 0.2/0.28, token-normalised{', TIS 2, KL 0.1 vs sampler' if old else ''})"
     return RLVerifyReport(
-        equal=equal, max_abs_logprob_diff=lp_diff, max_abs_entropy_diff=ent_diff, rel_loss_diff=rel_loss,
+        equal=verdict.equal, verdict=verdict, max_abs_logprob_diff=lp_diff, max_abs_entropy_diff=ent_diff, rel_loss_diff=rel_loss,
         max_rel_grad_diff=rel_grad, token_ratio=batch.per_turn_tokens / batch.one_pass_tokens,
         per_turn_tokens=batch.per_turn_tokens, one_pass_tokens=batch.one_pass_tokens,
         num_trajectories=len(trajectories), num_turns=sum(len(t.turns) for t in trajectories),
         num_completion_tokens=batch.num_completion_tokens, num_rows=len(batch.rows), num_trees=batch.num_trees,
         loss=what, tolerance=tolerance, dtype=str(next(model.parameters()).dtype), worst_parameter=worst)
+
+
+def _turn_views_by_group(trajectories: Sequence[Trajectory]) -> list[list[Any]]:
+    """Every turn's view, grouped as the trees are (one group's turns share a tree), for locating a difference."""
+    groups: dict[str, list[Any]] = {}
+    for traj in trajectories:
+        groups.setdefault(traj.group, []).extend(turn_view(traj, k) for k in range(len(traj.turns)))
+    return list(groups.values())
