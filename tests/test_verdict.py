@@ -3,7 +3,7 @@
 
 Why: a gated-delta-net decay's gradient (``A_log``, ``dt_bias``) sums thousands of terms of both signs,
 so its relative difference between one-pass and N-pass is cancellation, not structure. Measured with a
-tiny float64 Qwen3.5 on 10 bundled conversations: loss 1e-16, every layer's output ~1e-15, ``dt_bias``
+tiny float64 Qwen3.5 on 10 bundled conversations: loss 0, every layer's output within 3.4e-16, ``dt_bias``
 1.05e-9 (run_verify). The guard accepted that; ``verify``'s strict rule called it DIFFERENT. Here the gradient
 difference is raised by a fixed amount on an exact model (what cancellation does), so the verdict is
 tested deterministically: rounding below :data:`ROUNDING` is EQUAL with ``rounding: true``, above it or
