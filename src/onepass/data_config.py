@@ -50,10 +50,10 @@ class DataConfig:
     :class:`~onepass.schedule.Schedule` already parsed (then it is not parsed again)."""
 
     schedule: str | Schedule = field(default="one-pass", metadata=_meta(
-        "one-pass (default) | n-pass | k-pass:K | budget", metavar="SCHEDULE"))
+        "one-pass | n-pass | k-pass:K | budget", metavar="SCHEDULE"))
     max_tokens: int | None = field(default=None, metadata=_meta("tree / row token budget", metavar="N"))
     pack: bool = field(default=False, metadata=_meta("pack trees into rows of <= max_tokens"))
-    weighting: str = field(default="token", metadata=_meta("token (default) | turn | conversation",
+    weighting: str = field(default="token", metadata=_meta("token | turn | conversation",
                                                            choices=WEIGHTINGS))
     completion_format: str | None = field(default=None, metadata=_meta(
         "build completions from a format instead of the template: " + ", ".join(COMPLETION_FORMATS)
@@ -146,7 +146,8 @@ def add_data_arguments(parser: Any, *, names: Collection[str] = DATA_KEYS, overr
         f = _FIELDS[name]
         meta = f.metadata
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
-        shown = "" if default in (None, {}) or f.type in ("bool", bool) else f" (default: {default})"
+        shown = "" if default in (None, {}) or f.type in ("bool", bool) or "(default" in meta["help"] \
+            else f" (default: {default})"
         kwargs: dict[str, Any] = dict(dest=name, default=None)
         if name == "pack":
             kwargs["action"] = argparse.BooleanOptionalAction

@@ -44,16 +44,14 @@ def test_hf_argument_parser_reads_our_fields_from_yaml_and_flags(tmp_path):
 
 def test_train_config_reaches_the_render_config():
     """``onepass train --reasoning drop`` renders as ``prepare --reasoning drop`` does; a bad value is one line."""
-    from onepass.train.config import TrainConfig
+    from onepass.train.config import TrainConfigError, config_from_dict
     from onepass.train.data import prepare_config
 
-    from onepass.train.config import TrainConfigError
-
     data = {"tiny": "qwen3", "data": "builtin:mathchat"}
-    assert prepare_config(TrainConfig(**data, reasoning="drop")).render.reasoning == "drop"
-    assert prepare_config(TrainConfig(**data)).render.reasoning == "keep"
+    assert prepare_config(config_from_dict({**data, "reasoning": "drop"})).render.reasoning == "drop"
+    assert prepare_config(config_from_dict(data)).render.reasoning == "keep"
     with pytest.raises(TrainConfigError, match="unknown reasoning 'maybe'; use one of keep, drop"):
-        TrainConfig(**data, reasoning="maybe")
+        config_from_dict({**data, "reasoning": "maybe"})
 
 
 @pytest.fixture
