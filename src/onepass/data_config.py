@@ -109,6 +109,13 @@ DATA_KEYS: tuple[str, ...] = tuple(_FIELDS)
 """The settings' names: config keys, and (dashes for underscores) flag names."""
 
 
+def data_field_help(name: str) -> dict[str, Any]:
+    """Field metadata of setting ``name`` for a config that spells the settings flat (``OnePassConfig``):
+    ``help`` and ``choices`` as ``HfArgumentParser`` reads them."""
+    meta = _FIELDS[name].metadata
+    return {"help": meta["help"], **({"choices": list(meta["choices"])} if meta["choices"] else {})}
+
+
 def data_config_hints() -> dict[str, Any]:
     """Each setting's type (for reading YAML values)."""
     hints = typing.get_type_hints(DataConfig)
