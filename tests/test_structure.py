@@ -14,7 +14,8 @@ SRC = Path(onepass.__file__).parent
 PURE = ("onepass.conversation", "onepass.render", "onepass.view", "onepass.tree", "onepass.schedule", "onepass.pack",
         "onepass.flops", "onepass.attention.blocks", "onepass.attention.segments", "onepass.attention.paper",
         "onepass.model_config", "onepass.shards", "onepass.render.derived", "onepass.render.fields",
-        "onepass.render.encode", "onepass.rl.rollouts", "onepass.rl.layout", "onepass.rl.synthetic")
+        "onepass.render.encode", "onepass.rl.rollouts", "onepass.rl.layout", "onepass.rl.synthetic",
+        "onepass.data_config")
 
 
 def module_name(path: Path) -> str:
