@@ -35,7 +35,7 @@ from onepass import export as export_cli
 from onepass import template_report as templates_cli
 from onepass.bench import cli as bench_cli
 from onepass.data import cli as data_cli
-from onepass.data_config import DataConfig, add_data_arguments, data_config_from_args
+from onepass.data_config import RENDER_KEYS, DataConfig, add_data_arguments, data_config_from_args
 from onepass.evaluate import cli as eval_cli
 from onepass.errors import ConfigError, OnePassError, UsageError, run_main
 from onepass.hub import hub_offline, offline_reason
@@ -59,7 +59,6 @@ a typical session:
 (a bundled sample) or a hub id. 'onepass COMMAND --help' shows a command's options."""
 
 
-RENDER_KEYS = ("completion_format", "reasoning", "template_kwargs")  # the data settings verify and show take too
 VERIFY_KEYS = ("schedule", "weighting", *RENDER_KEYS)
 SHOW_KEYS = ("schedule", *RENDER_KEYS)
 

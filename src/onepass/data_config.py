@@ -107,6 +107,9 @@ class DataConfig:
 _FIELDS = {f.name: f for f in dataclasses.fields(DataConfig) if f.init}
 DATA_KEYS: tuple[str, ...] = tuple(_FIELDS)
 """The settings' names: config keys, and (dashes for underscores) flag names."""
+RENDER_KEYS = ("completion_format", "reasoning", "template_kwargs")
+"""The settings that say how a view is rendered (:attr:`DataConfig.render`): what ``verify``, ``show`` and
+``templates check`` take besides the schedule."""
 
 
 def data_field_help(name: str) -> dict[str, Any]:
