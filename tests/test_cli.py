@@ -96,7 +96,7 @@ def test_strict_stops_at_the_first_bad_record_with_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,message", [
     (["prepare", "--data", "missing.jsonl", "--out", "o"], "data file not found: missing.jsonl"),
-    (["prepare", "--data", "builtin:mathchat", "--out", "o", "--pack"], "packing needs a row budget"),
+    (["prepare", "--data", "builtin:mathchat", "--out", "o", "--pack"], "pack needs a row budget"),
     (["verify", "--data", "builtin:mathchat", "--model", "no/such-model"], "is not a local path"),
     (["prepare", "--data", "builtin:mathchat", "--out", "o", "--chat-template", "nope.jinja"],
      "chat template file not found: nope.jinja"),

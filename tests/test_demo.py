@@ -20,13 +20,13 @@ from onepass.demo import train_side_by_side
 
 def fake_train_steps(clock, *, slow):
     def train_steps(config, *, resume=None, log=None):
-        one = config.schedule == "one-pass"
+        one = config.data_config.schedule == "one-pass"
         out = Path(config.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         history = []
         for step in range(config.max_steps):
             clock["steps"] += 1
-            seconds = (1.0 if one else 1.2) * slow(clock["steps"], config.schedule)
+            seconds = (1.0 if one else 1.2) * slow(clock["steps"], config.data_config.schedule)
             tokens = 100 if one else 128
             record = {"step": step + 1, "loss": 5.0 / (step + 1), "seconds": seconds, "tokens": tokens,
                       "padded_tokens": tokens, "dense_pairs": 9000 if one else 8000,

@@ -132,7 +132,7 @@ def test_the_summary_says_views_come_from_the_completion_format(with_template):
     record = {"messages": [{"role": "user", "content": "q"},
                            {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calc"}}]},
                            {"role": "tool", "content": "3"}, {"role": "assistant", "content": "a"}]}
-    config = PrepareConfig(render=RenderConfig(completion_format="deepseek-r1"))
+    config = PrepareConfig(completion_format="deepseek-r1")
     _, stats = prepare([parse_record(record)], with_template(R1), config)
     assert "template: 1 of 2 views from the completion format, 0 use the generation format derived from the " \
            "template, 1 skipped" in stats.summary()

@@ -25,7 +25,7 @@ from test_real_templates import CASES, EOS, chat_template  # noqa: E402
 
 from onepass.data.load import load_conversations  # noqa: E402
 from onepass.prepare import PrepareConfig, prepare  # noqa: E402
-from onepass.render import RenderConfig, render_conversation  # noqa: E402
+from onepass.render import render_conversation  # noqa: E402
 from onepass.template_report import tool_chain_conversations  # noqa: E402
 from onepass.tree import COLUMNS  # noqa: E402
 
@@ -54,11 +54,11 @@ def template_digest(tokenizer, case) -> str:
     tokenizer.chat_template = chat_template(case.template)
     tokenizer.eos_token = EOS.get(case.template, eos)
     try:
-        render = RenderConfig(completion_format=case.completion_format, template_kwargs=case.template_kwargs,
-                              reasoning=case.reasoning)
+        config = PrepareConfig(completion_format=case.completion_format, template_kwargs=case.template_kwargs,
+                               reasoning=case.reasoning)
         convs = tool_chain_conversations()
-        skips = [str(e) for conv in convs for e in render_conversation(conv, tokenizer, render).skipped]
-        return digest(*prepare(convs, tokenizer, PrepareConfig(render=render)), extra=skips)
+        skips = [str(e) for conv in convs for e in render_conversation(conv, tokenizer, config.render).skipped]
+        return digest(*prepare(convs, tokenizer, config), extra=skips)
     finally:
         tokenizer.chat_template, tokenizer.eos_token = before, eos
 

@@ -138,7 +138,7 @@ def test_a_json_string_argument_is_trained_byte_for_byte_where_the_template_rend
     config = RenderConfig(completion_format="deepseek-r1") if name == "deepseekv3" else RenderConfig()
     first = texts(tok, conv, config)[0][1]
     assert GIVEN in first and "北京" not in first
-    _, stats = prepare([conv], tok, PrepareConfig(render=config))
+    _, stats = prepare([conv], tok, PrepareConfig(completion_format=config.completion_format))
     assert stats.tool_arguments_parsed == 0
 
 
@@ -173,7 +173,7 @@ def test_deepseek_v31_r1_format_after_a_tool_result_is_a_counted_skip_not_an_uno
     assert skip.reason == "format not opened by the prompt"
     assert str(skip).startswith("d.jsonl line 1, message 3: the completion format closes </think> but this "
                                   "turn's generation prompt does not open <think>")
-    _, stats = prepare([conv], tok, PrepareConfig(render=config))
+    _, stats = prepare([conv], tok, PrepareConfig(completion_format="deepseek-r1", template_kwargs={"thinking": True}))
     assert stats.skipped_by_reason == {"format not opened by the prompt": 1}
 
 

@@ -132,7 +132,7 @@ def test_bpe_merge_across_the_boundary_is_counted(with_template):
     cfg = RenderConfig(completion_format="deepseek-r1")
     (view,) = render_views(conv, tok, cfg)
     assert view.boundary_merge
-    _, stats = prepare([conv], tok, PrepareConfig(render=cfg))
+    _, stats = prepare([conv], tok, PrepareConfig(completion_format="deepseek-r1"))
     assert stats.boundary_merge_views == 1
 
 
@@ -314,7 +314,7 @@ def test_reasoning_drop_trains_a_turn_the_template_never_renders_reasoning_for(w
         render_views(conv, tok)
     (view,) = render_views(conv, tok, RenderConfig(reasoning="drop"))
     assert view.reasoning_dropped and tok.decode(view.tokens[view.num_prompt:]) == "a<|im_end|>\n"
-    _, stats = prepare([conv], tok, PrepareConfig(render=RenderConfig(reasoning="drop")))
+    _, stats = prepare([conv], tok, PrepareConfig(reasoning="drop"))
     assert (stats.views_trained, stats.views_reasoning_dropped, stats.reasoning) == (1, 1, "drop")
     assert "reasoning left out: 1 views by --reasoning drop" in stats.summary()
     with pytest.raises(UsageError, match="--reasoning must be one of keep, drop"):

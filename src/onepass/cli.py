@@ -35,13 +35,10 @@ from onepass import export as export_cli
 from onepass import template_report as templates_cli
 from onepass.bench import cli as bench_cli
 from onepass.data import cli as data_cli
-from onepass.render.reasoning import REASONING_CHOICES, REASONING_HELP
+from onepass.data_config import RENDER_KEYS, DataConfig, add_data_arguments, data_config_from_args
 from onepass.evaluate import cli as eval_cli
 from onepass.errors import ConfigError, OnePassError, UsageError, run_main
 from onepass.hub import hub_offline, offline_reason
-from onepass.key_value import template_kwargs
-from onepass.render import COMPLETION_FORMATS, RenderConfig
-from onepass.schedule import WEIGHTINGS, parse_schedule
 from onepass.train import cli as train_cli
 
 DTYPES = ("float64", "float32", "bfloat16")
@@ -62,12 +59,8 @@ a typical session:
 (a bundled sample) or a hub id. 'onepass COMMAND --help' shows a command's options."""
 
 
-def _schedule(value: str) -> str:
-    try:
-        parse_schedule(value)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return value
+VERIFY_KEYS = ("schedule", "weighting", *RENDER_KEYS)
+SHOW_KEYS = ("schedule", *RENDER_KEYS)
 
 
 def _add_common(p: argparse.ArgumentParser, *, data_required: bool = True) -> None:
@@ -77,13 +70,6 @@ def _add_common(p: argparse.ArgumentParser, *, data_required: bool = True) -> No
     p.add_argument("--tokenizer", default="builtin:qwen3",
                    help="builtin:qwen3 (offline), a local tokenizer directory or a hub id")
     p.add_argument("--chat-template", help="a .jinja file or builtin:NAME replacing the tokenizer's template")
-    p.add_argument("--completion-format",
-                   help="build completions from a format instead of the template: "
-                        + ", ".join(COMPLETION_FORMATS) + " or a format string")
-    p.add_argument("--template-kwarg", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra chat template variable, e.g. enable_thinking=true (repeatable)")
-    p.add_argument("--reasoning", choices=REASONING_CHOICES, default="keep",
-                   help=REASONING_HELP)
     p.add_argument("--limit", type=int, help="use only the first N valid conversations")
     p.add_argument("--strict", action="store_true", help="stop at the first bad record instead of skipping it")
 
@@ -109,10 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prepare", help="conversations -> one-pass rows (Arrow) + stats.json")
     _add_common(p)
-    p.add_argument("--schedule", type=_schedule, default="one-pass", help="one-pass | n-pass | k-pass:K | budget")
-    p.add_argument("--max-tokens", type=int, help="row / tree token budget")
-    p.add_argument("--pack", action="store_true", help="pack trees into rows of <= --max-tokens")
-    p.add_argument("--weighting", choices=WEIGHTINGS, default="token")
+    add_data_arguments(p)  # every DataConfig field: --schedule, --max-tokens, --pack, --weighting, ...
     p.add_argument("--out", required=True, help="output directory (new, empty, or an earlier prepare output)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace --out even when it holds files that are not an earlier onepass output")
@@ -131,8 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--tiny", default="qwen3",
                      help="random tiny model of this architecture (default qwen3; see onepass.tiny.TINY_ARCHS)")
     p.add_argument("--dtype", choices=DTYPES, default="float64")
-    p.add_argument("--schedule", type=_schedule, default="one-pass")
-    p.add_argument("--weighting", choices=WEIGHTINGS, default="token")
+    add_data_arguments(p, names=VERIFY_KEYS)
     p.add_argument("--attn", default="auto", choices=("auto", "onepass_cpu", "sdpa", "eager"),
                    help="attention backend (auto: one the model supports exactly on CPU)")
     p.add_argument("--seed", type=int, default=0)
@@ -144,18 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="draw one conversation's tree mask as a PNG")
     _add_common(p)
     p.add_argument("--index", type=int, default=0, help="which valid conversation (0-based)")
-    p.add_argument("--schedule", type=_schedule, default="one-pass")
+    add_data_arguments(p, names=SHOW_KEYS)
     p.add_argument("--out", required=True, help="output .png")
     p.set_defaults(func=cmd_show)
 
     for module in SUBCOMMAND_MODULES:  # add_parser(sub) adds the subcommand and sets its func
         module.add_parser(sub)
     return parser
-
-
-def _render_config(args: argparse.Namespace) -> RenderConfig:
-    return RenderConfig(template_kwargs=template_kwargs(args.template_kwarg),
-                        completion_format=args.completion_format, reasoning=args.reasoning)
 
 
 def _read(args: argparse.Namespace):
@@ -189,10 +166,9 @@ def _prepare(args: argparse.Namespace) -> int:
     from onepass.data.load import conversation_source
     from onepass.data.parallel import iter_prepared
     from onepass.files import check_output_dir
-    from onepass.prepare import INVALID, PrepareConfig, PrepareStats, write_prepared
+    from onepass.prepare import INVALID, PrepareStats, write_prepared
 
-    config = PrepareConfig(schedule=args.schedule, max_tokens=args.max_tokens, pack=args.pack,
-                           weighting=args.weighting, render=_render_config(args))
+    config = data_config_from_args(args)  # the schedule was parsed with the flags, not again
     if args.num_proc < 1:
         raise UsageError(f"--num-proc must be >= 1, got {args.num_proc}")
     conversation_source(args.data)  # fails in one line before any work: missing, unrecognised, or prepared rows
@@ -276,15 +252,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from onepass.render import render_views
     from onepass.verify import compact_vocab, run_verify
 
+    config: DataConfig = data_config_from_args(args, names=VERIFY_KEYS)
     report = _read(args)
     tokenizer = _tokenizer(args)
-    config = _render_config(args)
-    views = [render_views(c, tokenizer, config) for c in report.conversations]
+    views = [render_views(c, tokenizer, config.render) for c in report.conversations]
     vocab = None
     if not args.model:
         views, vocab = compact_vocab(views)
     model, label, backend = verify_model(args, vocab)
-    result = run_verify(views, model, schedule=args.schedule, weighting=args.weighting)
+    result = run_verify(views, model, schedule=config.schedule_spec, weighting=config.weighting)
     tol = args.tolerance if args.tolerance is not None else _default_tolerance(args.dtype)
     verdict = judge(result.rel_loss_diff, result.max_rel_grad_diff, tolerance=tol,
                     where=lambda: locate(model, views, worst_parameter=result.worst_parameter, tolerance=tol))
@@ -305,12 +281,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from onepass.show import show
 
+    config = data_config_from_args(args, names=SHOW_KEYS)
     args.limit = None if args.limit is None else max(args.limit, args.index + 1)
     report = _read(args)
     if not 0 <= args.index < len(report.conversations):
         raise UsageError(f"--index {args.index} is out of range: {len(report.conversations)} valid conversations")
     out = show(report.conversations[args.index], _tokenizer(args), args.out,
-               config=_render_config(args), schedule=args.schedule)
+               config=config.render, schedule=config.schedule_spec)
     print(f"wrote {out}")
     return 0
 

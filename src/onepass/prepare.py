@@ -28,29 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from onepass.conversation import Conversation
-from onepass.errors import DataError, DataNotFound, UsageError
+from onepass.data_config import DataConfig
+from onepass.errors import DataError, DataNotFound
 from onepass.files import atomic_dir, write_marker
 from onepass.flops import token_ratio
 from onepass.pack import pack_layouts
-from onepass.render import RenderConfig, render_conversation
-from onepass.schedule import Schedule, parse_schedule, schedule_views
+from onepass.render import render_conversation
+from onepass.schedule import schedule_views
 from onepass.tree import COLUMNS, ROW_DISK_DTYPES, Layout, count_nodes, row_from_columns, rows_to_columns
 
 
-@dataclass(frozen=True, kw_only=True)
-class PrepareConfig:
-    schedule: str = "one-pass"
-    max_tokens: int | None = None
-    pack: bool = False
-    weighting: str = "token"
-    render: RenderConfig = field(default_factory=RenderConfig)
-
-    def __post_init__(self) -> None:
-        parse_schedule(self.schedule)
-        if self.pack and self.max_tokens is None:
-            raise UsageError("packing needs a row budget: pass --max-tokens")
-        if self.max_tokens is not None and self.max_tokens < 2:
-            raise UsageError(f"max_tokens must be >= 2, got {self.max_tokens}")
+PrepareConfig = DataConfig
+"""Prepare's settings are the data settings (:class:`onepass.data_config.DataConfig`), nothing more."""
 
 
 INVALID = "invalid record"  # the skip reason of a record that is not a conversation
@@ -107,9 +96,9 @@ class PrepareStats:
 
     def configure(self, config: PrepareConfig) -> PrepareStats:
         """Record what the counts are of (schedule, weighting, budget, packing)."""
-        self.schedule, self.weighting = str(parse_schedule(config.schedule)), config.weighting
+        self.schedule, self.weighting = str(config.schedule_spec), config.weighting
         self.max_tokens, self.packed = config.max_tokens, config.pack
-        self.completion_format, self.reasoning = config.render.completion_format, config.render.reasoning
+        self.completion_format, self.reasoning = config.completion_format, config.reasoning
         return self
 
     def add(self, counts: dict[str, int], skips: Iterable[tuple[str, str, int]]) -> None:
@@ -189,7 +178,6 @@ def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: Prepa
 def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConfig, stats: PrepareStats, *,
                          strict: bool = False) -> list[Layout]:
     """The trees (unpacked) of one conversation; its counts and skips go into ``stats``."""
-    schedule: Schedule = parse_schedule(config.schedule)
     stats.conversations += 1
     rendered = render_conversation(conv, tokenizer, config.render, max_tokens=config.max_tokens)
     if strict and rendered.skipped:
@@ -208,7 +196,7 @@ def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConf
     views = list(rendered.views)
     if not views:
         return []
-    scheduled = schedule_views(views, schedule, weighting=config.weighting, max_tokens=config.max_tokens)
+    scheduled = schedule_views(views, config.schedule_spec, weighting=config.weighting, max_tokens=config.max_tokens)
     for message, count in zip(scheduled.skipped, scheduled.skipped_views, strict=True):
         stats.skip("over max_tokens", message, count)  # a tree over the budget: every view in it counts
     stats.views_skipped += scheduled.num_views_skipped

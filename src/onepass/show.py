@@ -49,7 +49,7 @@ import numpy as np
 from onepass.conversation import Conversation, Message
 from onepass.errors import DataError
 from onepass.render import RenderConfig, render_texts, render_views
-from onepass.schedule import parse_schedule, schedule_views
+from onepass.schedule import Schedule, parse_schedule, schedule_views
 from onepass.tree import Layout, PrefixTree, concat
 
 ROLES = ("template", "prompt-user", "history", "reasoning", "response")
@@ -136,7 +136,7 @@ def _view_roles(tokenizer: Any, prompt: str, completion: str, conv: Conversation
 
 
 def node_roles(conv: Conversation, tokenizer: Any, config: RenderConfig = RenderConfig(), *,
-               schedule: str = "one-pass") -> tuple[Layout, list[str]]:
+               schedule: Schedule | str = "one-pass") -> tuple[Layout, list[str]]:
     """The layout of ``conv`` under ``schedule`` (trees concatenated) and the role of each position.
 
     A node takes its role from the first view that trains it (it is one of that
@@ -151,7 +151,8 @@ def node_roles(conv: Conversation, tokenizer: Any, config: RenderConfig = Render
         per_view.append(roles)
 
     layouts, all_roles = [], []
-    for group in schedule_views(views, parse_schedule(schedule)).groups:
+    spec = schedule if isinstance(schedule, Schedule) else parse_schedule(schedule)
+    for group in schedule_views(views, spec).groups:
         tree = PrefixTree()
         role_of: dict[int, str] = {}
         trained: set[int] = set()
@@ -300,7 +301,7 @@ def token_labels(tokenizer: Any, ids: Sequence[int], width: int = 12) -> list[st
 
 
 def show(conv: Conversation, tokenizer: Any, out_path: str | Path, *, config: RenderConfig = RenderConfig(),
-         schedule: str = "one-pass", tokens_axis: bool = True, max_labelled: int = 60,
+         schedule: Schedule | str = "one-pass", tokens_axis: bool = True, max_labelled: int = 60,
          max_tokens_drawn: int = 400, title: str | None = None) -> Path:
     """Draw the mask of ``conv`` under ``schedule`` to ``out_path`` (PNG); returns the path.
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onepass.conversation import Conversation, parse_record
+from onepass.data_config import RENDER_KEYS, add_data_arguments, data_config_from_args
 from onepass.render import RenderConfig, render_conversation
 from onepass.render.fields import TemplateFields, template_fields
 
@@ -175,9 +176,6 @@ def template_report(conversations: Iterable[Conversation], tokenizer: Any, confi
 
 def add_parser(sub: Any) -> None:
     """Add ``templates check`` to ``onepass``'s subcommands."""
-    from onepass.render.reasoning import REASONING_CHOICES, REASONING_HELP
-    from onepass.render import COMPLETION_FORMATS
-
     p = sub.add_parser("templates", help="check how a chat template splits conversations into views")
     tsub = p.add_subparsers(dest="templates_command", required=True)
     c = tsub.add_parser("check", help="views split cleanly / skipped (and why) for a template and data")
@@ -186,17 +184,14 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--data", help="conversations (any --data spec of onepass prepare); default: "
                                   "six built-in tool-chain conversations")
     c.add_argument("--limit", type=int, default=1000, help="check at most this many conversations")
-    c.add_argument("--completion-format", help="a name (" + ", ".join(COMPLETION_FORMATS) + ") or a format string")
-    c.add_argument("--template-kwarg", action="append", default=[], metavar="KEY=VALUE")
-    c.add_argument("--reasoning", choices=REASONING_CHOICES, default="keep",
-                   help=REASONING_HELP)
+    add_data_arguments(c, names=RENDER_KEYS)  # --completion-format, --reasoning, --template-kwarg
     c.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from onepass.key_value import template_kwargs
     from onepass.tokenizer import load_tokenizer
 
+    config = data_config_from_args(args, names=RENDER_KEYS).render  # a bad KEY=VALUE: one line, before any work
     tokenizer = load_tokenizer(args.tokenizer, chat_template=args.chat_template)  # compiles: before data
     if args.data:
         from onepass.data.load import load_conversations
@@ -207,8 +202,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"{len(loaded.skipped)} invalid records skipped; first: {loaded.skipped[0]}")
     else:
         conversations = tool_chain_conversations()
-    config = RenderConfig(template_kwargs=template_kwargs(args.template_kwarg),
-                          completion_format=args.completion_format, reasoning=args.reasoning)
     report = template_report(conversations, tokenizer, config, name=args.chat_template or args.tokenizer)
     print("\n".join(report.lines()))
     return 0

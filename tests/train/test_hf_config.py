@@ -44,16 +44,14 @@ def test_hf_argument_parser_reads_our_fields_from_yaml_and_flags(tmp_path):
 
 def test_train_config_reaches_the_render_config():
     """``onepass train --reasoning drop`` renders as ``prepare --reasoning drop`` does; a bad value is one line."""
-    from onepass.train.config import TrainConfig
+    from onepass.train.config import TrainConfigError, config_from_dict
     from onepass.train.data import prepare_config
 
-    from onepass.train.config import TrainConfigError
-
     data = {"tiny": "qwen3", "data": "builtin:mathchat"}
-    assert prepare_config(TrainConfig(**data, reasoning="drop")).render.reasoning == "drop"
-    assert prepare_config(TrainConfig(**data)).render.reasoning == "keep"
+    assert prepare_config(config_from_dict({**data, "reasoning": "drop"})).render.reasoning == "drop"
+    assert prepare_config(config_from_dict(data)).render.reasoning == "keep"
     with pytest.raises(TrainConfigError, match="unknown reasoning 'maybe'; use one of keep, drop"):
-        TrainConfig(**data, reasoning="maybe")
+        config_from_dict({**data, "reasoning": "maybe"})
 
 
 @pytest.fixture
@@ -178,8 +176,10 @@ def test_a_dataset_of_conversations_becomes_one_row_per_conversation(qwen3_token
     ds = datasets.Dataset.from_list(records)
     for given in (ds, ds.to_iterable_dataset()):
         rows = as_rows(given, qwen3_tokenizer, args, source="train_dataset")
-        assert rows.to_dict() == expected.to_dict() and rows.onepass_guard["schedule"] == "n-pass"
-    assert as_rows(expected, qwen3_tokenizer, args, source="x") is expected  # prepared rows pass through
+        assert rows.dataset.to_dict() == expected.to_dict() and str(rows.guard.schedule) == "n-pass"
+        assert len(rows.guard.conversations) == 3 and rows.guard.tokenizer is qwen3_tokenizer
+    passed = as_rows(expected, qwen3_tokenizer, args, source="x")  # prepared rows pass through, nothing to guard
+    assert passed.dataset is expected and passed.guard is None
     with pytest.raises(UsageError, match="pass processing_class"):
         as_rows(ds, None, args, source="train_dataset")
 

@@ -223,7 +223,7 @@ def iter_units(convs: Iterable[Conversation], tokenizer: Any, config: PrepareCon
     if num_proc < 1:
         raise ValueError(f"num_proc must be >= 1, got {num_proc}")
     stats.configure(config)
-    config = dataclasses.replace(config, pack=False)
+    config = config.replace(pack=False)
     if progress:
         from tqdm.auto import tqdm
 

@@ -81,7 +81,7 @@ def layer_differences(model: Any, conversations: Sequence[Sequence[View]]) -> li
     node and its output at the same token of a plain forward of that node's path. Empty when the
     layers cannot be found."""
     from onepass.loss import layouts_to_batch
-    from onepass.schedule import parse_schedule, schedule_views
+    from onepass.schedule import Schedule, schedule_views
 
     layers = decoder_layers(model)
     if layers is None:
@@ -95,7 +95,7 @@ def layer_differences(model: Any, conversations: Sequence[Sequence[View]]) -> li
     try:
         with torch.no_grad():
             for views in conversations:
-                for layout in schedule_views(views, parse_schedule("one-pass")).layouts:
+                for layout in schedule_views(views, Schedule(kind="one-pass")).layouts:
                     batch = layouts_to_batch([layout], device=device)
                     model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
                           attention_mask=_tree_mask(model, batch), logits_to_keep=1, use_cache=False,

@@ -3,8 +3,10 @@
 Why this module exists: the training command has many options; keeping its
 parser here keeps ``cli.py`` small. The flags are generated from the fields of
 :class:`~onepass.train.config.TrainConfig` (type, default, help and group from
-the field), so every flag overrides the config key of the same name (dashes for
-underscores) and the YAML and the command line cannot drift apart. The names
+the field; the data settings by :func:`onepass.data_config.add_data_arguments`,
+the function that makes ``onepass prepare``'s), so every flag overrides the config
+key of the same name (dashes for underscores) and the YAML and the command line
+cannot drift apart. The names
 are ``transformers.TrainingArguments``' (``--learning-rate``,
 ``--per-device-train-batch-size``, ``--report-to``, ...); the short ones of the
 last release (``--lr``, ``--batch-size``, ...) still work, with a warning.
@@ -28,6 +30,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
+from onepass.data_config import DATA_KEYS, add_data_arguments, data_flag_values
 from onepass.errors import run_main
 from onepass.key_value import parse_key_value
 
@@ -140,6 +143,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     source = groups["model"].add_mutually_exclusive_group()  # --model or --tiny
     hints = typing.get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
+        if f.name == "data_config":  # its fields, as `onepass prepare` has them; checked with the config
+            add_data_arguments(groups["data"], overrides=True)
+            continue
         group = source if f.name in ("model", "tiny") else groups[f.metadata.get("group", "outputs")]
         _add_field(group, f, hints[f.name])
     for old, new in DEPRECATED_KEYS.items():  # read for one more release, with a warning naming the new flag
@@ -162,11 +168,12 @@ _NOT_CONFIG = ("config", "resume", "resume_anyway", "command", "func")
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    values = {k: v for k, v in vars(args).items() if k not in _NOT_CONFIG and v is not None}
-    for key in ("template_kwargs", "tiny_config"):
-        if key in values:
-            values[key] = dict(values[key])
-    return values
+    """The config keys the flags set (None: not given); the data settings read by
+    :func:`onepass.data_config.data_flag_values`, as ``onepass prepare`` reads them."""
+    values = {k: v for k, v in vars(args).items() if k not in (*_NOT_CONFIG, *DATA_KEYS) and v is not None}
+    if "tiny_config" in values:
+        values["tiny_config"] = dict(values["tiny_config"])
+    return {**values, **data_flag_values(args)}
 
 
 class _Stderr(logging.StreamHandler):

@@ -8,9 +8,9 @@ key, a bad value, QLoRA on a CPU, data or a model that is not there) is a
 what was wrong and what to do, which ``onepass`` prints as
 ``onepass: error: ...``.
 
-    >>> cfg = load_config(None, {"tiny": "qwen3", "data": "builtin:mathchat"})
-    >>> cfg.schedule, cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
-    ('one-pass', 1, 1)
+    >>> cfg = load_config(None, {"tiny": "qwen3", "data": "builtin:mathchat", "max_tokens": 4096})
+    >>> cfg.data_config.schedule, cfg.data_config.max_tokens, cfg.per_device_train_batch_size
+    ('one-pass', 4096, 1)
 
 Key names follow ``transformers.TrainingArguments`` (``learning_rate``,
 ``per_device_train_batch_size``, ``gradient_accumulation_steps``,
@@ -18,7 +18,11 @@ Key names follow ``transformers.TrainingArguments`` (``learning_rate``,
 The short names of earlier releases (``lr``, ``batch_size``, ``grad_accum``,
 ``epochs``, ...: :data:`DEPRECATED_KEYS`) are still read, with one warning line
 naming the new key. The fields are the one source of truth: ``onepass train``'s
-flags are generated from them (:mod:`onepass.train.cli`).
+flags are generated from them (:mod:`onepass.train.cli`). The data settings
+(``schedule``, ``max_tokens``, ``pack``, ``weighting``, ``completion_format``,
+``reasoning``, ``template_kwargs``) are one :class:`~onepass.data_config.DataConfig`,
+``data_config``, the one ``onepass prepare`` uses; in a YAML file (and in
+:meth:`TrainConfig.to_dict`) they are top-level keys like the others.
 
 Batch vocabulary: a *unit* is one conversation (raw data, prepared on the fly:
 all of its trees) or one row (a prepared directory). One optimizer step covers
@@ -39,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onepass.render.reasoning import REASONING_CHOICES, REASONING_HELP
+from onepass.data_config import DATA_KEYS, DataConfig, data_config_hints
 from onepass.errors import ConfigError
 
 FINETUNES = ("full", "lora", "qlora")
@@ -86,20 +90,15 @@ class TrainConfig:
     tokenizer: str | None = _f(None, "tokenizer spec (default: the model's; builtin:qwen3 with --tiny)", "model")
     chat_template: str | None = _f(None, "a .jinja file or builtin:NAME replacing the tokenizer's template",
                                    "model")
-    completion_format: str | None = _f(None, "deepseek-r1, think-tags or a format string (see prepare)", "model")
-    template_kwargs: dict[str, Any] = field(default_factory=dict, metadata=_meta(
-        "extra chat template variable (repeatable)", "model", flags=("--template-kwarg",)))
-    reasoning: str = _f("keep", REASONING_HELP, "model")
     # data
     data: str | None = _f(None, "conversations (.jsonl/.json/.parquet, a folder of them, a saved dataset, "
                           "builtin:mathchat, synthetic:NAME, a hub id) or rows written by onepass prepare", "data")
     eval_data: str | None = _f(None, "held-out data in the same forms; eval loss at the end (and eval_steps)",
                                "data")
     limit: int | None = _f(None, "use only the first N conversations (rows for a prepared dir)", "data")
-    schedule: str = _f("one-pass", "one-pass (default) | n-pass | k-pass:K | budget", "data")
-    max_tokens: int | None = _f(None, "tree / row token budget", "data")
-    pack: bool = _f(False, "pack each micro-batch's trees into rows of <= max_tokens", "data")
-    weighting: str = _f("token", "token (default) | turn | conversation", "data")
+    data_config: DataConfig = field(default_factory=DataConfig, metadata=_meta(
+        "the data settings (schedule, max_tokens, pack, weighting, completion_format, reasoning, "
+        "template_kwargs): top-level keys in YAML, one flag each", "data"))
     max_batch_tokens: int | None = _f(None, "split a micro-batch into forward passes of <= N padded tokens "
                                       "(same loss)", "data")
     allow_inexact: bool = _f(False, "train even when the exactness guard finds that one-pass is not the N-pass "
@@ -157,10 +156,20 @@ class TrainConfig:
         _validate(self)
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+        """Plain values by config key (the data settings flattened in, as a YAML file has them)."""
+        out: dict[str, Any] = {}
+        for key, value in dataclasses.asdict(self).items():
+            if key == "data_config":
+                out.update(self.data_config.to_dict())
+            else:
+                out[key] = list(value) if isinstance(value, tuple) else value
+        return out
 
     def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with ``changes``; a data setting (``schedule=...``) changes ``data_config``."""
+        data = {k: changes.pop(k) for k in DATA_KEYS if k in changes}
+        if data:
+            changes["data_config"] = changes.get("data_config", self.data_config).replace(**data)
         return dataclasses.replace(self, **changes)
 
 
@@ -174,7 +183,6 @@ def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
 
 
 def _validate(c: TrainConfig) -> None:
-    from onepass.schedule import WEIGHTINGS, parse_schedule
     from onepass.tiny import TINY_ARCHS
 
     if c.data is None:
@@ -184,12 +192,8 @@ def _validate(c: TrainConfig) -> None:
               f"a random tiny model: {', '.join(TINY_ARCHS)})")
     if c.tiny is not None:
         _one_of("tiny architecture", c.tiny, TINY_ARCHS)
-    try:
-        parse_schedule(c.schedule)
-    except ValueError as e:
-        _fail(str(e))
-    _one_of("weighting", c.weighting, WEIGHTINGS)
-    _one_of("reasoning", c.reasoning, REASONING_CHOICES)
+    if not isinstance(c.data_config, DataConfig):
+        _fail(f"data_config must be a DataConfig, got {type(c.data_config).__name__}")
     _one_of("finetune", c.finetune, FINETUNES)
     _one_of("optim", c.optim, OPTIMIZERS)
     _one_of("lr_scheduler_type", c.lr_scheduler_type, LR_SCHEDULERS)
@@ -197,12 +201,10 @@ def _validate(c: TrainConfig) -> None:
     _one_of("mixed_precision", c.mixed_precision, MIXED_PRECISION)
     for r in c.report_to:
         _one_of("report_to tracker", r, REPORT_TO)
-    if c.pack and c.max_tokens is None:
-        _fail("pack needs a row budget: set max_tokens")
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps", "lora_r"):
         if getattr(c, name) < 1:
             _fail(f"{name} must be >= 1, got {getattr(c, name)}")
-    for name in ("max_tokens", "max_batch_tokens", "max_steps", "save_steps", "eval_steps", "limit",
+    for name in ("max_batch_tokens", "max_steps", "save_steps", "eval_steps", "limit",
                  "save_total_limit"):
         value = getattr(c, name)
         if value is not None and value < 1:
@@ -234,7 +236,10 @@ QLORA_ON_CPU = ("qlora (4-bit NF4 through bitsandbytes) needs a CUDA GPU; on CPU
 
 
 def _hints() -> dict[str, Any]:
-    return typing.get_type_hints(TrainConfig)
+    """Each config key's type (the data settings' from DataConfig)."""
+    hints = typing.get_type_hints(TrainConfig)
+    del hints["data_config"]
+    return {**hints, **data_config_hints()}
 
 
 def _coerce(name: str, value: Any, hint: Any) -> Any:
@@ -286,7 +291,11 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
 
 
 def config_keys() -> list[str]:
-    return [f.name for f in dataclasses.fields(TrainConfig)]
+    """Every key of a config file (the data settings by their own names, not ``data_config``)."""
+    out: list[str] = []
+    for f in dataclasses.fields(TrainConfig):
+        out.extend(DATA_KEYS if f.name == "data_config" else (f.name,))
+    return out
 
 
 def rename_deprecated(values: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -330,7 +339,12 @@ def config_from_dict(values: Mapping[str, Any], *, where: str = "the config") ->
         values = {**values, "report_to": REPORT_TO}
     if values.get("optim") in OPTIMIZER_ALIASES:
         values = {**values, "optim": OPTIMIZER_ALIASES[values["optim"]]}
-    return TrainConfig(**{k: _coerce(k, v, hints[k]) for k, v in values.items()})
+    values = {k: _coerce(k, v, hints[k]) for k, v in values.items()}
+    try:
+        data_config = DataConfig(**{k: values.pop(k) for k in DATA_KEYS if k in values})
+    except ConfigError as e:  # one line, as a TrainConfigError like every other bad setting
+        _fail(str(e))
+    return TrainConfig(**values, data_config=data_config)
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

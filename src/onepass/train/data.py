@@ -37,7 +37,8 @@ from onepass.data.load import ROWS, DataSource, load_conversations, resolve_data
 from onepass.errors import DataError
 from onepass.flops import token_ratio
 from onepass.pack import pack_layouts
-from onepass.prepare import PrepareConfig, PrepareStats, load_rows, prepare
+from onepass.data_config import DataConfig
+from onepass.prepare import PrepareStats, load_rows, prepare
 from onepass.row_check import check_rows
 from onepass.train.config import TrainConfig, TrainConfigError
 from onepass.tree import Layout, row_from_columns
@@ -72,18 +73,13 @@ def check_data(spec: str) -> DataSource:
     return resolve_data(spec)
 
 
-def prepare_config(config: TrainConfig) -> PrepareConfig:
-    """How raw conversations become trees. Packing happens per micro-batch (see module docstring)."""
-    from onepass.render import RenderConfig
-
-    return PrepareConfig(schedule=config.schedule, max_tokens=config.max_tokens, pack=False,
-                         weighting=config.weighting,
-                         render=RenderConfig(template_kwargs=dict(config.template_kwargs),
-                                             completion_format=config.completion_format,
-                                             reasoning=config.reasoning))
+def prepare_config(config: TrainConfig) -> DataConfig:
+    """How raw conversations become trees: the run's data settings, unpacked (packing happens per
+    micro-batch, see the module docstring); the schedule is not parsed again."""
+    return config.data_config.replace(pack=False)
 
 
-def conversation_units(conversations: Sequence[Any], tokenizer: Any, config: PrepareConfig, *,
+def conversation_units(conversations: Sequence[Any], tokenizer: Any, config: DataConfig, *,
                        stats: PrepareStats | None = None, progress: bool = False,
                        num_proc: int = 1) -> tuple[list[Unit], PrepareStats]:
     """One unit per conversation that keeps at least one view: the trees ``config.schedule`` makes.
@@ -126,11 +122,12 @@ def load_train_data(spec: str, config: TrainConfig, tokenizer: Any | None, *, pr
         if not rows:
             raise DataError(f"prepared dataset {spec} has no rows")
         check_rows(rows, source=f"prepared dataset {spec}")  # before any step: never train on broken rows
-        if config.pack:
+        budget = config.data_config.max_tokens
+        if config.data_config.pack:
             too_long = max(len(r) for r in rows)
-            if config.max_tokens is not None and too_long > config.max_tokens:
+            if budget is not None and too_long > budget:
                 raise TrainConfigError(f"prepared dataset {spec} has a row of {too_long} tokens, more than "
-                                       f"max_tokens={config.max_tokens}; raise max_tokens or prepare again")
+                                       f"max_tokens={budget}; raise max_tokens or prepare again")
         return TrainData(units=[[r] for r in rows], kind="row", source=spec, stats=stats)
 
     report = load_conversations(source, strict=False, limit=config.limit)

@@ -18,11 +18,17 @@ without saying so (``loss_type='dft'``) is refused in one line.
 The one-pass settings: ``schedule`` (default ``budget``: one tree per
 conversation, split into several trees where it is longer than ``max_length``),
 ``weighting``, ``completion_format``, ``template_kwargs``, ``reasoning``,
-``allow_inexact``; ``max_tokens`` is an alias of ``max_length``.
+``allow_inexact``; ``max_tokens`` is an alias of ``max_length``. They stay flat
+fields (an ``SFTConfig`` drop-in, read by ``HfArgumentParser``) and are built
+once into a :class:`~onepass.data_config.DataConfig` (:attr:`OnePassConfig.data_config`,
+the schedule parsed there), which is all the data preparation reads; their
+help texts and checks are DataConfig's.
 
     >>> args = OnePassConfig("out", max_length=2048, report_to="none", use_cpu=True)
     >>> args.schedule, args.max_tokens, args.weighting, args.learning_rate
     ('budget', 2048, 'token', 2e-05)
+    >>> args.data_config.schedule_spec, args.data_config.max_tokens
+    (Schedule(kind='budget', k=0), 2048)
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from typing import Any
 
 from transformers import TrainingArguments
 
-from onepass.render.reasoning import REASONING_HELP
+from onepass.data_config import DataConfig, data_field_help
 
 log = logging.getLogger("onepass")
 
@@ -178,15 +184,15 @@ class OnePassConfig(TrainingArguments):
     pad_token: str | None = field(default=None, metadata=_h("deprecated in TRL; the tokenizer's pad token"))
 
     # one-pass
-    schedule: str = field(default="budget", metadata=_h(
-        "budget (default: one tree per conversation, split to fit max_length) | one-pass | n-pass | k-pass:K"))
-    weighting: str = field(default="token", metadata=_h("token (default) | turn | conversation"))
+    # (the data settings of DataConfig, flat; default schedule budget: one tree per conversation, split to fit
+    # max_length; help and choices are DataConfig's)
+    schedule: str = field(default="budget", metadata=data_field_help("schedule"))
+    weighting: str = field(default="token", metadata=data_field_help("weighting"))
     max_tokens: int | None = field(default=None, metadata=_h("alias of max_length"))
-    completion_format: str | None = field(
-        default=None, metadata=_h("deepseek-r1, think-tags or a format string (see onepass prepare)"))
+    completion_format: str | None = field(default=None, metadata=data_field_help("completion_format"))
     template_kwargs: dict | str | None = field(
         default=None, metadata=_h("extra chat template variables, e.g. {\"enable_thinking\": false}"))
-    reasoning: str = field(default="keep", metadata=_h(REASONING_HELP))
+    reasoning: str = field(default="keep", metadata=data_field_help("reasoning"))
     allow_inexact: bool = field(
         default=False, metadata=_h("train even when the exactness guard finds one-pass != N-pass"))
 
@@ -215,6 +221,7 @@ class OnePassConfig(TrainingArguments):
             self.loss_type = "nll"
         if self.loss_type != "nll":
             raise ValueError(f"loss_type={self.loss_type!r} is not implemented for the one-pass loss; use 'nll'")
+        self.data_config  # built (and checked) now: a bad schedule or weighting is one line here
         self._warn_unhonoured()
 
     def _warn_unhonoured(self) -> None:
@@ -238,8 +245,23 @@ class OnePassConfig(TrainingArguments):
         """``dataset_kwargs={"skip_prepare_dataset": True}``: the datasets hold one-pass rows already."""
         return bool((self.dataset_kwargs or {}).get("skip_prepare_dataset", False))
 
-    def render_config(self) -> Any:
-        from onepass.render import RenderConfig
+    def _data_values(self) -> dict[str, Any]:
+        return {"schedule": self.schedule, "max_tokens": self.max_length, "weighting": self.weighting,
+                "completion_format": self.completion_format, "reasoning": self.reasoning,
+                "template_kwargs": dict(self.template_kwargs or {})}
 
-        return RenderConfig(template_kwargs=dict(self.template_kwargs or {}),
-                            completion_format=self.completion_format, reasoning=self.reasoning)
+    @property
+    def data_config(self) -> DataConfig:
+        """The data settings as one :class:`~onepass.data_config.DataConfig` (``max_tokens`` is ``max_length``;
+        ``pack`` False: ``packing`` packs the trees of several conversations, :mod:`onepass.train.hf_data`).
+        Built, and the schedule parsed, once; again only after one of the fields was set to another value."""
+        values = self._data_values()
+        built = self.__dict__.get("_data_config")
+        if built is None or built[0] != values:
+            built = (values, DataConfig(**values))
+            self.__dict__["_data_config"] = built
+        return built[1]
+
+    def render_config(self) -> Any:
+        """How conversations are rendered: ``data_config.render``."""
+        return self.data_config.render

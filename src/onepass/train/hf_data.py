@@ -17,28 +17,58 @@ packing it is one row of at most ``max_length`` tokens (TRL: the same).
     conversations [c0: 300 tokens as one tree, c1: 900, c2: 500], max_length 1024
     packing=False  items [c0] [c1] [c2]            3 items, batch size counts conversations
     packing=True   rows  [c1] [c2 c0]              2 rows of <= 1024 tokens, batch size counts rows
+
+The settings are one :class:`~onepass.data_config.DataConfig` (``OnePassConfig.data_config``), read
+here and nowhere else. What the exactness guard checks on (the schedule, some of the conversations,
+the tokenizer, the render settings) comes back with the rows as :class:`GuardInputs`, which the
+trainer hands to the guard (``OnePassTrainer.check_exactness``); rows given as they are have none.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from onepass.conversation import Conversation
+from onepass.data_config import DataConfig
 from onepass.loss import layouts_to_batch
 from onepass.pack import pack_layouts
-from onepass.prepare import PrepareConfig, load_rows
+from onepass.prepare import PrepareStats, load_rows
 from onepass.render import RenderConfig
+from onepass.schedule import Schedule
+from onepass.train.hf_config import OnePassConfig
 from onepass.tree import COLUMNS, Layout, concat, row_from_columns, rows_to_columns
 
 log = logging.getLogger("onepass")
 
 _CONVERSATION_KEYS = ("messages", "conversations", "interactions", "prompt", "completion")
+GUARD_CONVERSATIONS = 32  # the guard samples from the first conversations; keeping these is enough
+
+
+@dataclass(frozen=True, kw_only=True)
+class GuardInputs:
+    """What the exactness guard (:mod:`onepass.guard`) checks a dataset's model on: the first
+    conversations of the dataset, rendered as its rows were (``tokenizer``, ``render``); under an
+    ``n-pass`` schedule there is nothing to check (each row is one plain sequence)."""
+
+    schedule: Schedule
+    conversations: tuple[Conversation, ...]
+    tokenizer: Any
+    render: RenderConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreparedRows:
+    """A dataset of one-pass rows and what the guard needs of it (None: rows given as they are)."""
+
+    dataset: Any
+    guard: GuardInputs | None = None
+    stats: PrepareStats | None = field(default=None, repr=False)
 
 
 def rows_dataset(rows: Sequence[Layout]) -> Any:
@@ -53,20 +83,35 @@ def rows_dataset(rows: Sequence[Layout]) -> Any:
 def conversation_dataset(conversations: Iterable[Conversation], tokenizer: Any, *, schedule: str = "one-pass",
                          max_tokens: int | None = None, weighting: str = "token",
                          render: RenderConfig | None = None, return_stats: bool = False, packing: bool = False,
-                         num_proc: int | None = None, progress: bool = False) -> Any:
+                         num_proc: int | None = None, progress: bool = False,
+                         data_config: DataConfig | None = None) -> Any:
     """One item per conversation (the trees ``schedule`` makes of it, concatenated into one row), or
     with ``packing`` rows of at most ``max_tokens`` tokens of whole trees of any conversations.
 
-    Conversations whose views are all skipped (template errors, over ``max_tokens``) are left
-    out, counted in the returned :class:`~onepass.prepare.PrepareStats` (``return_stats=True``)
-    and logged as a warning with the first reason. ``num_proc`` processes render them.
+    ``data_config`` gives the settings as one record instead of ``schedule``, ``max_tokens``,
+    ``weighting`` and ``render``. Conversations whose views are all skipped (template errors, over
+    ``max_tokens``) are left out, counted in the returned :class:`~onepass.prepare.PrepareStats`
+    (``return_stats=True``) and logged as a warning with the first reason. ``num_proc`` processes
+    render them.
     """
+    if data_config is None:
+        render = render or RenderConfig()
+        data_config = DataConfig(schedule=schedule, max_tokens=max_tokens, weighting=weighting,
+                                 completion_format=render.completion_format, reasoning=render.reasoning,
+                                 template_kwargs=dict(render.template_kwargs))
+    out = prepare_rows(conversations, tokenizer, data_config, packing=packing, num_proc=num_proc, progress=progress)
+    return (out.dataset, out.stats) if return_stats else out.dataset
+
+
+def prepare_rows(conversations: Iterable[Conversation], tokenizer: Any, data_config: DataConfig, *,
+                 packing: bool = False, num_proc: int | None = None, progress: bool = False) -> PreparedRows:
+    """:func:`conversation_dataset`'s rows, their statistics and the guard's inputs (:class:`GuardInputs`)."""
     from onepass.train.data import conversation_units
 
+    max_tokens = data_config.max_tokens
     if packing and max_tokens is None:
         raise ValueError("packing needs a row length: set max_length")
-    config = PrepareConfig(schedule=schedule, max_tokens=max_tokens, pack=False, weighting=weighting,
-                           render=render or RenderConfig())
+    config = data_config.replace(pack=False)  # packing happens below, across conversations
     conversations = list(conversations)
     units, stats = conversation_units(conversations, tokenizer, config, progress=progress, num_proc=num_proc or 1)
     if stats.skipped:
@@ -82,12 +127,9 @@ def conversation_dataset(conversations: Iterable[Conversation], tokenizer: Any, 
         stats.padding_fraction = stats.padding_tokens / max(1, stats.rows * max_tokens)
     else:
         rows = [concat(u) for u in units]
-    ds = rows_dataset(rows)
-    # what OnePassTrainer's exactness guard checks on (lost if the dataset is mapped: then it uses
-    # the bundled MathChat pair); an n-pass dataset needs no check
-    ds.onepass_guard = {"schedule": schedule, "conversations": conversations[:32], "tokenizer": tokenizer,
-                        "render": render}
-    return (ds, stats) if return_stats else ds
+    guard = GuardInputs(schedule=config.schedule_spec, conversations=tuple(conversations[:GUARD_CONVERSATIONS]),
+                        tokenizer=tokenizer, render=config.render)
+    return PreparedRows(dataset=rows_dataset(rows), guard=guard, stats=stats)
 
 
 def _columns(ds: Any) -> list[str]:
@@ -138,33 +180,28 @@ def _formatted(formatting_func: Callable[[dict], Any], record: Any, source: str)
     return {"messages": out} if isinstance(out, list) else out
 
 
-def as_rows(ds: Any, tokenizer: Any, args: Any, *, source: str, packing: bool | None = None,
-            formatting_func: Callable[[dict], Any] | None = None) -> Any:
-    """What :class:`OnePassTrainer` trains on: prepared rows pass through; conversations (a ``messages``,
-    ``conversations`` or ``interactions`` column, or ShareGPT records) become :func:`conversation_dataset`
-    items with ``args``' schedule, max_length, weighting, template and data settings."""
+def as_rows(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str, packing: bool | None = None,
+            formatting_func: Callable[[dict], Any] | None = None) -> PreparedRows:
+    """What :class:`OnePassTrainer` trains on: prepared rows pass through (no :class:`GuardInputs`);
+    conversations (a ``messages``, ``conversations`` or ``interactions`` column, or ShareGPT records)
+    become :func:`prepare_rows` items with ``args.data_config`` (schedule, max_length, weighting,
+    template and data settings)."""
     from onepass.errors import UsageError
 
     if ds is None or set(COLUMNS) <= set(_columns(ds)):
-        return ds
-    if getattr(args, "dataset_prepared", False):
+        return PreparedRows(dataset=ds)
+    if args.dataset_prepared:
         raise UsageError(f"{source}: dataset_kwargs skip_prepare_dataset=True needs one-pass rows "
                          f"({', '.join(COLUMNS)}), got columns {', '.join(_columns(ds))}")
     if tokenizer is None or not hasattr(tokenizer, "apply_chat_template"):
         raise UsageError(f"{source} holds conversations: pass processing_class=tokenizer to render them")
-    convs = parse_dataset(ds, source=source, formatting_func=formatting_func,
-                          text_field=getattr(args, "dataset_text_field", "text"))
-    if getattr(args, "shuffle_dataset", False):
+    convs = parse_dataset(ds, source=source, formatting_func=formatting_func, text_field=args.dataset_text_field)
+    if args.shuffle_dataset:
         import random
 
         random.Random(args.seed).shuffle(convs)
-    render = args.render_config() if hasattr(args, "render_config") else None
-    return conversation_dataset(convs, tokenizer, schedule=getattr(args, "schedule", "budget"),
-                                max_tokens=getattr(args, "max_length", None),
-                                weighting=getattr(args, "weighting", "token"), render=render,
-                                packing=bool(getattr(args, "packing", False) if packing is None else packing),
-                                num_proc=getattr(args, "dataset_num_proc", None),
-                                progress=not getattr(args, "disable_tqdm", False))
+    return prepare_rows(convs, tokenizer, args.data_config, packing=bool(args.packing if packing is None else packing),
+                        num_proc=args.dataset_num_proc, progress=not args.disable_tqdm)
 
 
 def prepared_dataset(path: str | Path) -> Any:

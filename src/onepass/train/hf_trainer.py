@@ -57,6 +57,7 @@ from onepass.conversation import Conversation
 from onepass.loss import ForwardView, batch_loss
 from onepass.train.hf_config import OnePassConfig, warn_once
 from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: their documented import path)
+    GuardInputs,
     OnePassCollator,
     as_rows,
     conversation_dataset,
@@ -64,31 +65,18 @@ from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: t
     prepared_dataset,
     rows_dataset,
 )
+from onepass.train.hf_model import base_model, chat_template_of, is_peft, load_model, load_tokenizer, loaded_from, \
+    set_special_tokens
 from onepass.tree import COLUMNS
 
 log = logging.getLogger("onepass")
-
-
-def _base_model(model: Any) -> Any:
-    base = getattr(model, "get_base_model", None)  # peft
-    return base() if callable(base) else model
-
-
-def _is_peft(model: Any) -> bool:
-    return callable(getattr(model, "get_base_model", None)) and hasattr(model, "peft_config")
-
-
-def _model_id(model: Any) -> str:
-    """The hub id or folder a model was loaded from (a PeftModel's base model's), as TRL finds it."""
-    config = getattr(_base_model(model), "config", None)
-    return str(getattr(config, "_name_or_path", "") or "")
 
 
 def as_onepass_config(args: Any, model: Any) -> OnePassConfig:
     """``args`` as a :class:`OnePassConfig`: ``None`` gives ``OnePassConfig("NAME-onepass")``; a plain
     ``TrainingArguments`` keeps its values and gets the one-pass/SFT defaults for the rest (as TRL does)."""
     if args is None:
-        name = model if isinstance(model, str) else _model_id(model)
+        name = model if isinstance(model, str) else loaded_from(model)
         return OnePassConfig(f"{str(name).rstrip('/').split('/')[-1] or 'model'}-onepass")
     if isinstance(args, OnePassConfig):
         return args
@@ -97,87 +85,6 @@ def as_onepass_config(args: Any, model: Any) -> OnePassConfig:
         values["hub_token"] = args.hub_token  # to_dict hides it
         return OnePassConfig(**values)
     raise TypeError(f"args must be a OnePassConfig or TrainingArguments, got {type(args).__name__}")
-
-
-def load_model(model: str, args: OnePassConfig, quantization_config: Any = None) -> Any:
-    """``AutoModelForCausalLM.from_pretrained(model, **args.model_init_kwargs)`` as TRL loads it
-    (``dtype`` float32 unless given, ``trust_remote_code``, ``quantization_config``, no device map
-    when distributed or on CPU), with a tree-mask attention backend unless one is named."""
-    from transformers import AutoModelForCausalLM
-
-    from onepass.attention import default_backend
-
-    kwargs = dict(args.model_init_kwargs or {})
-    if quantization_config is not None:
-        if kwargs.get("quantization_config") is not None:
-            raise ValueError("quantization_config is set both as a trainer argument and in "
-                             "args.model_init_kwargs; set it in one place")
-        kwargs["quantization_config"] = quantization_config
-    dtype = kwargs.get("dtype") or "float32"
-    kwargs["dtype"] = getattr(torch, dtype) if dtype in ("bfloat16", "float16", "float32", "float64") else dtype
-    kwargs.setdefault("trust_remote_code", args.trust_remote_code)
-    if args.distributed_state.distributed_type in ("MULTI_GPU", "DEEPSPEED") or args.device.type in ("cpu", "mps"):
-        kwargs["device_map"] = None
-    elif "device_map" not in kwargs:
-        kwargs["device_map"] = "auto"
-    if not kwargs.get("attn_implementation"):
-        kwargs["attn_implementation"] = default_backend(args.device)
-    return AutoModelForCausalLM.from_pretrained(model, **{k: v for k, v in kwargs.items() if v is not None or
-                                                          k == "device_map"})
-
-
-def load_tokenizer(model_id: str, args: OnePassConfig) -> Any:
-    """The tokenizer of ``model_id`` (a model given by name, or the folder/hub id a model or PeftModel was
-    loaded from), as TRL finds it when ``processing_class`` is not given."""
-    from transformers import AutoTokenizer
-
-    revision = (args.model_init_kwargs or {}).get("revision")
-    return AutoTokenizer.from_pretrained(model_id, revision=revision, trust_remote_code=args.trust_remote_code)
-
-
-def chat_template_of(spec: str, args: OnePassConfig) -> str:
-    """``chat_template_path``: a template file (``.jinja``/``.j2`` or any file), ``builtin:NAME``, or a tokenizer
-    folder or hub id whose template is taken (TRL also adds that tokenizer's special tokens; here they must be in
-    the vocabulary already: the template renders text, tokenized by the model's tokenizer)."""
-    from pathlib import Path
-
-    from onepass.errors import UsageError
-    from onepass.tokenizer import read_template
-
-    if spec.startswith("builtin:") or Path(spec).is_file():
-        return read_template(spec)
-    template = getattr(load_tokenizer(spec, args), "chat_template", None)
-    if not template:
-        raise UsageError(f"chat_template_path {spec}: that tokenizer has no chat template")
-    return template
-
-
-def set_special_tokens(tokenizer: Any, model: Any, args: OnePassConfig) -> None:
-    """``eos_token`` / ``pad_token`` as TRL sets them: on the tokenizer, and mirrored onto the model's
-    config and generation config (a generation config keeps its other EOS ids: any of them stops)."""
-    from onepass.errors import UsageError
-
-    config = getattr(model, "config", None)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    generation = getattr(model, "generation_config", None)
-    for name in ("eos_token", "pad_token"):
-        token = getattr(args, name)
-        if token is None:
-            continue
-        if token not in tokenizer.get_vocab():
-            raise UsageError(f"{name}={token!r} is not in the vocabulary of the tokenizer "
-                             f"({type(tokenizer).__name__})")
-        setattr(tokenizer, name, token)
-        token_id = getattr(tokenizer, f"{name}_id")
-        if text is not None:
-            setattr(text, f"{name}_id", token_id)
-        if generation is not None and name == "eos_token":
-            ids = generation.eos_token_id
-            ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-            if token_id not in ids:
-                generation.eos_token_id = [token_id, *ids]
-        elif generation is not None:
-            generation.pad_token_id = token_id
 
 
 class OnePassTrainer(Trainer):
@@ -203,8 +110,9 @@ class OnePassTrainer(Trainer):
                  ) -> None:
         """``allow_inexact`` (default: ``args.allow_inexact``): train even when the exactness guard
         (:mod:`onepass.guard`, run at the start of :meth:`train`) finds that one-pass is not the
-        N-pass loss for this model; ``exactness_conversations``: what it checks on (default: the
-        conversations :func:`conversation_dataset` kept, else the bundled MathChat pair)."""
+        N-pass loss for this model; ``exactness_conversations``: what it checks on (default: the first
+        conversations of ``train_dataset`` when it holds conversations, :class:`GuardInputs`; for a dataset
+        of rows, the bundled MathChat pair)."""
         from transformers import set_seed
 
         from onepass.errors import UsageError
@@ -221,7 +129,7 @@ class OnePassTrainer(Trainer):
             model_id = model
             model = load_model(model, args, quantization_config)
         else:
-            model_id = _model_id(model)
+            model_id = loaded_from(model)
             if quantization_config is not None:
                 warn_once("quantization_config", "quantization_config is ignored: the model is already loaded")
         if processing_class is None and model_id:
@@ -237,11 +145,11 @@ class OnePassTrainer(Trainer):
         if peft_config is not None:
             from peft import get_peft_model
 
-            if _is_peft(model):
+            if is_peft(model):
                 raise UsageError("a PeftModel and a peft_config were both given: merge and unload the adapter "
                                  "first, or drop peft_config to continue training the adapter")
             model = get_peft_model(model, peft_config)
-        if _is_peft(model) and args.gradient_checkpointing:
+        if is_peft(model) and args.gradient_checkpointing:
             model.enable_input_require_grads()  # as TRL: else no gradient reaches checkpointed LoRA layers
         if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
             for name, param in model.named_parameters():  # QLoRA adapters in bf16, as TRL (not DoRA magnitudes)
@@ -251,22 +159,22 @@ class OnePassTrainer(Trainer):
             args.liger_kernel_config = {**(args.liger_kernel_config or {}), "fused_linear_cross_entropy": False}
         text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         if getattr(text, "output_router_logits", None) is not None and getattr(text, "router_aux_loss_coef", 0):
-            warn_once("moe_aux_loss", f"{type(_base_model(model)).__name__} has a load-balancing loss "
+            warn_once("moe_aux_loss", f"{type(base_model(model)).__name__} has a load-balancing loss "
                                       "(router_aux_loss_coef): onepass does not add it (TRL does); training on the "
                                       "cross entropy alone")
 
         if args.dataset_prepared and formatting_func is not None:
             warn_once("formatting_func", "formatting_func is ignored: dataset_kwargs skip_prepare_dataset=True")
-        train_dataset = as_rows(train_dataset, processing_class, args, source="train_dataset",
-                                formatting_func=formatting_func)
+        train = as_rows(train_dataset, processing_class, args, source="train_dataset", formatting_func=formatting_func)
+        train_dataset = train.dataset
         eval_packing = args.packing if args.eval_packing is None else args.eval_packing
         if isinstance(eval_dataset, Mapping):
             eval_dataset = {k: as_rows(v, processing_class, args, source=f"eval_dataset[{k!r}]",
-                                       packing=eval_packing, formatting_func=formatting_func)
+                                       packing=eval_packing, formatting_func=formatting_func).dataset
                             for k, v in eval_dataset.items()}
         else:
             eval_dataset = as_rows(eval_dataset, processing_class, args, source="eval_dataset", packing=eval_packing,
-                                   formatting_func=formatting_func)
+                                   formatting_func=formatting_func).dataset
         if data_collator is None:
             data_collator = OnePassCollator(padding_free=args.padding_free,
                                             pad_to_multiple_of=args.pad_to_multiple_of)
@@ -276,6 +184,7 @@ class OnePassTrainer(Trainer):
                          optimizer_cls_and_kwargs=optimizer_cls_and_kwargs)
         self.allow_inexact = args.allow_inexact if allow_inexact is None else allow_inexact
         self.exactness_conversations = exactness_conversations
+        self.guard_inputs: GuardInputs | None = train.guard  # None: the rows were given as they are
         self.exactness: Any = None  # the guard's GuardResult, once train() ran it
         if self.args.n_gpu > 1:
             raise ValueError(f"OnePassTrainer does not run DataParallel over {self.args.n_gpu} GPUs in one "
@@ -300,21 +209,25 @@ class OnePassTrainer(Trainer):
         self.distributed = honour_request(self.accelerator, asked="fsdp" if fsdp else None, fsdp_plugin_args=fsdp)
         self.is_fsdp_enabled = getattr(self.accelerator.state, "fsdp_plugin", None) is not None
 
-    def check_exactness(self) -> Any:
+    def check_exactness(self, inputs: GuardInputs | None = None) -> Any:
         """The exactness guard on a tiny float64 twin of the model; raises
-        :class:`onepass.guard.InexactModelError` (one line) unless ``allow_inexact``."""
+        :class:`onepass.guard.InexactModelError` (one line) unless ``allow_inexact``. ``inputs``
+        (default: what preparing ``train_dataset`` returned, :attr:`guard_inputs`): the schedule,
+        conversations, tokenizer and render settings to check with; without them (rows given as they
+        are) ``exactness_conversations``, else the bundled MathChat pair, with ``processing_class``."""
         from onepass.guard import check_exact_once, enforce, views_for_check
 
-        kept = getattr(self.train_dataset, "onepass_guard", None) or {}
-        if kept.get("schedule") == "n-pass":  # one view per row, no packing: nothing to check
+        inputs = self.guard_inputs if inputs is None else inputs
+        if inputs is not None and inputs.schedule.kind == "n-pass":  # one view per row: nothing to check
             self.exactness = {"checked": False, "why": "n-pass rows are each one plain sequence"}
             return self.exactness
-        convs = self.exactness_conversations or kept.get("conversations") or []
-        tokenizer = kept.get("tokenizer") or self.processing_class
+        convs = self.exactness_conversations or (inputs.conversations if inputs is not None else ())
+        tokenizer = inputs.tokenizer if inputs is not None else self.processing_class
+        render = inputs.render if inputs is not None else None
         views, where = views_for_check(convs, tokenizer if hasattr(tokenizer, "apply_chat_template") else None,
-                                       kept.get("render"), source="the training conversations")
+                                       render, source="the training conversations")
         model = self.accelerator.unwrap_model(self.model)
-        result = check_exact_once(model, views, backend=model_backend(_base_model(model)))
+        result = check_exact_once(model, views, backend=model_backend(base_model(model)))
         enforce(result, allow_inexact=self.allow_inexact,
                 hint="train with schedule='n-pass', or pass allow_inexact=True to train anyway",
                 log=lambda line: log.info("exactness guard on %s: %s", where, line))

@@ -129,7 +129,7 @@ def _rank_passes(data: TrainData, units: Sequence[int], config: TrainConfig, *, 
     passes: list[list[Layout]] = []
     for slot in rank_slots(units, rank=rank, world=world, batch_size=config.per_device_train_batch_size,
                            grad_accum=config.gradient_accumulation_steps):
-        rows = micro_batch_rows(data, slot, pack=config.pack, max_tokens=config.max_tokens)
+        rows = micro_batch_rows(data, slot, pack=config.data_config.pack, max_tokens=config.data_config.max_tokens)
         passes.extend(forward_groups(rows, config.max_batch_tokens))
     return passes
 
@@ -165,7 +165,8 @@ def evaluate(accelerator: Any, model: Any, data: TrainData, config: TrainConfig)
         out: list[list[Layout]] = []
         for start in range(0, len(mine), config.per_device_train_batch_size):
             rows = micro_batch_rows(data, mine[start:start + config.per_device_train_batch_size],
-                                    pack=config.pack, max_tokens=config.max_tokens)
+                                    pack=config.data_config.pack,
+                                    max_tokens=config.data_config.max_tokens)
             out.extend(forward_groups(rows, config.max_batch_tokens))
         return out
 
@@ -404,7 +405,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         say(f"resumed from {ckpt} at step {start}")
     stats = data.stats
     header = {"config": config.to_dict(), "distributed": parallel.to_dict(), "world_size": world, "device": str(device), "attention": attention,
-              "dtype": config.dtype, "mixed_precision": config.mixed_precision, "schedule": config.schedule,
+              "dtype": config.dtype, "mixed_precision": config.mixed_precision, "schedule": config.data_config.schedule,
               "parameters": params, "trainable_parameters": trainable, "units": data.num_units,
               "unit": data.kind, "units_per_step": stepper.per_step, "total_steps": total,
               "data_stats": {k: v for k, v in stats.items() if k != "skipped"}, "vocab_size": loaded.vocab_size,
@@ -412,7 +413,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     say(f"training {config.model or f'tiny {config.tiny} (random)'}: {params:,} parameters, {trainable:,} "
         f"trainable ({config.finetune}), {config.dtype}, attention {attention}, {device}, {world} process(es)")
     say(f"data {config.data}: {data.num_units} {data.kind}s, {stepper.per_step} per step, {total} steps; "
-        f"schedule {config.schedule}" + (f", {stats.get('n_pass_tokens', 0):,} N-pass tokens -> "
+        f"schedule {config.data_config.schedule}" + (f", {stats.get('n_pass_tokens', 0):,} N-pass tokens -> "
                                          f"{stats.get('scheduled_tokens', 0):,} in trees"
                                          if data.kind == "conversation" else ""))
     reporter = Reporter(out, main=main, progress=config.progress, total=total, initial=start, header=header,

@@ -154,14 +154,13 @@ def check_exactness(config: TrainConfig, *, attention: str, log: Any = _LOG.info
     """
     from onepass.data.load import ROWS, load_conversations, resolve_data
     from onepass.guard import check_exact_once, enforce, views_for_check
-    from onepass.train.data import prepare_config
-
-    if config.schedule == "n-pass" and not config.pack:
+    data_config = config.data_config
+    if data_config.schedule_spec.kind == "n-pass" and not data_config.pack:
         return {"checked": False, "why": "n-pass rows without packing are each one plain sequence"}
     source = resolve_data(config.data)
     convs = ([] if source.kind == ROWS else  # prepared rows: the bundled pair, with the run's tokenizer
              load_conversations(source, strict=False, limit=min(config.limit or 32, 32)).conversations)
-    views, where = views_for_check(convs, load_tokenizer_for(config), prepare_config(config).render,
+    views, where = views_for_check(convs, load_tokenizer_for(config), data_config.render,
                                    source=config.data, empty="the data is prepared rows")
     if config.tiny is not None:
         from onepass.tiny import tiny_config
@@ -171,7 +170,7 @@ def check_exactness(config: TrainConfig, *, attention: str, log: Any = _LOG.info
         from transformers import AutoConfig
 
         model_config = AutoConfig.from_pretrained(config.model)
-    result = check_exact_once(model_config, views, pack=config.pack, backend=attention)
+    result = check_exact_once(model_config, views, pack=data_config.pack, backend=attention)
     enforce(result, allow_inexact=config.allow_inexact, log=lambda line: log(f"exactness guard on {where}: {line}"))
     return {"checked": True, "data": where, **result.to_dict()}
 

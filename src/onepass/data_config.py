@@ -1,0 +1,194 @@
+"""The data settings: how conversations become training trees, one record for every entry point.
+
+Why this module exists: ``onepass prepare``, ``onepass train``, ``OnePassTrainer``, ``verify`` and
+``show`` all turn conversations into views and trees with the same settings (schedule, token
+budget, packing, weighting, completion format, reasoning, template variables). They are defined
+once here: each field carries its ``help`` and ``choices`` in its metadata (as TRL's configs do),
+the defaults are the fields', the checks are :meth:`DataConfig.__post_init__`'s (one line each, a
+:class:`~onepass.errors.ConfigError`), and the schedule string is parsed once, into
+:attr:`DataConfig.schedule_spec`, which everything downstream reads. ``PrepareConfig`` is this
+record; ``TrainConfig`` holds one (``data_config``); ``OnePassConfig`` builds one from its flat
+SFTConfig-style fields. The command-line flags of every subcommand are generated from the fields by
+:func:`add_data_arguments` and read back by :func:`data_flag_values` / :func:`data_config_from_args`.
+
+    >>> cfg = DataConfig(schedule="k-pass:2", max_tokens=4096, reasoning="drop")
+    >>> cfg.schedule_spec, cfg.render.reasoning
+    (Schedule(kind='k-pass', k=2), 'drop')
+    >>> DataConfig(pack=True)
+    Traceback (most recent call last):
+    ...
+    onepass.errors.ConfigError: pack needs a row budget: set max_tokens (--max-tokens)
+
+No torch here: this is pure data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from onepass.errors import ConfigError
+from onepass.key_value import parse_key_value
+from onepass.render import COMPLETION_FORMATS, RenderConfig
+from onepass.render.reasoning import REASONING_CHOICES, REASONING_HELP
+from onepass.schedule import WEIGHTINGS, Schedule, parse_schedule
+
+
+def _meta(help: str, *, choices: tuple[str, ...] | None = None, flags: tuple[str, ...] = (),
+          metavar: str | None = None) -> dict[str, Any]:
+    """A field's ``--help`` line, allowed values and extra flag names (:func:`add_data_arguments`)."""
+    return {"help": help, "choices": choices, "flags": flags, "metavar": metavar}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """How conversations become trees and rows (see the module doc). ``schedule`` may be given as a
+    :class:`~onepass.schedule.Schedule` already parsed (then it is not parsed again)."""
+
+    schedule: str | Schedule = field(default="one-pass", metadata=_meta(
+        "one-pass | n-pass | k-pass:K | budget", metavar="SCHEDULE"))
+    max_tokens: int | None = field(default=None, metadata=_meta("tree / row token budget", metavar="N"))
+    pack: bool = field(default=False, metadata=_meta("pack trees into rows of <= max_tokens"))
+    weighting: str = field(default="token", metadata=_meta("token | turn | conversation",
+                                                           choices=WEIGHTINGS))
+    completion_format: str | None = field(default=None, metadata=_meta(
+        "build completions from a format instead of the template: " + ", ".join(COMPLETION_FORMATS)
+        + " or a format string", metavar="FORMAT"))
+    reasoning: str = field(default="keep", metadata=_meta(REASONING_HELP, choices=REASONING_CHOICES))
+    template_kwargs: dict[str, Any] = field(default_factory=dict, metadata=_meta(
+        "extra chat template variable, e.g. enable_thinking=true (repeatable)", flags=("--template-kwarg",),
+        metavar="KEY=VALUE"))
+    schedule_spec: Schedule = field(init=False, repr=False, compare=False)
+    """The parsed ``schedule``: what every consumer reads (the string is parsed here, once)."""
+    render: RenderConfig = field(init=False, repr=False, compare=False)
+    """The rendering part (template variables, completion format, reasoning) as the renderer takes it."""
+
+    def __post_init__(self) -> None:
+        spec = self.schedule
+        if isinstance(spec, Schedule):
+            object.__setattr__(self, "schedule", str(spec))
+        elif not isinstance(spec, str):
+            raise ConfigError(f"schedule must be a string, got {spec!r}")
+        else:
+            try:
+                spec = parse_schedule(spec)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        object.__setattr__(self, "schedule_spec", spec)
+        for name in ("weighting", "reasoning"):
+            allowed = _FIELDS[name].metadata["choices"]
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"unknown {name} {getattr(self, name)!r}; use one of {', '.join(allowed)}")
+        if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
+                                            or self.max_tokens < 2):
+            raise ConfigError(f"max_tokens must be an integer >= 2 (or unset), got {self.max_tokens!r}")
+        if self.pack and self.max_tokens is None:
+            raise ConfigError("pack needs a row budget: set max_tokens (--max-tokens)")
+        if not isinstance(self.template_kwargs, Mapping):
+            raise ConfigError(f"template_kwargs must be a mapping, got {self.template_kwargs!r}")
+        object.__setattr__(self, "render", RenderConfig(template_kwargs=dict(self.template_kwargs),
+                                                        completion_format=self.completion_format,
+                                                        reasoning=self.reasoning))
+
+    def replace(self, **changes: Any) -> DataConfig:
+        """A copy with ``changes``; the parsed schedule is carried over, not parsed again."""
+        changes.setdefault("schedule", self.schedule_spec)
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as plain values (the keys of a YAML config)."""
+        return {name: dict(v) if isinstance(v := getattr(self, name), Mapping) else v for name in DATA_KEYS}
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(DataConfig) if f.init}
+DATA_KEYS: tuple[str, ...] = tuple(_FIELDS)
+"""The settings' names: config keys, and (dashes for underscores) flag names."""
+RENDER_KEYS = ("completion_format", "reasoning", "template_kwargs")
+"""The settings that say how a view is rendered (:attr:`DataConfig.render`): what ``verify``, ``show`` and
+``templates check`` take besides the schedule."""
+
+
+def data_field_help(name: str) -> dict[str, Any]:
+    """Field metadata of setting ``name`` for a config that spells the settings flat (``OnePassConfig``):
+    ``help`` and ``choices`` as ``HfArgumentParser`` reads them."""
+    meta = _FIELDS[name].metadata
+    return {"help": meta["help"], **({"choices": list(meta["choices"])} if meta["choices"] else {})}
+
+
+def data_config_hints() -> dict[str, Any]:
+    """Each setting's type (for reading YAML values)."""
+    hints = typing.get_type_hints(DataConfig)
+    return {name: hints[name] for name in DATA_KEYS}
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line: flags generated from the fields, read back into a DataConfig
+
+
+def _schedule_arg(text: str) -> Schedule:
+    try:
+        return parse_schedule(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _pair_arg(text: str) -> tuple[str, Any]:
+    try:
+        return parse_key_value(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_data_arguments(parser: Any, *, names: Collection[str] = DATA_KEYS, overrides: bool = False) -> None:
+    """One flag per field named in ``names``: ``--max-tokens`` (and HF's spelling ``--max_tokens``, not listed
+    in ``--help``, and the field's extra names), with the field's help, default and choices.
+
+    Every flag's value is None unless given (:func:`data_flag_values` keeps the given ones). Without
+    ``overrides`` (``prepare``, ``verify``, ``show``) a bad value is refused while parsing (choices, the
+    schedule parsed to a :class:`Schedule` there, once); with ``overrides`` (``train``, whose flags
+    override a YAML file) values are checked with the rest of the config, in one line.
+    """
+    for name in names:
+        f = _FIELDS[name]
+        meta = f.metadata
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+        shown = "" if default in (None, {}) or f.type in ("bool", bool) or "(default" in meta["help"] \
+            else f" (default: {default})"
+        kwargs: dict[str, Any] = dict(dest=name, default=None)
+        if name == "pack":
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif name == "template_kwargs":
+            kwargs.update(action="append", type=_pair_arg if overrides else str, metavar=meta["metavar"])
+        else:
+            kwargs["metavar"] = meta["metavar"]
+            if name == "max_tokens":
+                kwargs["type"] = int
+            elif name == "schedule" and not overrides:
+                kwargs["type"] = _schedule_arg
+            if meta["choices"] and not overrides:
+                kwargs.update(choices=meta["choices"], metavar=None)
+        if "_" in name:  # HF's own spelling (--max_tokens) too, not listed in --help
+            parser.add_argument("--" + name, **{**kwargs, "help": argparse.SUPPRESS})
+        parser.add_argument("--" + name.replace("_", "-"), *meta["flags"], help=meta["help"] + shown, **kwargs)
+
+
+def data_flag_values(args: argparse.Namespace, *, names: Collection[str] = DATA_KEYS) -> dict[str, Any]:
+    """The data settings given on the command line (None: not given), as config values."""
+    out: dict[str, Any] = {}
+    for name in names:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if name == "template_kwargs":
+            value = dict(v if isinstance(v, tuple) else parse_key_value(v) for v in value)
+        out[name] = value
+    return out
+
+
+def data_config_from_args(args: argparse.Namespace, *, names: Collection[str] = DATA_KEYS) -> DataConfig:
+    """The :class:`DataConfig` of the flags :func:`add_data_arguments` added (the fields' defaults for the rest)."""
+    return DataConfig(**data_flag_values(args, names=names))
