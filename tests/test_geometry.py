@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onepass.geometry import (ancestor_at, ancestor_at_reference, batch_chains, chains_reference, check_tree, depths, depths_reference,
-                              is_tree, is_tree_reference, leaf_paths, leaf_paths_reference, parents,
+from onepass.geometry import (ancestor_at, ancestor_at_reference, batch_chains, chains_reference, check_tree, depths,
+                              depths_reference, is_tree, is_tree_reference, leaf_paths, leaf_paths_reference, parents,
                               parents_reference, row_chains, segment_starts, segments_reference, tree_breaks)
 from strategies import DOC_EXAMPLE, SCATTERED, batch_strategy, layout_st
 
@@ -27,6 +27,7 @@ def test_the_docstring_tree_by_eye():
 def test_depths_parents_and_ancestors_equal_the_reference(kv_end_BL):
     assert depths(kv_end_BL).tolist() == depths_reference(kv_end_BL).tolist()
     parent_BL = parents(kv_end_BL)  # the batch at once equals row by row
+    assert check_tree(kv_end_BL).tolist() == parent_BL.tolist()
     rng = np.random.default_rng(0)
     chains_B = batch_chains(kv_end_BL)
     for b, (kv_end, parent) in enumerate(zip(kv_end_BL, parent_BL, strict=True)):

@@ -68,18 +68,27 @@ def tree_breaks(kv_end: ArrayLike) -> np.ndarray:
     >>> tree_breaks([3, 4, 4, 4]).tolist()       # [0, 3) and [1, 4) overlap without nesting
     [False, True, False, False]
     """
-    kv_end = _as_kv_end(kv_end)
+    return _breaks_and_parents(_as_kv_end(kv_end))[0]
+
+
+def _breaks_and_parents(kv_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(:func:`tree_breaks`, :func:`parents`) of a ``[L]`` forest; the parents mean something only without breaks.
+
+    Why it is enough: a node p of depth d > 0 needs a node a < p of depth d - 1 whose subtree holds
+    p's; if every node has one, no two subtrees overlap without nesting (take a crossing pair
+    k < p < kv_end[k] < kv_end[p] with p smallest: a cannot be k, nor later than k (a crossing
+    pair ending before p), nor earlier (then every ancestor of a holds p, and k too: depth d + 1).
+    """
     L = len(kv_end)
     pos = np.arange(L)
     out = (kv_end <= pos) | (kv_end > L)
     if out.any():
-        return out
+        return out, np.full(L, -1, dtype=np.int64)
     depth = depths(kv_end)
     up = ancestor_at(kv_end, depth - 1)  # in a valid row: the parent
-    inner = depth > 0
-    a = up[inner]
-    out[inner] = (a < 0) | (kv_end[np.maximum(a, 0)] <= pos[inner]) | (kv_end[inner] > kv_end[np.maximum(a, 0)])
-    return out
+    a = np.maximum(up, 0)
+    out = (depth > 0) & ((up < 0) | (kv_end[a] <= pos) | (kv_end > kv_end[a]))
+    return out, up
 
 
 def is_tree(kv_end: ArrayLike) -> bool:
@@ -95,16 +104,19 @@ def is_tree_reference(kv_end: ArrayLike) -> bool:
         kv_end[p] <= kv_end[k] for p in range(L) for k in range(p) if kv_end[k] > p)
 
 
-def check_tree(kv_end: ArrayLike) -> None:
-    """ValueError naming the first row and position unless every row of ``kv_end`` ([L] or [B, L]) is a tree."""
+def check_tree(kv_end: ArrayLike) -> np.ndarray:
+    """The :func:`parents` of ``kv_end`` ([L] or [B, L]); ValueError naming the first row and position
+    unless every row is a tree."""
     kv_end = _as_kv_end(kv_end)
     rows = kv_end.reshape(-1, kv_end.shape[-1])
-    L = rows.shape[1]
-    breaks = tree_breaks(_flat(rows)) | (rows.reshape(-1) > L)
+    B, L = rows.shape
+    breaks, parent = _breaks_and_parents(_flat(rows))
+    breaks |= rows.reshape(-1) > L
     if breaks.any():
         b, p = divmod(int(np.flatnonzero(breaks)[0]), L)
         raise ValueError(f"kv_end does not describe a tree: row {b}, position {p} (kv_end {rows[b, p]}) is not "
                          "inside the subtree of its parent")
+    return np.where(parent >= 0, parent - np.repeat(np.arange(B) * L, L), -1).reshape(kv_end.shape)
 
 
 # --- depth, ancestors, parents -------------------------------------------------------------------
