@@ -66,7 +66,7 @@ def tree_breaks(kv_end: ArrayLike) -> np.ndarray:
     one array (each row offset, each in range) a flag lands inside the broken row. O(L log L).
 
     >>> tree_breaks([3, 4, 4, 4]).tolist()       # [0, 3) and [1, 4) overlap without nesting
-    [False, True, False, False]
+    [False, True, False, True]
     """
     return _breaks_and_parents(_as_kv_end(kv_end))[0]
 
@@ -84,10 +84,15 @@ def _breaks_and_parents(kv_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     out = (kv_end <= pos) | (kv_end > L)
     if out.any():
         return out, np.full(L, -1, dtype=np.int64)
-    depth = depths(kv_end)
-    up = ancestor_at(kv_end, depth - 1)  # in a valid row: the parent
-    a = np.maximum(up, 0)
-    out = (depth > 0) & ((up < 0) | (kv_end[a] <= pos) | (kv_end > kv_end[a]))
+    ends_at = np.bincount(kv_end, minlength=L + 1)[:L]  # subtrees that end just before p
+    depth = pos - np.cumsum(ends_at)  # :func:`depths`
+    first = _first_children(kv_end)
+    up = _parents(kv_end, depth, first)  # in a tree, the parent; checked here
+    # a first child's parent is p - 1: the same depth check is "no subtree ends at p" (no gathers)
+    out[1:] = first[1:] & ((ends_at[1:] > 0) | (kv_end[1:] > kv_end[:-1]))
+    rest = np.flatnonzero(~first & (depth > 0))
+    a = np.maximum(up[rest], 0)
+    out[rest] = (up[rest] < 0) | (depth[a] != depth[rest] - 1) | (kv_end[a] <= rest) | (kv_end[rest] > kv_end[a])
     return out, up
 
 
@@ -132,9 +137,30 @@ def depths(kv_end: ArrayLike) -> np.ndarray:
     [0, 1, 2, 2, 3, 3, 2]
     """
     kv_end = _as_kv_end(kv_end)
-    flat = _flat(kv_end)
+    return _depths(_flat(kv_end)).reshape(kv_end.shape)
+
+
+def _depths(flat: np.ndarray) -> np.ndarray:
     closed = np.cumsum(np.bincount(flat, minlength=len(flat) + 1))[:len(flat)]  # earlier rows: all closed
-    return (np.arange(len(flat)) - closed).reshape(kv_end.shape)
+    return np.arange(len(flat)) - closed
+
+
+def _row_starts(shape: tuple[int, ...]) -> np.ndarray:
+    """Flat ``[T]``: the flat index of the start of each position's row."""
+    L = shape[-1] if shape else 0
+    return np.repeat(np.arange(0, int(np.prod(shape)), max(L, 1)), L)
+
+
+def _last_at_depth(depth: np.ndarray, target: np.ndarray, at: np.ndarray, among: np.ndarray) -> np.ndarray:
+    """For each position ``at``: the last node of ``among`` (ascending positions) at or before it whose
+    depth is ``target``, -1 if none. One stable sort by depth and a binary search, O(n log n)."""
+    if not len(among):
+        return np.full(len(at), -1, dtype=np.int64)
+    T = len(depth)
+    order = among[np.argsort(depth[among], kind="stable")]  # by depth, then position
+    i = np.searchsorted(depth[order] * T + order, target * T + at, side="right") - 1
+    found = order[np.maximum(i, 0)]
+    return np.where((i >= 0) & (depth[found] == target), found, -1)
 
 
 def depths_reference(kv_end: ArrayLike) -> np.ndarray:
@@ -145,32 +171,26 @@ def depths_reference(kv_end: ArrayLike) -> np.ndarray:
                     dtype=np.int64).reshape(kv_end.shape)
 
 
-def ancestor_at(kv_end: ArrayLike, depth: ArrayLike) -> np.ndarray:
+def ancestor_at(kv_end: ArrayLike, depth: ArrayLike, *, node_depths: ArrayLike | None = None) -> np.ndarray:
     """For each node p, its ancestor (or itself) at ``depth[p]``; -1 where ``depth[p]`` is outside ``[0, depth of p]``.
 
     The ancestors of p appear in the row in order of depth, and the one at depth d is the last node
-    of depth d at or before p (depth-first order): one stable sort by (row, depth), O(L log L).
-    ``kv_end`` and ``depth`` are ``[L]`` or ``[B, L]``.
+    of depth d at or before p (depth-first order): one stable sort by depth, O(L log L).
+    ``kv_end`` and ``depth`` are ``[L]`` or ``[B, L]``; ``node_depths``: :func:`depths` of ``kv_end``
+    when the caller has them already.
 
     >>> ancestor_at([7, 7, 3, 6, 5, 6, 7], [0, 0, 1, 1, 1, 2, 1]).tolist()
     [0, 0, 1, 1, 1, 3, 1]
     """
     kv_end = _as_kv_end(kv_end)
-    target = np.asarray(depth, dtype=np.int64).reshape(-1)
-    own = depths(kv_end).reshape(-1)
-    L = kv_end.shape[-1]
-    T = len(own)
-    row = np.arange(T) // max(L, 1)
-    group = row * (L + 1) + own  # (row, depth) as one key, in [0, B * (L + 1))
-    order = np.argsort(group, kind="stable")  # by (row, depth), then position
-    key = group[order] * T + order
-    ok = (target >= 0) & (target <= own)
-    want = (row * (L + 1) + np.clip(target, 0, L)) * T + np.arange(T)
-    if not T:
-        return target.reshape(kv_end.shape)
-    found = order[np.maximum(np.searchsorted(key, want, side="right") - 1, 0)]
-    ok &= group[found] == row * (L + 1) + target  # none there: not a tree (see tree_breaks)
-    return np.where(ok, found - row * L, -1).reshape(kv_end.shape)
+    own_BL = (depths(kv_end) if node_depths is None else np.asarray(node_depths)).reshape(-1, kv_end.shape[-1])
+    target_BL = np.asarray(depth, dtype=np.int64).reshape(own_BL.shape)
+    ok_BL = (target_BL >= 0) & (target_BL <= own_BL)
+    nodes_L = np.arange(own_BL.shape[1])
+    out_BL = np.empty_like(own_BL)
+    for b in range(len(own_BL)):  # row by row: a small search is faster than one over the batch
+        out_BL[b] = _last_at_depth(own_BL[b], np.where(ok_BL[b], target_BL[b], 0), nodes_L, nodes_L)
+    return np.where(ok_BL, out_BL, -1).reshape(kv_end.shape)
 
 
 def ancestor_at_reference(kv_end: ArrayLike, depth: ArrayLike) -> np.ndarray:
@@ -197,7 +217,29 @@ def parents(kv_end: ArrayLike) -> np.ndarray:
     [-1, 0, 1, 1, 3, 3, 1]
     """
     kv_end = _as_kv_end(kv_end)
-    return ancestor_at(kv_end, depths(kv_end) - 1)
+    flat = _flat(kv_end)
+    parent = _parents(flat, _depths(flat))
+    return np.where(parent >= 0, parent - _row_starts(kv_end.shape), -1).reshape(kv_end.shape)
+
+
+def _first_children(flat: np.ndarray) -> np.ndarray:
+    """Bool: p - 1's subtree holds p, so p - 1 is p's parent (in a tree)."""
+    out = np.zeros(len(flat), dtype=bool)
+    out[1:] = flat[:-1] > np.arange(1, len(flat))
+    return out
+
+
+def _parents(flat: np.ndarray, depth: np.ndarray, first: np.ndarray | None = None) -> np.ndarray:
+    """Parents in a flat forest (flat indices): p - 1 for a first child (most nodes), else the last
+    node one level up before p; -1 at depth 0."""
+    first = _first_children(flat) if first is None else first
+    out = np.arange(-1, len(flat) - 1)
+    out[depth <= 0] = -1
+    rest = np.flatnonzero(~first & (depth > 0))
+    if len(rest):  # such a parent has a first child whose subtree ends before its own: few nodes
+        branching = np.flatnonzero(first[1:] & (flat[1:] < flat[:-1]))
+        out[rest] = _last_at_depth(depth, depth[rest] - 1, rest, branching)
+    return out
 
 
 def parents_reference(kv_end: ArrayLike) -> np.ndarray:

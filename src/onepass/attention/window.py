@@ -73,4 +73,4 @@ def window_start(kv_end_BL: Any, position_ids: Any, window: int) -> np.ndarray:
         b, p = np.argwhere(bad_BL)[0]
         raise ValueError(f"position_ids[{b}, {p}] = {pos_BL[b, p]} is not its parent's + 1: a sliding window "
                          "over a tree needs position ids that count the depth (as onepass layouts do)")
-    return ancestor_at(kv_end_BL, np.maximum(depth_BL - window + 1, 0))
+    return ancestor_at(kv_end_BL, np.maximum(depth_BL - window + 1, 0), node_depths=depth_BL)
