@@ -121,7 +121,7 @@ def check_tree(kv_end: ArrayLike) -> np.ndarray:
         b, p = divmod(int(np.flatnonzero(breaks)[0]), L)
         raise ValueError(f"kv_end does not describe a tree: row {b}, position {p} (kv_end {rows[b, p]}) is not "
                          "inside the subtree of its parent")
-    return np.where(parent >= 0, parent - np.repeat(np.arange(B) * L, L), -1).reshape(kv_end.shape)
+    return np.maximum(parent.reshape(B, L) - (np.arange(B) * L)[:, None], -1).reshape(kv_end.shape)  # a root: -1
 
 
 # --- depth, ancestors, parents -------------------------------------------------------------------

@@ -139,8 +139,7 @@ def segment_plan(kv_end: Any, *, chunk: int = 128, position_ids: Any = None,
     kv_T = (kv_end_BL + (np.arange(B) * L)[:, None]).reshape(-1)  # rows become documents of one row
     T = B * L
     pos_T = np.arange(T)
-    parent_BL = check_tree(kv_end_BL)  # ValueError unless subtrees nest: the plan relies on it
-    parent_T = np.where(parent_BL >= 0, parent_BL + (np.arange(B) * L)[:, None], -1).reshape(-1)
+    parent_T = check_tree(kv_end_BL).reshape(-1)  # ValueError unless subtrees nest: the plan relies on it
     start_S = np.flatnonzero(segment_starts(kv_T))
     stop_S = np.append(start_S[1:], T)
 
@@ -149,6 +148,7 @@ def segment_plan(kv_end: Any, *, chunk: int = 128, position_ids: Any = None,
     ancestors: dict[int, np.ndarray] = {}
     up_S = parent_T[start_S]
     held = np.flatnonzero(up_S >= 0)
+    up_S[held] += start_S[held] // L * L  # row coordinates to flat ones
     holder = np.searchsorted(start_S, up_S[held], "right") - 1
     for i, a, j in zip(held.tolist(), up_S[held].tolist(), holder.tolist()):
         ancestors[i] = np.concatenate([ancestors.get(j, pos_T[:0]), np.arange(start_S[j], a + 1)])
