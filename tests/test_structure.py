@@ -12,9 +12,10 @@ import onepass
 
 SRC = Path(onepass.__file__).parent
 PURE = ("onepass.conversation", "onepass.render", "onepass.view", "onepass.tree", "onepass.schedule", "onepass.pack",
-        "onepass.geometry", "onepass.flops", "onepass.attention.blocks", "onepass.attention.segments", "onepass.attention.paper",
-        "onepass.model_config", "onepass.shards", "onepass.render.derived", "onepass.render.fields",
-        "onepass.render.encode", "onepass.rl.rollouts", "onepass.rl.layout", "onepass.rl.synthetic")
+        "onepass.geometry", "onepass.flops", "onepass.attention.blocks", "onepass.attention.segments",
+        "onepass.attention.paper", "onepass.model_config", "onepass.shards", "onepass.render.derived",
+        "onepass.render.fields", "onepass.render.encode", "onepass.rl.rollouts", "onepass.rl.layout",
+        "onepass.rl.synthetic")
 
 
 def module_name(path: Path) -> str:
