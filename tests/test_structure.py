@@ -12,10 +12,10 @@ import onepass
 
 SRC = Path(onepass.__file__).parent
 PURE = ("onepass.conversation", "onepass.render", "onepass.view", "onepass.tree", "onepass.schedule", "onepass.pack",
-        "onepass.geometry", "onepass.flops", "onepass.attention.blocks", "onepass.attention.segments",
-        "onepass.attention.paper", "onepass.model_config", "onepass.shards", "onepass.render.derived",
-        "onepass.render.fields", "onepass.render.encode", "onepass.rl.rollouts", "onepass.rl.layout",
-        "onepass.rl.synthetic")
+        "onepass.flops", "onepass.attention.blocks", "onepass.attention.segments", "onepass.attention.paper",
+        "onepass.model_config", "onepass.shards", "onepass.render.derived", "onepass.render.fields",
+        "onepass.render.encode", "onepass.rl.rollouts", "onepass.rl.layout", "onepass.rl.synthetic")
+PURE += ("onepass.geometry",)  # the tree read back from kv_end: data layout too
 
 
 def module_name(path: Path) -> str:

@@ -17,8 +17,9 @@ ancestors of s, all of them (subtrees nest). Here: segment [0, 4) ``h h t t``
 has no ancestors; segment [4, 8) ``r r r r`` sees ancestors [0, 2) ``h h``.
 Each segment is cut into query chunks of ``chunk`` tokens; chunk [a, b) of
 segment [s, e) is a causal square on its own diagonal and a no-mask rectangle
-against its own earlier keys [s, a) (contiguous in the row: a view), and the whole segment is one no-mask rectangle against its
-ancestors (one gather, one call, however many chunks)::
+against its own earlier keys [s, a) (contiguous in the row: a view), and the
+whole segment is one no-mask rectangle against its ancestors (one gather, one
+call, however many chunks)::
 
     segment [4, 8), chunk 2:   rectangle q [4, 8) x k (0 1)         (its ancestors)
                                diagonal  q [4, 6) x k [4, 6) causal
