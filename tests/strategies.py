@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from onepass.attention.mask import pad_kv_end
-from onepass.mixers.chains import parents
+from onepass.geometry import parents
 from onepass.tree import build_layout, concat
 from onepass.view import View
 

@@ -17,7 +17,7 @@ import torch
 import onepass.mixers.float64 as f64
 import onepass.mixers.tree as tree
 from onepass.couplings import COUPLINGS, CouplingError, mixer_classes, recurrent_mixer, upcast_kept_parameters
-from onepass.mixers.chains import Chain
+from onepass.geometry import Chain
 from onepass.tiny import HYBRID_ARCHS, tiny_model
 
 

@@ -15,7 +15,7 @@ PURE = ("onepass.conversation", "onepass.render", "onepass.view", "onepass.tree"
         "onepass.flops", "onepass.attention.blocks", "onepass.attention.segments", "onepass.attention.paper",
         "onepass.model_config", "onepass.shards", "onepass.render.derived", "onepass.render.fields",
         "onepass.render.encode", "onepass.render.quirks", "onepass.rl.rollouts", "onepass.rl.layout",
-        "onepass.rl.synthetic", "onepass.data_config")
+        "onepass.rl.synthetic", "onepass.data_config", "onepass.geometry")
 
 
 def module_name(path: Path) -> str:
@@ -106,6 +106,31 @@ def test_the_layout_imports_no_rendering_module():
         rendering = {m for m in imported_closure(name) if m == "onepass.render" or m.startswith("onepass.render.")}
         assert not rendering, f"{name} imports rendering code: {sorted(rendering)}"
     assert "onepass.view" in imported_closure("onepass.tree")  # the check sees imports at all
+
+
+# The tree read from kv_end has one home, onepass.geometry. Another module defining one of these names
+# reads the tree again its own way (the names the old copies had included); the modules that need the
+# tree import it from there.
+TREE_READERS = {"onepass.mixers.tree", "onepass.attention.window", "onepass.attention.segments",
+                "onepass.guard.divergence", "onepass.row_check"}
+GEOMETRY_NAMES = {"parents", "parents_reference", "depths", "tree_depth", "ancestor_at", "leaf_paths", "_leaf_paths",
+                  "row_chains", "batch_chains", "chains_reference", "segment_starts", "tree_breaks", "is_tree",
+                  "check_tree", "_range_min"}
+
+
+def defined_functions(path: Path) -> set[str]:
+    return {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
+
+
+def test_the_tree_is_read_from_kv_end_in_one_module():
+    old_names = {"tree_depth", "_leaf_paths", "_range_min"}
+    assert GEOMETRY_NAMES - old_names <= defined_functions(MODULES["onepass.geometry"])
+    again = {name: sorted(defined_functions(p) & GEOMETRY_NAMES) for name, p in MODULES.items()
+             if name != "onepass.geometry" and defined_functions(p) & GEOMETRY_NAMES}
+    assert not again, f"these modules read the tree from kv_end themselves; use onepass.geometry: {again}"
+    assert top_level_imports(MODULES["onepass.geometry"]) == set(), "geometry is data layout: it imports none of ours"
+    missing = {name for name in TREE_READERS if "onepass.geometry" not in top_level_imports(MODULES[name])}
+    assert not missing, f"these read the tree but not through onepass.geometry: {sorted(missing)}"
 
 
 def test_pure_layout_modules_import_no_torch():

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from onepass.conversation import Conversation, Message, ToolCall
-from onepass.mixers.chains import parents
+from onepass.geometry import parents
 from onepass.pack import pack_layouts
 from onepass.render import render_views
 from onepass.schedule import parse_schedule, schedule_views
@@ -67,7 +67,7 @@ def row_pairs(rows, rng):
     """(hash of visible context, its length, target) -> total weight, from the rows alone."""
     pairs: Counter = Counter()
     for row in rows:
-        parent = parents(row.kv_end)  # onepass.mixers.chains; checked against the literal rule below
+        parent = parents(row.kv_end)  # onepass.geometry; checked against the literal rule below
         targets = np.flatnonzero(row.targets != IGNORE)
         check_mask_rule(row, parent, rng.choice(targets, size=min(8, len(targets)), replace=False))
         h = [0] * len(row)

@@ -21,8 +21,9 @@ Example, the 6-token tree of docs/design.md (two views sharing ``h t``)::
     position_ids 0 1 2 3 2 3
     kv_end       6 6 4 4 6 6      q=2: 3 is deeper, 4 is not -> subtree [2, 4): kv_end 4
 
-:func:`check_rows` is the fast path; :func:`row_problem` checks one row with plain loops, the reference
-the tests compare it with. No torch here.
+:func:`check_rows` is the fast path (the tree part is :mod:`onepass.geometry`'s: kv_end a tree whose
+depths are position_ids); :func:`row_problem` checks one row with plain loops, the reference the tests
+compare it with. No torch here.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from onepass.errors import DataError
+from onepass.geometry import depths, tree_breaks
 from onepass.tree import COLUMNS, IGNORE, Layout
 
 
@@ -68,29 +70,6 @@ def row_problem(row: Layout, vocab_size: int | None = None) -> str | None:
         if end[q] != true_end:
             return f"kv_end: position {q} holds {end[q]}, but its subtree (by position_ids) ends at {true_end}"
     return None
-
-
-def _range_min(values: np.ndarray, start: np.ndarray, stop: np.ndarray) -> np.ndarray:
-    """``min(values[start:stop])`` for each pair (a sparse table, O(n log n)); +inf where the range is empty."""
-    big = np.iinfo(np.int64).max
-    table = [values.astype(np.int64)]
-    while 2 ** len(table) <= len(values):
-        prev, half = table[-1], 2 ** (len(table) - 1)
-        table.append(np.minimum(prev[:-half], prev[half:]))
-    size = stop - start
-    out = np.full(len(start), big, dtype=np.int64)
-    some = size > 0
-    if some.any():
-        k = np.floor(np.log2(size[some])).astype(np.int64)
-        s, e = start[some], stop[some]
-        lo = np.empty(len(k), dtype=np.int64)
-        hi = np.empty(len(k), dtype=np.int64)
-        for level in np.unique(k):  # one numpy op per level (at most log2(n) of them)
-            at = k == level
-            lo[at] = table[level][s[at]]
-            hi[at] = table[level][e[at] - 2 ** level]
-        out[some] = np.minimum(lo, hi)
-    return out
 
 
 def check_rows(rows: Sequence[Layout], *, vocab_size: int | None = None, source: str = "rows",
@@ -136,12 +115,9 @@ def _first_bad(rows: Sequence[Layout], vocab_size: int | None) -> tuple[int | No
     wrong |= (pos < 0) | np.where(q == 0, pos != 0, pos > prev + 1)
     row_len = n[row_of]
     wrong |= (end <= q) | (end > row_len)
-    if not wrong.any():  # ranges are sane: compare with the subtree ends position_ids define
-        glob = starts[row_of] + q
-        stop = starts[row_of] + end  # global, within the row
-        inside = _range_min(pos, glob + 1, stop)  # every position of the subtree is deeper
-        after = np.where(end < row_len, pos[np.minimum(stop, len(pos) - 1)], -1)  # the next one is not
-        wrong = (inside <= pos) | (after > pos)
+    if not wrong.any():  # ranges are sane: the rows, as documents of one forest, are trees of depths pos
+        forest = starts[row_of] + end  # (a tree is fixed by its depth-first depths: kv_end is then exact)
+        wrong = tree_breaks(forest) | (depths(forest) != pos)
     bad_at = np.flatnonzero(wrong)
     return (int(row_of[bad_at[0]]) if len(bad_at) else None), positive
 

@@ -24,7 +24,8 @@ from onepass.attention.segments import segment_plan
 from onepass.attention.cpu import CpuAttentionError, cpu_attention_mask, tree_attention, tree_attention_reference
 from onepass.attention.mask import dense_mask, dense_mask_reference, generate_tree_mask_mod, pad_kv_end
 from onepass.attention.mask import tree_block_mask
-from onepass.attention.window import tree_depth, window_start
+from onepass.attention.window import window_start
+from onepass.geometry import depths
 from onepass.tree import build_layout, concat
 
 from strategies import V, layout_st  # noqa: E402
@@ -61,7 +62,7 @@ def test_docstring_example_window_3():
                     [1, 0, 0, 1, 1, 0, 0],   # h2
                     [0, 0, 0, 1, 1, 1, 0],   # t2: positions 1..3
                     [0, 0, 0, 0, 1, 1, 1]]   # r2: positions 2..4, as in the plain view [h1 r1' h2 t2 r2]
-    assert tree_depth(np.array([DOC_KV_END])).tolist() == [DOC_POS]
+    assert depths(np.array([DOC_KV_END])).tolist() == [DOC_POS]
     assert window_start(DOC_KV_END, DOC_POS, 3).tolist() == [[0, 0, 0, 0, 0, 3, 4]]
 
 

@@ -178,7 +178,7 @@ def test_hybrid_arch_times_a_qwen35_and_reports_state_passing(qwen3_tokenizer, o
 
     from onepass.data.mathchat import load_sample
     from onepass.errors import UsageError
-    from onepass.mixers.chains import row_chains
+    from onepass.geometry import row_chains
     from onepass.render import render_views
     from onepass.tiny import tiny_config
     from onepass.verify import compact_vocab

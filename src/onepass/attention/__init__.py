@@ -3,7 +3,7 @@
     backends.py   which mask object each HF attention backend takes (the public entry points below)
     mask.py       the dense mask, its numpy reference, FlexAttention's ``mask_mod``
     blocks.py     the block plan (which query x key tiles hold visible pairs) and the BlockMask built from it
-    segments.py   the segment plan: chains tiled for the CPU kernel
+    segments.py   the segment plan: segments (onepass.geometry) tiled for the CPU kernel
     cpu.py        ``onepass_cpu``: a CPU backend that computes only the visible pairs
     window.py     sliding windows over a tree: where each query's window starts
     paper.py      the seed paper's layout and role-id mask, kept as a separate reference

@@ -1,4 +1,4 @@
-"""The segment plan: a row cut into chains for the CPU attention kernel, in O(L), never L x L.
+"""The segment plan: a row cut into segments for the CPU attention kernel, in O(L), never L x L.
 
 Why this module exists: :mod:`onepass.attention.cpu` runs a dense fused kernel on
 tiles; this plan says which tiles cover exactly the visible pairs. (The tile plan
@@ -9,16 +9,17 @@ for FlexAttention is :mod:`onepass.attention.blocks`.) Same one rule::
 Worked example (the layout of :mod:`onepass.attention.blocks`): ``h h t t r r r r``
 with ``kv_end = 8 8 4 4 8 8 8 8``.
 
-A *segment* is a maximal chain of consecutive positions in
-which each node's parent is the previous position (p - 1 is the parent of p
-iff ``kv_end[p - 1] > p``). The queries of a segment [s, e) see exactly its
-own keys causally and the ancestors of s, all of them (subtrees nest). Here:
-segment [0, 4) ``h h t t`` has no ancestors; segment [4, 8) ``r r r r`` sees
-ancestors [0, 2) ``h h``. Each segment is cut into query chunks of ``chunk``
-tokens; chunk [a, b) of segment [s, e) is a causal square on its own diagonal
-and a no-mask rectangle against its own earlier keys [s, a) (contiguous in the
-row: a view), and the whole segment is one no-mask rectangle against its
-ancestors (one gather, one call, however many chunks)::
+A *segment* (:mod:`onepass.geometry`, where it is told apart from the mixers'
+*chain*) is a maximal run of consecutive positions in which each node's parent
+is the previous position (p - 1 is the parent of p iff ``kv_end[p - 1] > p``).
+The queries of a segment [s, e) see exactly its own keys causally and the
+ancestors of s, all of them (subtrees nest). Here: segment [0, 4) ``h h t t``
+has no ancestors; segment [4, 8) ``r r r r`` sees ancestors [0, 2) ``h h``.
+Each segment is cut into query chunks of ``chunk`` tokens; chunk [a, b) of
+segment [s, e) is a causal square on its own diagonal and a no-mask rectangle
+against its own earlier keys [s, a) (contiguous in the row: a view), and the
+whole segment is one no-mask rectangle against its ancestors (one gather, one
+call, however many chunks)::
 
     segment [4, 8), chunk 2:   rectangle q [4, 8) x k (0 1)         (its ancestors)
                                diagonal  q [4, 6) x k [4, 6) causal
@@ -48,6 +49,7 @@ import numpy as np
 
 from onepass.attention.blocks import as_kv_end_BL
 from onepass.attention.window import check_window, window_start
+from onepass.geometry import check_tree, segment_starts
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -138,34 +140,19 @@ def segment_plan(kv_end: Any, *, chunk: int = 128, position_ids: Any = None,
     kv_T = (kv_end_BL + (np.arange(B) * L)[:, None]).reshape(-1)  # rows become documents of one row
     T = B * L
     pos_T = np.arange(T)
-    is_start_T = np.ones(T, dtype=bool)
-    is_start_T[1:] = kv_T[:-1] == pos_T[1:]  # p - 1 is a leaf: p starts a new chain
-    if (kv_T[1:] > kv_T[:-1])[~is_start_T[1:]].any():
-        raise ValueError("kv_end does not describe a tree: a node's subtree ends after its parent's")
-    start_S = np.flatnonzero(is_start_T)
+    parent_T = check_tree(kv_end_BL).reshape(-1)  # ValueError unless subtrees nest: the plan relies on it
+    start_S = np.flatnonzero(segment_starts(kv_T))
     stop_S = np.append(start_S[1:], T)
-    covered_T = np.zeros(T, dtype=bool)  # some earlier node's subtree holds p: p has a parent
-    covered_T[1:] = np.maximum.accumulate(kv_T)[:-1] > pos_T[1:]
 
+    # the ancestors of segment i: those of the segment j holding the parent a of its first node, then
+    # j's nodes up to a (a segment is a path); j comes before i
     ancestors: dict[int, np.ndarray] = {}
-    stack: list[int] = []
-    neg_kv_T = -kv_T  # non-decreasing along a chain: searchsorted finds the attach point
-    busy = np.flatnonzero(covered_T[start_S] | (kv_T[start_S] > stop_S))  # the rest: no parent, no child
-    for i in busy.tolist():
-        s = int(start_S[i])
-        while stack and kv_T[start_S[stack[-1]]] <= s:
-            stack.pop()
-        if covered_T[s]:
-            if not stack:
-                raise ValueError(f"kv_end does not describe a tree: position {s} is covered by no chain")
-            j = stack[-1]
-            sj, ej = int(start_S[j]), int(stop_S[j])
-            a = sj + int(np.searchsorted(neg_kv_T[sj:ej], -s, side="left")) - 1  # last node of j holding s
-            if kv_T[s] > kv_T[a]:
-                raise ValueError(f"kv_end does not describe a tree: the subtree of {s} ends after its parent's")
-            ancestors[i] = np.concatenate([ancestors.get(j, pos_T[:0]), np.arange(sj, a + 1)])
-        if kv_T[s] > stop_S[i]:
-            stack.append(i)
+    up_S = parent_T[start_S]
+    held = np.flatnonzero(up_S >= 0)
+    up_S[held] += start_S[held] // L * L  # row coordinates to flat ones
+    holder = np.searchsorted(start_S, up_S[held], "right") - 1
+    for i, a, j in zip(held.tolist(), up_S[held].tolist(), holder.tolist()):
+        ancestors[i] = np.concatenate([ancestors.get(j, pos_T[:0]), np.arange(start_S[j], a + 1)])
 
     S = len(start_S)
     num_anc_S = np.zeros(S, dtype=np.int64)

@@ -24,7 +24,7 @@ root when q is shallower). Worked example (the tree of
     5  t2    3   7       3      3  (r1': depth 1)
     6  r2    4   7       4      4  (h2: depth 2)
 
-Numpy only, O(L log L) per row.
+Depths and ancestors are :mod:`onepass.geometry`'s. Numpy only, O(L log L) per row.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from onepass.geometry import ancestor_at, depths
 
 
 def check_window(window: Any) -> int:
@@ -53,14 +55,6 @@ def as_positions_BL(position_ids: Any, shape: tuple[int, int]) -> np.ndarray:
     return pos.reshape(shape)
 
 
-def tree_depth(kv_end_BL: np.ndarray) -> np.ndarray:
-    """Depth of every node, ``[B, L]``: its proper ancestors ``#{j < p : kv_end[j] > p}``, which is
-    ``p - #{j : kv_end[j] <= p}`` (subtrees nest; O(L log L))."""
-    kv_end_BL = np.asarray(kv_end_BL, dtype=np.int64).reshape(-1, np.shape(kv_end_BL)[-1])
-    pos_L = np.arange(kv_end_BL.shape[1])
-    return np.stack([pos_L - np.searchsorted(np.sort(row), pos_L, side="right") for row in kv_end_BL])
-
-
 def window_start(kv_end_BL: Any, position_ids: Any, window: int) -> np.ndarray:
     """``[B, L]``: the first key each query sees through a sliding ``window`` (``kv_end`` [L] or [B, L]).
 
@@ -71,7 +65,7 @@ def window_start(kv_end_BL: Any, position_ids: Any, window: int) -> np.ndarray:
     kv_end_BL = np.asarray(kv_end_BL, dtype=np.int64).reshape(-1, np.shape(kv_end_BL)[-1])
     B, L = kv_end_BL.shape
     pos_BL = as_positions_BL(position_ids, (B, L))
-    depth_BL = tree_depth(kv_end_BL)
+    depth_BL = depths(kv_end_BL)
     offset_BL = pos_BL - depth_BL
     bad_BL = np.zeros((B, L), dtype=bool)  # a node that is not a root sits one position after its parent
     bad_BL[:, 1:] = (depth_BL[:, 1:] > 0) & (offset_BL[:, 1:] != offset_BL[:, :-1])
@@ -79,11 +73,4 @@ def window_start(kv_end_BL: Any, position_ids: Any, window: int) -> np.ndarray:
         b, p = np.argwhere(bad_BL)[0]
         raise ValueError(f"position_ids[{b}, {p}] = {pos_BL[b, p]} is not its parent's + 1: a sliding window "
                          "over a tree needs position ids that count the depth (as onepass layouts do)")
-    out_BL = np.empty_like(kv_end_BL)
-    idx_L = np.arange(L)
-    for b in range(B):  # the ancestor of q at depth d is the last node p <= q of depth d (DFS order)
-        key_L = depth_BL[b] * (L + 1) + idx_L
-        order_L = np.argsort(key_L, kind="stable")
-        target_L = np.maximum(depth_BL[b] - window + 1, 0) * (L + 1) + idx_L
-        out_BL[b] = order_L[np.searchsorted(key_L[order_L], target_L, side="right") - 1]
-    return out_BL
+    return ancestor_at(kv_end_BL, np.maximum(depth_BL - window + 1, 0), node_depths=depth_BL)

@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
+from onepass.geometry import leaf_paths
 from onepass.mixers.tree import tree_kwargs
 from onepass.guard.twin import layer_types
 from onepass.model_config import text_config
@@ -51,19 +51,6 @@ def mixer_name(layer: torch.nn.Module) -> str:
     mixers = [type(c).__name__ for n, c in children if not any(s in n.lower() for s in _NOT_MIXERS)]
     others = [type(c).__name__ for n, c in children if "norm" not in n.lower()]
     return (mixers or others or [type(layer).__name__])[0]
-
-
-def _leaf_paths(kv_end: np.ndarray) -> list[np.ndarray]:
-    """Root-to-leaf node paths of a tree row: the keys visible to each leaf (k <= q < kv_end[k]).
-
-        p       0  1  2  3  4
-        kv_end  5  3  3  5  5      leaves 2 and 4 (kv_end = p + 1): paths [0 1 2] and [0 3 4]
-
-    >>> [p.tolist() for p in _leaf_paths(np.array([5, 3, 3, 5, 5]))]
-    [[0, 1, 2], [0, 3, 4]]
-    """
-    nodes = np.arange(len(kv_end))
-    return [nodes[(nodes <= q) & (kv_end > q)] for q in nodes if kv_end[q] == q + 1]
 
 
 def _tree_mask(model: Any, batch: dict[str, torch.Tensor]) -> Any:
@@ -101,7 +88,7 @@ def layer_differences(model: Any, conversations: Sequence[Sequence[View]]) -> li
                           attention_mask=_tree_mask(model, batch), logits_to_keep=1, use_cache=False,
                           **tree_kwargs(model, batch["kv_end"]))  # recurrent layers on the tree
                     tree = dict(seen)
-                    for path in _leaf_paths(layout.kv_end):
+                    for path in leaf_paths(layout.kv_end):  # each N-pass sequence of the row
                         ids = torch.as_tensor(layout.input_ids[path], device=device).long()[None]
                         model(input_ids=ids, logits_to_keep=1, use_cache=False)
                         for i, ref in seen.items():

@@ -4,7 +4,7 @@ Why this module exists: in a one-pass row a recurrent layer that scans the row
 left to right would carry one view's tokens into another's. Here every
 recurrent mixer (found by :func:`onepass.couplings.recurrent_mixer`: a module
 whose forward reads conv / recurrent states from its cache argument) runs its *own* forward chain by chain
-(:mod:`onepass.mixers.chains`), given a small cache object that holds the
+(:mod:`onepass.geometry`), given a small cache object that holds the
 parent chain's end states: the conv state (the last inputs of the causal
 convolution, fewer at the start of a path, which the convolution's zero padding
 makes equal) and the recurrent state (SSM / delta-rule matrix). That is the
@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from onepass.couplings import check_cache_api, recurrent_mixer
-from onepass.mixers.chains import Chain, batch_chains
+from onepass.geometry import Chain, batch_chains
 
 PLAN_KWARG = "onepass_chains"
 # The mixers with a float64 equivalence test (tests/mixers/test_hybrids.py), for the docs: which modules
