@@ -184,3 +184,28 @@ def test_rows_given_as_they_are_are_guarded_on_the_bundled_pair(trainer_for, qwe
     with caplog.at_level(logging.INFO, logger="onepass"):
         assert trainer.check_exactness().ok
     assert "the bundled MathChat pair" in caplog.text
+
+
+@pytest.mark.parametrize("schedule,checked", [("n-pass", False), ("one-pass", True)])
+def test_rows_given_as_they_are_are_read_for_shared_prefixes(trainer_for, qwen3_tokenizer, monkeypatch, schedule,
+                                                            checked):
+    """N-pass rows made by conversation_dataset (no guard inputs come with them) share no prefix: nothing to
+    check, so a model the guard would refuse (a mixer onepass cannot lay out) still trains on them; one-pass
+    rows given the same way are guarded."""
+    import onepass.mixers.tree
+    from onepass.conversation import parse_record
+    from onepass.guard import InexactModelError
+    from onepass.tiny import tiny_model
+    from onepass.train.hf_data import conversation_dataset
+
+    monkeypatch.setattr(onepass.mixers.tree, "recurrent_mixer", lambda cls: None)
+    rows = conversation_dataset([parse_record(r) for r in synthetic_conversations(2)], qwen3_tokenizer,
+                                schedule=schedule)
+    trainer = trainer_for(rows)
+    trainer.model = tiny_model("lfm2", len(qwen3_tokenizer), attn_implementation="sdpa")
+    if checked:
+        with pytest.raises(InexactModelError, match="not exact for Lfm2ForCausalLM"):
+            trainer.check_exactness()
+    else:
+        assert trainer.check_exactness() == {"checked": False,
+                                             "why": "no row shares a prefix between views (n-pass rows)"}

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onepass.geometry import (ancestor_at, ancestor_at_reference, batch_chains, chains_reference, check_tree, depths,
+from onepass.geometry import (ancestor_at, ancestor_at_reference, batch_chains, branches, branches_reference, chains_reference, check_tree, depths,
                               depths_reference, is_tree, is_tree_reference, leaf_paths, leaf_paths_reference, parents,
                               parents_reference, row_chains, segment_starts, segments_reference, tree_breaks)
 from strategies import DOC_EXAMPLE, SCATTERED, batch_strategy, layout_st
@@ -20,6 +20,7 @@ def test_the_docstring_tree_by_eye():
     assert segments_reference(SCATTERED) == [(0, 3), (3, 5), (5, 6), (6, 7)]
     assert [p.tolist() for p in leaf_paths(SCATTERED)] == [[0, 1, 2], [0, 1, 3, 4], [0, 1, 3, 5], [0, 1, 6]]
     assert segments_reference(DOC_EXAMPLE) == [(0, 4), (4, 8)]
+    assert branches(SCATTERED) and not branches([3, 3, 3, 5, 5, 6])  # two views and a pad side by side
 
 
 @settings(max_examples=150, deadline=None)
@@ -39,6 +40,8 @@ def test_depths_parents_and_ancestors_equal_the_reference(kv_end_BL):
         starts = np.flatnonzero(segment_starts(kv_end)).tolist()
         assert starts == [s for s, _ in segments_reference(kv_end)]
         assert chains_B[b] == row_chains(kv_end) == chains_reference(kv_end)
+        assert branches(kv_end) == branches_reference(kv_end)
+    assert branches(kv_end_BL) == any(branches_reference(kv_end) for kv_end in kv_end_BL)
 
 
 def arbitrary_kv_end():

@@ -253,6 +253,26 @@ def parents_reference(kv_end: ArrayLike) -> np.ndarray:
     return out
 
 
+def branches(kv_end: ArrayLike) -> bool:
+    """Does some node have two or more children (a prefix shared by views)? Its first child p + 1 then
+    ends its own subtree before the node's: ``p + 1 < kv_end[p]`` and ``kv_end[p + 1] < kv_end[p]``.
+    Rows without (N-pass rows, one or several views each) are plain sequences side by side.
+
+        >>> branches([7, 7, 3, 6, 5, 6, 7]), branches([3, 3, 3, 5, 5])    # SCATTERED; two chains
+        (True, False)
+    """
+    flat = _flat(_as_kv_end(kv_end))
+    p = np.arange(len(flat) - 1)
+    return bool(np.any((flat[:-1] > p + 1) & (flat[1:] < flat[:-1])))
+
+
+def branches_reference(kv_end: ArrayLike) -> bool:
+    """The literal rule ([L] only): some parent (:func:`parents_reference`) occurs twice."""
+    parent = parents_reference(kv_end)
+    parent = parent[parent >= 0]
+    return len(np.unique(parent)) < len(parent)
+
+
 def is_leaf(kv_end: ArrayLike) -> np.ndarray:
     """Bool, like ``kv_end``: the nodes whose subtree is themselves (``kv_end[p] == p + 1``)."""
     kv_end = _as_kv_end(kv_end)

@@ -221,6 +221,9 @@ class OnePassTrainer(Trainer):
         if inputs is not None and inputs.schedule.kind == "n-pass":  # one view per row: nothing to check
             self.exactness = {"checked": False, "why": "n-pass rows are each one plain sequence"}
             return self.exactness
+        if inputs is None and _shares_no_prefix(self.train_dataset):  # rows given as they are, read from the rows
+            self.exactness = {"checked": False, "why": "no row shares a prefix between views (n-pass rows)"}
+            return self.exactness
         convs = self.exactness_conversations or (inputs.conversations if inputs is not None else ())
         tokenizer = inputs.tokenizer if inputs is not None else self.processing_class
         render = inputs.render if inputs is not None else None
@@ -329,3 +332,17 @@ class OnePassTrainer(Trainer):
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
+
+
+def _shares_no_prefix(dataset: Any, batch: int = 1024) -> bool:
+    """No tree node of any row has two children (:func:`onepass.geometry.branches`): every view in the
+    rows is its own sequence (N-pass rows, one or several per row), so the one-pass rule is not in play.
+    False for a dataset without a ``kv_end`` column (not rows: the guard decides)."""
+    from onepass.geometry import branches
+
+    if "kv_end" not in getattr(dataset, "column_names", ()):
+        return False
+    for start in range(0, len(dataset), batch):
+        if any(branches(kv_end) for kv_end in dataset[start:start + batch]["kv_end"]):
+            return False
+    return True
