@@ -70,7 +70,7 @@ class PrepareStats:
     boundary_merge_views: int = 0  # prompt|completion tokenized apart differs from tokenized whole
     turns_not_trained: int = 0  # assistant turns the record marks not to train (OpenAI "weight": 0): context only
     tool_arguments_parsed: int = 0  # JSON-string tool-call arguments parsed for a template that needs a dict
-    conversions: dict[str, int] = field(default_factory=dict)  # records read by a conversion (conversation.CONVERSIONS)
+    conversions: dict[str, int] = field(default_factory=dict)  # records read by a conversion (record_schemas.CONVERSIONS)
     n_pass_tokens: int = 0  # sum of view lengths
     one_pass_tokens: int = 0  # one tree per conversation
     scheduled_tokens: int = 0  # tokens of this schedule's trees

@@ -14,7 +14,6 @@ Specs understood by :func:`load_tokenizer`:
 
 from __future__ import annotations
 
-import os
 from importlib import resources
 from pathlib import Path
 from typing import Any

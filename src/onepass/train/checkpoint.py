@@ -193,10 +193,6 @@ def is_sharded(accelerator: Any) -> bool:
 def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, *, output_dir: str | Path,
                     step: int, state: dict[str, Any], keep: int | None) -> Path:
     """Write the checkpoint of ``step`` on every process (collective); returns its directory."""
-    from safetensors.torch import save_file
-
-    from onepass.train.model import trainable_state
-
     final = checkpoint_dir(output_dir, step)
     tmp = temp_sibling(final, per_process=False)  # every rank writes into it
     try:

@@ -38,7 +38,7 @@ from onepass.errors import DataError
 from onepass.flops import token_ratio
 from onepass.pack import pack_layouts
 from onepass.data_config import DataConfig
-from onepass.prepare import PrepareStats, load_rows, prepare
+from onepass.prepare import PrepareStats, load_rows
 from onepass.row_check import check_rows
 from onepass.train.config import TrainConfig, TrainConfigError
 from onepass.tree import Layout, row_from_columns
