@@ -104,18 +104,18 @@ def test_a_non_finite_loss_stops_with_the_last_good_checkpoint(tmp_path, monkeyp
     last checkpoint is step 1's and holds finite weights, metrics.json does not say "finished"."""
     from safetensors.torch import load_file
 
-    import onepass.train.loop as loop
+    import onepass.train.step as step
     from onepass.train.checkpoint import list_checkpoints
 
     calls = {"n": 0}
-    real = loop.batch_loss
+    real = step.batch_loss
 
     def poisoned(view, batch):
         calls["n"] += 1
         loss = real(view, batch)
         return loss * float("nan") if calls["n"] == 2 else loss
 
-    monkeypatch.setattr(loop, "batch_loss", poisoned)
+    monkeypatch.setattr(step, "batch_loss", poisoned)
     with pytest.raises(OnePassError, match="step 2: the loss is nan"):
         _train(tmp_path, "builtin:mathchat", limit=4, max_steps=3, per_device_train_batch_size=1)
     out = tmp_path / "run"

@@ -14,13 +14,16 @@ import numpy as np
 import pytest
 import torch
 
-from onepass.train.loop import _micro_passes, eval_loss, train, train_steps
+from onepass.train.evaluation import eval_loss
+from onepass.train.loop import train, train_steps
 from onepass.train.config import load_config
 from onepass.train.data import (
     TrainData,
     epoch_order,
+    eval_passes,
     forward_groups,
     rank_slots,
+    step_passes,
     step_units,
     units_per_step,
 )
@@ -192,9 +195,9 @@ def test_forward_groups_respect_the_padded_token_budget():
 def test_a_rank_without_data_runs_a_zero_weight_row():
     data = TrainData(units=[[_row(4)]], kind="row", source="x", stats={})
     config = load_config(None, dict(tiny="qwen3", data="x", per_device_train_batch_size=1))
-    passes, real = _micro_passes(data, np.array([0]), config, rank=1, world=2)
+    passes, real = step_passes(data, np.array([0]), config, rank=1, world=2)
     assert real == 0 and len(passes) == 1 and passes[0][0].weights.sum() == 0
-    passes, real = _micro_passes(data, np.array([0]), config, rank=0, world=2)
+    passes, real = step_passes(data, np.array([0]), config, rank=0, world=2)
     assert real == 1 and passes[0][0] is data.units[0][0]
 
 
@@ -202,10 +205,20 @@ def test_sharded_ranks_run_as_many_passes_as_the_busiest():
     """FSDP gathers parameters in every forward: every process must run the same number of them."""
     data = TrainData(units=[[_row(4), _row(5), _row(6)], [_row(3)]], kind="conversation", source="x", stats={})
     config = load_config(None, dict(tiny="qwen3", data="x", per_device_train_batch_size=1, max_batch_tokens=4))
-    busy, real_busy = _micro_passes(data, np.array([0, 1]), config, rank=0, world=2, even=True)
-    idle, real_idle = _micro_passes(data, np.array([0, 1]), config, rank=1, world=2, even=True)
+    busy, real_busy = step_passes(data, np.array([0, 1]), config, rank=0, world=2, even=True)
+    idle, real_idle = step_passes(data, np.array([0, 1]), config, rank=1, world=2, even=True)
     assert len(busy) == len(idle) == 3 and (real_busy, real_idle) == (3, 1)
     assert all(p[0].weights.sum() == 0 for p in idle[1:])
+
+
+def test_eval_takes_every_world_th_unit_and_pads_only_sharded_ranks():
+    data = TrainData(units=[[_row(4), _row(5)], [_row(3)], [_row(6)]], kind="conversation", source="x", stats={})
+    config = load_config(None, dict(tiny="qwen3", data="x", per_device_train_batch_size=1, max_batch_tokens=6))
+    rank0, rank1 = (eval_passes(data, config, rank=r, world=2) for r in (0, 1))
+    assert sorted(len(r) for p in rank0 for r in p) == [4, 5, 6] and [len(r) for p in rank1 for r in p] == [3]
+    assert len(rank1) == 1  # a forward of the unwrapped model joins no collective: nothing to even out
+    even = eval_passes(data, config, rank=1, world=2, even=True)
+    assert len(even) == len(rank0) == 3 and all(p[0].weights.sum() == 0 for p in even[1:])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,7 +241,7 @@ def test_resume_from_a_checkpoint_continues_the_identical_losses(tmp_path, chats
 
 
 def test_a_crash_leaves_a_checkpoint_to_resume_from(tmp_path, chats, monkeypatch):
-    import onepass.train.loop as tr
+    import onepass.train.step as tr
 
     common = dict(data=str(chats), max_steps=5)
     ref = run(tmp_path, "ref", **common)

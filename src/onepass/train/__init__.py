@@ -1,9 +1,11 @@
 """Training: the accelerate loop (``onepass train``) and the ``transformers.Trainer`` subclass.
 
     config.py       TrainConfig: every knob of a run, from YAML and flags
-    data.py         units (conversations or prepared rows), the order of steps, micro-batches
+    data.py         units (conversations or prepared rows), the order of steps, micro-batches, passes
     model.py        model, tokenizer, LoRA/QLoRA, attention backend
-    loop.py         the loop: exact N-pass-equivalent steps, eval, checkpoints (``train``, ``eval_loss``)
+    step.py         one optimizer step equal to the N-pass step (the loss normaliser over processes)
+    evaluation.py   the held-out loss, in a run or for any model (``eval_loss``)
+    loop.py         the run around the steps: load, resume, eval and save on schedule, stop (``train``)
     checkpoint.py   atomic checkpoints and exact resume
     report.py       metrics.json, trackers (tensorboard, wandb, ... through accelerate), the loss plot
     hf_trainer.py   OnePassTrainer: takes what TRL's SFTTrainer takes (HF Trainer, DeepSpeed, FSDP)
@@ -13,7 +15,8 @@
 
 from typing import Any
 
-from onepass.train.loop import eval_loss, train
+from onepass.train.evaluation import eval_loss
+from onepass.train.loop import train
 
 __all__ = ["OnePassConfig", "OnePassTrainer", "eval_loss", "train"]
 

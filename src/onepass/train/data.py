@@ -11,8 +11,10 @@ by :func:`onepass.data.load.resolve_data`, as for every other command. An
 epoch is a seeded shuffle of the units; a step takes the next
 ``batch_size * grad_accum * world`` of them; slot ``s = micro * world + rank``
 takes ``batch_size`` units; the rows of a slot are its units' trees, packed
-into rows of ``max_tokens`` when asked. Every unit lands on exactly one rank,
-and the order depends only on (seed, epoch), so a resumed run recomputes it.
+into rows of ``max_tokens`` when asked, then grouped into forward passes of
+at most ``max_batch_tokens`` padded tokens (:func:`step_passes`; for held-out
+data :func:`eval_passes`). Every unit lands on exactly one rank, and the
+order depends only on (seed, epoch), so a resumed run recomputes it.
 
 Example: 5 conversations, batch_size 1, grad_accum 2, 1 process, shuffle
 [3 0 4 1 2] -> steps [[3 0] [4 1] [2]]; step 0 = micro-batch 0 holds
@@ -241,3 +243,55 @@ def collate(rows: Sequence[Layout], device: Any) -> dict[str, Any]:
     from onepass.loss import layouts_to_batch
 
     return layouts_to_batch(rows, device=device)
+
+
+# ---------------------------------------------------------------------------------------------
+# a rank's forward passes
+
+
+def _rank_passes(data: TrainData, units: Sequence[int], config: TrainConfig, *, rank: int, world: int
+                 ) -> list[list[Layout]]:
+    """Forward passes (lists of rows) of ``rank`` for the step holding ``units``."""
+    passes: list[list[Layout]] = []
+    for slot in rank_slots(units, rank=rank, world=world, batch_size=config.per_device_train_batch_size,
+                           grad_accum=config.gradient_accumulation_steps):
+        rows = micro_batch_rows(data, slot, pack=config.data_config.pack, max_tokens=config.data_config.max_tokens)
+        passes.extend(forward_groups(rows, config.max_batch_tokens))
+    return passes
+
+
+def step_passes(data: TrainData, units: Sequence[int], config: TrainConfig, *, rank: int, world: int,
+                even: bool = False) -> tuple[list[list[Layout]], int]:
+    """This rank's forward passes for one step, and how many of them hold data (they come first).
+
+    A rank without data (the last step of an epoch) runs one zero-weight row, so every
+    process joins the gradient all-reduce. ``even`` (FSDP / DeepSpeed, which gather
+    parameters in every forward): every rank runs as many passes as the busiest one.
+    """
+    passes = _rank_passes(data, units, config, rank=rank, world=world)
+    most = max(len(_rank_passes(data, units, config, rank=r, world=world)) for r in range(world)) if even else 1
+    return passes + [[empty_row()] for _ in range(most - len(passes))], len(passes)
+
+
+def eval_passes(data: TrainData, config: TrainConfig, *, rank: int, world: int, even: bool = False
+                ) -> list[list[Layout]]:
+    """This rank's forward passes over the whole of ``data``: every world-th unit, in micro-batches.
+
+    No step, so no zero-weight row for a rank without data (a forward of an unwrapped model
+    joins no collective); ``even`` (sharded models, which gather parameters in every forward):
+    zero-weight rows up to the busiest rank's number of passes.
+    """
+    def passes(r: int) -> list[list[Layout]]:
+        mine = list(range(r, data.num_units, world))
+        out: list[list[Layout]] = []
+        for start in range(0, len(mine), config.per_device_train_batch_size):
+            rows = micro_batch_rows(data, mine[start:start + config.per_device_train_batch_size],
+                                    pack=config.data_config.pack,
+                                    max_tokens=config.data_config.max_tokens)
+            out.extend(forward_groups(rows, config.max_batch_tokens))
+        return out
+
+    todo = passes(rank)
+    if even:
+        todo += [[empty_row()]] * (max(len(passes(r)) for r in range(world)) - len(todo))
+    return todo

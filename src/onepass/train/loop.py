@@ -1,26 +1,19 @@
 """Fine-tune a HF causal LM on one-pass rows: an accelerate loop whose steps equal N-pass steps.
 
-Why this module exists: the one-pass loss equals the N-pass loss for a set of
-conversations (:mod:`onepass.loss`), so a training run is equivalent when each
-optimizer step (1) covers the same conversations and (2) divides the summed
-weighted cross entropy by the same number. (1) is the data order of
-:mod:`onepass.train.data`; (2) is the *global* sum of target weights of the
-step, over every micro-batch and every process (for token weighting: the
-N-pass number of trained tokens). Each process adds ``loss_sum * world / W``
-to its gradients, because DDP averages gradients over processes:
-
-    grad = (1/world) * sum_ranks d(loss_sum_r * world / W) = d(sum_r loss_sum_r) / W
-
-So ``schedule: one-pass`` and ``schedule: n-pass`` with one seed take the same
-steps (tests: 20 float64 steps, same loss at every step, same final weights),
-and 2 processes equal 1 process on the same global batch.
+Why this module exists: a run is more than its steps. Each optimizer step
+equals the N-pass step (:mod:`onepass.train.step` says why); around the steps
+this module loads the data and the model, resumes from a checkpoint, evaluates
+(:mod:`onepass.train.evaluation`) and saves on schedule, reports
+(:mod:`onepass.train.report`), and stops so that the run can go on: Ctrl-C or
+SIGTERM saves a checkpoint to resume from, a non-finite step stops before its
+update with the last good step saved.
 
 A plain loop over :class:`accelerate.Accelerator` rather than a Trainer
 subclass: the step is a set of conversations whose row count varies by
 schedule, which a Trainer's row-based sampler and loss scaling would fight.
 accelerate still gives DDP / FSDP from ``accelerate launch`` (and torchrun),
-bf16 autocast and the device; everything else (accumulation, normalisation,
-checkpoints, resume) is here in plain sight.
+bf16 autocast and the device; everything else (accumulation and
+normalisation in the step, checkpoints, resume here) is in plain sight.
 
     >>> from onepass.train.loop import train
     >>> from onepass.train.config import load_config
@@ -32,12 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import shutil
 import signal
 import threading
-import time
 import uuid
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -47,30 +38,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from onepass.errors import OnePassError
-from onepass.flops import visible_pairs
-from onepass.loss import ForwardView, batch_loss
 from onepass.train.config import TrainConfig, TrainConfigError, write_yaml
+from onepass.train.data import TrainData, check_data, compact_vocab, load_train_data, total_steps
+from onepass.train.evaluation import evaluate
 from onepass.train.fingerprint import check_fingerprint, run_fingerprint
-from onepass.train.data import (
-    TrainData,
-    check_data,
-    collate,
-    compact_vocab,
-    empty_row,
-    forward_groups,
-    load_train_data,
-    micro_batch_rows,
-    rank_slots,
-    step_units,
-    total_steps,
-    units_per_step,
-)
-from onepass.tree import Layout
-
-
-class NonFiniteError(OnePassError):
-    """A step whose loss or gradient is NaN or infinite: training stops before it changes the weights."""
+from onepass.train.step import NonFiniteError, Stepper
 
 
 class Terminated(KeyboardInterrupt):
@@ -123,84 +95,6 @@ def make_accelerator(config: TrainConfig, device: torch.device, log_with: Sequen
                                         **tracking)
 
 
-def _rank_passes(data: TrainData, units: Sequence[int], config: TrainConfig, *, rank: int, world: int
-                 ) -> list[list[Layout]]:
-    """Forward passes (lists of rows) of ``rank`` for the step holding ``units``."""
-    passes: list[list[Layout]] = []
-    for slot in rank_slots(units, rank=rank, world=world, batch_size=config.per_device_train_batch_size,
-                           grad_accum=config.gradient_accumulation_steps):
-        rows = micro_batch_rows(data, slot, pack=config.data_config.pack, max_tokens=config.data_config.max_tokens)
-        passes.extend(forward_groups(rows, config.max_batch_tokens))
-    return passes
-
-
-def _micro_passes(data: TrainData, units: Sequence[int], config: TrainConfig, *, rank: int, world: int,
-                  even: bool = False) -> tuple[list[list[Layout]], int]:
-    """This rank's forward passes for one step, and how many of them hold data (they come first).
-
-    A rank without data (the last step of an epoch) runs one zero-weight row, so every
-    process joins the gradient all-reduce. ``even`` (FSDP / DeepSpeed, which gather
-    parameters in every forward): every rank runs as many passes as the busiest one.
-    """
-    passes = _rank_passes(data, units, config, rank=rank, world=world)
-    most = max(len(_rank_passes(data, units, config, rank=r, world=world)) for r in range(world)) if even else 1
-    return passes + [[empty_row()] for _ in range(most - len(passes))], len(passes)
-
-
-def evaluate(accelerator: Any, model: Any, data: TrainData, config: TrainConfig) -> float:
-    """Weighted mean loss of ``data``: every process takes every world-th unit; sums are reduced.
-
-    Under DDP the unwrapped module runs (a DDP forward may broadcast buffers, a collective
-    that processes with different numbers of passes would not match); sharded models run
-    wrapped, with every process padded to the same number of passes.
-    """
-    from onepass.train.checkpoint import is_sharded
-
-    world, rank, sharded = accelerator.num_processes, accelerator.process_index, is_sharded(accelerator)
-    unwrapped = accelerator.unwrap_model(model)
-    view = ForwardView(model if sharded else unwrapped, unwrapped)
-
-    def passes(r: int) -> list[list[Layout]]:
-        mine = list(range(r, data.num_units, world))
-        out: list[list[Layout]] = []
-        for start in range(0, len(mine), config.per_device_train_batch_size):
-            rows = micro_batch_rows(data, mine[start:start + config.per_device_train_batch_size],
-                                    pack=config.data_config.pack,
-                                    max_tokens=config.data_config.max_tokens)
-            out.extend(forward_groups(rows, config.max_batch_tokens))
-        return out
-
-    todo = passes(rank)
-    if sharded:
-        todo += [[empty_row()]] * (max(len(passes(r)) for r in range(world)) - len(todo))
-    was_training = unwrapped.training
-    unwrapped.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
-    with torch.no_grad():
-        for group in todo:
-            batch = collate(group, accelerator.device)
-            total[0] += batch_loss(view, batch).double()
-            total[1] += batch["weights"].sum()
-    total = accelerator.reduce(total, reduction="sum")
-    unwrapped.train(was_training)
-    return float(total[0] / total[1]) if total[1] > 0 else float("nan")
-
-
-def eval_loss(model: Any, rows: Sequence[Layout], *, batch_size: int = 1) -> float:
-    """Weighted mean loss of ``rows`` for any HF causal LM (or peft model), one process, no grad."""
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    num, den = 0.0, 0.0
-    with torch.no_grad():
-        for start in range(0, len(rows), batch_size):
-            batch = collate(rows[start:start + batch_size], device)
-            num += float(batch_loss(model, batch))
-            den += float(batch["weights"].sum())
-    model.train(was_training)
-    return num / den
-
-
 @dataclass(frozen=True, kw_only=True)
 class _Loaded:
     data: TrainData
@@ -246,70 +140,14 @@ def _check_ids(model: Any, *datas: TrainData | None) -> None:
             check_ids([x for u in d.units for x in u], vocab, source=f"prepared dataset {d.source}")
 
 
-class _Stepper:
-    """One optimizer step: this process's passes, scaled backward, clip, update, reduced metrics."""
-
-    def __init__(self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any, data: TrainData,
-                 config: TrainConfig) -> None:
-        from onepass.train.checkpoint import is_sharded
-
-        self.accelerator, self.model, self.optimizer, self.scheduler = accelerator, model, optimizer, scheduler
-        self.data, self.config = data, config
-        self.view = ForwardView(model, accelerator.unwrap_model(model))
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.world, self.rank = accelerator.num_processes, accelerator.process_index
-        self.per_step = units_per_step(config, self.world)
-        self.even = is_sharded(accelerator)
-        self.updating = False  # True inside the parameter update: no checkpoint may be taken then
-
-    def __call__(self, step: int) -> dict[str, Any]:
-        """Run step ``step`` (0-based); returns its record (``step`` in the record counts from 1)."""
-        acc, config, data, device = self.accelerator, self.config, self.data, self.accelerator.device
-        t0 = time.perf_counter()
-        units = step_units(data.num_units, step, seed=config.seed, per_step=self.per_step)
-        weight = data.weight_sum(units)  # the same on every process: all hold the whole unit list
-        scale = self.world / weight if weight > 0 else 0.0
-        passes, num_real = _micro_passes(data, units, config, rank=self.rank, world=self.world, even=self.even)
-        # loss sum, tokens, padded tokens, attention pairs a dense kernel computes, visible pairs
-        sums = torch.zeros(5, dtype=torch.float64, device=device)
-        for i, rows in enumerate(passes):
-            batch = collate(rows, device)
-            with acc.no_sync(self.model) if i < len(passes) - 1 else contextlib.nullcontext():
-                loss_sum = batch_loss(self.view, batch)
-                acc.backward(loss_sum * scale)
-            sums[0] += loss_sum.detach().double()
-            if i < num_real:
-                B, L = batch["input_ids"].shape
-                sums[1:] += torch.tensor([sum(len(r) for r in rows), B * L, B * L * L,
-                                          sum(visible_pairs(r) for r in rows)], dtype=torch.float64, device=device)
-        self.updating = True
-        grad_norm = acc.clip_grad_norm_(self.params, config.max_grad_norm or float("inf"))
-        if not (math.isfinite(float(grad_norm)) and math.isfinite(float(sums[0]))):
-            self.optimizer.zero_grad(set_to_none=True)  # the weights are still those of the last good step
-            self.updating = False
-            raise NonFiniteError(f"step {step + 1}: the loss is {float(sums[0])} and the gradient norm "
-                                 f"{float(grad_norm)}; the run stops before the update (a checkpoint keeps the "
-                                 "last good step): lower the learning rate or check the data and dtype")
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.updating = False
-        sums = acc.reduce(sums, reduction="sum")
-        seconds = time.perf_counter() - t0
-        return {"step": step + 1, "epoch": (step + 1) * self.per_step / data.num_units,
-                "loss": float(sums[0]) / weight if weight > 0 else 0.0, "grad_norm": float(grad_norm),
-                "lr": self.scheduler.get_last_lr()[0], "target_weight": weight, "tokens": int(sums[1]),
-                "padded_tokens": int(sums[2]), "dense_pairs": int(sums[3]), "visible_pairs": int(sums[4]),
-                "seconds": seconds, "tokens_per_s": float(sums[1]) / seconds if seconds > 0 else 0.0}
-
-
 def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callable[[str], None] | None = None,
           resume_anyway: bool = False) -> TrainResult:
     """Run ``config``; with ``resume`` (True = latest checkpoint, or a checkpoint path) continue a run.
 
     Messages go to ``log`` (default: the ``onepass`` logger at INFO level). SIGTERM stops the run like
     Ctrl-C (a checkpoint to resume from, status "stopped"); a non-finite loss or gradient stops it with
-    :class:`NonFiniteError` before that step's update, keeping a checkpoint of the last good step.
+    :class:`~onepass.train.step.NonFiniteError` before that step's update, keeping a checkpoint of the last
+    good step.
     ``resume_anyway``: resume although settings, data or tokenizer differ from the checkpoint's."""
     steps = train_steps(config, resume=resume, log=log, resume_anyway=resume_anyway)
     while True:
@@ -396,7 +234,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     optimizer = make_optimizer(model, config)
     scheduler = make_scheduler(optimizer, config, total)
     model, optimizer = accelerator.prepare(model, optimizer)
-    stepper = _Stepper(accelerator, model, optimizer, scheduler, data, config)
+    stepper = Stepper(accelerator, model, optimizer, scheduler, data, config)
 
     start, history, evals = 0, [], []
     if ckpt is not None:
@@ -483,5 +321,4 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
                        plot_path=plot, seconds=run_seconds, tokens=run_tokens)
 
 
-__all__ = ["NonFiniteError", "TrainConfig", "TrainConfigError", "TrainResult", "eval_loss", "evaluate", "train",
-           "train_steps"]
+__all__ = ["TrainResult", "train", "train_steps"]

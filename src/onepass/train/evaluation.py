@@ -1,0 +1,71 @@
+"""The held-out loss: the weighted mean the steps optimise, over a whole dataset, without gradients.
+
+Why this module exists: an eval loss is comparable with the training loss, and
+between one-pass and N-pass, only when it is the same quotient: the summed
+weighted cross entropy of every target over the sum of target weights, whatever
+the rows, batches or processes (:func:`onepass.loss.batch_loss` gives the sum of
+one forward pass). Two ways in:
+
+- :func:`evaluate`, inside a run (:mod:`onepass.train.loop`): every process takes
+  every world-th unit (:func:`onepass.train.data.eval_passes`), the two sums are
+  reduced over processes;
+- :func:`eval_loss`, for any HF causal LM (or peft model) and prepared rows, one
+  process: a saved adapter reloaded reproduces the run's eval loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from onepass.loss import ForwardView, batch_loss
+from onepass.train.config import TrainConfig
+from onepass.train.data import TrainData, collate, eval_passes
+from onepass.tree import Layout
+
+
+def evaluate(accelerator: Any, model: Any, data: TrainData, config: TrainConfig) -> float:
+    """Weighted mean loss of ``data``: every process takes every world-th unit; sums are reduced.
+
+    Under DDP the unwrapped module runs (a DDP forward may broadcast buffers, a collective
+    that processes with different numbers of passes would not match); sharded models run
+    wrapped, with every process padded to the same number of passes.
+    """
+    from onepass.train.checkpoint import is_sharded
+
+    world, rank, sharded = accelerator.num_processes, accelerator.process_index, is_sharded(accelerator)
+    unwrapped = accelerator.unwrap_model(model)
+    view = ForwardView(model if sharded else unwrapped, unwrapped)
+
+    todo = eval_passes(data, config, rank=rank, world=world, even=sharded)
+    was_training = unwrapped.training
+    unwrapped.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
+    with torch.no_grad():
+        for group in todo:
+            batch = collate(group, accelerator.device)
+            total[0] += batch_loss(view, batch).double()
+            total[1] += batch["weights"].sum()
+    total = accelerator.reduce(total, reduction="sum")
+    unwrapped.train(was_training)
+    return float(total[0] / total[1]) if total[1] > 0 else float("nan")
+
+
+def eval_loss(model: Any, rows: Sequence[Layout], *, batch_size: int = 1) -> float:
+    """Weighted mean loss of ``rows`` for any HF causal LM (or peft model), one process, no grad."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    num, den = 0.0, 0.0
+    with torch.no_grad():
+        for start in range(0, len(rows), batch_size):
+            batch = collate(rows[start:start + batch_size], device)
+            num += float(batch_loss(model, batch))
+            den += float(batch["weights"].sum())
+    model.train(was_training)
+    return num / den
+
+
+__all__ = ["eval_loss", "evaluate"]

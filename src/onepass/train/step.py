@@ -1,0 +1,100 @@
+"""One optimizer step whose update equals the N-pass step's: scaled backward, clip, update.
+
+Why this module exists: the one-pass loss equals the N-pass loss for a set of
+conversations (:mod:`onepass.loss`), so a training run is equivalent when each
+optimizer step (1) covers the same conversations and (2) divides the summed
+weighted cross entropy by the same number. (1) is the data order of
+:mod:`onepass.train.data`; (2) is the *global* sum of target weights of the
+step, over every micro-batch and every process (for token weighting: the
+N-pass number of trained tokens). Each process adds ``loss_sum * world / W``
+to its gradients, because DDP averages gradients over processes:
+
+    grad = (1/world) * sum_ranks d(loss_sum_r * world / W) = d(sum_r loss_sum_r) / W
+
+So ``schedule: one-pass`` and ``schedule: n-pass`` with one seed take the same
+steps (tests: 20 float64 steps, same loss at every step, same final weights),
+and 2 processes equal 1 process on the same global batch. The run around the
+steps (data, resume, checkpoints, reports) is :mod:`onepass.train.loop`.
+
+A step whose loss or gradient is not finite stops before the update
+(:class:`NonFiniteError`): the weights stay those of the last good step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from typing import Any
+
+import torch
+
+from onepass.errors import OnePassError
+from onepass.flops import visible_pairs
+from onepass.loss import ForwardView, batch_loss
+from onepass.train.config import TrainConfig
+from onepass.train.data import TrainData, collate, step_passes, step_units, units_per_step
+
+
+class NonFiniteError(OnePassError):
+    """A step whose loss or gradient is NaN or infinite: training stops before it changes the weights."""
+
+
+class Stepper:
+    """One optimizer step: this process's passes, scaled backward, clip, update, reduced metrics."""
+
+    def __init__(self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any, data: TrainData,
+                 config: TrainConfig) -> None:
+        from onepass.train.checkpoint import is_sharded
+
+        self.accelerator, self.model, self.optimizer, self.scheduler = accelerator, model, optimizer, scheduler
+        self.data, self.config = data, config
+        self.view = ForwardView(model, accelerator.unwrap_model(model))
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.world, self.rank = accelerator.num_processes, accelerator.process_index
+        self.per_step = units_per_step(config, self.world)
+        self.even = is_sharded(accelerator)
+        self.updating = False  # True inside the parameter update: no checkpoint may be taken then
+
+    def __call__(self, step: int) -> dict[str, Any]:
+        """Run step ``step`` (0-based); returns its record (``step`` in the record counts from 1)."""
+        acc, config, data, device = self.accelerator, self.config, self.data, self.accelerator.device
+        t0 = time.perf_counter()
+        units = step_units(data.num_units, step, seed=config.seed, per_step=self.per_step)
+        weight = data.weight_sum(units)  # the same on every process: all hold the whole unit list
+        scale = self.world / weight if weight > 0 else 0.0
+        passes, num_real = step_passes(data, units, config, rank=self.rank, world=self.world, even=self.even)
+        # loss sum, tokens, padded tokens, attention pairs a dense kernel computes, visible pairs
+        sums = torch.zeros(5, dtype=torch.float64, device=device)
+        for i, rows in enumerate(passes):
+            batch = collate(rows, device)
+            with acc.no_sync(self.model) if i < len(passes) - 1 else contextlib.nullcontext():
+                loss_sum = batch_loss(self.view, batch)
+                acc.backward(loss_sum * scale)
+            sums[0] += loss_sum.detach().double()
+            if i < num_real:
+                B, L = batch["input_ids"].shape
+                sums[1:] += torch.tensor([sum(len(r) for r in rows), B * L, B * L * L,
+                                          sum(visible_pairs(r) for r in rows)], dtype=torch.float64, device=device)
+        self.updating = True
+        grad_norm = acc.clip_grad_norm_(self.params, config.max_grad_norm or float("inf"))
+        if not (math.isfinite(float(grad_norm)) and math.isfinite(float(sums[0]))):
+            self.optimizer.zero_grad(set_to_none=True)  # the weights are still those of the last good step
+            self.updating = False
+            raise NonFiniteError(f"step {step + 1}: the loss is {float(sums[0])} and the gradient norm "
+                                 f"{float(grad_norm)}; the run stops before the update (a checkpoint keeps the "
+                                 "last good step): lower the learning rate or check the data and dtype")
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.updating = False
+        sums = acc.reduce(sums, reduction="sum")
+        seconds = time.perf_counter() - t0
+        return {"step": step + 1, "epoch": (step + 1) * self.per_step / data.num_units,
+                "loss": float(sums[0]) / weight if weight > 0 else 0.0, "grad_norm": float(grad_norm),
+                "lr": self.scheduler.get_last_lr()[0], "target_weight": weight, "tokens": int(sums[1]),
+                "padded_tokens": int(sums[2]), "dense_pairs": int(sums[3]), "visible_pairs": int(sums[4]),
+                "seconds": seconds, "tokens_per_s": float(sums[1]) / seconds if seconds > 0 else 0.0}
+
+
+__all__ = ["NonFiniteError", "Stepper"]
