@@ -19,7 +19,7 @@ import torch
 
 import onepass.attention.backends as backends
 from onepass.attention import BackendError, layer_windows, supported_backend
-from onepass.attention.cpu import CpuAttentionError
+from onepass.attention.cpu_tiles import CpuAttentionError
 from onepass.attention.cpu import register as register_onepass_cpu
 from onepass.conversation import Conversation, Message
 from onepass.data.mathchat import load_sample

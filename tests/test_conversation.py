@@ -19,6 +19,7 @@ from onepass.conversation import (
     split_inline_reasoning,
 )
 from onepass.record_schemas import REASONING_KEYS
+from onepass.template_messages import message_dict, template_messages, template_tools
 
 
 def U(content):
@@ -168,8 +169,8 @@ def test_tools_list_is_kept():
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     c = one({"tools": [tool], "messages": [U("q"), A("a")]})
     assert c.tools == (tool,)
-    assert c.template_tools() == [tool]
-    assert one({"messages": [U("q"), A("a")]}).template_tools() is None
+    assert template_tools(c) == [tool]
+    assert template_tools(one({"messages": [U("q"), A("a")]})) is None
     assert one({"tools": json.dumps([tool]), "messages": [U("q"), A("a")]}).tools == (tool,)
 
 
@@ -230,7 +231,7 @@ def test_interactions_without_think_field_accept_inline_think():
 
 def test_template_messages_are_what_hf_chat_templates_expect():
     c = parse_record(TOOL_RECORD)
-    assert c.template_messages() == [
+    assert template_messages(c) == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": "", "reasoning_content": "Need the tool.",
@@ -239,7 +240,7 @@ def test_template_messages_are_what_hf_chat_templates_expect():
         {"role": "tool", "content": "18C", "tool_call_id": "c1"},
         {"role": "assistant", "content": "18C and sunny.", "reasoning_content": ""},
     ]
-    assert c.template_messages(upto=1) == [
+    assert template_messages(c, upto=1) == [
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
 
 
@@ -251,19 +252,19 @@ def test_kimi_tool_ids_name_the_tool_count_every_call_and_follow_to_the_result()
                            {"role": "tool", "content": "2", "tool_call_id": "x"}, {"role": "tool", "content": "3"},
                            A("", tool_calls=[{"id": "x9", "function": {"name": "f", "arguments": "{}"}}]),
                            {"role": "tool", "content": "4", "tool_call_id": "x9"}, A("done")]}
-    got = one(record).template_messages(tool_ids="functions")
+    got = template_messages(one(record), tool_ids="functions")
     assert [[c["id"] for c in m["tool_calls"]] for m in got if "tool_calls" in m] == [
         ["functions.f:0", "functions.g:1"], ["functions.f:2"]]
     assert [m["tool_call_id"] for m in got if m["role"] == "tool"] == ["functions.f:0", "functions.g:1", "functions.f:2"]
-    assert one(record).template_messages()[2]["tool_call_id"] == "x"  # the record's ids by default
+    assert template_messages(one(record))[2]["tool_call_id"] == "x"  # the record's ids by default
 
 
-def test_to_template_omits_absent_fields():
-    assert Message(role="assistant", content="a").to_template() == {"role": "assistant", "content": "a"}
+def test_message_dict_omits_absent_fields():
+    assert message_dict(Message(role="assistant", content="a")) == {"role": "assistant", "content": "a"}
     # reasoning on a non-assistant message never reaches the template
-    assert Message(role="user", content="q", reasoning="x").to_template() == {"role": "user", "content": "q"}
+    assert message_dict(Message(role="user", content="q", reasoning="x")) == {"role": "user", "content": "q"}
     no_system = one({"messages": [U("q"), A("a", reasoning="r")]})
-    assert no_system.template_messages() == [
+    assert template_messages(no_system) == [
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": "a", "reasoning_content": "r"},
     ]

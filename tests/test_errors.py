@@ -57,7 +57,7 @@ def test_the_status_of_a_handler_passes_through():
 
 def test_every_user_error_class_is_a_onepass_error_and_keeps_its_old_bases():
     from onepass.attention.backends import BackendError
-    from onepass.attention.cpu import CpuAttentionError
+    from onepass.attention.cpu_tiles import CpuAttentionError
     from onepass.conversation import ConversationError
     from onepass.data.augment import AugmentError
     from onepass.data.chat_client import FatalRequestError

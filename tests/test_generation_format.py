@@ -19,6 +19,7 @@ from onepass.render import (
     render_texts,
 )
 from onepass.render.fields import template_fields
+from onepass.template_messages import template_messages, template_tools
 from onepass.template_report import tool_chain_conversations
 
 FIXTURES = Path(__file__).parent / "fixtures" / "chat_templates"
@@ -162,13 +163,13 @@ def test_every_derived_view_is_the_templates_prompt_and_its_own_rendering_of_the
             derived += 1
 
             def text(messages, gen, c=c):
-                return tok.apply_chat_template(messages, tools=c.template_tools(), tokenize=False,
+                return tok.apply_chat_template(messages, tools=template_tools(c), tokenize=False,
                                                add_generation_prompt=gen)
-            history = c.template_messages(view.turn, **fields.message_options)
+            history = template_messages(c, view.turn, **fields.message_options)
             prompt = text(history, True)
             completion = tok.decode(view.tokens[view.num_prompt:])
             assert view.tokens[:view.num_prompt].tolist() == tok(prompt, add_special_tokens=False)["input_ids"]
-            turn = c.template_messages(view.turn + 1, **fields.message_options)[-1]
+            turn = template_messages(c, view.turn + 1, **fields.message_options)[-1]
             generation = prompt[len(text(history, False)):]
             own = text(history + [turn], False)
             if own.endswith(generation + completion):  # (a)

@@ -24,6 +24,7 @@ from onepass.render.reasoning import without_reasoning
 from onepass.prepare import PrepareConfig, prepare
 from onepass.render import RenderConfig, UnopenedReasoning, render_conversation
 from onepass.render.fields import TemplateFields, template_fields
+from onepass.template_messages import template_messages, template_tools
 from onepass.template_report import (
     TOOL_CHAIN_RECORDS,
     template_report,
@@ -207,15 +208,15 @@ def test_every_kept_view_is_the_templates_own_rendering(template_tokenizer, case
                 emptied = dataclasses.replace(conv, messages=tuple(
                     dataclasses.replace(m, content="") if m.role == "assistant" and j < view.turn else m
                     for j, m in enumerate(conv.messages)))
-                assert len({tok.apply_chat_template(c.template_messages(view.turn, **fields.message_options),
-                                                    tools=c.template_tools(), tokenize=False,
+                assert len({tok.apply_chat_template(template_messages(c, view.turn, **fields.message_options),
+                                                    tools=template_tools(c), tokenize=False,
                                                     add_generation_prompt=True)
                             for c in (emptied, without_reasoning(emptied, range(view.turn)))}) == 1
 
             def text(upto, gen, conv=seen, fields=fields):
                 return tok.apply_chat_template(
-                    conv.template_messages(upto, **fields.message_options),
-                    tools=conv.template_tools(), tokenize=False, add_generation_prompt=gen,
+                    template_messages(conv, upto, **fields.message_options),
+                    tools=template_tools(conv), tokenize=False, add_generation_prompt=gen,
                     **case.template_kwargs)
             prompt, full = text(view.turn, True), text(view.turn + 1, False)
             assert view.tokens[:view.num_prompt].tolist() == encode(tok, prompt)
@@ -393,7 +394,7 @@ def test_eval_messages_use_the_fields_the_template_expects(template_tokenizer):
     evaluate([conv], Chat(), template_prompt(template_tokenizer), message_options=options)
     calls = [c for msgs in sent for m in msgs for c in m.get("tool_calls", ())]
     assert calls and all(isinstance(c["function"]["arguments"], str) for c in calls)
-    assert sent[-1] == conv.template_messages(len(conv.messages) - 1, **options)
+    assert sent[-1] == template_messages(conv, len(conv.messages) - 1, **options)
 
 
 @pytest.mark.parametrize("template_tokenizer", ["cohere2_tool_use"], indirect=True)

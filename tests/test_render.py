@@ -18,6 +18,7 @@ from onepass.render import (
     render_views,
 )
 from onepass.render.fields import template_fields
+from onepass.template_messages import template_messages
 from onepass.tokenizer import builtin_template, load_tokenizer
 
 SHARED_TEMPLATE = Path(__file__).resolve().parents[1] / ".." / "shared" / "fixtures" / "chat_templates" / "qwen3.jinja"
@@ -64,9 +65,9 @@ def test_every_view_equals_the_templates_own_rendering(qwen3_tokenizer):
     views = render_views(CHAIN, tok)
     assert [v.turn for v in views] == [1, 3, 5]
     for v in views:
-        msgs = CHAIN.template_messages(v.turn)
+        msgs = template_messages(CHAIN, v.turn)
         prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        full = tok.apply_chat_template(CHAIN.template_messages(v.turn + 1), tokenize=False)
+        full = tok.apply_chat_template(template_messages(CHAIN, v.turn + 1), tokenize=False)
         assert full.startswith(prompt)
         assert v.tokens.tolist() == encode(tok, prompt) + encode(tok, full[len(prompt):])
         assert v.num_prompt == len(encode(tok, prompt))
@@ -175,9 +176,9 @@ def test_bundled_sample_views_equal_the_template_rendering(qwen3_tokenizer):
     tok = qwen3_tokenizer
     for conv in load_sample(limit=20):
         for v in render_views(conv, tok):
-            prompt = tok.apply_chat_template(conv.template_messages(v.turn), tokenize=False,
+            prompt = tok.apply_chat_template(template_messages(conv, v.turn), tokenize=False,
                                              add_generation_prompt=True)
-            full = tok.apply_chat_template(conv.template_messages(v.turn + 1), tokenize=False)
+            full = tok.apply_chat_template(template_messages(conv, v.turn + 1), tokenize=False)
             assert v.tokens.tolist() == encode(tok, prompt) + encode(tok, full[len(prompt):])
             assert not v.boundary_merge
 
@@ -283,7 +284,7 @@ def test_a_completion_format_without_tool_calls_does_not_drop_a_tool_call_silent
 def test_named_formats_train_tool_calls_as_the_template_renders_them(qwen3_tokenizer):
     """think-tags has {tool_calls}: filled with the template's own tool-call text and end of turn."""
     ((_, _, completion), *_) = render_texts(CHAIN, qwen3_tokenizer, RenderConfig(completion_format="think-tags"))
-    full = qwen3_tokenizer.apply_chat_template(CHAIN.template_messages(2), tokenize=False)
+    full = qwen3_tokenizer.apply_chat_template(template_messages(CHAIN, 2), tokenize=False)
     calls = full[full.index("<tool_call>"):]  # the template's own "<tool_call>...<|im_end|>\n" (no "\n": no content)
     assert completion == "<think>\ncall the tool\n</think>\n\n" + calls
 

@@ -15,7 +15,8 @@ PURE = ("onepass.conversation", "onepass.render", "onepass.view", "onepass.tree"
         "onepass.flops", "onepass.attention.blocks", "onepass.attention.segments", "onepass.attention.paper",
         "onepass.model_config", "onepass.shards", "onepass.render.derived", "onepass.render.fields",
         "onepass.render.encode", "onepass.render.quirks", "onepass.rl.rollouts", "onepass.rl.layout",
-        "onepass.rl.synthetic", "onepass.data_config", "onepass.geometry")
+        "onepass.rl.synthetic", "onepass.data_config", "onepass.geometry",
+        "onepass.template_messages")
 
 
 def module_name(path: Path) -> str:

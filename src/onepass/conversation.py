@@ -27,7 +27,8 @@ the line; ``--strict`` stops at it. Two reasoning fields that disagree
 (``reasoning_content`` and ``thinking`` both set, different) are an error
 naming the record: keeping one and dropping the other would be a silent loss.
 
-No torch here: this is pure data.
+How a conversation is handed to a chat template (message dicts, the fields each template
+expects) is :mod:`onepass.template_messages`. No torch here: this is pure data.
 """
 
 from __future__ import annotations
@@ -73,21 +74,6 @@ class ToolCall:
     id: str | None = None
     text: str | None = None
 
-    def to_template(self, *, arguments_json: bool = False, verbatim: bool = False) -> dict[str, Any]:
-        """The HF tool-call dict; ``arguments_json`` gives ``arguments`` as a JSON string, as the
-        DeepSeek-V3 and Kimi-K2 templates expect; ``verbatim`` gives a record's own string unchanged
-        (for a template that renders a string as it is: :mod:`onepass.render.fields` finds out which)."""
-        args: Any = json.dumps(self.arguments, ensure_ascii=False) if arguments_json else self.arguments
-        if self.text is not None and (verbatim or arguments_json):
-            args = self.text
-        call: dict[str, Any] = {
-            "type": "function",
-            "function": {"name": self.name, "arguments": args},
-        }
-        if self.id is not None:
-            call["id"] = self.id
-        return call
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Message:
@@ -100,23 +86,6 @@ class Message:
     name: str | None = None
     tool_call_id: str | None = None
     train: bool = True  # False: in the context of later turns, never trained (OpenAI fine-tuning "weight": 0)
-
-    def to_template(self, *, arguments_json: bool = False, verbatim: bool = False,
-                    reasoning_key: str = "reasoning_content") -> dict[str, Any]:
-        """The dict a HF chat template expects (reasoning under ``reasoning_key``: ``reasoning_content``
-        as Qwen3/DeepSeek name it, ``thinking`` for gpt-oss)."""
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
-        if self.role == "assistant":
-            if self.reasoning is not None:
-                out[reasoning_key] = self.reasoning
-            if self.tool_calls:
-                out["tool_calls"] = [t.to_template(arguments_json=arguments_json, verbatim=verbatim)
-                                     for t in self.tool_calls]
-        if self.name is not None:
-            out["name"] = self.name
-        if self.tool_call_id is not None:
-            out["tool_call_id"] = self.tool_call_id
-        return out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -143,57 +112,6 @@ class Conversation:
     @property
     def num_assistant_turns(self) -> int:
         return sum(m.role == "assistant" for m in self.messages)
-
-    def template_messages(self, upto: int | None = None, *, arguments_json: bool = False,
-                          verbatim_arguments: bool = False, reasoning_key: str = "reasoning_content",
-                          developer: bool = True, tool_ids: str = "given") -> list[dict[str, Any]]:
-        """Messages as template dicts, system first, ``messages[:upto]`` (fields as in
-        :meth:`Message.to_template`; ``developer=False`` hands a developer prompt over as system;
-        ``tool_ids="functions"`` renames tool-call ids as :func:`functions_ids` does)."""
-        role = self.system_role if developer else "system"
-        head = [{"role": role, "content": self.system}] if self.system is not None else []
-        out = [m.to_template(arguments_json=arguments_json, verbatim=verbatim_arguments,
-                             reasoning_key=reasoning_key) for m in self.messages[:upto]]
-        if tool_ids == "functions":
-            calls, results = functions_ids(self.messages)
-            for i, m in enumerate(out):
-                for j, call in enumerate(m.get("tool_calls", ())):
-                    call["id"] = calls[i, j]
-                if i in results:
-                    m["tool_call_id"] = results[i]
-        return head + out
-
-    def template_tools(self) -> list[dict[str, Any]] | None:
-        return list(self.tools) if self.tools else None
-
-
-def functions_ids(messages: tuple[Message, ...]) -> tuple[dict[tuple[int, int], str], dict[int, str]]:
-    """Tool-call ids ``functions.NAME:IDX`` (IDX counts every call of the conversation, as vLLM's
-    Kimi-K2 parser does): the Kimi-K2 templates render a call by its id only, so an OpenAI id
-    ``call_0`` would hide the tool's name. Returns ``{(message, call): id}`` and ``{tool message: id}``;
-    a result gets its call's new id by the old id, else the next unanswered call of the turn before.
-
-    >>> functions_ids((Message(role="assistant", content="", tool_calls=(ToolCall(name="f", arguments={}),)),
-    ...                Message(role="tool", content="1")))
-    ({(0, 0): 'functions.f:0'}, {1: 'functions.f:0'})
-    """
-    calls: dict[tuple[int, int], str] = {}
-    results: dict[int, str] = {}
-    by_old: dict[str, str] = {}
-    pending: list[str] = []
-    for i, m in enumerate(messages):
-        if m.role == "assistant" and m.tool_calls:
-            pending = []
-            for j, call in enumerate(m.tool_calls):
-                calls[i, j] = f"functions.{call.name}:{len(calls)}"
-                pending.append(calls[i, j])
-                if call.id is not None:
-                    by_old[call.id] = calls[i, j]
-        elif m.role == "tool":
-            new = by_old.get(m.tool_call_id or "") or (pending[0] if m.tool_call_id is None and pending else None)
-            if new is not None:
-                results[i], pending = new, [p for p in pending if p != new]
-    return calls, results
 
 
 def split_inline_reasoning(content: str) -> tuple[str | None, str]:

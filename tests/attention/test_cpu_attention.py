@@ -9,15 +9,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import onepass.attention.cpu as cpu
+import onepass.attention.cpu_tiles as cpu_tiles
 import onepass.loss
 from onepass.attention.segments import segment_plan
-from onepass.attention.cpu import (
-    CpuAttentionError,
-    cpu_attention_mask,
-    register,
-    tree_attention,
-    tree_attention_reference,
-)
+from onepass.attention.cpu import cpu_attention_mask, register
+from onepass.attention.cpu_tiles import CpuAttentionError, tree_attention, tree_attention_reference
 from onepass.attention.mask import dense_mask, pad_kv_end
 from onepass.tree import build_layout, concat
 
@@ -80,7 +76,7 @@ def test_long_segments_scale_and_chunks(chunk):
 
 def test_without_native_grouped_query_heads(monkeypatch):
     # an older torch's kernel: key/value heads are repeated once for the row, gradients summed back
-    monkeypatch.setattr(cpu, "native_gqa", lambda: False)
+    monkeypatch.setattr(cpu_tiles, "native_gqa", lambda: False)
     assert_matches_dense(pad_kv_end([SCATTERED, DOC_EXAMPLE], 9), chunk=2)
 
 
@@ -176,14 +172,14 @@ def test_plan_is_built_once_per_batch(monkeypatch):
 
 def test_tiles_are_built_once_per_plan_and_shared_by_every_layer(monkeypatch):
     calls = []
-    real = cpu._build_tiles
-    monkeypatch.setattr(cpu, "_build_tiles", lambda plan: calls.append(plan) or real(plan))
+    real = cpu_tiles._build_tiles
+    monkeypatch.setattr(cpu_tiles, "_build_tiles", lambda plan: calls.append(plan) or real(plan))
     plan = segment_plan(np.asarray([SCATTERED, [2, 2, 7, 7, 7, 7, 7]]), chunk=2)  # buckets, runs, rectangles
     q, k, v = random_qkv(2, 7)
     outs = [tree_attention(q, k, v, plan) for _ in range(3)]  # three layers, one plan
     torch.autograd.grad(sum(o.sum() for o in outs), (q, k, v))
     assert calls == [plan]
-    tiles, fresh = cpu._tiles_of(plan), real(plan)  # the cached tiles are the plan's own
+    tiles, fresh = cpu_tiles._tiles_of(plan), real(plan)  # the cached tiles are the plan's own
     assert tiles.runs == fresh.runs and len(tiles.buckets) == len(fresh.buckets) > 0
     for got, want in zip(tiles.buckets, fresh.buckets):
         for a, b in zip(got, want):
@@ -193,7 +189,7 @@ def test_tiles_are_built_once_per_plan_and_shared_by_every_layer(monkeypatch):
         assert got == want if isinstance(want, tuple) else torch.equal(got, want)
     other = segment_plan(DOC_EXAMPLE, chunk=2)  # another plan gets its own tiles
     tree_attention(*random_qkv(1, 8), other)
-    assert calls == [plan, other] and cpu._tiles_of(other) is not tiles
+    assert calls == [plan, other] and cpu_tiles._tiles_of(other) is not tiles
 
 
 def test_unsupported_arguments_are_refused():

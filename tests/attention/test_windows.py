@@ -21,7 +21,8 @@ import onepass.attention.cpu as cpu
 from onepass.attention.blocks import EMPTY, FULL, block_mask, block_plan, block_plan_reference
 from onepass.attention.segments import plan_pairs_reference
 from onepass.attention.segments import segment_plan
-from onepass.attention.cpu import CpuAttentionError, cpu_attention_mask, tree_attention, tree_attention_reference
+from onepass.attention.cpu import cpu_attention_mask
+from onepass.attention.cpu_tiles import CpuAttentionError, dense_attention, tree_attention, tree_attention_reference
 from onepass.attention.mask import dense_mask, dense_mask_reference, generate_tree_mask_mod, pad_kv_end
 from onepass.attention.mask import tree_block_mask
 from onepass.attention.window import window_start
@@ -248,7 +249,7 @@ def test_backend_checks_the_layer_window_and_pads_latent_heads():
     with pytest.raises(CpuAttentionError, match="layer 3 has sliding_window=None but .* window=3"):
         cpu.onepass_cpu_attention(module, q, k, v, mask, s_aux=s)
     out, _ = cpu.onepass_cpu_attention(module, q, k, v, mask, sliding_window=3, s_aux=s, scaling=0.3)
-    ref = cpu.dense_attention(q, k, v, dense_mask(kv_end_BL, position_ids=pos_BL, window=3)[:, None],
+    ref = dense_attention(q, k, v, dense_mask(kv_end_BL, position_ids=pos_BL, window=3)[:, None],
                               scale=0.3, sinks=s)
     torch.testing.assert_close(out, ref.transpose(1, 2), atol=TOL, rtol=TOL)
     g = torch.randn(out.shape, dtype=out.dtype)

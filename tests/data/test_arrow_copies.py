@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from onepass.data.load import load_conversations
 from onepass.prepare import prepare
+from onepass.template_messages import template_messages
 from onepass.tree import COLUMNS, rows_to_columns
 
 KEYS = {"city": st.sampled_from(["Paris", "北京", "Zürich"]), "days": st.integers(0, 9),
@@ -75,7 +76,7 @@ def prepared(spec, tokenizer):
     report = load_conversations(spec)
     assert report.skipped == []
     rows, _ = prepare(report.conversations, tokenizer)
-    return rows_to_columns(rows), [c.template_messages() for c in report.conversations]
+    return rows_to_columns(rows), [template_messages(c) for c in report.conversations]
 
 
 def write_all(records, folder: Path) -> dict[str, Path]:

@@ -4,7 +4,8 @@
     mask.py       the dense mask, its numpy reference, FlexAttention's ``mask_mod``
     blocks.py     the block plan (which query x key tiles hold visible pairs) and the BlockMask built from it
     segments.py   the segment plan: segments (onepass.geometry) tiled for the CPU kernel
-    cpu.py        ``onepass_cpu``: a CPU backend that computes only the visible pairs
+    cpu_tiles.py  ``tree_attention``: a segment plan's tiles through the fused CPU flash kernel, and its reference
+    cpu.py        ``onepass_cpu``: that kernel as a transformers backend (its mask object, registration)
     window.py     sliding windows over a tree: where each query's window starts
     paper.py      the seed paper's layout and role-id mask, kept as a separate reference
 """

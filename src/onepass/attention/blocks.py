@@ -53,7 +53,7 @@ index ``window_start[q]`` on, the ancestor at depth ``depth[q] - W + 1``
 - Tiles: FULL also needs ``max window_start`` over the query block <= the
   block's first key (exact); a tile is skipped when the tree skips it or when
   ``min window_start`` over the query block is past its last key. That is
-  exact for chains and packed documents; a query block that straddles two
+  exact for rows without branches and packed documents; a query block that straddles two
   branches can keep a tile PARTIAL that holds no visible pair (the
   ``mask_mod`` hides it; never the reverse).
 

@@ -1,6 +1,6 @@
 """The segment plan: a row cut into segments for the CPU attention kernel, in O(L), never L x L.
 
-Why this module exists: :mod:`onepass.attention.cpu` runs a dense fused kernel on
+Why this module exists: :mod:`onepass.attention.cpu_tiles` runs a dense fused kernel on
 tiles; this plan says which tiles cover exactly the visible pairs. (The tile plan
 for FlexAttention is :mod:`onepass.attention.blocks`.) Same one rule::
 
@@ -54,7 +54,7 @@ from onepass.geometry import check_tree, segment_starts
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SegmentPlan:
-    """Rows flattened to T = B * L positions, as chains and the tiles that cover their visible pairs.
+    """Rows flattened to T = B * L positions, as segments and the tiles that cover their visible pairs.
 
     seg_start_S, seg_stop_S  int64 [S]: segment i is [start, stop)
     anc_ptr_S1, anc_index    ancestors of segment i: anc_index[anc_ptr[i]:anc_ptr[i + 1]], ascending

@@ -48,6 +48,7 @@ from onepass.errors import ConversationError, DataError, DataNotFound
 from onepass.files import atomic_file
 from onepass.hub import hub_offline, offline_reason
 from onepass.records import iter_records, without_nulls
+from onepass.template_messages import template_messages
 from onepass.tree import COLUMNS
 
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
@@ -324,7 +325,7 @@ def to_record(conv: Conversation, **extra: Any) -> dict[str, Any]:
     record: dict[str, Any] = {}
     if conv.id is not None:
         record["id"] = conv.id
-    record["messages"] = conv.template_messages(verbatim_arguments=True)
+    record["messages"] = template_messages(conv, verbatim_arguments=True)
     if conv.tools:
         record["tools"] = list(conv.tools)
     record.update(extra)

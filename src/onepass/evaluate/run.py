@@ -27,7 +27,7 @@ Example with a scripted generator (``reference`` history)::
     ...     {"role": "user", "content": "times 3?"}, {"role": "assistant", "content": "The answer is 6."}]})
     >>> class Fake:
     ...     def generate(self, prompts): return ["<think>easy</think>The answer is 2."] * len(prompts)
-    >>> prompt = lambda c, k: " | ".join(m["content"] for m in c.template_messages(k))
+    >>> prompt = lambda c, k: " | ".join(m["content"] for m in template_messages(c, k))
     >>> [(r.turn, r.reasoning, r.predicted, r.reference, r.correct) for r in evaluate([conv], Fake(), prompt)]
     [(1, 'easy', '2', '2', True), (2, 'easy', '2', '6', False)]
 
@@ -47,6 +47,7 @@ from onepass.evaluate.answers import answers_match, compile_answer_regex, extrac
 from onepass.evaluate.generate import Generator, MessagesGenerator
 from onepass.render import render_prompt
 from onepass.render.fields import template_fields
+from onepass.template_messages import template_messages
 
 HISTORY_MODES = ("reference", "model")
 
@@ -147,7 +148,7 @@ def evaluate(conversations: Sequence[Conversation], generator: Generator | Messa
     for t in tqdm(range(depth), desc="turns", unit="turn", disable=not progress):
         todo = [(i, positions[i][t]) for i in range(len(live)) if t < len(positions[i])]
         if isinstance(generator, MessagesGenerator):
-            replies = generator.generate_messages([live[i].template_messages(k, **options) for i, k in todo])
+            replies = generator.generate_messages([template_messages(live[i], k, **options) for i, k in todo])
         else:
             replies = generator.generate([prompt(live[i], k) for i, k in todo])
         if len(replies) != len(todo):

@@ -76,7 +76,7 @@ class TemplateFields:
 
     @property
     def message_options(self) -> dict[str, Any]:
-        """Keyword arguments of :meth:`onepass.conversation.Conversation.template_messages`."""
+        """Keyword arguments of :func:`onepass.template_messages.template_messages`."""
         return {"arguments_json": self.arguments_json, "verbatim_arguments": self.string_arguments,
                 "reasoning_key": self.reasoning_key, "developer": self.developer, "tool_ids": self.tool_ids}
 

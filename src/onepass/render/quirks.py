@@ -37,6 +37,7 @@ from onepass.render.errors import RenderError, UnopenedReasoning
 from onepass.render.fields import TemplateFields, template_fields
 from onepass.render.template import prober
 from onepass.render.views import RenderConfig, render_conversation, render_prompt
+from onepass.template_messages import template_messages
 from onepass.view import View
 
 THINKING = {"thinking": True}  # DeepSeek-V3.1's switch to thinking (other templates ignore it)
@@ -135,7 +136,7 @@ def _empty_think_prompt(tokenizer: Any) -> bool:
 def _history_changes_after_final_answer(tokenizer: Any) -> bool:
     conv = _chain()
     view, render = _turn(tokenizer, conv, 3), prober(tokenizer, conv, {}, 3)
-    messages = conv.template_messages(4, **_fields(tokenizer, tools=True).message_options)
+    messages = template_messages(conv, 4, **_fields(tokenizer, tools=True).message_options)
     history, full = render(messages[:3], False), render(messages, False)
     return isinstance(view, View) and view.derived and None not in (history, full) and not full.startswith(history)
 
@@ -178,7 +179,7 @@ def _one_call_per_name(tokenizer: Any) -> bool:
 def _empty_content_changes_what_follows(tokenizer: Any) -> bool:
     conv = _chain()
     render = prober(tokenizer, conv, {}, 1)
-    messages = conv.template_messages(2, **_fields(tokenizer, tools=True).message_options)
+    messages = template_messages(conv, 2, **_fields(tokenizer, tools=True).message_options)
     with_content = render([*messages[:-1], {**messages[-1], "content": CONTENT}], False)
     empty = render(messages, False)
     if with_content is None or empty is None or with_content.count(CONTENT) != 1:
@@ -279,7 +280,7 @@ QUIRKS: tuple[Quirk, ...] = (
                "concatenate str (not \"dict\")`",
           detected_by="TemplateFields.arguments: a probe call rendered with dict, then JSON-string arguments",
           handled_by="arguments go over as a JSON string (the record's own string when it gave one)",
-          where="onepass.conversation.ToolCall.to_template", probe=lambda tok: _fields(tok).arguments == "json",
+          where="onepass.template_messages.tool_call_dict", probe=lambda tok: _fields(tok).arguments == "json",
           templates=("deepseekv3", "deepseekv3_1"),
           proved_by="tests/test_render.py::"
                     "test_tool_call_arguments_go_as_a_json_string_to_a_template_that_concatenates_them"),
@@ -289,7 +290,7 @@ QUIRKS: tuple[Quirk, ...] = (
           detected_by="TemplateFields.string_arguments: a JSON-string probe call rendered faithfully",
           handled_by="the record's own string goes over byte for byte, never re-serialised (else parsed, counted "
                      "in tool_arguments_parsed)",
-          where="onepass.conversation.ToolCall.to_template", probe=lambda tok: _fields(tok).string_arguments,
+          where="onepass.template_messages.tool_call_dict", probe=lambda tok: _fields(tok).string_arguments,
           templates=("deepseekv3", "deepseekv3_1", "kimi_k2_thinking", "qwen3", "qwen3_instruct_2507"),
           proved_by="tests/test_record_schemas.py::"
                     "test_a_json_string_argument_is_trained_byte_for_byte_where_the_template_renders_strings[qwen3]"),
@@ -298,7 +299,7 @@ QUIRKS: tuple[Quirk, ...] = (
           detected_by="TemplateFields.tool_ids: the tool's name is rendered only with a functions.NAME:IDX id",
           handled_by="ids go over as `functions.get_weather:0` (IDX counts every call, as vLLM's Kimi-K2 parser "
                      "does), results follow their call",
-          where="onepass.conversation.functions_ids", probe=lambda tok: _fields(tok).tool_ids == "functions",
+          where="onepass.template_messages.functions_ids", probe=lambda tok: _fields(tok).tool_ids == "functions",
           templates=("kimi_k2_thinking",),
           proved_by="tests/test_real_templates.py::"
                     "test_the_probe_hands_fields_over_as_the_template_reads_them[kimi_k2_thinking]"),
@@ -327,7 +328,7 @@ QUIRKS: tuple[Quirk, ...] = (
                "Qwen3 would drop it silently",
           detected_by="TemplateFields.developer: a probe developer message rendered",
           handled_by="a record's developer prompt goes over as `developer` here, as `system` elsewhere",
-          where="onepass.conversation.Conversation.template_messages", probe=lambda tok: _fields(tok).developer,
+          where="onepass.template_messages.template_messages", probe=lambda tok: _fields(tok).developer,
           templates=("gptoss", "kimi_k2_thinking", "lfm2_2_5", "nemotron_3_nano", "nemotron_3_super",
                      "nemotron_3_ultra", "seed_oss"),
           proved_by="tests/test_generation_format.py::"

@@ -34,6 +34,7 @@ from typing import Any
 
 from onepass.conversation import Conversation
 from onepass.render.template import Render
+from onepass.template_messages import template_messages
 
 REASONING_CHOICES = ("keep", "drop")
 """``--reasoning``: ``keep`` (default: a turn whose reasoning the template does not render is a counted
@@ -64,7 +65,7 @@ def unrendered_history_reasoning(render: Render, conv: Conversation, k: int, *, 
     candidates = [j for j, m in enumerate(conv.messages[:k]) if m.role == "assistant" and (m.reasoning or "").strip()]
     if not candidates:
         return []
-    messages = conv.template_messages(k + 1, **options)
+    messages = template_messages(conv, k + 1, **options)
     for j in candidates:
         messages[head + j] = {**messages[head + j], options["reasoning_key"]: SENTINEL.format(j), "content": ""}
     prompt, full = render(messages[:head + k], True), render(messages, False)

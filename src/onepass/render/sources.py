@@ -31,6 +31,7 @@ from onepass.render.errors import ReasoningNotRendered, RenderError, UnopenedRea
 from onepass.render.fields import TemplateFields
 from onepass.render.formats import completion_fields, format_completion, unopened_close
 from onepass.render.template import Render, prober, render_turn
+from onepass.template_messages import template_messages
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,7 +55,7 @@ class Turn:
         return self.conv.at(self.k)
 
     def messages(self, upto: int) -> list[dict[str, Any]]:
-        return self.conv.template_messages(upto, **self.fields.message_options)
+        return template_messages(self.conv, upto, **self.fields.message_options)
 
     def render(self, upto: int, *, generation: bool) -> str:
         return render_turn(self.tokenizer, self.conv, self.messages(upto), generation=generation,

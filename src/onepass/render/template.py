@@ -20,6 +20,7 @@ from typing import Any
 
 from onepass.conversation import Conversation
 from onepass.render.errors import RenderError, TemplateRaised
+from onepass.template_messages import template_tools
 
 Render = Callable[[list[dict[str, Any]], bool], "str | None"]
 """``render(messages, add_generation_prompt)``: the template's text, or None when it raised."""
@@ -72,7 +73,7 @@ def _first_raising(tokenizer: Any, conv: Conversation, messages: list[dict[str, 
     head = 1 if conv.system is not None else 0  # the system prompt is not one of conv.messages
     for n in range(1, len(messages) + 1):
         try:
-            apply_template(tokenizer, messages[:n], tools=conv.template_tools(), kwargs=kwargs)
+            apply_template(tokenizer, messages[:n], tools=template_tools(conv), kwargs=kwargs)
         except Exception as e:
             if not is_template_error(e):
                 raise
@@ -86,7 +87,7 @@ def render_turn(tokenizer: Any, conv: Conversation, messages: list[dict[str, Any
     """The template's text for ``messages`` of ``conv``, or :class:`TemplateRaised` naming turn ``turn``,
     the template line and (``blame``) the first message the template raises for."""
     try:
-        text = apply_template(tokenizer, messages, tools=conv.template_tools(),
+        text = apply_template(tokenizer, messages, tools=template_tools(conv),
                               kwargs={**kwargs, "add_generation_prompt": generation})
     except Exception as e:
         if not is_template_error(e):

@@ -58,6 +58,7 @@ from onepass.render.reasoning import REASONING_CHOICES, unrendered_history_reaso
 from onepass.render.sources import GIVEN_FORMAT, TEMPLATE_SOURCES, CompletionSource, Declined, Turn
 from onepass.render.template import render_turn
 from onepass.render.token_floor import token_floor
+from onepass.template_messages import template_messages
 from onepass.view import Unmeasured, View
 
 
@@ -123,7 +124,7 @@ def _own_reasoning(turn: Turn, config: RenderConfig) -> list[int]:
 def _history_reasoning(turn: Turn, config: RenderConfig) -> list[int]:
     """Earlier messages the template raises for, in a position where it drops their reasoning anyway
     (gpt-oss): probed, never assumed (:func:`onepass.render.reasoning.unrendered_history_reasoning`)."""
-    head = len(turn.conv.template_messages(0))
+    head = len(template_messages(turn.conv, 0))
     return unrendered_history_reasoning(turn.probe(), turn.conv, turn.k, head=head,
                                         options=turn.fields.message_options)
 
@@ -180,7 +181,7 @@ def render_prompt(conv: Conversation, tokenizer: Any, upto: int,
     exactly as training renders a view's prompt. Inference-time callers (``onepass eval``) use it."""
     kwargs = dict(template_kwargs or {})
     fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
-    return render_turn(tokenizer, conv, conv.template_messages(upto, **fields.message_options), generation=True,
+    return render_turn(tokenizer, conv, template_messages(conv, upto, **fields.message_options), generation=True,
                        kwargs=kwargs, turn=upto, blame=True)
 
 
