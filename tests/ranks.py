@@ -54,3 +54,18 @@ def _signal_group(pid: int, sig: int) -> None:
             p.send_signal(sig)
         except psutil.NoSuchProcess:
             pass
+
+
+def fsdp_refused(proc: subprocess.CompletedProcess) -> bool:
+    """On an accelerate older than onepass's FSDP-on-CPU floor (``make test-min``), an FSDP launch must stop in
+    one line; True when it did (the caller's comparison is then moot), False on an accelerate that runs it."""
+    import accelerate
+    from packaging.version import Version
+
+    from onepass.train.distributed import FSDP_ACCELERATE
+
+    if Version(accelerate.__version__) >= Version(FSDP_ACCELERATE):
+        return False
+    assert proc.returncode != 0
+    assert f"onepass: error: FSDP on CPU ranks needs accelerate>={FSDP_ACCELERATE}" in proc.stderr, proc.stderr[-4000:]
+    return True

