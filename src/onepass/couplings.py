@@ -99,8 +99,10 @@ COUPLINGS: tuple[Coupling, ...] = (
     Coupling(name="accelerate FSDP on CPU ranks",
              relies_on="AcceleratorState / PartialState._shared_state['distributed_type', 'fsdp_plugin'] (private)",
              detected_by="the launcher's FSDP request read from accelerate's environment variables",
-             fails_as="a launch that asked for FSDP and would run another mode stops in one line",
-             where="onepass.train.distributed", checked="accelerate 1.15"),
+             fails_as="a launch that asked for FSDP and would run another mode stops in one line; so does an "
+                      "accelerate older than 1.14 (its FSDP2 path fails in a step on CPU ranks: mixed Tensor and "
+                      "DTensor, measured on 1.4-1.13)",
+             where="onepass.train.distributed", checked="accelerate 1.14-1.15"),
     Coupling(name="accelerate state reset",
              relies_on="AcceleratorState._reset_state (private) between two train() calls in one process",
              detected_by="attribute lookup", fails_as="AttributeError", where="onepass.train.loop",
