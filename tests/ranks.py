@@ -67,5 +67,5 @@ def fsdp_refused(proc: subprocess.CompletedProcess) -> bool:
     if Version(accelerate.__version__) >= Version(FSDP_ACCELERATE):
         return False
     assert proc.returncode != 0
-    assert f"onepass: error: FSDP on CPU ranks needs accelerate>={FSDP_ACCELERATE}" in proc.stderr, proc.stderr[-4000:]
+    assert f"FSDP on CPU ranks needs accelerate>={FSDP_ACCELERATE}" in proc.stderr, proc.stderr[-4000:]
     return True

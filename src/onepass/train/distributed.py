@@ -214,6 +214,8 @@ def make_accelerator(*, cpu: bool, mixed_precision: str, env: Mapping[str, str] 
 
     env = os.environ if env is None else env
     check_launch(env)
+    if cpu and asked_mode(env) == "fsdp":
+        check_fsdp_accelerate()  # an older accelerate fails inside Accelerator() already
     accelerator = Accelerator(cpu=cpu, mixed_precision=mixed_precision, **kwargs)
     honour_request(accelerator, env)
     return accelerator
@@ -249,7 +251,6 @@ def _fsdp_on_cpu(accelerator: Any, mixed_precision: str, plugin_args: Mapping[st
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-    check_fsdp_accelerate()
     plugin = FullyShardedDataParallelPlugin(**(plugin_args or {}))  # else from the launcher's FSDP_* variables
     if plugin.fsdp_version != 2:
         raise TrainConfigError(f"FSDP on CPU runs FSDP2 only (fully_shard); the accelerate config has "

@@ -201,11 +201,13 @@ class OnePassTrainer(Trainer):
         """HF's accelerator, running the parallelism the launcher asked for: FSDP on CPU ranks too
         (accelerate alone runs DDP there), anything else asked for and not had is an error
         (:mod:`onepass.train.distributed`)."""
-        from onepass.train.distributed import honour_request
+        from onepass.train.distributed import asked_mode, check_fsdp_accelerate, honour_request
 
-        super().create_accelerator_and_postprocess()
         fsdp = getattr(self.args, "fsdp_plugin_args", None)  # TrainingArguments(fsdp=...) asks without the launcher
         fsdp = fsdp if fsdp and self.args.world_size > 1 else None
+        if (fsdp or asked_mode() == "fsdp") and (self.args.use_cpu or not torch.cuda.is_available()):
+            check_fsdp_accelerate()  # an older accelerate fails inside HF's accelerator already
+        super().create_accelerator_and_postprocess()
         self.distributed = honour_request(self.accelerator, asked="fsdp" if fsdp else None, fsdp_plugin_args=fsdp)
         self.is_fsdp_enabled = getattr(self.accelerator.state, "fsdp_plugin", None) is not None
 
