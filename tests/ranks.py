@@ -12,14 +12,28 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
 
+def free_port() -> int:
+    """A port nothing listens on now: accelerate launch's default (29500) is shared by every launch, so two
+    tests launching at once (``pytest -n``) would meet there."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_ranks(cmd: Sequence[str], env: Mapping[str, str], *, timeout: float) -> subprocess.CompletedProcess:
-    """Run ``cmd`` to the end; raise AssertionError with its output (and stacks) if it times out."""
+    """Run ``cmd`` to the end; raise AssertionError with its output (and stacks) if it times out. An ``accelerate
+    launch`` gets a free main process port (torchrun ``--standalone`` picks its own)."""
     env = {**env, "PYTHONFAULTHANDLER": "1", "OMP_NUM_THREADS": "1"}
+    cmd = list(cmd)
+    if "accelerate.commands.launch" in cmd:
+        at = cmd.index("accelerate.commands.launch") + 1
+        cmd[at:at] = ["--main_process_port", str(free_port())]
     proc = subprocess.Popen(list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
