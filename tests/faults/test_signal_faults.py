@@ -65,3 +65,28 @@ def test_metrics_say_finished_only_after_the_final_save(tmp_path, monkeypatch, o
     with pytest.raises(Exception, match="No space left"):  # noqa: PT011 (OSError before the fix, one line now)
         train(config, log=lambda _m: None)
     assert json.loads((out / "metrics.json").read_text())["status"] != "finished"
+
+
+def test_a_stop_inside_the_update_waits_for_it_and_keeps_that_step(tmp_path, monkeypatch, one_thread):
+    """SIGTERM landing inside step 3's parameter update (here: its scheduler step). Before the fix the run
+    stopped there with no checkpoint at all (a half-done update cannot be saved); in CI this lost both
+    stop-signal runs above once. Now the update completes, step 3 counts, and it is the checkpoint."""
+    import os
+
+    from torch.optim.lr_scheduler import LRScheduler
+
+    real = LRScheduler.step
+
+    def step(self, *args, **kwargs):
+        if self.last_epoch == 2:  # 0 after construction, 1 and 2 after steps 1 and 2: this is step 3's
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(LRScheduler, "step", step)
+    config = load_config(None, dict(tiny="qwen3", data="builtin:mathchat", limit=4, max_steps=10, save_steps=1000,
+                                    progress=False, save_model=False, output_dir=str(tmp_path / "run")))
+    with pytest.raises(KeyboardInterrupt):
+        train(config, log=lambda _m: None)
+    (ckpt,) = list_checkpoints(tmp_path / "run")
+    assert read_state(ckpt)["step"] == 3
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["status"] == "stopped at step 3"

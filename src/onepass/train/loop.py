@@ -42,7 +42,7 @@ from onepass.train.config import TrainConfig, TrainConfigError, write_yaml
 from onepass.train.data import TrainData, check_data, compact_vocab, load_train_data, total_steps
 from onepass.train.evaluation import evaluate
 from onepass.train.fingerprint import check_fingerprint, run_fingerprint
-from onepass.train.step import NonFiniteError, Stepper
+from onepass.train.step import NonFiniteError, Stepper, deliver
 
 
 class Terminated(KeyboardInterrupt):
@@ -155,6 +155,10 @@ def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callabl
             next(steps)
         except StopIteration as done:
             return done.value
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM
+            if steps.gi_frame is None:  # raised inside the run: it has already stopped (checkpoint, status)
+                raise
+            steps.throw(e)  # landed here, between two steps: the run stops as if inside one
 
 
 def train_steps(config: TrainConfig, *, resume: str | bool | None = None, log: Callable[[str], None] | None = None,
@@ -276,6 +280,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
             run_seconds += record["seconds"]
             run_tokens += record["tokens"]
             reporter.log_step(record, write=step % config.logging_steps == 0 or step == total)
+            deliver(stepper.held)  # a stop that arrived during the update stops the run now that the step counts
             yield record
             if eval_data is not None and config.eval_steps and step % config.eval_steps == 0 and step < total:
                 reporter.log_eval(step, evaluate(accelerator, model, eval_data, config))

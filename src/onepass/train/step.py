@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -55,6 +58,7 @@ class Stepper:
         self.per_step = units_per_step(config, self.world)
         self.even = is_sharded(accelerator)
         self.updating = False  # True inside the parameter update: no checkpoint may be taken then
+        self.held: list[int] = []  # stop signals that arrived during the last update (stops_held)
 
     def __call__(self, step: int) -> dict[str, Any]:
         """Run step ``step`` (0-based); returns its record (``step`` in the record counts from 1)."""
@@ -76,18 +80,19 @@ class Stepper:
                 B, L = batch["input_ids"].shape
                 sums[1:] += torch.tensor([sum(len(r) for r in rows), B * L, B * L * L,
                                           sum(visible_pairs(r) for r in rows)], dtype=torch.float64, device=device)
-        self.updating = True
-        grad_norm = acc.clip_grad_norm_(self.params, config.max_grad_norm or float("inf"))
-        if not (math.isfinite(float(grad_norm)) and math.isfinite(float(sums[0]))):
-            self.optimizer.zero_grad(set_to_none=True)  # the weights are still those of the last good step
+        with stops_held() as self.held:  # a stop inside the update waits for it (deliver_held): whole steps only
+            self.updating = True
+            grad_norm = acc.clip_grad_norm_(self.params, config.max_grad_norm or float("inf"))
+            if not (math.isfinite(float(grad_norm)) and math.isfinite(float(sums[0]))):
+                self.optimizer.zero_grad(set_to_none=True)  # the weights are still those of the last good step
+                self.updating = False
+                raise NonFiniteError(f"step {step + 1}: the loss is {float(sums[0])} and the gradient norm "
+                                     f"{float(grad_norm)}; the run stops before the update (a checkpoint keeps "
+                                     "the last good step): lower the learning rate or check the data and dtype")
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
             self.updating = False
-            raise NonFiniteError(f"step {step + 1}: the loss is {float(sums[0])} and the gradient norm "
-                                 f"{float(grad_norm)}; the run stops before the update (a checkpoint keeps the "
-                                 "last good step): lower the learning rate or check the data and dtype")
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.updating = False
         sums = acc.reduce(sums, reduction="sum")
         seconds = time.perf_counter() - t0
         return {"step": step + 1, "epoch": (step + 1) * self.per_step / data.num_units,
@@ -97,4 +102,35 @@ class Stepper:
                 "seconds": seconds, "tokens_per_s": float(sums[1]) / seconds if seconds > 0 else 0.0}
 
 
-__all__ = ["NonFiniteError", "Stepper"]
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def stops_held() -> Iterator[list[int]]:
+    """Ctrl-C or SIGTERM arriving inside the block are held, not handled: the list yielded collects them, for
+    :func:`deliver` to hand to the handlers in place once the step they interrupted is counted.
+
+    The parameter update (clip, optimizer and scheduler step) must run whole: a stop that landed inside it
+    used to leave no checkpoint at all (half-updated weights cannot be saved), and with a large optimizer
+    state the update is a good part of each step. Main thread only (where signals are handled)."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+    before = {s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in STOP_SIGNALS}
+    try:
+        yield caught
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+def deliver(held: list[int]) -> None:
+    """The first held stop signal, now, to the handler in place (KeyboardInterrupt, Terminated); the list empties."""
+    if held:
+        signum = held[0]
+        held.clear()
+        signal.raise_signal(signum)
+
+
+__all__ = ["NonFiniteError", "STOP_SIGNALS", "Stepper", "deliver", "stops_held"]
