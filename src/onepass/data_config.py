@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onepass.errors import ConfigError
-from onepass.key_value import parse_key_value
+from onepass.key_value import key_value_arg, parse_key_value
 from onepass.render import COMPLETION_FORMATS, RenderConfig
 from onepass.render.reasoning import REASONING_CHOICES, REASONING_HELP
 from onepass.schedule import WEIGHTINGS, Schedule, parse_schedule
@@ -136,13 +136,6 @@ def _schedule_arg(text: str) -> Schedule:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _pair_arg(text: str) -> tuple[str, Any]:
-    try:
-        return parse_key_value(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def add_data_arguments(parser: Any, *, names: Collection[str] = DATA_KEYS, overrides: bool = False) -> None:
     """One flag per field named in ``names``: ``--max-tokens`` (and HF's spelling ``--max_tokens``, not listed
     in ``--help``, and the field's extra names), with the field's help, default and choices.
@@ -162,7 +155,7 @@ def add_data_arguments(parser: Any, *, names: Collection[str] = DATA_KEYS, overr
         if name == "pack":
             kwargs["action"] = argparse.BooleanOptionalAction
         elif name == "template_kwargs":
-            kwargs.update(action="append", type=_pair_arg if overrides else str, metavar=meta["metavar"])
+            kwargs.update(action="append", type=key_value_arg if overrides else str, metavar=meta["metavar"])
         else:
             kwargs["metavar"] = meta["metavar"]
             if name == "max_tokens":

@@ -31,6 +31,16 @@ def parse_key_value(text: str, *, flag: str = "--template-kwarg") -> tuple[str, 
         return key, value
 
 
+def key_value_arg(text: str) -> tuple[str, Any]:
+    """:func:`parse_key_value` as an argparse ``type``: a malformed pair is argparse's own usage error."""
+    import argparse
+
+    try:
+        return parse_key_value(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def template_kwargs(pairs: Sequence[str]) -> dict[str, Any]:
     """``--template-kwarg KEY=VALUE`` pairs (:func:`parse_key_value`) as a dict."""
     return dict(parse_key_value(pair) for pair in pairs)

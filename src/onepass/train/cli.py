@@ -32,7 +32,7 @@ from typing import Any
 
 from onepass.data_config import DATA_KEYS, add_data_arguments, data_flag_values
 from onepass.errors import run_main
-from onepass.key_value import parse_key_value
+from onepass.key_value import key_value_arg
 
 _DESCRIPTION = "Fine-tune a HF causal LM on one-pass rows: a YAML config (--config) plus flag overrides."
 _EPILOG = """\
@@ -42,13 +42,6 @@ gradient_accumulation_steps * processes conversations (or prepared rows);
 its loss is divided by the step's total target weight, so one-pass and n-pass take
 the same steps. Outputs in --output-dir: metrics.json, loss.png, checkpoints/, final/
 (save_pretrained: full model or LoRA adapter, with the tokenizer and chat template)."""
-
-
-def _pairs(value: str) -> tuple[str, Any]:
-    try:
-        return parse_key_value(value)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _csv(value: str) -> list[str] | str:
@@ -121,7 +114,7 @@ def _add_kind(g: Any, names: list[str], kind: Any, common: dict[str, Any]) -> No
     if kind is bool:
         g.add_argument(*names, action=argparse.BooleanOptionalAction, **common)
     elif kind is dict:
-        g.add_argument(*names, action="append", type=_pairs, metavar="KEY=VALUE", **common)
+        g.add_argument(*names, action="append", type=key_value_arg, metavar="KEY=VALUE", **common)
     elif kind is tuple:
         g.add_argument(*names, type=_csv, metavar="A,B", **common)
     else:
