@@ -70,22 +70,12 @@ def _signal_group(pid: int, sig: int) -> None:
             pass
 
 
-def accelerate_before_fsdp_floor() -> bool:
-    """Is the installed accelerate older than onepass's FSDP-on-CPU floor (``make test-min`` installs 1.4)?"""
-    import accelerate
-    from packaging.version import Version
-
-    from onepass.train.distributed import FSDP_ACCELERATE
-
-    return Version(accelerate.__version__) < Version(FSDP_ACCELERATE)
-
-
 def fsdp_refused(proc: subprocess.CompletedProcess) -> bool:
     """On an accelerate older than onepass's FSDP-on-CPU floor (``make test-min``), an FSDP launch must stop in
     one line; True when it did (the caller's comparison is then moot), False on an accelerate that runs it."""
-    from onepass.train.distributed import FSDP_ACCELERATE
+    from onepass.train.distributed import FSDP_ACCELERATE, accelerate_predates_fsdp
 
-    if not accelerate_before_fsdp_floor():
+    if not accelerate_predates_fsdp():  # make test-min installs 1.4
         return False
     assert proc.returncode != 0
     assert f"FSDP on CPU ranks needs accelerate>={FSDP_ACCELERATE}" in proc.stderr, proc.stderr[-4000:]

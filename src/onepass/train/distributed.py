@@ -178,9 +178,8 @@ def check_accelerate_config(path: str | Path) -> Any:
 def _older_accelerate() -> str:
     """A hint when the installed accelerate predates the one the shipped configs are written for."""
     import accelerate
-    from packaging.version import Version
 
-    if Version(accelerate.__version__) >= Version(FSDP_ACCELERATE):
+    if not accelerate_predates_fsdp():
         return ""
     return f" (accelerate {accelerate.__version__}; the shipped configs are for accelerate>={FSDP_ACCELERATE})"
 
@@ -262,17 +261,26 @@ def _fsdp_on_cpu(accelerator: Any, mixed_precision: str, plugin_args: Mapping[st
     PartialState._shared_state["distributed_type"] = DistributedType.FSDP
 
 
-def check_fsdp_accelerate(version: str | None = None) -> None:
-    """FSDP on CPU ranks needs accelerate >= :data:`FSDP_ACCELERATE`: measured on 1.4-1.13, its FSDP2 path
-    either knows no ``fsdp_version`` or wraps the model so that a step fails with ``aten.mm.default got
-    mixed torch.Tensor and DTensor``. One line instead, before any process has started training."""
+def accelerate_predates_fsdp(version: str | None = None) -> bool:
+    """Is ``version`` (default: the installed accelerate) older than :data:`FSDP_ACCELERATE`?"""
     from packaging.version import Version
 
     if version is None:
         import accelerate
 
         version = accelerate.__version__
-    if Version(version) < Version(FSDP_ACCELERATE):
+    return Version(version) < Version(FSDP_ACCELERATE)
+
+
+def check_fsdp_accelerate(version: str | None = None) -> None:
+    """FSDP on CPU ranks needs accelerate >= :data:`FSDP_ACCELERATE`: measured on 1.4-1.13, its FSDP2 path
+    either knows no ``fsdp_version`` or wraps the model so that a step fails with ``aten.mm.default got
+    mixed torch.Tensor and DTensor``. One line instead, before any process has started training."""
+    if version is None:
+        import accelerate
+
+        version = accelerate.__version__
+    if accelerate_predates_fsdp(version):
         raise TrainConfigError(f"FSDP on CPU ranks needs accelerate>={FSDP_ACCELERATE} (installed: {version}); "
                                "pip install -U accelerate, or launch DDP (accelerate launch --num_processes N)")
 
@@ -304,5 +312,5 @@ def shutdown() -> None:
     dist.destroy_process_group()
 
 
-__all__ = ["FSDP_ACCELERATE", "MODES", "Distributed", "asked_mode", "check_accelerate_config", "check_fsdp_accelerate", "check_launch", "describe", "honour_request", "make_accelerator",
+__all__ = ["FSDP_ACCELERATE", "MODES", "Distributed", "accelerate_predates_fsdp", "asked_mode", "check_accelerate_config", "check_fsdp_accelerate", "check_launch", "describe", "honour_request", "make_accelerator",
            "shutdown"]
