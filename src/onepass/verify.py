@@ -10,10 +10,15 @@ losses and every parameter's gradient.
 With a tiny random model the vocabulary is compacted first (the ids that
 occur are renumbered 0..V-1, the same map for both sides), so a 151k-token
 vocabulary costs nothing; the layout under test is unchanged.
+
+``onepass verify --data`` runs here (:func:`run`); its flags are :mod:`onepass.verify_cli`'s, and
+``--rollouts`` is :func:`onepass.rl.cli.verify_rollouts`. Both load the model with :func:`verify_model`.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -21,10 +26,21 @@ from typing import Any
 
 import torch
 
+from onepass.attention.backends import cpu_backend
+from onepass.data.load import load_conversations, print_skipped
+from onepass.data_config import DataConfig, data_config_from_args
+from onepass.dtypes import default_tolerance
 from onepass.errors import DataError
+from onepass.guard.divergence import judge, locate
 from onepass.loss import layout_loss, view_loss_reference
+from onepass.models import ModelSpec, load_causal_lm, load_model_config
 from onepass.pack import pack_layouts
+from onepass.precision import float64_norms
+from onepass.render import render_views
 from onepass.schedule import Schedule, parse_schedule, schedule_views, view_weights
+from onepass.tiny import tiny_config
+from onepass.tokenizer import load_tokenizer
+from onepass.verify_cli import VERIFY_KEYS
 from onepass.view import View
 from onepass.vocab import remap, used_ids
 
@@ -124,3 +140,61 @@ def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
         num_trees=len(trees), n_pass_tokens=n_tokens, one_pass_tokens=sum(len(x) for x in trees),
         schedule=str(schedule), weighting=weighting, dtype=str(next(model.parameters()).dtype),
         worst_parameter=worst, packed=pack)
+
+
+# ---------------------------------------------------------------------------------------------
+# onepass verify
+
+
+def verify_model(args: argparse.Namespace, vocab: int | None) -> tuple[Any, str, str]:
+    """``verify``'s model, its label and attention backend: ``--model`` in ``--dtype``, else a tiny random
+    ``--tiny`` model of ``vocab`` ids; the backend is one that runs the model exactly on CPU (``--attn``
+    when given); float64 runs norms in float64."""
+    requested = None if args.attn == "auto" else args.attn
+    if args.model:
+        backend = cpu_backend(load_model_config(args.model, label="--model"), requested)
+        spec = ModelSpec(model=args.model, dtype=args.dtype, attention=backend, label="--model")
+        label = args.model
+    else:
+        backend = cpu_backend(tiny_config(args.tiny, vocab), requested)
+        spec = ModelSpec(tiny=args.tiny, vocab_size=vocab, dtype=args.dtype, seed=args.seed, attention=backend)
+        label = f"tiny {args.tiny} (random, vocabulary compacted to {vocab} ids)"
+    model = load_causal_lm(spec)
+    if args.dtype == "float64":
+        patched, left = float64_norms(model)
+        print(f"float64: {patched} RMSNorm modules run in float64 (transformers upcasts them to float32)"
+              + (f"; left alone: {', '.join(left[:3])}" if left else ""))
+    return model, label, backend
+
+
+def tolerance(args: argparse.Namespace) -> float:
+    """``--tolerance``, else the default of ``--dtype`` (:func:`onepass.dtypes.default_tolerance`)."""
+    return args.tolerance if args.tolerance is not None else default_tolerance(args.dtype)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``onepass verify --data``: one-pass vs N-pass on the conversations; exit 1 when they differ."""
+    config: DataConfig = data_config_from_args(args, names=VERIFY_KEYS)
+    report = load_conversations(args.data, strict=args.strict, limit=args.limit)  # refuses prepared rows
+    print_skipped(report.skipped)
+    tokenizer = load_tokenizer(args.tokenizer, chat_template=args.chat_template)
+    views = [render_views(c, tokenizer, config.render) for c in report.conversations]
+    vocab = None
+    if not args.model:
+        views, vocab = compact_vocab(views)
+    model, label, backend = verify_model(args, vocab)
+    result = run_verify(views, model, schedule=config.schedule_spec, weighting=config.weighting)
+    tol = tolerance(args)
+    verdict = judge(result.rel_loss_diff, result.max_rel_grad_diff, tolerance=tol,
+                    where=lambda: locate(model, views, worst_parameter=result.worst_parameter, tolerance=tol))
+    print(f"model: {label}, {args.dtype}, attention {backend}")
+    print(f"{result.num_conversations} conversations, {result.num_views} views: "
+          f"N-pass {result.n_pass_tokens} tokens vs {result.schedule} {result.one_pass_tokens} tokens "
+          f"in {result.num_trees} trees")
+    print(f"loss N-pass {result.loss_n_pass:.12g}  {result.schedule} {result.loss_one_pass:.12g}  "
+          f"rel diff {result.rel_loss_diff:.3g}  max rel grad diff {result.max_rel_grad_diff:.3g}  "
+          f"-> {verdict.word} within {tol:g}")
+    if verdict.where is not None:
+        print(verdict.located(result.worst_parameter))
+    print(json.dumps({**result.to_dict(), "attention": backend, "tolerance": tol, **verdict.to_dict()}))
+    return 0 if verdict.equal else 1

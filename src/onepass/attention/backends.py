@@ -121,6 +121,15 @@ def supported_backend(model_or_config: Any, device: torch.device | str) -> str:
     return "eager"
 
 
+CPU_BACKENDS = ("onepass_cpu", "sdpa", "eager")
+
+
+def cpu_backend(config: Any, requested: str | None = None) -> str:
+    """The backend a model runs exactly on CPU (the guard's twin, ``onepass verify``): ``requested`` when it
+    runs on CPU (the one training uses), else the one :func:`supported_backend` picks there."""
+    return requested if requested in CPU_BACKENDS else str(supported_backend(config, "cpu"))
+
+
 def _causal_lm_class(config: Any) -> Any:
     from transformers import AutoModelForCausalLM
 

@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+import sys
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -317,6 +318,14 @@ def load_conversations(spec: str | Path | DataSource, *, strict: bool = True, li
         if limit is not None and len(report.conversations) >= limit:
             break
     return report
+
+
+def print_skipped(skipped: Sequence[str], what: str = "records") -> None:
+    """The first five of a reader's skip lines on stderr, then how many more (never dropped silently)."""
+    for line in skipped[:5]:
+        print(f"skipped: {line}", file=sys.stderr)
+    if len(skipped) > 5:
+        print(f"... and {len(skipped) - 5} more skipped {what}", file=sys.stderr)
 
 
 def to_record(conv: Conversation, **extra: Any) -> dict[str, Any]:

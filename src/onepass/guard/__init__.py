@@ -7,18 +7,9 @@
 ``onepass train``, ``OnePassTrainer`` and ``onepass verify`` use it; see docs/design.md.
 """
 
-from onepass.guard.check import (
-    TOLERANCE,
-    GuardResult,
-    InexactModelError,
-    builtin_conversations,
-    check_exact,
-    check_exact_once,
-    enforce,
-    guard_backend,
-    sample_views,
-    views_for_check,
-)
+from onepass.lazy import package_getattr
 
+# loaded on first use: onepass.verify imports onepass.guard.divergence, and onepass.guard.check imports onepass.verify
 __all__ = ["TOLERANCE", "GuardResult", "InexactModelError", "builtin_conversations", "check_exact",
-           "check_exact_once", "enforce", "guard_backend", "sample_views", "views_for_check"]
+           "check_exact_once", "enforce", "sample_views", "views_for_check"]
+__getattr__ = package_getattr(__name__, {name: f"onepass.guard.check:{name}" for name in __all__})

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from onepass.attention.backends import cpu_backend
 from onepass.guard import divergence
 from onepass.guard.divergence import LayerDiff, judge, layer_of_parameter, locate, named_layer
 from onepass.errors import ConfigError, DataError, debug
@@ -42,7 +43,6 @@ from onepass.guard.twin import tiny_twin
 from onepass.model_config import text_config
 
 TOLERANCE = divergence.TOLERANCE  # relative, float64; exact is ~1e-16 (a gradient may round further: judge)
-CPU_BACKENDS = ("onepass_cpu", "sdpa", "eager")
 CLI_HINT = "train with --schedule n-pass, or pass --allow-inexact to train anyway"
 MAX_VIEW_TOKENS = 2048  # a conversation's later views are left out of the check beyond this
 
@@ -124,14 +124,6 @@ def describe(model_or_config: Any) -> tuple[Any, Any | None, str]:
     return decoder, cls, named or (cls.__name__ if cls is not None else type(config).__name__)
 
 
-def guard_backend(config: Any, requested: str | None = None) -> str:
-    """The attention backend the twin runs on CPU: ``requested`` when it runs on CPU (the one
-    training uses), else the one :func:`onepass.attention.backends.supported_backend` picks."""
-    from onepass.attention.backends import supported_backend
-
-    return requested if requested in CPU_BACKENDS else str(supported_backend(config, "cpu"))
-
-
 def build_twin(model_or_config: Any, vocab_size: int, *, backend: str | None = None, seed: int = 0) -> Any:
     """The tiny float64 twin of ``model_or_config`` with ``backend`` attention, in eval mode."""
     from transformers import AutoModelForCausalLM
@@ -140,7 +132,7 @@ def build_twin(model_or_config: Any, vocab_size: int, *, backend: str | None = N
 
     config, cls, _ = describe(model_or_config)
     twin = tiny_twin(config, vocab_size)
-    backend = guard_backend(twin, backend)
+    backend = cpu_backend(twin, backend)
     if backend == "onepass_cpu":
         from onepass.attention.cpu import register
 

@@ -23,6 +23,7 @@ normalisation in the step, checkpoints, resume here) is in plain sight.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -38,7 +39,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from onepass.train.config import TrainConfig, TrainConfigError, write_yaml
+from onepass.train.cli import overrides_from_args, setup_logging
+from onepass.train.config import TrainConfig, TrainConfigError, load_config, write_yaml
+from onepass.train.distributed import shutdown
 from onepass.train.data import TrainData, check_data, compact_vocab, load_train_data, total_steps
 from onepass.train.evaluation import evaluate
 from onepass.train.fingerprint import check_fingerprint, run_fingerprint
@@ -326,4 +329,14 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
                        plot_path=plot, seconds=run_seconds, tokens=run_tokens)
 
 
-__all__ = ["TrainResult", "train", "train_steps"]
+def run(args: argparse.Namespace) -> int:
+    """``onepass train`` (flags: :mod:`onepass.train.cli`): 0 when the run finished. Bad settings raise a
+    OnePassError (one line)."""
+    setup_logging()
+    config = load_config(args.config, overrides_from_args(args))
+    train(config, resume=args.resume, resume_anyway=args.resume_anyway)
+    shutdown()  # after a finished run only: a rank that failed must not wait in a collective for the others
+    return 0
+
+
+__all__ = ["TrainResult", "run", "train", "train_steps"]
