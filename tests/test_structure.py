@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import warnings
@@ -183,3 +184,48 @@ def test_every_record_reasoning_key_is_a_candidate_the_template_probe_tries():
 
     assert set(REASONING_KEYS) < set(TEMPLATE_REASONING_KEYS)
     assert set(TEMPLATE_REASONING_KEYS) - set(REASONING_KEYS) == {"tool_plan"}
+
+
+# ---------------------------------------------------------------------------------------------
+# one loader per resource (STYLE.md 11: "One loader per resource (model, tokenizer, data source), used by
+# every command and trainer")
+
+
+def modules_calling(text: str) -> set[str]:
+    """Our modules whose code (comments and docstrings aside) holds ``text``."""
+    out = set()
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+        code = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Call) and id(n) not in docstrings]
+        if any(text in c for c in code):
+            out.add(name)
+    return out
+
+
+def test_models_and_configs_are_loaded_in_one_module_and_tokenizers_in_one():
+    # onepass train, OnePassTrainer, verify, eval, export and the guard all load through onepass.models
+    assert modules_calling("AutoModelForCausalLM.from_pretrained(") == {"onepass.models"}
+    assert modules_calling("PeftModel.from_pretrained(") == {"onepass.models"}
+    assert modules_calling("AutoConfig.from_pretrained(") == {"onepass.models"}
+    assert modules_calling("AutoTokenizer.from_pretrained(") == {"onepass.tokenizer"}
+    assert {name for name in modules_calling(".from_pretrained(")} == {"onepass.models", "onepass.tokenizer"}
+
+
+def test_one_dtype_table_and_one_conversion_to_a_torch_dtype():
+    tables = {name for name, p in MODULES.items() for n in ast.walk(ast.parse(p.read_text()))
+              if isinstance(n, ast.Assign) and any(ast.unparse(t).endswith("DTYPES") and ast.unparse(t) !=
+                                                   "ROW_DISK_DTYPES" for t in n.targets)}
+    assert tables == {"onepass.dtypes"}, tables
+    assert modules_calling("getattr(torch,") == {"onepass.dtypes"}
+    spelled = {name for name, p in MODULES.items()  # {"float32": torch.float32, ...}: a table of its own
+               if re.search(r"""["'](float32|bfloat16|float16|float64)["']\s*:\s*torch\.""", p.read_text())}
+    assert not spelled, spelled
+
+
+def test_one_is_peft_and_nothing_probes_for_peft_by_hand():
+    defined = {name for name, p in MODULES.items() if {"is_peft", "base_model"} & defined_functions(p)}
+    assert defined == {"onepass.models"}, defined
+    probing = {name for name, p in MODULES.items() if name != "onepass.models"
+               and re.search(r"""["'](get_base_model|peft_config)["']""", p.read_text())}
+    assert not probing, probing

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from onepass.dtypes import torch_dtype
 from onepass.bench.memory import (
     OPTIMIZER_MARK,
     persistent_tensors,
@@ -206,7 +207,7 @@ def time_training(job: Job) -> Timing:
         from onepass.attention.cpu import register
 
         register()
-    model = tiny_model(job.arch, job.vocab, dtype=getattr(torch, job.dtype), seed=job.seed,
+    model = tiny_model(job.arch, job.vocab, dtype=torch_dtype(job.dtype), seed=job.seed,
                        attn_implementation=job.backend, device=device, **arch_kwargs(job.arch, job.shape_kwargs))
     model.train()
     before = start_peak_memory(device)

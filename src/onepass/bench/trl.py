@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from onepass.dtypes import torch_dtype
 from onepass.bench.harness import Timing, peak_memory_since, start_peak_memory, sync_device
 from onepass.view import View
 
@@ -131,7 +132,7 @@ def make_trainer(job: TrlJob, out_dir: str, callbacks: list[Any] | None = None) 
         from onepass.attention.cpu import register
 
         register()
-    model = tiny_model("qwen3", job.vocab, dtype=getattr(torch, job.dtype), seed=job.seed,
+    model = tiny_model("qwen3", job.vocab, dtype=torch_dtype(job.dtype), seed=job.seed,
                        attn_implementation=job.backend, device=job.device, **job.shape_kwargs).train()
     if job.backend == "onepass_cpu":
         model.register_forward_pre_hook(_packed_mask_hook, with_kwargs=True)

@@ -41,6 +41,7 @@ from onepass.view import View
 from onepass.guard.twin import layer_types as twin_layer_types
 from onepass.guard.twin import tiny_twin
 from onepass.model_config import text_config
+from onepass.models import base_model
 
 TOLERANCE = divergence.TOLERANCE  # relative, float64; exact is ~1e-16 (a gradient may round further: judge)
 CLI_HINT = "train with --schedule n-pass, or pass --allow-inexact to train anyway"
@@ -99,11 +100,6 @@ class GuardResult:
 # the twin model
 
 
-def _unwrap(model_or_config: Any) -> Any:
-    base = getattr(model_or_config, "get_base_model", None)  # peft
-    return base() if callable(base) else model_or_config
-
-
 def _auto_class(config: Any) -> Any | None:
     from transformers import AutoModelForCausalLM
 
@@ -115,7 +111,7 @@ def _auto_class(config: Any) -> Any | None:
 
 def describe(model_or_config: Any) -> tuple[Any, Any | None, str]:
     """(the decoder's config, the model class to build the twin with, the architecture's name)."""
-    obj = _unwrap(model_or_config)
+    obj = base_model(model_or_config)  # a peft model's base model
     is_model = isinstance(obj, torch.nn.Module)
     config = obj.config if is_model else obj
     decoder = text_config(config)

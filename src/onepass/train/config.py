@@ -44,13 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from onepass.data_config import DATA_KEYS, DataConfig, data_config_hints
+from onepass.dtypes import dtype_names
 from onepass.errors import ConfigError
 
 FINETUNES = ("full", "lora", "qlora")
 OPTIMIZERS = ("adamw", "sgd", "adamw_8bit", "paged_adamw_8bit")
 OPTIMIZER_ALIASES = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw"}  # HF names of the same
 LR_SCHEDULERS = ("constant", "linear", "cosine")
-DTYPES = ("float32", "bfloat16", "float64")
 MIXED_PRECISION = ("no", "bf16")
 REPORT_TO = ("tensorboard", "wandb", "mlflow", "trackio", "comet_ml", "aim", "clearml", "dvclive", "swanlab")
 # accelerate's tracker names (accelerate.utils.LoggerType); which are installed is checked when a run starts
@@ -197,7 +197,7 @@ def _validate(c: TrainConfig) -> None:
     _one_of("finetune", c.finetune, FINETUNES)
     _one_of("optim", c.optim, OPTIMIZERS)
     _one_of("lr_scheduler_type", c.lr_scheduler_type, LR_SCHEDULERS)
-    _one_of("dtype", c.dtype, DTYPES)
+    _one_of("dtype", c.dtype, dtype_names(trains=True))
     _one_of("mixed_precision", c.mixed_precision, MIXED_PRECISION)
     for r in c.report_to:
         _one_of("report_to tracker", r, REPORT_TO)

@@ -65,8 +65,8 @@ from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: t
     prepared_dataset,
     rows_dataset,
 )
-from onepass.train.hf_model import base_model, chat_template_of, is_peft, load_model, load_tokenizer, loaded_from, \
-    set_special_tokens
+from onepass.models import base_model, is_peft, loaded_from
+from onepass.train.hf_model import chat_template_of, load_model, load_tokenizer, set_special_tokens
 from onepass.tree import COLUMNS
 
 log = logging.getLogger("onepass")

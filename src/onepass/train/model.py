@@ -24,14 +24,11 @@ from typing import Any
 
 import torch
 
-from onepass.hub import hub_offline, offline_reason
+from onepass.dtypes import torch_dtype
+from onepass.models import ModelSpec, load_causal_lm, load_model_config
 from onepass.train.config import QLORA_ON_CPU, TrainConfig, TrainConfigError
 
 _LOG = logging.getLogger("onepass")
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[name]
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -93,7 +90,7 @@ def check_environment(config: TrainConfig, device: torch.device) -> None:
     for tracker in config.report_to:  # accelerate's trackers: the module is named as the tracker
         _require(tracker, f"report_to: {tracker}", f"pip install {tracker.replace('_', '-')}")
     if config.model is not None:
-        check_model(config.model)
+        load_model_config(config.model)  # a local folder with a config, or a hub id reachable now (or cached)
 
 
 def _require(module: str, what: str, install: str) -> None:
@@ -101,30 +98,6 @@ def _require(module: str, what: str, install: str) -> None:
 
     if importlib.util.find_spec(module) is None:
         raise TrainConfigError(f"{what} needs the {module!r} package: {install}")
-
-
-def _looks_like_path(spec: str) -> bool:
-    """Hub ids are ``name`` or ``org/name``; anything else that does not exist is a missing path."""
-    return spec.startswith(("/", "./", "../", "~", ".")) or spec.count("/") > 1
-
-
-def check_model(spec: str) -> None:
-    """A local directory with a config, or a hub id reachable now (or cached when offline)."""
-    path = Path(spec).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise TrainConfigError(f"model directory {spec} has no config.json (is it a saved HF model?)")
-        return
-    if _looks_like_path(spec):
-        raise TrainConfigError(f"model path not found: {spec}")
-    from transformers import AutoConfig
-
-    try:
-        AutoConfig.from_pretrained(spec)
-    except (OSError, ValueError) as e:
-        why = (f"it is not a local path, not in the HF cache, and the hub is offline ({offline_reason()})"
-               if hub_offline() else str(e).splitlines()[0] if str(e) else type(e).__name__)
-        raise TrainConfigError(f"model {spec!r} cannot be loaded: {why}") from None
 
 
 def load_tokenizer_for(config: TrainConfig) -> Any:
@@ -167,9 +140,7 @@ def check_exactness(config: TrainConfig, *, attention: str, log: Any = _LOG.info
 
         model_config = tiny_config(config.tiny, 64, **config.tiny_config)
     else:
-        from transformers import AutoConfig
-
-        model_config = AutoConfig.from_pretrained(config.model)
+        model_config = load_model_config(config.model)
     result = check_exact_once(model_config, views, pack=data_config.pack, backend=attention)
     enforce(result, allow_inexact=config.allow_inexact, log=lambda line: log(f"exactness guard on {where}: {line}"))
     return {"checked": True, "data": where, **result.to_dict()}
@@ -177,29 +148,17 @@ def check_exactness(config: TrainConfig, *, attention: str, log: Any = _LOG.info
 
 def load_model(config: TrainConfig, *, device: torch.device, attention: str, vocab_size: int | None = None
                ) -> Any:
-    """The model to train, on ``device``, in train mode, with adapters when asked."""
-    dtype = torch_dtype(config.dtype)
-    if config.tiny is not None:
-        from onepass.tiny import tiny_model
-
-        assert vocab_size is not None
-        model = tiny_model(config.tiny, vocab_size, dtype=dtype, seed=config.seed, attn_implementation=attention,
-                           device=device, **config.tiny_config)
-    else:
-        from transformers import AutoModelForCausalLM
-
-        kwargs: dict[str, Any] = dict(dtype=dtype, attn_implementation=attention)
-        if config.finetune == "qlora":
-            kwargs["quantization_config"] = quantization_config(config)
-            kwargs["device_map"] = {"": device.index if device.index is not None else torch.cuda.current_device()}
-        model = AutoModelForCausalLM.from_pretrained(config.model, **kwargs)
-        if config.finetune != "qlora":
-            model = model.to(device)
+    """The model to train, loaded by the one loader (:func:`onepass.models.load_causal_lm`), on ``device``, in
+    train mode, with adapters when asked."""
+    qlora = config.finetune == "qlora"
+    spec = ModelSpec(model=config.model, tiny=config.tiny, vocab_size=vocab_size, tiny_config=config.tiny_config,
+                     seed=config.seed, dtype=config.dtype, attention=attention, device=device,
+                     quantization=quantization_config(config) if qlora else None,
+                     device_map={"": device.index if device.index is not None else torch.cuda.current_device()}
+                     if qlora else None)
+    model = load_causal_lm(spec)
     model.config.use_cache = False
-    from onepass.mixers.tree import install
-
-    install(model)  # recurrent mixers' couplings checked at load: one CouplingError line if a release broke them
-    if config.finetune == "qlora":
+    if qlora:
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(
@@ -216,7 +175,7 @@ def load_model(config: TrainConfig, *, device: torch.device, attention: str, voc
 def qlora_settings(config: TrainConfig) -> dict[str, Any]:
     """QLoRA's quantization: the base model's weights in 4-bit NF4, double-quantized, computing in ``dtype``."""
     return dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                bnb_4bit_compute_dtype=torch.bfloat16 if config.dtype == "bfloat16" else torch.float32)
+                bnb_4bit_compute_dtype=torch_dtype("bfloat16" if config.dtype == "bfloat16" else "float32"))
 
 
 def quantization_config(config: TrainConfig, settings: dict[str, Any] | None = None) -> Any:
@@ -295,10 +254,6 @@ def add_lora(model: Any, config: TrainConfig) -> Any:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         return get_peft_model(model, lora_config(config))
-
-
-def is_peft(model: Any) -> bool:
-    return hasattr(model, "peft_config")
 
 
 def trainable_state(model: Any) -> dict[str, torch.Tensor]:
