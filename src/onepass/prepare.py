@@ -22,7 +22,7 @@ so a crash never leaves a half-written dataset behind; a marker file
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from onepass.errors import DataError, DataNotFound
 from onepass.files import atomic_dir, write_marker
 from onepass.flops import token_ratio
 from onepass.pack import pack_layouts
-from onepass.render import render_conversation
+from onepass.render import Rendered, render_conversation
 from onepass.schedule import schedule_views
 from onepass.tree import COLUMNS, ROW_DISK_DTYPES, Layout, count_nodes, row_from_columns, rows_to_columns
 
@@ -176,10 +176,14 @@ def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: Prepa
 
 
 def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConfig, stats: PrepareStats, *,
-                         strict: bool = False) -> list[Layout]:
-    """The trees (unpacked) of one conversation; its counts and skips go into ``stats``."""
+                         strict: bool = False, on_rendered: Callable[[Rendered], None] | None = None) -> list[Layout]:
+    """The trees (unpacked) of one conversation; its counts and skips go into ``stats``. ``on_rendered``
+    sees its rendering (the exactness guard's sample: :class:`onepass.guard.sample.ViewSample`), so a run
+    renders each conversation once."""
     stats.conversations += 1
     rendered = render_conversation(conv, tokenizer, config.render, max_tokens=config.max_tokens)
+    if on_rendered is not None:
+        on_rendered(rendered)
     if strict and rendered.skipped:
         raise rendered.skipped[0]
     for name in conv.conversions:

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from onepass.conversation import Conversation, ConversationError
+from onepass.guard.sample import ViewSample, usable_views
 from onepass.prepare import ADDITIVE, INVALID, PrepareConfig, PrepareStats, finalize, prepare_conversation
 from onepass.tree import Layout
 
@@ -157,13 +158,19 @@ def _init_worker(tokenizer: Any, chat_template: str | None, config: PrepareConfi
     _WORKER.update(tokenizer=_tokenizer(tokenizer, chat_template), config=config, strict=strict)
 
 
-def _work(chunk: list[Conversation]) -> list[tuple[list[Layout], dict[str, int], list[tuple[str, str, int]]]]:
-    """Worker: each conversation's trees, counts and skips."""
+_Done = tuple[list[Layout], dict[str, int], list[tuple[str, str, int]], list[Any]]
+
+
+def _work(chunk: list[Conversation], sampled: bool = False) -> list[_Done]:
+    """Worker: each conversation's trees, counts, skips and (``sampled``: the first conversations, whose
+    views the exactness guard may check) its :func:`onepass.guard.sample.usable_views`."""
     out = []
     for conv in chunk:
         st = _PairedStats()
-        trees = prepare_conversation(conv, _WORKER["tokenizer"], _WORKER["config"], st, strict=_WORKER["strict"])
-        out.append((trees, {k: getattr(st, k) for k in ADDITIVE}, st.pairs))
+        views: list[Any] = []
+        trees = prepare_conversation(conv, _WORKER["tokenizer"], _WORKER["config"], st, strict=_WORKER["strict"],
+                                     on_rendered=(lambda r: views.append(usable_views(r))) if sampled else None)
+        out.append((trees, {k: getattr(st, k) for k in ADDITIVE}, st.pairs, views))
     return out
 
 
@@ -217,9 +224,10 @@ def iter_prepared(spec: str | Path, tokenizer: Any, config: PrepareConfig, stats
 
 def iter_units(convs: Iterable[Conversation], tokenizer: Any, config: PrepareConfig, stats: PrepareStats, *,
                num_proc: int = 1, chat_template: str | None = None, strict: bool = False, progress: bool = False,
-               total: int | None = None) -> Iterator[list[Layout]]:
+               total: int | None = None, sample: ViewSample | None = None) -> Iterator[list[Layout]]:
     """Each conversation's trees (unpacked; an empty list when all its views are skipped), in input order,
-    counted into ``stats``; on ``num_proc`` forked workers when > 1, as :func:`iter_prepared`."""
+    counted into ``stats``; on ``num_proc`` forked workers when > 1, as :func:`iter_prepared`. ``sample``
+    is offered each conversation's rendering, in order (the exactness guard's views)."""
     if num_proc < 1:
         raise ValueError(f"num_proc must be >= 1, got {num_proc}")
     stats.configure(config)
@@ -231,7 +239,8 @@ def iter_units(convs: Iterable[Conversation], tokenizer: Any, config: PrepareCon
     if num_proc == 1:
         tok = _tokenizer(tokenizer, chat_template)
         for conv in convs:
-            yield prepare_conversation(conv, tok, config, stats, strict=strict)
+            yield prepare_conversation(conv, tok, config, stats, strict=strict,
+                                       on_rendered=sample.offer if sample is not None else None)
         return
     import multiprocessing
 
@@ -242,13 +251,17 @@ def iter_units(convs: Iterable[Conversation], tokenizer: Any, config: PrepareCon
         pending: deque[Any] = deque()
         try:
             chunks = _chunks(convs, CHUNK)
+            sent = 0  # conversations sent: the first sample.limit of them come back with their views
             while True:
                 while len(pending) < WINDOW * num_proc and (chunk := next(chunks, None)) is not None:
-                    pending.append(pool.apply_async(_work, (chunk,)))
+                    pending.append(pool.apply_async(_work, (chunk, sample is not None and sent < sample.limit)))
+                    sent += len(chunk)
                 if not pending:
                     break
-                for trees, counts, skips in pending.popleft().get():
+                for trees, counts, skips, views in pending.popleft().get():
                     stats.add(counts, skips)
+                    if sample is not None and views:
+                        sample.add(views[0])
                     yield trees
         finally:
             _stop(pool, pending)

@@ -35,8 +35,7 @@ import torch
 from onepass.attention.backends import cpu_backend
 from onepass.guard import divergence
 from onepass.guard.divergence import LayerDiff, judge, layer_of_parameter, locate, named_layer
-from onepass.errors import ConfigError, DataError, debug
-from onepass.render import RenderConfig
+from onepass.errors import ConfigError, debug
 from onepass.view import View
 from onepass.guard.twin import layer_types as twin_layer_types
 from onepass.guard.twin import tiny_twin
@@ -45,7 +44,6 @@ from onepass.models import base_model
 
 TOLERANCE = divergence.TOLERANCE  # relative, float64; exact is ~1e-16 (a gradient may round further: judge)
 CLI_HINT = "train with --schedule n-pass, or pass --allow-inexact to train anyway"
-MAX_VIEW_TOKENS = 2048  # a conversation's later views are left out of the check beyond this
 
 
 class InexactModelError(ConfigError):
@@ -231,60 +229,3 @@ def enforce(result: GuardResult, *, allow_inexact: bool, hint: str = CLI_HINT,
         log("warning: " + result.message(hint="training anyway (allow_inexact); the loss is not the N-pass loss"))
     else:
         raise InexactModelError(result.message(hint))
-
-
-# ---------------------------------------------------------------------------------------------
-# which conversations
-
-
-def sample_views(conversations: Sequence[Any], tokenizer: Any, render: RenderConfig | None = None, *,
-                 num: int = 2, max_view_tokens: int = MAX_VIEW_TOKENS) -> list[list[View]]:
-    """Views of ``num`` conversations for the check: the first ones with two or more views (a
-    tree needs two), each cut to its views of at most ``max_view_tokens``; conversations the
-    template cannot render are passed over (training counts them)."""
-    from onepass.render import render_views
-
-    multi: list[list[View]] = []
-    single: list[list[View]] = []
-    for conv in conversations:
-        try:
-            views = render_views(conv, tokenizer, render or RenderConfig())
-        except DataError:
-            continue
-        views = [v for v in views if len(v) <= max_view_tokens]
-        if len(views) >= 2:
-            multi.append(views)
-        elif views:
-            single.append(views)
-        if len(multi) >= num:
-            break
-    return (multi + single)[:num]
-
-
-def builtin_conversations(limit: int = 16) -> list[Any]:
-    """The first bundled MathChat conversations: the check's data when the user's are not at hand."""
-    from onepass.data.mathchat import load_sample
-
-    return load_sample(limit=limit)
-
-
-def views_for_check(conversations: Sequence[Any], tokenizer: Any | None, render: RenderConfig | None = None,
-                    *, source: str = "the data", empty: str = "no conversations at hand"
-                    ) -> tuple[list[list[View]], str]:
-    """The views the guard checks, and what they are: two of ``conversations`` rendered with
-    ``tokenizer``; else the bundled MathChat pair rendered with it; else with builtin:qwen3 (the
-    twin's vocabulary is compacted, so any tokenizer exercises the same layers). ``empty``: why
-    there are no conversations (said in the description)."""
-    if conversations and tokenizer is not None:
-        views = sample_views(conversations, tokenizer, render)
-        if views:
-            return views, f"{len(views)} conversations of {source}"
-    why = empty if not conversations else f"no usable conversation in {source}"
-    if tokenizer is not None:
-        views = sample_views(builtin_conversations(), tokenizer, render)
-        if views:
-            return views, f"the bundled MathChat pair ({why})"
-    from onepass.tokenizer import load_tokenizer
-
-    views = sample_views(builtin_conversations(), load_tokenizer("builtin:qwen3"))
-    return views, f"the bundled MathChat pair rendered with builtin:qwen3 ({why})"

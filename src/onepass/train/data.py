@@ -27,23 +27,28 @@ No torch here, except :func:`collate` at the edge to the device.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from onepass.data.load import ROWS, DataSource, load_conversations, resolve_data
+from onepass.data.load import ROWS, DataSource, load_conversations
+from onepass.data.parallel import iter_units
 from onepass.errors import DataError
 from onepass.flops import token_ratio
+from onepass.guard.sample import ViewSample
 from onepass.pack import pack_layouts
 from onepass.data_config import DataConfig
 from onepass.prepare import PrepareStats, load_rows
 from onepass.row_check import check_rows
 from onepass.train.config import TrainConfig, TrainConfigError
 from onepass.tree import Layout, row_from_columns
+from onepass.view import View
 from onepass.vocab import layout_ids, remap_layout, used_ids
 
 Unit = list[Layout]
@@ -57,6 +62,7 @@ class TrainData:
     kind: str  # "conversation" | "row"
     source: str
     stats: dict[str, Any]
+    guard_views: list[list[View]] = field(default_factory=list)  # conversations: the exactness guard's sample
 
     @property
     def num_units(self) -> int:
@@ -70,11 +76,6 @@ class TrainData:
 # loading
 
 
-def check_data(spec: str) -> DataSource:
-    """What ``spec`` names (conversations or prepared rows); one :class:`DataError` line when nothing usable."""
-    return resolve_data(spec)
-
-
 def prepare_config(config: TrainConfig) -> DataConfig:
     """How raw conversations become trees: the run's data settings, unpacked (packing happens per
     micro-batch, see the module docstring); the schedule is not parsed again."""
@@ -82,19 +83,19 @@ def prepare_config(config: TrainConfig) -> DataConfig:
 
 
 def conversation_units(conversations: Sequence[Any], tokenizer: Any, config: DataConfig, *,
-                       stats: PrepareStats | None = None, progress: bool = False,
-                       num_proc: int = 1) -> tuple[list[Unit], PrepareStats]:
+                       stats: PrepareStats | None = None, progress: bool = False, num_proc: int = 1,
+                       sample: ViewSample | None = None) -> tuple[list[Unit], PrepareStats]:
     """One unit per conversation that keeps at least one view: the trees ``config.schedule`` makes.
 
     Runs :func:`onepass.prepare.prepare_conversation` one conversation at a time (on ``num_proc``
     forked workers when > 1, :func:`onepass.data.parallel.iter_units`) so each tree keeps its
     conversation; the running totals of ``stats`` add up, the whole-set ones are set at the end.
+    ``sample`` is offered each conversation's rendering (the exactness guard's views).
     """
-    from onepass.data.parallel import iter_units
-
     stats = stats or PrepareStats()
     units: list[Unit] = [trees for trees in iter_units(conversations, tokenizer, config, stats, num_proc=num_proc,
-                                                        progress=progress, total=len(conversations)) if trees]
+                                                        progress=progress, total=len(conversations), sample=sample)
+                         if trees]
     trees = [x for u in units for x in u]
     stats.trees = stats.rows = len(trees)
     stats.row_tokens = sum(len(x) for x in trees)
@@ -103,18 +104,18 @@ def conversation_units(conversations: Sequence[Any], tokenizer: Any, config: Dat
     return units, stats
 
 
-def load_train_data(spec: str, config: TrainConfig, tokenizer: Any | None, *, progress: bool = False,
+def load_train_data(source: DataSource, config: TrainConfig, tokenizer: Any | None, *, progress: bool = False,
                     log: Any = _LOG.info) -> TrainData:
-    """Units of ``spec``: prepared rows (one unit per row) or conversations (one unit per conversation)."""
-    source = resolve_data(spec)
+    """Units of ``source`` (a ``--data`` spec resolved once, by the run: :func:`onepass.data.load.resolve_data`):
+    prepared rows (one unit per row) or conversations (one unit per conversation, each read and rendered
+    once; the exactness guard's views are taken from them, :attr:`TrainData.guard_views`)."""
+    spec = source.spec
     if source.kind == ROWS:
         assert source.path is not None
         rows = load_rows(source.path)
         if config.limit is not None:
             rows = rows[:config.limit]
         stats_path = source.path / "stats.json"
-        import json
-
         try:
             stats = json.loads(stats_path.read_text(encoding="utf-8")) if stats_path.is_file() else {}
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -138,14 +139,16 @@ def load_train_data(spec: str, config: TrainConfig, tokenizer: Any | None, *, pr
         stats.skip("invalid record", line)
     if tokenizer is None:
         raise TrainConfigError("raw conversations need a tokenizer: set tokenizer")
+    sample = ViewSample()
     units, stats = conversation_units(report.conversations, tokenizer, prepare_config(config), stats=stats,
-                                      progress=progress)
+                                      progress=progress, sample=sample)
     if stats.skipped:
         log(f"skipped {stats.skip_summary()}")
     if not units:
         first = stats.skipped[0] if stats.skipped else "the data has no conversations"
         raise DataError(f"no trainable conversations in {spec}; first skip: {first}")
-    return TrainData(units=units, kind="conversation", source=spec, stats=stats.to_dict())
+    return TrainData(units=units, kind="conversation", source=spec, stats=stats.to_dict(),
+                     guard_views=sample.views())
 
 
 def compact_vocab(*datas: TrainData) -> tuple[list[TrainData], np.ndarray]:
@@ -155,8 +158,7 @@ def compact_vocab(*datas: TrainData) -> tuple[list[TrainData], np.ndarray]:
     ``used[i]`` is the original id of new id ``i``.
     """
     used = used_ids(layout_ids(x for d in datas for u in d.units for x in u))
-    out = [TrainData(units=[[remap_layout(x, used) for x in u] for u in d.units], kind=d.kind, source=d.source,
-                     stats=d.stats) for d in datas]
+    out = [dataclasses.replace(d, units=[[remap_layout(x, used) for x in u] for u in d.units]) for d in datas]
     return out, used
 
 

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from onepass.train.config import TrainConfig, TrainConfigError
+from onepass.data.load import DataSource
+from onepass.train.config import TrainConfigError
 
 # what a run writes into a folder (training into the data folder must not change the data's digest)
 _RUN_OUTPUTS = frozenset({"checkpoints", "final", "metrics.json", "train_config.yaml", "loss.png"})
@@ -38,14 +39,12 @@ def _digest_files(files: list[Path], root: Path) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def data_digest(spec: str) -> str:
-    """The digest of the content a data spec names (a file, or the data files of a folder); a spec
+def data_digest(source: DataSource) -> str:
+    """The digest of the content a data source names (a file, or the data files of a folder); a spec
     that names no local content (``builtin:``, ``synthetic:``, a hub id) is its own digest."""
-    from onepass.data.load import resolve_data
-
-    path = resolve_data(spec).path
+    path = source.path
     if path is None or not path.exists():
-        return f"spec:{spec}"
+        return f"spec:{source.spec}"
     if path.is_file():
         return _digest_files([path], path.parent)
     files = [f for f in sorted(path.rglob("*")) if f.is_file()
@@ -63,9 +62,9 @@ def tokenizer_digest(tokenizer: Any | None) -> str | None:
     return "sha256:" + hashlib.sha256(f"{body}\0{template!r}".encode()).hexdigest()
 
 
-def run_fingerprint(config: TrainConfig, tokenizer: Any | None) -> dict[str, str | None]:
-    return {"data": data_digest(config.data),
-            "eval_data": data_digest(config.eval_data) if config.eval_data is not None else None,
+def run_fingerprint(data: DataSource, eval_data: DataSource | None, tokenizer: Any | None) -> dict[str, str | None]:
+    """The digests of a run's data and held-out data (as the run resolved them) and of its tokenizer."""
+    return {"data": data_digest(data), "eval_data": data_digest(eval_data) if eval_data is not None else None,
             "tokenizer": tokenizer_digest(tokenizer)}
 
 

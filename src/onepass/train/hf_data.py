@@ -36,30 +36,35 @@ import torch
 
 from onepass.conversation import Conversation
 from onepass.data_config import DataConfig
+from onepass.guard.sample import GUARD_CONVERSATIONS, ViewSample
 from onepass.loss import layouts_to_batch
 from onepass.pack import pack_layouts
 from onepass.prepare import PrepareStats, load_rows
 from onepass.render import RenderConfig
 from onepass.schedule import Schedule
 from onepass.train.hf_config import OnePassConfig
+from onepass.train.data import conversation_units
 from onepass.tree import COLUMNS, Layout, concat, row_from_columns, rows_to_columns
+from onepass.view import View
 
 log = logging.getLogger("onepass")
 
 _CONVERSATION_KEYS = ("messages", "conversations", "interactions", "prompt", "completion")
-GUARD_CONVERSATIONS = 32  # the guard samples from the first conversations; keeping these is enough
 
 
 @dataclass(frozen=True, kw_only=True)
 class GuardInputs:
-    """What the exactness guard (:mod:`onepass.guard`) checks a dataset's model on: the first
-    conversations of the dataset, rendered as its rows were (``tokenizer``, ``render``); under an
-    ``n-pass`` schedule there is nothing to check (each row is one plain sequence)."""
+    """What the exactness guard (:mod:`onepass.guard`) checks a dataset's model on: ``views``, two of
+    the dataset's first conversations as its rows were rendered (:class:`onepass.guard.sample.ViewSample`:
+    nothing rendered twice); the conversations, ``tokenizer`` and ``render`` settings they came from
+    (what a check of other conversations renders with); under an ``n-pass`` schedule there is nothing
+    to check (each row is one plain sequence)."""
 
     schedule: Schedule
     conversations: tuple[Conversation, ...]
     tokenizer: Any
     render: RenderConfig
+    views: list[list[View]] | None = None  # None: render the conversations for the check
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,14 +111,14 @@ def conversation_dataset(conversations: Iterable[Conversation], tokenizer: Any, 
 def prepare_rows(conversations: Iterable[Conversation], tokenizer: Any, data_config: DataConfig, *,
                  packing: bool = False, num_proc: int | None = None, progress: bool = False) -> PreparedRows:
     """:func:`conversation_dataset`'s rows, their statistics and the guard's inputs (:class:`GuardInputs`)."""
-    from onepass.train.data import conversation_units
-
     max_tokens = data_config.max_tokens
     if packing and max_tokens is None:
         raise ValueError("packing needs a row length: set max_length")
     config = data_config.replace(pack=False)  # packing happens below, across conversations
     conversations = list(conversations)
-    units, stats = conversation_units(conversations, tokenizer, config, progress=progress, num_proc=num_proc or 1)
+    sample = ViewSample(limit=GUARD_CONVERSATIONS)
+    units, stats = conversation_units(conversations, tokenizer, config, progress=progress, num_proc=num_proc or 1,
+                                      sample=sample)
     if stats.skipped:
         log.warning("onepass: skipped %s", stats.skip_summary())
     if not units:
@@ -128,7 +133,7 @@ def prepare_rows(conversations: Iterable[Conversation], tokenizer: Any, data_con
     else:
         rows = [concat(u) for u in units]
     guard = GuardInputs(schedule=config.schedule_spec, conversations=tuple(conversations[:GUARD_CONVERSATIONS]),
-                        tokenizer=tokenizer, render=config.render)
+                        tokenizer=tokenizer, render=config.render, views=sample.views())
     return PreparedRows(dataset=rows_dataset(rows), guard=guard, stats=stats)
 
 

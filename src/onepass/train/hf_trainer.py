@@ -229,8 +229,9 @@ class OnePassTrainer(Trainer):
         convs = self.exactness_conversations or (inputs.conversations if inputs is not None else ())
         tokenizer = inputs.tokenizer if inputs is not None else self.processing_class
         render = inputs.render if inputs is not None else None
+        sampled = inputs.views if inputs is not None and not self.exactness_conversations else None  # as prepared
         views, where = views_for_check(convs, tokenizer if hasattr(tokenizer, "apply_chat_template") else None,
-                                       render, source="the training conversations")
+                                       render, source="the training conversations", sampled=sampled)
         model = self.accelerator.unwrap_model(self.model)
         result = check_exact_once(model, views, backend=model_backend(base_model(model)))
         enforce(result, allow_inexact=self.allow_inexact,

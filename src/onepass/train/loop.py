@@ -42,9 +42,11 @@ import torch
 from onepass.train.cli import overrides_from_args, setup_logging
 from onepass.train.config import TrainConfig, TrainConfigError, load_config, write_yaml
 from onepass.train.distributed import shutdown
-from onepass.train.data import TrainData, check_data, compact_vocab, load_train_data, total_steps
+from onepass.data.load import CONVERSATIONS, DataSource, resolve_data
+from onepass.train.data import TrainData, compact_vocab, load_train_data, total_steps
 from onepass.train.evaluation import evaluate
 from onepass.train.fingerprint import check_fingerprint, run_fingerprint
+from onepass.train.model import load_tokenizer_for
 from onepass.train.step import NonFiniteError, Stepper, deliver
 
 
@@ -107,15 +109,16 @@ class _Loaded:
     vocab_size: int | None  # for a tiny model
 
 
-def _load_data(config: TrainConfig, *, main: bool, say: Callable[[str], None]) -> _Loaded:
-    """Train (and eval) units; a tiny model's vocabulary is compacted to the ids that occur."""
-    from onepass.train.model import load_tokenizer_for
-
-    raw = [s for s in (config.data, config.eval_data) if s is not None and check_data(s).kind == "conversations"]
+def _load_data(config: TrainConfig, sources: Sequence[DataSource | None], *, main: bool,
+               say: Callable[[str], None]) -> _Loaded:
+    """Train (and eval) units of the run's resolved ``sources``; a tiny model's vocabulary is compacted to
+    the ids that occur."""
+    source, eval_source = sources
+    assert source is not None
+    raw = [s for s in sources if s is not None and s.kind == CONVERSATIONS]
     tokenizer = load_tokenizer_for(config) if config.model is not None or raw else None
-    data = load_train_data(config.data, config, tokenizer, progress=config.progress and main, log=say)
-    eval_data = (load_train_data(config.eval_data, config, tokenizer, log=say)
-                 if config.eval_data is not None else None)
+    data = load_train_data(source, config, tokenizer, progress=config.progress and main, log=say)
+    eval_data = load_train_data(eval_source, config, tokenizer, log=say) if eval_source is not None else None
     used_ids, vocab_size = None, None
     if config.tiny is not None and config.compact_vocab:
         compacted, used_ids = compact_vocab(*[d for d in (data, eval_data) if d is not None])
@@ -205,9 +208,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     device = resolve_device(config.device)  # everything that can fail on this machine fails here, in a second
     check_environment(config, device)
     attention = resolve_attention(config.attention, device)
-    for spec in (config.data, config.eval_data):
-        if spec is not None:
-            check_data(spec)
+    sources = [resolve_data(s) if s is not None else None for s in (config.data, config.eval_data)]  # once per run
     out = Path(config.output_dir)
     ckpt = find_checkpoint(out, resume) if resume else None
     replaced = [] if resume else check_new_run(out, overwrite=config.overwrite_output_dir)  # never mix two runs
@@ -222,15 +223,16 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     say: Callable[[str], None] = log if main else (lambda _msg: None)
     parallel = describe(accelerator)
     say(parallel.line())  # the first line: what runs, not what was asked for
-    exactness = check_exactness(config, attention=attention, log=say)  # every process: a refusal stops all
+    loaded = _load_data(config, sources, main=main, say=say)  # each conversation read and rendered once
+    # every process: a refusal stops all; on the conversations as loaded (their rendering, not a second one)
+    exactness = check_exactness(config, loaded.data, loaded.tokenizer, attention=attention, log=say)
     if main:
         if out / "checkpoints" in replaced:
             shutil.rmtree(out / "checkpoints")
             say(f"--overwrite: removed the checkpoints of the earlier run in {out}")
         out.mkdir(parents=True, exist_ok=True)
         write_yaml(config, out / "train_config.yaml")
-    loaded = _load_data(config, main=main, say=say)
-    fingerprint = run_fingerprint(config, loaded.tokenizer)
+    fingerprint = run_fingerprint(*sources, loaded.tokenizer)
     if ckpt is not None:
         check_fingerprint(read_state(ckpt).get("fingerprint"), fingerprint, ckpt, anyway=resume_anyway, say=say)
     data, eval_data = loaded.data, loaded.eval_data

@@ -25,8 +25,12 @@ from typing import Any
 import torch
 
 from onepass.dtypes import torch_dtype
+from onepass.guard.check import check_exact_once, enforce
+from onepass.guard.sample import views_for_check
 from onepass.models import ModelSpec, load_causal_lm, load_model_config
+from onepass.tiny import tiny_config
 from onepass.train.config import QLORA_ON_CPU, TrainConfig, TrainConfigError
+from onepass.train.data import TrainData
 
 _LOG = logging.getLogger("onepass")
 
@@ -117,27 +121,24 @@ def _cached_tokenizer(spec: str, chat_template: str | None, _content: bytes | No
     return load_tokenizer(spec, chat_template=chat_template)
 
 
-def check_exactness(config: TrainConfig, *, attention: str, log: Any = _LOG.info) -> dict[str, Any]:
+def check_exactness(config: TrainConfig, data: TrainData, tokenizer: Any | None, *, attention: str,
+                    log: Any = _LOG.info) -> dict[str, Any]:
     """The exactness guard (:mod:`onepass.guard`) for this run, before any training: one-pass
-    against N-pass on a tiny float64 twin of the model, on two of the run's conversations (on
-    the bundled MathChat pair rendered with the run's tokenizer when the data is prepared rows).
+    against N-pass on a tiny float64 twin of the model, on two of the run's conversations as the run
+    rendered them (:attr:`~onepass.train.data.TrainData.guard_views`); on the bundled MathChat pair
+    rendered with the run's tokenizer when the data is prepared rows.
 
     Raises :class:`onepass.guard.InexactModelError` (one line) when they differ, unless
     ``allow_inexact``. Returns what metrics.json records under ``exactness``.
     """
-    from onepass.data.load import ROWS, load_conversations, resolve_data
-    from onepass.guard import check_exact_once, enforce, views_for_check
     data_config = config.data_config
     if data_config.schedule_spec.kind == "n-pass" and not data_config.pack:
         return {"checked": False, "why": "n-pass rows without packing are each one plain sequence"}
-    source = resolve_data(config.data)
-    convs = ([] if source.kind == ROWS else  # prepared rows: the bundled pair, with the run's tokenizer
-             load_conversations(source, strict=False, limit=min(config.limit or 32, 32)).conversations)
-    views, where = views_for_check(convs, load_tokenizer_for(config), data_config.render,
-                                   source=config.data, empty="the data is prepared rows")
+    rows = data.kind == "row"  # no conversations: the bundled pair, rendered with the run's tokenizer
+    views, where = views_for_check((), load_tokenizer_for(config) if tokenizer is None else tokenizer,
+                                   data_config.render, source=config.data, empty="the data is prepared rows",
+                                   sampled=None if rows else data.guard_views)
     if config.tiny is not None:
-        from onepass.tiny import tiny_config
-
         model_config = tiny_config(config.tiny, 64, **config.tiny_config)
     else:
         model_config = load_model_config(config.model)
