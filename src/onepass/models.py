@@ -57,7 +57,9 @@ class ModelSpec:
     init_kwargs: Mapping[str, Any] = field(default_factory=dict)  # other from_pretrained keywords (revision, ...)
     adapter: str | None = None  # a peft adapter folder put on the model
     merge_adapter: bool = False  # ... and merged into its weights (onepass export)
-    one_pass: bool = True  # it runs one-pass rows: the recurrent mixers' tree forward is installed
+    # wrap the recurrent mixers' forward for one-pass rows now, their couplings checked at load; False: at the
+    # first one-pass forward (onepass.mixers.tree.tree_kwargs), after float64 patches (verify), or never (eval, export)
+    install_mixers: bool = True
     label: str = "model"  # what an error calls it: "--model", "base model", ...
 
     def __post_init__(self) -> None:
@@ -109,7 +111,7 @@ def load_causal_lm(spec: ModelSpec) -> Any:
 
         model = PeftModel.from_pretrained(model, spec.adapter)
         model = model.merge_and_unload() if spec.merge_adapter else model
-    if spec.one_pass:
+    if spec.install_mixers:
         install(model)  # recurrent mixers' couplings checked at load: one CouplingError line if a release broke them
     return model.eval()
 

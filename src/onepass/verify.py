@@ -153,11 +153,12 @@ def verify_model(args: argparse.Namespace, vocab: int | None) -> tuple[Any, str,
     requested = None if args.attn == "auto" else args.attn
     if args.model:
         backend = cpu_backend(load_model_config(args.model, label="--model"), requested)
-        spec = ModelSpec(model=args.model, dtype=args.dtype, attention=backend, label="--model")
+        spec = ModelSpec(model=args.model, dtype=args.dtype, attention=backend, label="--model", install_mixers=False)
         label = args.model
     else:
         backend = cpu_backend(tiny_config(args.tiny, vocab), requested)
-        spec = ModelSpec(tiny=args.tiny, vocab_size=vocab, dtype=args.dtype, seed=args.seed, attention=backend)
+        spec = ModelSpec(tiny=args.tiny, vocab_size=vocab, dtype=args.dtype, seed=args.seed, attention=backend,
+                         install_mixers=False)  # after the float64 patches: at the first one-pass forward
         label = f"tiny {args.tiny} (random, vocabulary compacted to {vocab} ids)"
     model = load_causal_lm(spec)
     if args.dtype == "float64":
