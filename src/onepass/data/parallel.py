@@ -51,7 +51,7 @@ from typing import Any
 
 from onepass.conversation import Conversation, ConversationError
 from onepass.guard.sample import ViewSample, usable_views
-from onepass.prepare import ADDITIVE, INVALID, PrepareConfig, PrepareStats, finalize, prepare_conversation
+from onepass.prepare import INVALID, PrepareConfig, PrepareStats, finalize, prepare_conversation
 from onepass.tree import Layout
 
 CHUNK = 8  # conversations per task sent to a worker
@@ -147,7 +147,7 @@ class _PairedStats(PrepareStats):
     """Stats that also keep each skip's reason beside its message, in order (one conversation's
     turns can be skipped for different reasons): what a worker sends back."""
 
-    pairs: list[tuple[str, str, int]] = dataclasses.field(default_factory=list)
+    pairs: list[tuple[str, str, int]] = dataclasses.field(default_factory=list, metadata={"merge": "skips"})
 
     def skip(self, reason: str, message: str, count: int = 1) -> None:
         super().skip(reason, message, count)
@@ -170,7 +170,7 @@ def _work(chunk: list[Conversation], sampled: bool = False) -> list[_Done]:
         views: list[Any] = []
         trees = prepare_conversation(conv, _WORKER["tokenizer"], _WORKER["config"], st, strict=_WORKER["strict"],
                                      on_rendered=(lambda r: views.append(usable_views(r))) if sampled else None)
-        out.append((trees, {k: getattr(st, k) for k in ADDITIVE}, st.pairs, views))
+        out.append((trees, st.counts(), st.pairs, views))
     return out
 
 
