@@ -1,4 +1,7 @@
-"""The package's shape: no import cycles, the pure data layout imports no torch, files stay small by concept."""
+"""The package's shape: no import cycles, the pure data layout imports no torch, files stay small by concept,
+one loader per resource, imports of our modules at module level.
+
+The rules quoted are /work/shared/STYLE.md's ("How the code should feel"), by their number there."""
 
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ PURE = ("onepass.conversation", "onepass.render", "onepass.view", "onepass.tree"
         "onepass.model_config", "onepass.shards", "onepass.render.derived", "onepass.render.fields",
         "onepass.render.encode", "onepass.render.quirks", "onepass.rl.rollouts", "onepass.rl.layout",
         "onepass.rl.synthetic", "onepass.data_config", "onepass.geometry",
-        "onepass.template_messages")
+        "onepass.template_messages", "onepass.prepare", "onepass.data.parallel", "onepass.guard.sample",
+        "onepass.train.data", "onepass.dtypes", "onepass.lazy")
 
 
 def module_name(path: Path) -> str:
@@ -28,26 +32,47 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in SRC.rglob("*.py") if p.name != "__main__.py"}
 
 
-def top_level_imports(path: Path) -> set[str]:
-    """Modules of ours imported when ``path`` is imported (module level; not under TYPE_CHECKING)."""
+def _imports_of(node: ast.AST) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names if a.name.startswith("onepass")}
+    if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("onepass"):
+        return {node.module} | {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in MODULES}
+    return set()
+
+
+def imports(tree: ast.Module, *, bodies: bool = True) -> set[str]:
+    """Modules of ours ``tree`` imports (not under TYPE_CHECKING); with ``bodies``, inside functions too."""
     out: set[str] = set()
-    for node in ast.parse(path.read_text()).body:
+    for node in tree.body:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             continue
-        for sub in ast.walk(node):
-            if isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef):
+        todo = [node]
+        while todo:
+            sub = todo.pop()
+            if isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef) and not bodies:
                 continue
-            if isinstance(sub, ast.Import):
-                out |= {a.name for a in sub.names if a.name.startswith("onepass")}
-            elif isinstance(sub, ast.ImportFrom) and sub.module and sub.module.startswith("onepass"):
-                out.add(sub.module)
-                out |= {f"{sub.module}.{a.name}" for a in sub.names if f"{sub.module}.{a.name}" in MODULES}
+            out |= _imports_of(sub)
+            todo.extend(ast.iter_child_nodes(sub))
     return {m for m in out if m in MODULES}
 
 
-def _function_bodies_skipped_correctly():
-    src = "import onepass.a\ndef f():\n    import onepass.b\n"
-    return {n.names[0].name for n in ast.parse(src).body if isinstance(n, ast.Import)} == {"onepass.a"}
+def top_level_imports(path: Path) -> set[str]:
+    """Modules of ours imported when ``path`` is imported (module level; not under TYPE_CHECKING)."""
+    return imports(ast.parse(path.read_text()), bodies=False)
+
+
+def function_level_imports(path: Path) -> list[str]:
+    """``function: import`` for each import of a module of ours inside a function of ``path``."""
+    out = []
+    for fn in ast.walk(ast.parse(path.read_text())):
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            out += [f"{fn.name}: {ast.unparse(sub)}" for sub in ast.walk(fn) if _imports_of(sub)]
+    return out
+
+
+def _function_bodies_read():
+    tree = ast.parse("import onepass.view\ndef f():\n    from onepass.tree import Layout\n")
+    return imports(tree) == {"onepass.view", "onepass.tree"} and imports(tree, bodies=False) == {"onepass.view"}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -75,13 +100,14 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
-    assert _function_bodies_skipped_correctly()
+    assert _function_bodies_read()
 
 
 def test_no_import_cycles_between_our_modules():
     # A package's __init__ re-exporting its submodules is not a cycle; a submodule importing the
     # package that imports it back would be, and is caught (the edge to the package is kept).
-    graph = {name: top_level_imports(path) - {name} for name, path in MODULES.items()}
+    # Function bodies are read too: an import there is an edge like any other (there should be none).
+    graph = {name: imports(ast.parse(path.read_text())) - {name} for name, path in MODULES.items()}
     for name in graph:
         if MODULES[name].name == "__init__.py":
             graph[name] = {m for m in graph[name] if not m.startswith(name + ".")}
@@ -229,3 +255,38 @@ def test_one_is_peft_and_nothing_probes_for_peft_by_hand():
     probing = {name for name, p in MODULES.items() if name != "onepass.models"
                and re.search(r"""["'](get_base_model|peft_config)["']""", p.read_text())}
     assert not probing, probing
+
+
+# ---------------------------------------------------------------------------------------------
+# one import rule (STYLE.md 19: "Imports of our own modules go at module level; lazy imports only for heavy
+# or optional third-party packages, with one mechanism")
+
+
+def test_our_modules_are_imported_at_module_level():
+    inside = {name: found for name, p in MODULES.items() if (found := function_level_imports(p))}
+    assert not inside, f"imports of our modules inside functions (put them at module level): {inside}"
+
+
+def test_one_lazy_mechanism_for_names_of_ours():
+    """What must not load torch early names what it reaches ("module:attribute", onepass.lazy.resolve):
+    the command registry's runners and the public names of a package that live in torch modules. No other
+    importlib, no hand-written module __getattr__; and every name given that way exists."""
+    importing = {name for name, p in MODULES.items() if "import_module(" in p.read_text()}
+    # mixers.float64 copies a transformers function with its own module's globals: introspection, not a lazy import
+    assert importing == {"onepass.lazy", "onepass.mixers.float64"}, importing
+    handwritten = {name for name, p in MODULES.items()
+                   if "__getattr__" in defined_functions(p) and name != "onepass.lazy"}
+    assert not handwritten, handwritten
+    from onepass.lazy import resolve
+
+    named = {c.value for p in MODULES.values() for c in ast.walk(ast.parse(p.read_text()))
+             if isinstance(c, ast.Constant) and isinstance(c.value, str) and re.fullmatch(r"onepass[\w.]*:\w+", c.value)}
+    assert len(named) >= 8, named  # the runners of train, verify, eval, bench, export at least
+    for spec in named:
+        assert resolve(spec) is not None, spec
+    import importlib
+
+    for package in ("onepass.train", "onepass.rl", "onepass.attention", "onepass.guard"):
+        module = importlib.import_module(package)
+        for name in module.__all__:
+            assert getattr(module, name) is not None, (package, name)

@@ -33,10 +33,11 @@ from onepass.data_config import DataConfig
 from onepass.errors import DataError, DataNotFound
 from onepass.files import atomic_dir, write_marker
 from onepass.flops import token_ratio
-from onepass.pack import pack_layouts
+from onepass.pack import pack_layouts, best_fit_decreasing
 from onepass.render import Rendered, render_conversation
 from onepass.schedule import schedule_views
-from onepass.tree import COLUMNS, ROW_DISK_DTYPES, Layout, count_nodes, row_from_columns, rows_to_columns
+from onepass.shards import RowWriter, TreeSpool
+from onepass.tree import COLUMNS, ROW_DISK_DTYPES, Layout, count_nodes, row_from_columns, rows_to_columns, concat
 from onepass.view import PROVENANCE_FLAGS, count_provenance
 
 
@@ -305,10 +306,6 @@ def write_prepared(trees: Iterable[Layout], stats: PrepareStats, config: Prepare
     when complete (:func:`onepass.files.atomic_dir`); when there is no row nothing is published
     (an earlier output stays) and None is returned.
     """
-    from onepass.pack import best_fit_decreasing
-    from onepass.shards import RowWriter, TreeSpool
-    from onepass.tree import concat
-
     out = Path(out_dir)
     try:
         with atomic_dir(out, replace=True) as tmp:

@@ -28,9 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onepass.conversation import Conversation, parse_record
+from onepass.data.load import load_conversations
 from onepass.data_config import RENDER_KEYS, add_data_arguments, data_config_from_args
 from onepass.render import RenderConfig, render_conversation
 from onepass.render.fields import TemplateFields, template_fields
+from onepass.tokenizer import load_tokenizer
 from onepass.view import count_provenance
 
 _WEATHER = {"type": "function", "function": {
@@ -187,13 +189,9 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from onepass.tokenizer import load_tokenizer
-
     config = data_config_from_args(args, names=RENDER_KEYS).render  # a bad KEY=VALUE: one line, before any work
     tokenizer = load_tokenizer(args.tokenizer, chat_template=args.chat_template)  # compiles: before data
     if args.data:
-        from onepass.data.load import load_conversations
-
         loaded = load_conversations(args.data, strict=False, limit=args.limit)
         conversations = loaded.conversations
         if loaded.skipped:

@@ -30,11 +30,10 @@ from typing import Any
 
 import torch
 
-from onepass.attention.blocks import block_mask
 from onepass.attention.cpu import BACKEND as ONEPASS_CPU
 from onepass.attention.cpu import cpu_attention_mask
 from onepass.attention.cpu import register as register_onepass_cpu
-from onepass.attention.mask import additive_mask, dense_mask
+from onepass.attention.mask import additive_mask, block_mask, dense_mask
 from onepass.errors import ConfigError
 from onepass.model_config import text_config
 

@@ -17,14 +17,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from onepass.flops import MODEL_SHAPES, model_kwargs
+from onepass.tiny import tiny_config
+from onepass.train.cli import main as train_main
+
 
 def write_model(shape_name: str, path: Path) -> Path:
     """A random bfloat16 Qwen3 of ``shape_name`` saved with ``save_pretrained`` (built on the GPU: seconds)."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    from onepass.flops import MODEL_SHAPES, model_kwargs
-    from onepass.tiny import tiny_config
 
     if (path / "config.json").is_file():
         return path
@@ -44,7 +45,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="where the random model is written once (outside the results: it is GBs)")
     p.add_argument("--max-steps", type=int, default=5)
     args = p.parse_args(argv)
-    from onepass.train.cli import main as train_main
 
     out = Path(args.out)
     model = write_model(args.shape, Path(args.model_dir))

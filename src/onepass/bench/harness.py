@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from onepass.attention.backends import attention_mask_for
+from onepass.attention.cpu import register
 from onepass.dtypes import torch_dtype
 from onepass.bench.memory import (
     OPTIMIZER_MARK,
@@ -51,8 +53,10 @@ from onepass.bench.ratio import fastest_ratio, speed_ratio
 from onepass.errors import UsageError
 from onepass.flops import speed_bound, visible_pairs
 from onepass.loss import batch_loss, layouts_to_batch
+from onepass.mixers.tree import timing as chain_timing
 from onepass.pack import pack_layouts
 from onepass.schedule import parse_schedule, schedule_views
+from onepass.tiny import tiny_model
 from onepass.tree import Layout
 from onepass.view import View
 
@@ -197,14 +201,9 @@ def time_training(job: Job) -> Timing:
     fresh process so allocator state never carries over between settings and
     the CPU peak RSS is this setting's own.
     """
-    from onepass.attention.backends import attention_mask_for
-    from onepass.mixers.tree import timing as chain_timing
-    from onepass.tiny import tiny_model
-
     torch.set_num_threads(job.threads)
     device = torch.device(job.device)
     if job.backend == "onepass_cpu":  # a fresh process: register the backend again
-        from onepass.attention.cpu import register
 
         register()
     model = tiny_model(job.arch, job.vocab, dtype=torch_dtype(job.dtype), seed=job.seed,

@@ -41,8 +41,10 @@ from typing import Any
 
 import torch
 
+from onepass.attention.cpu import cpu_attention_mask, register
 from onepass.dtypes import torch_dtype
 from onepass.bench.harness import Timing, peak_memory_since, start_peak_memory, sync_device
+from onepass.tiny import tiny_model
 from onepass.view import View
 
 SETTING = "trl-sft-packed"  # TRL's defaults
@@ -113,8 +115,6 @@ def kv_end_from_position_ids(position_ids_L: torch.Tensor) -> torch.Tensor:
 
 def _packed_mask_hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """TRL's padding-free batch (``position_ids``, no ``attention_mask``) -> onepass_cpu's kv_end mask."""
-    from onepass.attention.cpu import cpu_attention_mask
-
     position_ids_BL = kwargs.get("position_ids")
     if kwargs.get("attention_mask") is None and position_ids_BL is not None:
         kv_end_BL = torch.stack([kv_end_from_position_ids(p) for p in position_ids_BL])
@@ -126,10 +126,7 @@ def make_trainer(job: TrlJob, out_dir: str, callbacks: list[Any] | None = None) 
     """An ``SFTTrainer`` over the job's views: packed with BFD, loss on completions only."""
     from trl import SFTConfig, SFTTrainer
 
-    from onepass.tiny import tiny_model
-
     if job.backend == "onepass_cpu":  # a fresh process: register the backend again
-        from onepass.attention.cpu import register
 
         register()
     model = tiny_model("qwen3", job.vocab, dtype=torch_dtype(job.dtype), seed=job.seed,

@@ -45,6 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from onepass.conversation import Conversation, ReadReport, parse_record
+from onepass.data.mathchat import sample_path
+from onepass.data.synthetic import iter_workload, WORKLOADS
 from onepass.errors import ConversationError, DataError, DataNotFound
 from onepass.files import atomic_file
 from onepass.hub import hub_offline, offline_reason
@@ -123,8 +125,6 @@ def _hub(spec: str, split: str | None) -> Iterator[RawRecord]:
 
 
 def _synthetic(name: str) -> Iterator[RawRecord]:
-    from onepass.data.synthetic import iter_workload
-
     for index, record in enumerate(iter_workload(name)):
         yield RawRecord(source=f"synthetic:{name}", index=index, unit="record", record=record)
 
@@ -219,13 +219,9 @@ def resolve_data(spec: str | Path, *, split: str | None = None) -> DataSource:
     """
     text = str(spec)
     if text == "builtin:mathchat":
-        from onepass.data.mathchat import sample_path
-
         return DataSource(spec=text, kind=CONVERSATIONS, form="builtin", path=sample_path(),
                           description="builtin:mathchat (the bundled MathChat sample)")
     if text.startswith("synthetic:"):
-        from onepass.data.synthetic import WORKLOADS
-
         name = text.split(":", 1)[1]
         if name not in WORKLOADS:
             raise DataNotFound(f"unknown synthetic workload {name!r}; have {', '.join(WORKLOADS)}")

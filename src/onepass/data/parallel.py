@@ -50,8 +50,10 @@ from pathlib import Path
 from typing import Any
 
 from onepass.conversation import Conversation, ConversationError
+from onepass.data.load import iter_conversation_records
 from onepass.guard.sample import ViewSample, usable_views
 from onepass.prepare import INVALID, PrepareConfig, PrepareStats, finalize, prepare_conversation
+from onepass.tokenizer import load_tokenizer
 from onepass.tree import Layout
 
 CHUNK = 8  # conversations per task sent to a worker
@@ -137,7 +139,6 @@ def _tokenizer(tokenizer: Any, chat_template: str | None) -> Any:
     """A loaded tokenizer as is; a spec (``builtin:qwen3``, a path) loaded."""
     if not isinstance(tokenizer, str):
         return tokenizer
-    from onepass.tokenizer import load_tokenizer
 
     return load_tokenizer(tokenizer, chat_template=chat_template)
 
@@ -177,8 +178,6 @@ def _work(chunk: list[Conversation], sampled: bool = False) -> list[_Done]:
 def _conversations(spec: str | Path, stats: PrepareStats, *, split: str | None, limit: int | None,
                    strict: bool) -> Iterator[Conversation]:
     """Valid conversations of ``spec``, at most ``limit``; invalid records counted in ``stats``."""
-    from onepass.data.load import iter_conversation_records
-
     if limit is not None and limit <= 0:
         return
     valid = 0

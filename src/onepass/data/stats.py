@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from onepass.attention.blocks import block_plan
 from onepass.conversation import Conversation
 from onepass.flops import (
     TILE,
@@ -43,6 +44,8 @@ from onepass.flops import (
     model_shape,
     tile_step_flops,
 )
+from onepass.render import RenderConfig, RenderError, render_views
+from onepass.tree import build_layout
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -134,10 +137,6 @@ def compute_stats(conversations: Iterable[Conversation], tokenizer: Any = None, 
     A conversation the template cannot render is counted in ``skipped`` (its segments and
     depth still count; its tokens do not).
     """
-    from onepass.attention.blocks import block_plan
-    from onepass.render import RenderConfig, RenderError, render_views
-    from onepass.tree import build_layout
-
     shape = model_shape(shape) if isinstance(shape, str) else shape
     stats = DataStats()
     depths: Counter[int] = Counter()

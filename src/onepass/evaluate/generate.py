@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
+from onepass.data.chat_client import ChatClient, ClientConfig, RequestFailed
 from onepass.errors import ConfigError, OnePassError
 
 
@@ -150,8 +151,6 @@ def _strip_suffix(text: str, suffix: str | None) -> str:
 
 
 def _client(base_url: str, model: str, max_new_tokens: int, temperature: float, **kwargs: Any) -> Any:
-    from onepass.data.chat_client import ChatClient, ClientConfig
-
     return ChatClient(ClientConfig(base_url=base_url, model=model, max_tokens=max_new_tokens,
                                    temperature=temperature, json_mode=False, **kwargs))
 
@@ -171,8 +170,6 @@ def _ask_all(items: Sequence[Any], ask: Any, concurrency: int, *, cache: Any | N
     :class:`onepass.data.augment.Cache`), a reply cached by an earlier run is not requested again and
     each new one is cached as it arrives, so an interrupted paid evaluation resumes where it stopped."""
     import threading
-
-    from onepass.data.chat_client import RequestFailed
 
     lock = threading.Lock()
 

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from onepass.attention.backends import cpu_backend
+from onepass.attention.cpu import register
 from onepass.guard import divergence
 from onepass.guard.divergence import LayerDiff, judge, layer_of_parameter, locate, named_layer
 from onepass.errors import ConfigError, debug
@@ -41,6 +42,8 @@ from onepass.guard.twin import layer_types as twin_layer_types
 from onepass.guard.twin import tiny_twin
 from onepass.model_config import text_config
 from onepass.models import base_model
+from onepass.precision import float64_norms
+from onepass.verify import compact_vocab, run_verify
 
 TOLERANCE = divergence.TOLERANCE  # relative, float64; exact is ~1e-16 (a gradient may round further: judge)
 CLI_HINT = "train with --schedule n-pass, or pass --allow-inexact to train anyway"
@@ -122,14 +125,10 @@ def build_twin(model_or_config: Any, vocab_size: int, *, backend: str | None = N
     """The tiny float64 twin of ``model_or_config`` with ``backend`` attention, in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    from onepass.precision import float64_norms
-
     config, cls, _ = describe(model_or_config)
     twin = tiny_twin(config, vocab_size)
     backend = cpu_backend(twin, backend)
     if backend == "onepass_cpu":
-        from onepass.attention.cpu import register
-
         register()
     twin._attn_implementation = backend
     try:
@@ -156,8 +155,6 @@ def check_exact(model_or_config: Any, conversations: Sequence[Sequence[View]], *
     on ``conversations`` (their views; the vocabulary is compacted here). ``pack``: the trees
     share one row, as in packed training. Never raises for the model: a twin that cannot be
     built or run is a failed result with ``error`` set (``ONEPASS_DEBUG=1`` raises instead)."""
-    from onepass.verify import compact_vocab, run_verify
-
     t0 = time.perf_counter()
     config, _, architecture = describe(model_or_config)
     views, vocab = compact_vocab(conversations)

@@ -46,6 +46,7 @@ from onepass.train.config import (
     TrainConfig,
     TrainConfigError,
 )
+from onepass.train.model import trainable_state
 
 PREFIX = "step-"
 
@@ -207,8 +208,6 @@ def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
 def _save(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, *, output_dir: str | Path, step: int,
           state: dict[str, Any], keep: int | None, final: Path, tmp: Path) -> Path:
     from safetensors.torch import save_file
-
-    from onepass.train.model import trainable_state
 
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)

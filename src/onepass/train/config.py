@@ -46,6 +46,7 @@ from typing import Any
 from onepass.data_config import DATA_KEYS, DataConfig, data_config_hints
 from onepass.dtypes import dtype_names
 from onepass.errors import ConfigError
+from onepass.tiny import TINY_ARCHS
 
 FINETUNES = ("full", "lora", "qlora")
 OPTIMIZERS = ("adamw", "sgd", "adamw_8bit", "paged_adamw_8bit")
@@ -183,8 +184,6 @@ def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
 
 
 def _validate(c: TrainConfig) -> None:
-    from onepass.tiny import TINY_ARCHS
-
     if c.data is None:
         _fail("no training data: set data (a conversations file, builtin:mathchat or a prepared directory)")
     if (c.model is None) == (c.tiny is None):

@@ -22,7 +22,7 @@ conversation 3 (one tree under one-pass, one tree per turn under n-pass),
 micro-batch 1 holds conversation 0. With 2 processes and grad_accum 1, step
 0 is the same two conversations, one per rank.
 
-No torch here, except :func:`collate` at the edge to the device.
+No torch here: the rows go to the device as :func:`onepass.loss.layouts_to_batch` tensors.
 """
 
 from __future__ import annotations
@@ -238,13 +238,6 @@ def forward_groups(rows: Sequence[Layout], max_batch_tokens: int | None) -> list
 def empty_row() -> Layout:
     """A one-token row with nothing to train (weight 0): keeps a rank in step when it has no data."""
     return row_from_columns({"input_ids": [0], "position_ids": [0], "kv_end": [1], "targets": [0], "weights": [0]})
-
-
-def collate(rows: Sequence[Layout], device: Any) -> dict[str, Any]:
-    """[B, L] tensors on ``device`` (pads see only themselves, train nothing): the model's inputs."""
-    from onepass.loss import layouts_to_batch
-
-    return layouts_to_batch(rows, device=device)
 
 
 # ---------------------------------------------------------------------------------------------

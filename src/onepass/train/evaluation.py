@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 
-from onepass.loss import ForwardView, batch_loss
+from onepass.loss import ForwardView, batch_loss, layouts_to_batch
+from onepass.train.checkpoint import is_sharded
 from onepass.train.config import TrainConfig
-from onepass.train.data import TrainData, collate, eval_passes
+from onepass.train.data import TrainData, eval_passes
 from onepass.tree import Layout
 
 
@@ -33,8 +34,6 @@ def evaluate(accelerator: Any, model: Any, data: TrainData, config: TrainConfig)
     that processes with different numbers of passes would not match); sharded models run
     wrapped, with every process padded to the same number of passes.
     """
-    from onepass.train.checkpoint import is_sharded
-
     world, rank, sharded = accelerator.num_processes, accelerator.process_index, is_sharded(accelerator)
     unwrapped = accelerator.unwrap_model(model)
     view = ForwardView(model if sharded else unwrapped, unwrapped)
@@ -45,7 +44,7 @@ def evaluate(accelerator: Any, model: Any, data: TrainData, config: TrainConfig)
     total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     with torch.no_grad():
         for group in todo:
-            batch = collate(group, accelerator.device)
+            batch = layouts_to_batch(group, device=accelerator.device)
             total[0] += batch_loss(view, batch).double()
             total[1] += batch["weights"].sum()
     total = accelerator.reduce(total, reduction="sum")
@@ -61,7 +60,7 @@ def eval_loss(model: Any, rows: Sequence[Layout], *, batch_size: int = 1) -> flo
     num, den = 0.0, 0.0
     with torch.no_grad():
         for start in range(0, len(rows), batch_size):
-            batch = collate(rows[start:start + batch_size], device)
+            batch = layouts_to_batch(rows[start:start + batch_size], device=device)
             num += float(batch_loss(model, batch))
             den += float(batch["weights"].sum())
     model.train(was_training)

@@ -35,11 +35,14 @@ from typing import Any
 import torch
 
 from onepass.conversation import Conversation
+from onepass.data.load import RawRecord, parse_records
 from onepass.data_config import DataConfig
+from onepass.errors import DataError, UsageError
 from onepass.guard.sample import GUARD_CONVERSATIONS, ViewSample
 from onepass.loss import layouts_to_batch
 from onepass.pack import pack_layouts
 from onepass.prepare import PrepareStats, load_rows
+from onepass.records import without_nulls
 from onepass.render import RenderConfig
 from onepass.schedule import Schedule
 from onepass.train.hf_config import OnePassConfig
@@ -151,14 +154,10 @@ def parse_dataset(ds: Any, *, source: str, formatting_func: Callable[[dict], Any
     shape :func:`onepass.conversation.parse_record` reads (the column is detected), each record first
     passed through ``formatting_func`` when given. A record that is not a conversation is a counted
     skip, logged with the first reason; none left is a :class:`DataError`."""
-    from onepass.data.load import RawRecord, parse_records
-    from onepass.errors import DataError
-
     columns = _columns(ds)
     if formatting_func is None and text_field in columns and not set(_CONVERSATION_KEYS) & set(columns):
         raise DataError(f"{source} is plain text (a {text_field!r} column, dataset_text_field): one-pass trains "
                         "conversations (a messages column); use SFTTrainer for language-modeling data")
-    from onepass.records import without_nulls
 
     rows: Iterable[Any] = ds if isinstance(ds, (list, tuple)) else (without_nulls(r) for r in ds)  # Arrow's nulls
     records: Iterable[Any] = rows if formatting_func is None else (_formatted(formatting_func, r, source) for r in rows)
@@ -176,8 +175,6 @@ def parse_dataset(ds: Any, *, source: str, formatting_func: Callable[[dict], Any
 
 def _formatted(formatting_func: Callable[[dict], Any], record: Any, source: str) -> Any:
     """``formatting_func(record)`` as a record onepass reads: a list of messages, or a mapping."""
-    from onepass.errors import UsageError
-
     out = formatting_func(record)
     if isinstance(out, str):
         raise UsageError(f"formatting_func returned text for {source}: one-pass needs the turns; return the "
@@ -191,8 +188,6 @@ def as_rows(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str, packin
     conversations (a ``messages``, ``conversations`` or ``interactions`` column, or ShareGPT records)
     become :func:`prepare_rows` items with ``args.data_config`` (schedule, max_length, weighting,
     template and data settings)."""
-    from onepass.errors import UsageError
-
     if ds is None or set(COLUMNS) <= set(_columns(ds)):
         return PreparedRows(dataset=ds)
     if args.dataset_prepared:

@@ -66,8 +66,6 @@ def chat_template_of(spec: str, args: OnePassConfig) -> str:
 def set_special_tokens(tokenizer: Any, model: Any, args: OnePassConfig) -> None:
     """``eos_token`` / ``pad_token`` as TRL sets them: on the tokenizer, and mirrored onto the model's
     config and generation config (a generation config keeps its other EOS ids: any of them stops)."""
-    from onepass.errors import UsageError
-
     config = getattr(model, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     generation = getattr(model, "generation_config", None)

@@ -54,6 +54,10 @@ from transformers import Trainer, TrainingArguments
 
 from onepass.attention.backends import check_backend, model_backend
 from onepass.conversation import Conversation
+from onepass.errors import UsageError
+from onepass.geometry import branches
+from onepass.guard.check import check_exact_once, enforce
+from onepass.guard.sample import views_for_check
 from onepass.loss import ForwardView, batch_loss
 from onepass.train.hf_config import OnePassConfig, warn_once
 from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: their documented import path)
@@ -66,7 +70,9 @@ from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: t
     rows_dataset,
 )
 from onepass.models import base_model, is_peft, loaded_from
+from onepass.train.distributed import asked_mode, check_fsdp_accelerate, honour_request
 from onepass.train.hf_model import chat_template_of, load_model, load_tokenizer, set_special_tokens
+from onepass.train.report import plot_losses
 from onepass.tree import COLUMNS
 
 log = logging.getLogger("onepass")
@@ -114,8 +120,6 @@ class OnePassTrainer(Trainer):
         conversations of ``train_dataset`` when it holds conversations, :class:`GuardInputs`; for a dataset
         of rows, the bundled MathChat pair)."""
         from transformers import set_seed
-
-        from onepass.errors import UsageError
 
         if compute_loss_func is not None:
             raise UsageError("compute_loss_func: OnePassTrainer's loss is the one-pass loss (logits exist only at "
@@ -201,8 +205,6 @@ class OnePassTrainer(Trainer):
         """HF's accelerator, running the parallelism the launcher asked for: FSDP on CPU ranks too
         (accelerate alone runs DDP there), anything else asked for and not had is an error
         (:mod:`onepass.train.distributed`)."""
-        from onepass.train.distributed import asked_mode, check_fsdp_accelerate, honour_request
-
         fsdp = getattr(self.args, "fsdp_plugin_args", None)  # TrainingArguments(fsdp=...) asks without the launcher
         fsdp = fsdp if fsdp and self.args.world_size > 1 else None
         if (fsdp or asked_mode() == "fsdp") and (self.args.use_cpu or not torch.cuda.is_available()):
@@ -217,8 +219,6 @@ class OnePassTrainer(Trainer):
         (default: what preparing ``train_dataset`` returned, :attr:`guard_inputs`): the schedule,
         conversations, tokenizer and render settings to check with; without them (rows given as they
         are) ``exactness_conversations``, else the bundled MathChat pair, with ``processing_class``."""
-        from onepass.guard import check_exact_once, enforce, views_for_check
-
         inputs = self.guard_inputs if inputs is None else inputs
         if inputs is not None and inputs.schedule.kind == "n-pass":  # one view per row: nothing to check
             self.exactness = {"checked": False, "why": "n-pass rows are each one plain sequence"}
@@ -253,8 +253,6 @@ class OnePassTrainer(Trainer):
         """The logged training (and eval) losses per step as ``OUTPUT_DIR/loss.png`` (main process; None
         when nothing was logged)."""
         from pathlib import Path
-
-        from onepass.train.report import plot_losses
 
         history = [h for h in self.state.log_history if "loss" in h and "step" in h]
         evals = [h for h in self.state.log_history if "eval_loss" in h and "step" in h]
@@ -341,8 +339,6 @@ def _shares_no_prefix(dataset: Any, batch: int = 1024) -> bool:
     """No tree node of any row has two children (:func:`onepass.geometry.branches`): every view in the
     rows is its own sequence (N-pass rows, one or several per row), so the one-pass rule is not in play.
     False for a dataset without a ``kv_end`` column (not rows: the guard decides)."""
-    from onepass.geometry import branches
-
     if "kv_end" not in getattr(dataset, "column_names", ()):
         return False
     for start in range(0, len(dataset), batch):

@@ -41,12 +41,36 @@ import torch
 
 from onepass.train.cli import overrides_from_args, setup_logging
 from onepass.train.config import TrainConfig, TrainConfigError, load_config, write_yaml
-from onepass.train.distributed import shutdown
+from onepass.train.distributed import shutdown, describe
 from onepass.data.load import CONVERSATIONS, DataSource, resolve_data
+from onepass.files import output_lock
+from onepass.row_check import check_ids
+from onepass.train import distributed
+from onepass.train.checkpoint import (
+    check_compatible,
+    check_new_run,
+    find_checkpoint,
+    is_sharded,
+    load_checkpoint,
+    read_state,
+    save_checkpoint,
+)
 from onepass.train.data import TrainData, compact_vocab, load_train_data, total_steps
 from onepass.train.evaluation import evaluate
 from onepass.train.fingerprint import check_fingerprint, run_fingerprint
-from onepass.train.model import load_tokenizer_for
+from onepass.train.model import (
+    load_tokenizer_for,
+    check_environment,
+    check_exactness,
+    count_parameters,
+    load_model,
+    make_optimizer,
+    make_scheduler,
+    resolve_attention,
+    resolve_device,
+    save_final,
+)
+from onepass.train.report import Reporter, make_trackers
 from onepass.train.step import NonFiniteError, Stepper, deliver
 
 
@@ -88,8 +112,6 @@ class TrainResult:
 def make_accelerator(config: TrainConfig, device: torch.device, log_with: Sequence[Any] = ()) -> Any:
     """The run's ``Accelerator``; ``log_with``: its trackers (:func:`onepass.train.report.make_trackers`)."""
     from accelerate.state import AcceleratorState
-
-    from onepass.train import distributed
 
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         AcceleratorState._reset_state(True)  # a second train() in one process may change precision
@@ -138,8 +160,6 @@ _MAX_VOCAB = 1 << 21  # more ids than any released tokenizer has (the largest ar
 
 def _check_ids(model: Any, *datas: TrainData | None) -> None:
     """Prepared rows hold only ids the model embeds (else a raw ``IndexError`` deep in the forward)."""
-    from onepass.row_check import check_ids
-
     vocab = model.get_input_embeddings().num_embeddings
     for d in datas:
         if d is not None and d.kind == "row":
@@ -173,8 +193,6 @@ def train_steps(config: TrainConfig, *, resume: str | bool | None = None, log: C
     :class:`TrainResult`. Two runs advanced in turn time their steps under the same load (``make demo``
     interleaves one-pass and N-pass this way: :mod:`onepass.demo`). Run it to the end: a generator
     closed early closes its reporter and saves nothing. The output folder is locked while it runs."""
-    from onepass.files import output_lock
-
     main = int(os.environ.get("RANK", "0")) == 0  # one lock per run, held by its first process
     with _sigterm_as_interrupt(), output_lock(config.output_dir, command="train") if main else contextlib.nullcontext():
         return (yield from _train(config, resume=resume, log=log, resume_anyway=resume_anyway))
@@ -182,29 +200,6 @@ def train_steps(config: TrainConfig, *, resume: str | bool | None = None, log: C
 
 def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str], None] | None,
            resume_anyway: bool) -> Generator[dict[str, Any], None, TrainResult]:
-    from onepass.train.checkpoint import (
-        check_compatible,
-        check_new_run,
-        find_checkpoint,
-        is_sharded,
-        load_checkpoint,
-        read_state,
-        save_checkpoint,
-    )
-    from onepass.train.model import (
-        check_environment,
-        check_exactness,
-        count_parameters,
-        load_model,
-        make_optimizer,
-        make_scheduler,
-        resolve_attention,
-        resolve_device,
-        save_final,
-    )
-    from onepass.train.distributed import describe
-    from onepass.train.report import Reporter, make_trackers
-
     device = resolve_device(config.device)  # everything that can fail on this machine fails here, in a second
     check_environment(config, device)
     attention = resolve_attention(config.attention, device)

@@ -24,11 +24,14 @@ from typing import Any
 
 import torch
 
+from onepass.attention.backends import check_backend, default_backend
+from onepass.attention.cpu import register
 from onepass.dtypes import torch_dtype
 from onepass.guard.check import check_exact_once, enforce
 from onepass.guard.sample import views_for_check
 from onepass.models import ModelSpec, load_causal_lm, load_model_config
 from onepass.tiny import tiny_config
+from onepass.tokenizer import load_tokenizer
 from onepass.train.config import QLORA_ON_CPU, TrainConfig, TrainConfigError
 from onepass.train.data import TrainData
 
@@ -54,9 +57,6 @@ def resolve_attention(spec: str, device: torch.device) -> str:
 
     Any name :func:`onepass.attention.check_backend` accepts passes through.
     """
-    from onepass.attention.backends import check_backend, default_backend
-    from onepass.attention.cpu import register
-
     backend = spec
     if spec == "auto":
         backend = default_backend(device)
@@ -116,8 +116,6 @@ def load_tokenizer_for(config: TrainConfig) -> Any:
 def _cached_tokenizer(spec: str, chat_template: str | None, _content: bytes | None = None) -> Any:
     """Loading a 150k-token vocabulary takes seconds; runs in one process (tests, the demo) share it.
     ``_content``: the template file's bytes, so an edited template is loaded again."""
-    from onepass.tokenizer import load_tokenizer
-
     return load_tokenizer(spec, chat_template=chat_template)
 
 
