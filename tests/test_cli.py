@@ -188,7 +188,11 @@ def test_key_value_flags_parse_the_same_in_every_subcommand():
 @pytest.fixture
 def shared_tokenizer(monkeypatch, qwen3_tokenizer):
     """builtin:qwen3 loaded once for the whole matrix (a load takes ~1.5 s; the result is the same)."""
+    import onepass.bench.command  # noqa: F401  (every command's code loaded, so each binding is replaced)
+    import onepass.evaluate.command  # noqa: F401
     import onepass.tokenizer
+    import onepass.train.loop  # noqa: F401
+    import onepass.verify  # noqa: F401
 
     real = onepass.tokenizer.load_tokenizer
 
@@ -197,7 +201,9 @@ def shared_tokenizer(monkeypatch, qwen3_tokenizer):
             return qwen3_tokenizer
         return real(spec, chat_template=chat_template)
 
-    monkeypatch.setattr(onepass.tokenizer, "load_tokenizer", load)
+    for module in [m for n, m in sys.modules.items() if n.startswith("onepass")]:  # every module that imported it
+        if getattr(module, "load_tokenizer", None) is real:
+            monkeypatch.setattr(module, "load_tokenizer", load)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,8 @@
 """The package's shape: no import cycles, the pure data layout imports no torch, files stay small by concept,
 one loader per resource, imports of our modules at module level.
 
-The rules quoted are /work/shared/STYLE.md's ("How the code should feel"), by their number there."""
+The rules cited are the house style's (``../shared/STYLE.md`` beside the repo, "How the code should feel"), by
+their number there and quoted, so they read without it."""
 
 from __future__ import annotations
 
@@ -185,7 +186,9 @@ def test_the_reexport_finder_finds_one(tmp_path):
 
 
 def test_modules_stay_small_by_concept_not_by_count():
-    # A file past ~400 lines is telling of a missing concept (STYLE.md 8): a warning, not a reason to split
+    # STYLE.md 8: "A file that grows past ~400 lines is telling you about a missing concept: split it by
+    # concept, never to satisfy a count (no 36-line modules that exist only to move lines, no stale
+    # re-exports)". So: a warning, not a reason to split
     # off a file; past 600 it fails. A module (not a package's __init__) that only re-exports names is a
     # stale shim: import from the home of the name instead.
     lines = {name: len(p.read_text().splitlines()) for name, p in MODULES.items()}

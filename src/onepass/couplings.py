@@ -16,6 +16,13 @@ with N-pass on a tiny twin whatever this module concluded.
 ``tests/test_couplings.py`` checks each against the installed releases (and
 ``make test-latest`` against the newest ones).
 
+Add a coupling (a new reliance on a library's internals): one :class:`Coupling` row of
+:data:`COUPLINGS` (what it relies on in the library's words, how it is detected in the installed code,
+how it fails, where it lives, the releases checked); the detection reads the installed code rather than
+a table of names, a coupling that no longer holds stops at model load in one :class:`CouplingError`
+line, and ``tests/test_couplings.py`` checks it against the installed releases (``make test-latest``
+against the newest).
+
 Example: a recurrent mixer is a module whose forward reads conv or recurrent
 states from one of its arguments; that argument is its cache argument
 (``past_key_values`` for LFM2's short convolution up to transformers 5.23,

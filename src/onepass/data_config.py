@@ -11,6 +11,12 @@ record; ``TrainConfig`` holds one (``data_config``); ``OnePassConfig`` builds on
 SFTConfig-style fields. The command-line flags of every subcommand are generated from the fields by
 :func:`add_data_arguments` and read back by :func:`data_flag_values` / :func:`data_config_from_args`.
 
+Add a data setting: one field of :class:`DataConfig`, its ``help`` (and ``choices``) in the metadata and
+its check in ``__post_init__``. The flags of ``prepare``, ``train``, ``verify`` and ``show``, the YAML key
+of ``onepass train`` and ``TrainConfig.to_dict`` follow from the field (``tests/test_data_config.py``
+checks one flag per field); ``OnePassConfig`` keeps SFTConfig's flat fields, so add it there too
+(a field and a key of ``OnePassConfig._data_values``).
+
     >>> cfg = DataConfig(schedule="k-pass:2", max_tokens=4096, reasoning="drop")
     >>> cfg.schedule_spec, cfg.render.reasoning
     (Schedule(kind='k-pass', k=2), 'drop')

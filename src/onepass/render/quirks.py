@@ -22,6 +22,14 @@ so its view is derived (:mod:`onepass.render.derived`) while Qwen3 splits it as 
     Qwen3    full = prompt + "<think>\\nr\\n</think>\\n\\na<|im_end|>\\n"            (template split)
     Kimi-K2  full = prompt + "<think></think>a<|im_end|>"  ->  "<think>r</think>a<|im_end|>"  (derived)
 
+Add a quirk (a template that departs from the plain split in a way no row names yet): one
+:class:`Quirk` row of :data:`QUIRKS`: what the template does (a tiny rendered example), how onepass
+finds it (a ``probe`` of the template, never a model name), what it does about it and ``where`` (the
+function), the vendored templates that show it (the file in ``tests/fixtures/chat_templates``, its
+source in ``SOURCES.md``) and ``proved_by``, the test that proves the handling; then regenerate
+``docs/templates.md`` with ``python -m onepass.render.quirks docs/templates.md``.
+``tests/test_quirks.py`` runs every probe on every vendored template and checks both.
+
 No torch here: this is pure data.
 """
 

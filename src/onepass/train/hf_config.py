@@ -15,6 +15,11 @@ value onepass cannot honour is accepted and logs one WARNING line, once per
 process, saying what is done instead; a value that would change the objective
 without saying so (``loss_type='dft'``) is refused in one line.
 
+Add a field (a TRL release adds one and ``tests/train/test_hf_config.py`` fails naming it): the field on
+:class:`OnePassConfig` with TRL's name, type and default, a row of :data:`SFT_FIELDS` saying what
+onepass does with it ("as TRL", or what differs and why), and the row of the docs/train.md table (the
+test compares them). A default onepass changes is a row of :data:`DEFAULT_DIFFERENCES` too.
+
 The one-pass settings: ``schedule`` (default ``budget``: one tree per
 conversation, split into several trees where it is longer than ``max_length``),
 ``weighting``, ``completion_format``, ``template_kwargs``, ``reasoning``,
