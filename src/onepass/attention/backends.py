@@ -41,6 +41,7 @@ from onepass.model_config import text_config
 BACKENDS = ("onepass_cpu", "sdpa", "eager", "flex_attention")
 ONE_MASK = ""  # layer_windows' key for a model that takes one mask for every layer
 FULL, WINDOW = "full_attention", "sliding_attention"
+SP_PREFIX = "onepass_sp:"  # a backend wrapped for sequence parallelism (onepass.ulysses.attention): same mask
 
 
 def default_backend(device: torch.device | str) -> str:
@@ -59,7 +60,8 @@ class BackendError(ConfigError):
 
 
 def model_backend(model: Any) -> str:
-    return str(getattr(model.config, "_attn_implementation", None) or "eager")
+    """The attention backend ``model`` runs, whose mask it takes (a sequence-parallel wrapper's: the wrapped one's)."""
+    return str(getattr(model.config, "_attn_implementation", None) or "eager").removeprefix(SP_PREFIX)
 
 
 def check_backend(backend: str, device: torch.device | str) -> None:

@@ -21,14 +21,25 @@ path (``fully_shard`` per decoder layer, gloo) - the path a GPU user's FSDP
 config takes. ``describe`` is what the first log line and ``metrics.json``
 (``distributed``) say.
 
+Sequence parallelism (one row split over ``sp_size`` processes, :mod:`onepass.ulysses`) is asked for
+the way accelerate names it: ``sp_size`` (``--sp-size``) or an accelerate config's
+``parallelism_config_sp_size`` (``PARALLELISM_CONFIG_SP_SIZE``). accelerate 1.15 runs that degree
+through DeepSpeed's ALST only, which cannot carry a tree mask, and under FSDP it would run plain
+data parallelism; so onepass takes the request over (:func:`sequence_parallel_size`), builds its
+own ``(dp, sp)`` device mesh (:func:`sequence_mesh`) and keeps accelerate from building one.
+
     >>> asked_mode({"ACCELERATE_USE_FSDP": "true", "WORLD_SIZE": "2"}), asked_mode({})
     ('fsdp', 'single')
+    >>> sequence_parallel_size(1, {"ACCELERATE_USE_PARALLELISM_CONFIG": "true", "PARALLELISM_CONFIG_SP_SIZE": "2",
+    ...                            "WORLD_SIZE": "4"})
+    2
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +74,7 @@ class Distributed:
     device: str
     fsdp_version: int | None = None
     launcher: str = "none"  # accelerate | torchrun | none
+    sp_size: int = 1  # sequence parallelism: each row split over this many processes (world = dp x sp)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,8 +83,10 @@ class Distributed:
         how = {"single": "one process", "ddp": "DDP", "fsdp": f"FSDP{self.fsdp_version or ''}",
                "deepspeed": "DeepSpeed"}[self.mode]
         over = "" if self.mode == "single" else f" over {self.world_size} processes ({self.backend})"
+        sp = (f", sequence parallel {self.sp_size} x data parallel {self.world_size // self.sp_size}"
+              if self.sp_size > 1 else "")
         via = "" if self.launcher == "none" else f", launched by {self.launcher}"
-        return f"parallelism: {how}{over} on {self.device}{via}"
+        return f"parallelism: {how}{over} on {self.device}{sp}{via}"
 
 
 def _launcher(env: Mapping[str, str]) -> str:
@@ -81,8 +95,9 @@ def _launcher(env: Mapping[str, str]) -> str:
     return "torchrun" if "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env else "none"
 
 
-def describe(accelerator: Any, env: Mapping[str, str] | None = None) -> Distributed:
-    """The parallelism ``accelerator`` runs (not what was asked for)."""
+def describe(accelerator: Any, env: Mapping[str, str] | None = None, *, sp_size: int = 1) -> Distributed:
+    """The parallelism ``accelerator`` runs (not what was asked for); ``sp_size``: the sequence-parallel
+    degree in effect (:func:`sequence_mesh`)."""
     import torch.distributed as dist
 
     env = os.environ if env is None else env
@@ -92,7 +107,7 @@ def describe(accelerator: Any, env: Mapping[str, str] | None = None) -> Distribu
     backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
     return Distributed(mode=mode, world_size=accelerator.num_processes, backend=backend,
                        device=accelerator.device.type, launcher=_launcher(env),
-                       fsdp_version=getattr(plugin, "fsdp_version", None))
+                       fsdp_version=getattr(plugin, "fsdp_version", None), sp_size=sp_size)
 
 
 def check_launch(env: Mapping[str, str] | None = None, parent_argv: Sequence[str] | None = None) -> None:
@@ -215,7 +230,8 @@ def make_accelerator(*, cpu: bool, mixed_precision: str, env: Mapping[str, str] 
     check_launch(env)
     if cpu and asked_mode(env) == "fsdp":
         check_fsdp_accelerate()  # an older accelerate fails inside Accelerator() already
-    accelerator = Accelerator(cpu=cpu, mixed_precision=mixed_precision, **kwargs)
+    with without_accelerate_parallelism():
+        accelerator = Accelerator(cpu=cpu, mixed_precision=mixed_precision, **kwargs)
     honour_request(accelerator, env)
     return accelerator
 
@@ -285,6 +301,100 @@ def check_fsdp_accelerate(version: str | None = None) -> None:
                                "pip install -U accelerate, or launch DDP (accelerate launch --num_processes N)")
 
 
+# ---------------------------------------------------------------------------------------------
+# sequence parallelism: asked for as accelerate names it, run on onepass's own (dp, sp) mesh
+
+PARALLELISM_ENV = "ACCELERATE_USE_PARALLELISM_CONFIG"  # set by accelerate launch for a parallelism_config
+
+
+def _accelerate_sizes(env: Mapping[str, str]) -> dict[str, int]:
+    """The sizes of an accelerate ``parallelism_config`` the launcher exported ({} when none)."""
+    if not _flag(env, PARALLELISM_ENV):
+        return {}
+    out = {}
+    for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp"):
+        raw = env.get(f"PARALLELISM_CONFIG_{name.upper()}_SIZE", "1") or "1"
+        try:
+            out[name] = int(raw)
+        except ValueError:
+            raise TrainConfigError(f"the accelerate config's parallelism_config_{name}_size is {raw!r}, not a "
+                                   "number") from None
+    return out
+
+
+def sequence_parallel_size(sp_size: int, env: Mapping[str, str] | None = None) -> int:
+    """The sequence-parallel degree asked for: ``sp_size`` (``--sp-size``) or the accelerate config's
+    ``parallelism_config_sp_size``; one :class:`TrainConfigError` line for what cannot run as asked (they
+    differ, tensor or context parallelism, DeepSpeed's ALST, a degree that does not divide the processes,
+    a degree above one process)."""
+    env = os.environ if env is None else env
+    sizes = _accelerate_sizes(env)
+    asked = sizes.get("sp", 1)
+    if sp_size > 1 and asked > 1 and sp_size != asked:
+        raise TrainConfigError(f"sp_size {sp_size} and the accelerate config's parallelism_config_sp_size {asked} "
+                               "differ; set one of them")
+    degree = max(sp_size, asked)
+    for name in ("tp", "cp"):
+        if sizes.get(name, 1) > 1:
+            raise TrainConfigError(f"the accelerate config asks for parallelism_config_{name}_size "
+                                   f"{sizes[name]}: onepass runs data x sequence parallelism only (cp is torch's "
+                                   "ring attention for causal masks, which cannot carry a tree); use "
+                                   "parallelism_config_sp_size")
+    if degree > 1 and asked_mode(env) == "deepspeed":
+        raise TrainConfigError(f"sequence parallelism (sp_size {degree}) under DeepSpeed runs its ALST/Ulysses, "
+                               "which drops the attention mask and rebuilds a causal one from the position ids: it "
+                               "cannot carry a tree; launch FSDP (configs/accelerate-fsdp-sp-cpu.yaml) or DDP")
+    world = int(env.get("WORLD_SIZE", "1") or 1)
+    if degree > 1 and world == 1:
+        raise TrainConfigError(f"sp_size {degree} splits each row over {degree} processes, but this is one "
+                               f"process: launch with torchrun --nproc_per_node {degree} or accelerate launch "
+                               "(configs/accelerate-fsdp-sp-cpu.yaml)")
+    if world % degree:
+        raise TrainConfigError(f"sp_size {degree} does not divide the {world} processes: each row is split over "
+                               f"sp_size processes and the rest run data parallel; launch a multiple of {degree}")
+    data = sizes.get("dp_replicate", 1) * sizes.get("dp_shard", 1)
+    if sizes and data > 1 and data * degree != world:
+        raise TrainConfigError(f"the accelerate config's parallelism_config sizes give {data} x {degree} processes "
+                               f"but {world} run; make dp_shard_size x sp_size the number of processes")
+    return degree
+
+
+@contextlib.contextmanager
+def without_accelerate_parallelism() -> Iterator[None]:
+    """Inside, accelerate builds no ``ParallelismConfig`` from the launcher's variables: with ``sp_size`` it
+    would route to DeepSpeed, or refuse on CPU ranks; onepass runs the request itself (:func:`sequence_mesh`)."""
+    saved = os.environ.pop(PARALLELISM_ENV, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[PARALLELISM_ENV] = saved
+
+
+def sequence_mesh(accelerator: Any, sp_size: int) -> Any:
+    """This process's :class:`onepass.ulysses.comm.SequenceShard` on a ``(dp, sp)`` device mesh (consecutive
+    ranks share a row), or None for ``sp_size`` 1. FSDP2 keeps sharding over every rank (the flattened
+    mesh, as torchtitan shards over dp x cp) and DDP averages over every rank: with each rank's loss the
+    sum over its shard and the global normaliser, the gradient is one process's (onepass.train.step)."""
+    if sp_size <= 1:
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from onepass.ulysses.comm import SequenceShard, TorchGroup
+
+    world = accelerator.num_processes
+    mesh = init_device_mesh(accelerator.device.type, (world // sp_size, sp_size), mesh_dim_names=("dp", "sp"))
+    group = TorchGroup(mesh.get_group("sp"))
+    return SequenceShard(group=group, rank=group.rank)
+
+
+def data_parallel(accelerator: Any, shard: Any | None) -> tuple[int, int]:
+    """(data-parallel world, this process's data-parallel rank): the processes, or their groups of ``sp_size``
+    consecutive ranks that split one row (:func:`sequence_mesh`; ``shard`` its SequenceShard or None)."""
+    degree = 1 if shard is None else shard.degree
+    return accelerator.num_processes // degree, accelerator.process_index // degree
+
+
 def shutdown() -> None:
     """End the process group after a finished run, in the order that cannot deadlock (no-op for one process).
 
@@ -312,5 +422,5 @@ def shutdown() -> None:
     dist.destroy_process_group()
 
 
-__all__ = ["FSDP_ACCELERATE", "MODES", "Distributed", "accelerate_predates_fsdp", "asked_mode", "check_accelerate_config", "check_fsdp_accelerate", "check_launch", "describe", "honour_request", "make_accelerator",
-           "shutdown"]
+__all__ = ["FSDP_ACCELERATE", "MODES", "Distributed", "accelerate_predates_fsdp", "asked_mode", "check_accelerate_config", "check_fsdp_accelerate", "check_launch", "data_parallel", "describe", "honour_request", "make_accelerator",
+           "sequence_mesh", "sequence_parallel_size", "shutdown", "without_accelerate_parallelism"]
