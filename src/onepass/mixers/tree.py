@@ -234,7 +234,11 @@ def uninstall(model: Any) -> None:
     root = _root(model)
     for mod in root.modules() if root is not None else ():
         original = mod.__dict__.pop(_WRAPPED, None)
-        if original is not None:
+        if original is None:
+            continue
+        if getattr(original, "__func__", None) is type(mod).forward:
+            del mod.forward  # the class's own forward again, not an instance copy of it
+        else:
             mod.forward = original
 
 
