@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from onepass.train.config import TrainConfigError, load_config
-from onepass.train.distributed import sequence_parallel_size
+from onepass.train.sequence_parallel import sequence_parallel_size
 from onepass.train.loop import train
 
 from float64_train import float64_load_model

@@ -25,14 +25,12 @@ Sequence parallelism (one row split over ``sp_size`` processes, :mod:`onepass.ul
 the way accelerate names it: ``sp_size`` (``--sp-size``) or an accelerate config's
 ``parallelism_config_sp_size`` (``PARALLELISM_CONFIG_SP_SIZE``). accelerate 1.15 runs that degree
 through DeepSpeed's ALST only, which cannot carry a tree mask, and under FSDP it would run plain
-data parallelism; so onepass takes the request over (:func:`sequence_parallel_size`), builds its
-own ``(dp, sp)`` device mesh (:func:`sequence_mesh`) and keeps accelerate from building one.
+data parallelism; so onepass takes the request over (:mod:`onepass.train.sequence_parallel`), builds
+its own ``(dp, sp)`` device mesh and keeps accelerate from building one
+(:func:`without_accelerate_parallelism`).
 
     >>> asked_mode({"ACCELERATE_USE_FSDP": "true", "WORLD_SIZE": "2"}), asked_mode({})
     ('fsdp', 'single')
-    >>> sequence_parallel_size(1, {"ACCELERATE_USE_PARALLELISM_CONFIG": "true", "PARALLELISM_CONFIG_SP_SIZE": "2",
-    ...                            "WORLD_SIZE": "4"})
-    2
 """
 
 from __future__ import annotations
@@ -302,61 +300,9 @@ def check_fsdp_accelerate(version: str | None = None) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# sequence parallelism: asked for as accelerate names it, run on onepass's own (dp, sp) mesh
+# accelerate's parallelism_config: read by onepass.train.sequence_parallel, never built by accelerate
 
 PARALLELISM_ENV = "ACCELERATE_USE_PARALLELISM_CONFIG"  # set by accelerate launch for a parallelism_config
-
-
-def _accelerate_sizes(env: Mapping[str, str]) -> dict[str, int]:
-    """The sizes of an accelerate ``parallelism_config`` the launcher exported ({} when none)."""
-    if not _flag(env, PARALLELISM_ENV):
-        return {}
-    out = {}
-    for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp"):
-        raw = env.get(f"PARALLELISM_CONFIG_{name.upper()}_SIZE", "1") or "1"
-        try:
-            out[name] = int(raw)
-        except ValueError:
-            raise TrainConfigError(f"the accelerate config's parallelism_config_{name}_size is {raw!r}, not a "
-                                   "number") from None
-    return out
-
-
-def sequence_parallel_size(sp_size: int, env: Mapping[str, str] | None = None) -> int:
-    """The sequence-parallel degree asked for: ``sp_size`` (``--sp-size``) or the accelerate config's
-    ``parallelism_config_sp_size``; one :class:`TrainConfigError` line for what cannot run as asked (they
-    differ, tensor or context parallelism, DeepSpeed's ALST, a degree that does not divide the processes,
-    a degree above one process)."""
-    env = os.environ if env is None else env
-    sizes = _accelerate_sizes(env)
-    asked = sizes.get("sp", 1)
-    if sp_size > 1 and asked > 1 and sp_size != asked:
-        raise TrainConfigError(f"sp_size {sp_size} and the accelerate config's parallelism_config_sp_size {asked} "
-                               "differ; set one of them")
-    degree = max(sp_size, asked)
-    for name in ("tp", "cp"):
-        if sizes.get(name, 1) > 1:
-            raise TrainConfigError(f"the accelerate config asks for parallelism_config_{name}_size "
-                                   f"{sizes[name]}: onepass runs data x sequence parallelism only (cp is torch's "
-                                   "ring attention for causal masks, which cannot carry a tree); use "
-                                   "parallelism_config_sp_size")
-    if degree > 1 and asked_mode(env) == "deepspeed":
-        raise TrainConfigError(f"sequence parallelism (sp_size {degree}) under DeepSpeed runs its ALST/Ulysses, "
-                               "which drops the attention mask and rebuilds a causal one from the position ids: it "
-                               "cannot carry a tree; launch FSDP (configs/accelerate-fsdp-sp-cpu.yaml) or DDP")
-    world = int(env.get("WORLD_SIZE", "1") or 1)
-    if degree > 1 and world == 1:
-        raise TrainConfigError(f"sp_size {degree} splits each row over {degree} processes, but this is one "
-                               f"process: launch with torchrun --nproc_per_node {degree} or accelerate launch "
-                               "(configs/accelerate-fsdp-sp-cpu.yaml)")
-    if world % degree:
-        raise TrainConfigError(f"sp_size {degree} does not divide the {world} processes: each row is split over "
-                               f"sp_size processes and the rest run data parallel; launch a multiple of {degree}")
-    data = sizes.get("dp_replicate", 1) * sizes.get("dp_shard", 1)
-    if sizes and data > 1 and data * degree != world:
-        raise TrainConfigError(f"the accelerate config's parallelism_config sizes give {data} x {degree} processes "
-                               f"but {world} run; make dp_shard_size x sp_size the number of processes")
-    return degree
 
 
 @contextlib.contextmanager
@@ -369,30 +315,6 @@ def without_accelerate_parallelism() -> Iterator[None]:
     finally:
         if saved is not None:
             os.environ[PARALLELISM_ENV] = saved
-
-
-def sequence_mesh(accelerator: Any, sp_size: int) -> Any:
-    """This process's :class:`onepass.ulysses.comm.SequenceShard` on a ``(dp, sp)`` device mesh (consecutive
-    ranks share a row), or None for ``sp_size`` 1. FSDP2 keeps sharding over every rank (the flattened
-    mesh, as torchtitan shards over dp x cp) and DDP averages over every rank: with each rank's loss the
-    sum over its shard and the global normaliser, the gradient is one process's (onepass.train.step)."""
-    if sp_size <= 1:
-        return None
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from onepass.ulysses.comm import SequenceShard, TorchGroup
-
-    world = accelerator.num_processes
-    mesh = init_device_mesh(accelerator.device.type, (world // sp_size, sp_size), mesh_dim_names=("dp", "sp"))
-    group = TorchGroup(mesh.get_group("sp"))
-    return SequenceShard(group=group, rank=group.rank)
-
-
-def data_parallel(accelerator: Any, shard: Any | None) -> tuple[int, int]:
-    """(data-parallel world, this process's data-parallel rank): the processes, or their groups of ``sp_size``
-    consecutive ranks that split one row (:func:`sequence_mesh`; ``shard`` its SequenceShard or None)."""
-    degree = 1 if shard is None else shard.degree
-    return accelerator.num_processes // degree, accelerator.process_index // degree
 
 
 def shutdown() -> None:
@@ -422,5 +344,5 @@ def shutdown() -> None:
     dist.destroy_process_group()
 
 
-__all__ = ["FSDP_ACCELERATE", "MODES", "Distributed", "accelerate_predates_fsdp", "asked_mode", "check_accelerate_config", "check_fsdp_accelerate", "check_launch", "data_parallel", "describe", "honour_request", "make_accelerator",
-           "sequence_mesh", "sequence_parallel_size", "shutdown", "without_accelerate_parallelism"]
+__all__ = ["FSDP_ACCELERATE", "MODES", "Distributed", "accelerate_predates_fsdp", "asked_mode", "check_accelerate_config", "check_fsdp_accelerate", "check_launch", "describe", "honour_request", "make_accelerator",
+           "shutdown", "without_accelerate_parallelism"]

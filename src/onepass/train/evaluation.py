@@ -23,7 +23,7 @@ import torch
 from onepass.loss import ForwardView, batch_loss
 from onepass.train.config import TrainConfig
 from onepass.train.data import TrainData, collate, eval_passes
-from onepass.train.distributed import data_parallel
+from onepass.train.sequence_parallel import data_parallel
 from onepass.tree import Layout
 from onepass.ulysses.comm import SequenceShard
 

@@ -197,7 +197,8 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         resolve_device,
         save_final,
     )
-    from onepass.train.distributed import data_parallel, describe, sequence_mesh, sequence_parallel_size
+    from onepass.train.distributed import describe
+    from onepass.train.sequence_parallel import data_parallel, sequence_mesh, sequence_parallel_size
     from onepass.train.report import Reporter, make_trackers
 
     device = resolve_device(config.device)  # everything that can fail on this machine fails here, in a second

@@ -42,7 +42,7 @@ from onepass.flops import visible_pairs
 from onepass.loss import ForwardView, batch_loss
 from onepass.train.config import TrainConfig
 from onepass.train.data import TrainData, collate, step_passes, step_units, units_per_step
-from onepass.train.distributed import data_parallel
+from onepass.train.sequence_parallel import data_parallel
 from onepass.ulysses.comm import SequenceShard
 
 
