@@ -186,3 +186,25 @@ def test_sp_size_is_a_flag_a_key_and_validated(tmp_path):
         load_config(None, dict(tiny="qwen3", data="x", sp_size=0))
     assert main(["--tiny", "qwen3", "--data", "builtin:mathchat", "--sp-size", "2", "--output-dir",
                  str(tmp_path / "run")]) == 2  # one line, exit 2: one process
+
+
+def test_onepass_trainer_asked_for_sequence_parallelism_stops_in_one_line(tmp_path, monkeypatch):
+    """HF's Trainer would hand sp_size to DeepSpeed's ALST (no tree mask) or refuse it on CPU ranks, and its data
+    loader gives every rank its own batch: OnePassTrainer refuses instead of running something else."""
+    import datasets
+    from accelerate.parallelism_config import ParallelismConfig
+
+    from onepass.tiny import tiny_model
+    from onepass.train import OnePassConfig, OnePassTrainer
+
+    rows = datasets.Dataset.from_list([{"input_ids": [1, 2, 3], "position_ids": [0, 1, 2], "kv_end": [3, 3, 3],
+                                        "targets": [2, 3, -100], "weights": [1.0, 1.0, 0.0]}])
+    model = tiny_model("qwen3", 100, dtype=torch.float64, attn_implementation="sdpa")
+    args = OnePassConfig(str(tmp_path), use_cpu=True, report_to="none", parallelism_config=ParallelismConfig(sp_size=2))
+    with pytest.raises(TrainConfigError, match=r"^OnePassTrainer does not split rows over processes \(sp_size 2\)"):
+        OnePassTrainer(model=model, args=args, train_dataset=rows)
+    monkeypatch.setenv("ACCELERATE_USE_PARALLELISM_CONFIG", "true")  # the same asked by an accelerate config
+    monkeypatch.setenv("PARALLELISM_CONFIG_SP_SIZE", "4")
+    with pytest.raises(TrainConfigError, match=r"sp_size 4\): HF's data loader"):
+        OnePassTrainer(model=model, args=OnePassConfig(str(tmp_path), use_cpu=True, report_to="none"),
+                       train_dataset=rows)

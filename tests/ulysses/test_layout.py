@@ -246,3 +246,37 @@ def test_the_planned_volume_is_what_a_forward_pass_sends(rows, monkeypatch, arch
     planned = forward_volume(layer_shapes(model), length=len(trees[0]), degree=degree)
     assert planned.total > 0 and group.sent == [planned.total] * degree
     assert (planned.mixers > 0) == (arch == "nemotron-h")
+
+
+def test_rl_scoring_split_over_ranks_equals_one_process():
+    """Per-token log-probs of multi-turn rollouts (onepass.rl) with each row split over 2 ranks: every rank gets
+    every log-prob, and a loss replicated on the ranks (divided by S) gives one process's gradient."""
+    from onepass.rl.layout import layout_rollouts
+    from onepass.rl.logprobs import token_logprobs
+    from onepass.rl.rollouts import trajectories_from_records
+    from onepass.rl.synthetic import AgentShape, agent_rollouts, strip_extra
+
+    records = agent_rollouts(1, seed=0, vocab_size=64, shape=AgentShape().scaled(0.02))
+    batch = layout_rollouts(trajectories_from_records([strip_extra(r) for r in records]))
+    model = exact_model("qwen3", 64, "onepass_cpu")
+    named = [(n, p) for n, p in model.named_parameters()]
+    want = token_logprobs(model, batch, entropy=True)
+    want_grads = torch.autograd.grad(want.flat().sum(), [p for _, p in named])
+    degree = 2
+    install(model, degree)
+    copies = [copy.deepcopy(model) for _ in range(degree)]
+
+    def rank(shard):
+        mine = copies[shard.rank]
+        got = token_logprobs(mine, batch, entropy=True, shard=shard)
+        grads = torch.autograd.grad(got.flat().sum() / degree, list(mine.parameters()))
+        return got.detach(), grads
+
+    results = run_ranks(degree, rank)
+    for got, _ in results:
+        assert rel(got.flat(), want.flat().detach()) <= TOL
+        assert rel(torch.cat([e for turns in got.entropy for e in turns]),
+                   torch.cat([e.detach() for turns in want.entropy for e in turns])) <= TOL
+    for i, (name, _) in enumerate(named):
+        assert rel(sum(r[1][i] for r in results), want_grads[i]) <= TOL, name
+    assert len(batch.rows) >= 1 and max(len(r) for r in batch.rows) > degree

@@ -47,6 +47,11 @@ def _accelerate_sizes(env: Mapping[str, str]) -> dict[str, int]:
     return out
 
 
+def accelerate_sp_size(env: Mapping[str, str] | None = None) -> int:
+    """The ``parallelism_config_sp_size`` an accelerate launch exported (1 when none)."""
+    return _accelerate_sizes(os.environ if env is None else env).get("sp", 1)
+
+
 def sequence_parallel_size(sp_size: int, env: Mapping[str, str] | None = None) -> int:
     """The sequence-parallel degree asked for: ``sp_size`` (``--sp-size``) or the accelerate config's
     ``parallelism_config_sp_size``; one :class:`TrainConfigError` line for what cannot run as asked (they

@@ -155,6 +155,13 @@ class SequenceShard:
         """``[B, L/S, ...]`` -> ``[B, L, ...]``: every rank's positions (an all-gather; exact gradient)."""
         return torch.cat(self.exchange([x_BLE] * self.degree), dim=1)
 
+    def gather_targets(self, values_T: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+        """Every rank's per-target values in row order: ``counts[j]`` of them on rank j (every rank knows the
+        whole row, so the counts); differentiable (a shard's gradient sums every rank's)."""
+        most = max(counts)
+        padded = torch.nn.functional.pad(values_T, (0, most - values_T.shape[0]))
+        return torch.cat([got[:n] for got, n in zip(self.exchange([padded] * self.degree), counts)])
+
     def heads_of(self, split: HeadSplit, x_H: torch.Tensor) -> torch.Tensor:
         """This rank's slice of a per-query-head tensor (attention sinks)."""
         start, stop = split.head_range(self.rank)
