@@ -97,6 +97,8 @@ def assert_same_run(one, out, proc, *, arch, world, sp_size, mode):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["distributed"]["sp_size"] == sp_size and metrics["distributed"]["world_size"] == world
     assert metrics["sequence_parallel"]["sp_size"] == sp_size and metrics["config"]["sp_size"] == sp_size
+    if one.eval_loss is not None:  # the held-out loss, each row split over the ranks too
+        assert rel(one.eval_loss, metrics["eval_loss"]) <= TOL, (one.eval_loss, metrics["eval_loss"])
     split = [h["loss"] for h in metrics["history"]]
     assert len(split) == len(one.losses) == 3
     assert max(rel(a, b) for a, b in zip(one.losses, split)) <= TOL, (arch, one.losses, split)
@@ -113,7 +115,7 @@ def assert_same_run(one, out, proc, *, arch, world, sp_size, mode):
 LORA = dict(finetune="lora", lora_r=4, lora_dropout=0.0, gradient_checkpointing=True)
 
 RUNS = [  # (arch, extra settings, launcher, processes, sp_size)
-    ("qwen3", dict(per_device_train_batch_size=2), "torchrun", 2, 2),  # dense, DDP
+    ("qwen3", dict(per_device_train_batch_size=2, eval_data="CHATS"), "torchrun", 2, 2),  # dense, DDP, eval loss
     ("gpt-oss", dict(LORA, per_device_train_batch_size=2), "torchrun", 2, 2),  # windows, sinks, MoE; LoRA + checkpointing
     ("qwen3.5", dict(per_device_train_batch_size=2), "torchrun", 2, 2),  # hybrid: Gated DeltaNet
     ("deepseek-v3", dict(per_device_train_batch_size=2), "torchrun", 4, 4),  # MoE, latent attention, 4 ranks
@@ -129,6 +131,7 @@ RUNS = [  # (arch, extra settings, launcher, processes, sp_size)
 def test_split_rows_take_the_steps_of_one_process(tmp_path, chats, monkeypatch, arch, extra, launcher, processes,
                                                   sp_size):
     # one process, same global batch: per_device x dp groups (the accelerate run: 1 x 2 groups)
+    extra = {k: str(chats) if v == "CHATS" else v for k, v in extra.items()}
     reference = dict(extra, per_device_train_batch_size=extra["per_device_train_batch_size"] * processes // sp_size)
     one = one_process(tmp_path, chats, arch, reference, monkeypatch)
     out, proc = launch(tmp_path, chats, arch, extra, launcher=launcher, processes=processes, sp_size=sp_size)

@@ -85,18 +85,18 @@ def register() -> None:
     """Register ``onepass_sp:<backend>`` for every backend onepass serves, with the mask function of the
     backend (idempotent). transformers looks a model's attention up by this name at every call."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from onepass.attention.cpu import register as register_onepass_cpu
 
     register_onepass_cpu()
     for backend in (*BACKENDS, "eager"):
         name = SP_PREFIX + backend
-        if name not in AttentionInterface._global_mapping:
+        if name not in ALL_ATTENTION_FUNCTIONS:
             AttentionInterface.register(name, sequence_parallel_attention(backend))
-        masks = AttentionMaskInterface._global_mapping
-        if name not in masks and backend in masks:
-            AttentionMaskInterface.register(name, masks[backend])
+        if name not in ALL_MASK_ATTENTION_FUNCTIONS and backend in ALL_MASK_ATTENTION_FUNCTIONS:
+            AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[backend])
 
 
 __all__ = ["SP_KWARG", "core_function", "register", "sequence_parallel_attention"]
