@@ -55,6 +55,34 @@ def test_a_row_is_padded_to_equal_contiguous_shards():
     assert [shard_range(392, 4, r) for r in range(4)] == [(0, 98), (98, 196), (196, 294), (294, 392)]
 
 
+def test_rows_are_padded_as_layouts_to_batch_pads_them():
+    """pad_batch (a collated batch to a multiple of the degree) == layouts_to_batch at that length."""
+    from onepass.loss import pad_batch
+    from onepass.tree import row_from_columns
+
+    rows = [row_from_columns({"input_ids": [5, 6, 7], "position_ids": [0, 1, 2], "kv_end": [3, 3, 3],
+                              "targets": [6, 7, -100], "weights": [1.0, 1.0, 0.0]}),
+            row_from_columns({"input_ids": [5, 9], "position_ids": [0, 1], "kv_end": [2, 2], "targets": [9, -100],
+                              "weights": [1.0, 0.0]})]
+    padded = pad_batch(layouts_to_batch(rows), 4)
+    want = layouts_to_batch(rows, length=4)
+    assert padded.keys() == want.keys() and all(torch.equal(padded[k], want[k]) for k in want)
+    assert padded["kv_end"].tolist() == [[3, 3, 3, 4], [2, 2, 3, 4]]
+    assert pad_batch(want, 2)["kv_end"] is want["kv_end"]  # already a multiple: unchanged
+
+
+def test_the_first_log_line_says_the_degree_in_effect():
+    from onepass.train.distributed import Distributed
+
+    ddp = Distributed(mode="fsdp", world_size=4, backend="gloo", device="cpu", fsdp_version=2, launcher="accelerate",
+                      sp_size=2)
+    assert ddp.line() == ("parallelism: FSDP2 over 4 processes (gloo) on cpu, sequence parallel 2 x data parallel 2, "
+                          "launched by accelerate")
+    assert ddp.to_dict()["sp_size"] == 2
+    one = Distributed(mode="single", world_size=1, backend=None, device="cpu")
+    assert one.line() == "parallelism: one process on cpu" and one.to_dict()["sp_size"] == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # the exchanges, against slicing the whole tensors (the slow reference)
 
