@@ -8,6 +8,8 @@ knows which object each backend takes:
     sdpa               bool [B, 1, L, L]      True = may attend
     eager              float [B, 1, L, L]     0 / finfo.min, added to the scores
     flex_attention     BlockMask              blocks with no visible pair are skipped
+    onepass_varlen     int64 [B, 1, 1, L]     kv_end + documents: torch's flash varlen kernel, rows that
+                                              never branch only (N-pass; the bench's baseline, CUDA)
     flash_attention_*  refused                it cannot express a tree mask
 
 Transformers passes a 4D mask (or a BlockMask) through untouched, so the
@@ -35,6 +37,8 @@ from onepass.attention.cpu import BACKEND as ONEPASS_CPU
 from onepass.attention.cpu import cpu_attention_mask
 from onepass.attention.cpu import register as register_onepass_cpu
 from onepass.attention.mask import additive_mask, dense_mask
+from onepass.attention.varlen import BACKEND as VARLEN
+from onepass.attention.varlen import varlen_attention_mask
 from onepass.errors import ConfigError
 from onepass.model_config import text_config
 
@@ -145,6 +149,10 @@ def attention_mask_for(model: Any, kv_end_BL: torch.Tensor, *, position_ids_BL: 
     def build(window: int | None) -> Any:
         if backend == ONEPASS_CPU:
             return cpu_attention_mask(kv_end_BL, position_ids=position_ids_BL, window=window)
+        if backend == VARLEN:  # documents, not a tree: N-pass rows only
+            if window is not None:
+                raise BackendError(f"{VARLEN} does not implement sliding windows (window {window})")
+            return varlen_attention_mask(kv_end_BL)
         if backend == "flex_attention":  # built from the block plan: no L x L evaluation
             return block_mask(kv_end_BL, block_size=block_size, device=kv_end_BL.device,
                               position_ids=position_ids_BL, window=window)
