@@ -127,3 +127,52 @@ def test_junit_results_name_each_test_and_its_outcome(tmp_path):
                                            ("no json {here}", None)])
 def test_last_json_is_the_last_line_that_is_an_object(text, expected):
     assert gpu_check.last_json(text) == expected
+
+
+def _wheel(folder: Path, tag: str) -> Path:
+    """A minimal pure-Python wheel of ``gpu_check_probe`` 1.0 with ``tag``."""
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"gpu_check_probe-1.0-{tag}.whl"
+    info = "gpu_check_probe-1.0.dist-info"
+    files = {"gpu_check_probe/__init__.py": "__version__ = '1.0'\n",
+             f"{info}/METADATA": "Metadata-Version: 2.1\nName: gpu-check-probe\nVersion: 1.0\n",
+             f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n"}
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return path
+
+
+@pytest.mark.parametrize("tag,status", [("py3-none-any", "passed"), ("cp27-cp27m-win32", "unpacked")])
+def test_the_bundle_is_installed_by_pip_or_else_unpacked(tmp_path, monkeypatch, tag, status):
+    """pip --no-index --no-deps --target where it accepts the wheels; where it refuses them (here: a wheel for
+    another platform) or is missing, the pure-Python wheels are unpacked into the same folder, one line said."""
+    _wheel(tmp_path / "bundle", tag)
+    args = gpu_check.parse_args(["--bundle", str(tmp_path / "bundle"), "--site", str(tmp_path / "site"),
+                                 "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # install() puts the site first on this process's path
+    check = gpu_check.Check(args, gpu_check.Report(tmp_path / "out"))
+    record = check.install(60)
+    assert record["status"] == status and record["packages"] == {"gpu-check-probe": "1.0"}
+    assert (tmp_path / "site" / "gpu_check_probe" / "__init__.py").is_file()
+    assert check.env["PYTHONPATH"].split(os.pathsep)[:2] == [str(ROOT / "src"), str(tmp_path / "site")]
+    assert [f for f in check.report.record["findings"] if "unpacking the wheels instead" in f] == (
+        [] if status == "passed" else [check.report.record["findings"][-1]])
+
+
+def _gone(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    return not status.exists() or "\nState:\tZ" in status.read_text()  # exited (a zombie waits for its reaper)
+
+
+def test_a_command_past_its_box_is_stopped_with_its_children(tmp_path):
+    """torch's compile workers are children of the step's process: they go when it is stopped at its box."""
+    report = gpu_check.Report(tmp_path)
+    code = "import subprocess, time; p = subprocess.Popen(['sleep', '60']); print(p.pid, flush=True); time.sleep(60)"
+    output, rc = gpu_check.run_streamed([sys.executable, "-c", code], seconds=3, report=report, env=dict(os.environ))
+    assert rc is None
+    assert _gone(int(output.strip()))
+    assert f"  {output.strip()}" in (tmp_path / "gpu-check.log").read_text()  # streamed to the log as it came

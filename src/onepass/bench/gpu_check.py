@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -110,13 +111,16 @@ def run_streamed(cmd: list[str], *, seconds: float, report: Report, env: dict[st
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
+    rc: int | None = None
     try:
-        rc: int | None = proc.wait(timeout=max(seconds, 1))
+        rc = proc.wait(timeout=max(seconds, 1))
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        rc = None
+        pass
+    finally:  # at its box, or this process stopped (SIGTERM, Ctrl-C): its own session must not outlive us
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     reader.join(timeout=5)
     return "\n".join(lines), rc
 
@@ -195,10 +199,14 @@ class Check:
         record: dict[str, Any] = {"status": "passed" if rc == 0 else "failed", "seconds": took,
                                   "target": str(self.site), "wheels": [w.name for w in wheels],
                                   "bytes": sum(w.stat().st_size for w in wheels), "manifest": manifest}
-        if rc != 0:
-            self.report.finding(f"env: installing the bundle {'timed out' if rc is None else f'failed (exit {rc})'}; "
-                                f"the image's own packages are used: {output.strip().splitlines()[-1:]}")
-            return record
+        if rc != 0:  # no pip there, or it refused: a wheel is a zip archive, and these are pure Python
+            self.report.finding(f"env: pip install of the bundle {status_of(rc)} (exit {rc}): "
+                                f"{(output.strip().splitlines() or [''])[-1][:200]}; unpacking the wheels instead")
+            shutil.rmtree(self.site, ignore_errors=True)
+            for wheel in wheels:
+                with zipfile.ZipFile(wheel) as archive:
+                    archive.extractall(self.site)
+            record["status"] = "unpacked"
         self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(self.site),
                                                   *filter(None, [os.environ.get("PYTHONPATH")])])
         sys.path.insert(0, str(self.site))  # this process reads the bundle's metadata first, as the children do
@@ -451,6 +459,30 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         check.cuda = torch.cuda.is_available()
+    signal.signal(signal.SIGTERM, _stop)  # an outer `timeout`: the running step's processes go with us
+    try:
+        run_steps(check, report, chosen, start)
+    except KeyboardInterrupt:
+        report.finding("stopped from outside (SIGTERM or Ctrl-C); the steps finished so far are recorded")
+    report.record["seconds"] = round(time.monotonic() - start, 1)
+    failed = [n for n, r in report.record["steps"].items() if r["status"] in ("failed", "timed out")]
+    report.save()
+    report.say("")
+    report.say(f"gpu-check: FINDINGS ({len(report.record['findings'])}):")
+    for line in report.record["findings"]:
+        report.say(f"  {line}")
+    statuses = ", ".join(f"{n} {r['status']}" for n, r in report.record["steps"].items())
+    report.say(f"gpu-check: {statuses}; "
+               f"{report.record['seconds']} s; results in {report.json_path} and {report.log_path}")
+    return 1 if failed or len(report.record["steps"]) < len(chosen) else 0
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def run_steps(check: Check, report: Report, chosen: list[str], start: float) -> None:
+    """Each chosen step in order, within its box; its record saved as soon as it ends."""
     deadline = start  # step i must end by start + the boxes of steps 0..i (unused time carries on)
     for name in chosen:
         deadline += BOXES[name]
@@ -471,17 +503,6 @@ def main(argv: list[str] | None = None) -> int:
         report.record["steps"][name] = result
         report.say(f"gpu-check: {name}: {result['status']} in {result['seconds']} s")
         report.save()
-    report.record["seconds"] = round(time.monotonic() - start, 1)
-    failed = [n for n, r in report.record["steps"].items() if r["status"] in ("failed", "timed out")]
-    report.save()
-    report.say("")
-    report.say(f"gpu-check: FINDINGS ({len(report.record['findings'])}):")
-    for line in report.record["findings"]:
-        report.say(f"  {line}")
-    statuses = ", ".join(f"{n} {r['status']}" for n, r in report.record["steps"].items())
-    report.say(f"gpu-check: {statuses}; "
-               f"{report.record['seconds']} s; results in {report.json_path} and {report.log_path}")
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

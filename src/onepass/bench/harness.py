@@ -290,8 +290,8 @@ def time_interleaved(jobs: Sequence[Job], *, log: Callable[[str], None] = print)
     drift of the machine (clocks, heat, a neighbour) lands on every setting alike and the ratios can be
     paired (:func:`onepass.bench.ratio.speed_ratio`). Every model stays resident, so a setting's peak
     memory is its own model and optimizer state (:mod:`onepass.bench.memory`) plus the most its epochs
-    allocated above what was resident when they began. A setting whose start or warm-up fails is
-    reported in one line and left out (its Timing has no epochs); the others go on."""
+    allocated above what was resident when they began. A setting that fails (its start, warm-up or an
+    epoch) is reported in one line and left out (its Timing has no epochs); the others go on."""
     sessions: list[Session | None] = []
     timings = [Timing() for _ in jobs]
     for job in jobs:
@@ -314,7 +314,13 @@ def time_interleaved(jobs: Sequence[Job], *, log: Callable[[str], None] = print)
                 continue
             before = torch.cuda.memory_allocated(session.device) if session.device.type == "cuda" else 0
             peak = start_peak_memory(session.device)
-            timings[i].epoch_seconds.append(session.epoch())
+            try:
+                timings[i].epoch_seconds.append(session.epoch())
+            except Exception as e:  # noqa: BLE001: out of memory in a long row, say: the others go on
+                log(f"{session.job.backend} ({len(session.job.rows)} rows): failed in epoch {repeat + 1}: "
+                    f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
+                sessions[i], timings[i] = None, Timing()
+                continue
             used = peak_memory_since(session.device, peak)
             if used is not None:
                 transient[i] = max(transient[i], used - before if session.device.type == "cuda" else used)
