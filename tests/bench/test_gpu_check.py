@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 
 from onepass.bench import gpu_check
-from onepass.bench.gpu_bundle import LIMIT_BYTES, NEVER, PACKAGES, download_command, over_limit, planned_bytes
+from onepass.bench.gpu_bundle import (
+    LIMIT_BYTES,
+    NEVER,
+    PACKAGES,
+    download_command,
+    mismatches,
+    over_limit,
+    planned_bytes,
+)
 from onepass.bench.gpu_check import (
     BOXES,
     MARGIN_SECONDS,
@@ -23,7 +31,6 @@ from onepass.bench.gpu_check import (
     VERIFY_RUNS,
     cuda_test_files,
     junit_results,
-    mismatches,
     part_limits,
 )
 

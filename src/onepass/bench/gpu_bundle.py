@@ -11,9 +11,9 @@ downloaded here for its platform (``pip download --no-deps --only-binary=:all: -
     gpu-bundle/*.whl            installed there by gpu_check: pip install --no-index --no-deps --target
     gpu-bundle/manifest.json    python version, platforms, every wheel and its size, the total
 
-Never bundled: torch, triton, nvidia-*, or anything the image has at a version we can use;
-``gpu_check`` compares what it did not bundle with what onepass and the bundled wheels require, one
-line per mismatch. bitsandbytes (QLoRA) is left out: its one wheel (41 MiB) alone exceeds the limit.
+Never bundled: torch, triton, nvidia-*, or anything the image has at a version we can use; there,
+``gpu_check`` compares what was not bundled with what onepass and the bundled wheels require
+(:func:`mismatches`), one line per mismatch. bitsandbytes (QLoRA) is left out: its one wheel (41 MiB) alone exceeds the limit.
 
     >>> over_limit({"a.whl": 30 << 20, "b.whl": 5 << 20}), over_limit({"a.whl": 41 << 20})
     (None, 'the bundle would be 41.0 MiB, over its 40 MiB limit: a.whl 41.0 MiB')
@@ -22,6 +22,7 @@ line per mismatch. bitsandbytes (QLoRA) is left out: its one wheel (41 MiB) alon
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -57,6 +58,52 @@ def over_limit(sizes: dict[str, int], *, limit: int = LIMIT_BYTES) -> str | None
         return None
     largest = ", ".join(f"{n} {b / 2**20:.1f} MiB" for n, b in sorted(sizes.items(), key=lambda x: -x[1])[:3])
     return f"the bundle would be {total / 2**20:.1f} MiB, over its {limit / 2**20:.0f} MiB limit: {largest}"
+
+
+# ---------------------------------------------------------------------------------------------
+# on the GPU machine: what was not bundled must meet what onepass and the bundle require
+
+
+def name_of(dist: importlib.metadata.Distribution) -> str:
+    return (dist.metadata["Name"] or "").lower().replace("_", "-")
+
+
+def onepass_requirements(root: Path) -> list[str]:
+    """pyproject's dependencies and its qwen and test extras (the suite's), as requirement strings."""
+    import tomllib
+
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    extras = project.get("optional-dependencies", {})
+    return [*project["dependencies"], *extras.get("qwen", []), *extras.get("test", [])]
+
+
+def mismatches(requirements: list[tuple[str, str]], *, skip: set[str] = frozenset()) -> list[str]:
+    """``(who, requirement)`` pairs whose requirement the installed packages do not meet: one line each.
+    Requirements for an extra, or whose marker does not hold here, and those of ``skip`` (names) are not
+    checked; one line per (package, requirement)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    lines: dict[str, str] = {}
+    for who, text in requirements:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        name = req.name.lower().replace("_", "-")
+        if name in skip or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+            continue
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            lines.setdefault(f"{name} missing {req.specifier}", f"{name} is not installed; {who}")
+            continue
+        if req.specifier and not req.specifier.contains(version.split("+")[0], prereleases=True):
+            lines.setdefault(f"{name} {req.specifier}", f"{name} {version} installed; {who}")
+    return list(lines.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# here: the download
 
 
 def download_command(dest: Path, python_version: str, packages: dict[str, tuple[str, float, str]]) -> list[str]:

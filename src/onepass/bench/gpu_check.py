@@ -46,6 +46,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from onepass.bench.gpu_bundle import mismatches, name_of, onepass_requirements
+
 TOTAL_SECONDS = 420  # the one call: 7 minutes, inside the 10 a command may run and the ~13 a lease leaves
 MARGIN_SECONDS = 20  # the interpreter's start, torch's import, the last JSON
 BOXES = {"env": 50, "cuda-tests": 105, "verify": 80, "speed": 160, "qlora": 5}  # seconds per step
@@ -219,7 +221,7 @@ class Check:
     def check_requirements(self, bundled: dict[str, str]) -> list[str]:
         """What onepass (pyproject: dependencies, test and qwen extras) and the bundled wheels require of what
         was not bundled, against what is installed: one line per mismatch."""
-        requirements = [(f"onepass {req}", req) for req in onepass_requirements()]
+        requirements = [(f"onepass {req}", req) for req in onepass_requirements(ROOT)]
         for name in bundled:
             with contextlib.suppress(importlib.metadata.PackageNotFoundError):
                 dist = importlib.metadata.distribution(name)
@@ -335,44 +337,6 @@ def part_limits(boxes: list[float], seconds: float) -> Iterator[Callable[[], flo
     for b in boxes:
         done += b * scale
         yield lambda end=done: max(1.0, t0 + end - time.monotonic())
-
-
-def name_of(dist: importlib.metadata.Distribution) -> str:
-    return (dist.metadata["Name"] or "").lower().replace("_", "-")
-
-
-def onepass_requirements() -> list[str]:
-    """pyproject's dependencies and its qwen and test extras (the suite's), as requirement strings."""
-    import tomllib
-
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    extras = project.get("optional-dependencies", {})
-    return [*project["dependencies"], *extras.get("qwen", []), *extras.get("test", [])]
-
-
-def mismatches(requirements: list[tuple[str, str]], *, skip: set[str] = frozenset()) -> list[str]:
-    """``(who, requirement)`` pairs whose requirement the installed packages do not meet: one line each.
-    Requirements for an extra, or whose marker does not hold here, and those of ``skip`` (names) are not
-    checked; one line per (package, requirement)."""
-    from packaging.requirements import InvalidRequirement, Requirement
-
-    lines: dict[str, str] = {}
-    for who, text in requirements:
-        try:
-            req = Requirement(text)
-        except InvalidRequirement:
-            continue
-        name = req.name.lower().replace("_", "-")
-        if name in skip or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
-            continue
-        try:
-            version = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            lines.setdefault(f"{name} missing {req.specifier}", f"{name} is not installed; {who}")
-            continue
-        if req.specifier and not req.specifier.contains(version.split("+")[0], prereleases=True):
-            lines.setdefault(f"{name} {req.specifier}", f"{name} {version} installed; {who}")
-    return list(lines.values())
 
 
 def cuda_test_files(tests: Path) -> list[Path]:
