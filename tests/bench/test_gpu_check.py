@@ -183,3 +183,39 @@ def test_a_command_past_its_box_is_stopped_with_its_children(tmp_path):
     assert rc is None
     assert _gone(int(output.strip()))
     assert f"  {output.strip()}" in (tmp_path / "gpu-check.log").read_text()  # streamed to the log as it came
+
+
+@pytest.mark.slow
+def test_the_cuda_steps_rehearsed_on_cpu_record_what_they_measured(tmp_path, monkeypatch):
+    """The GPU run is one call: the steps' own code (commands, parsing, findings, the JSON) is rehearsed here
+    with CPU stand-ins for what needs CUDA: verify on sdpa, bench at the tiny shape on sdpa, the CUDA tests of
+    one file (they skip). Real subprocesses, as there."""
+    monkeypatch.setattr(gpu_check, "DEVICE", "cpu")
+    monkeypatch.setattr(gpu_check, "VERIFY_RUNS", (("float64", "sdpa", 200),))
+    monkeypatch.setattr(gpu_check, "SPEED_RUNS", (("tiny", 300),))
+    monkeypatch.setattr(gpu_check, "SPEED_ARGS", ("--conversations", "3", "--repeats", "2", "--backends", "sdpa",
+                                                  "--settings", "n-pass-packed,one-pass-packed", "--interleave"))
+    monkeypatch.setattr(gpu_check, "cuda_test_files", lambda tests: [tests / "attention" / "test_mask.py"])
+    args = gpu_check.parse_args(["--bundle", str(tmp_path / "none"), "--site", str(tmp_path / "site"),
+                                 "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")])
+    (tmp_path / "work").mkdir()
+    report = gpu_check.Report(tmp_path / "out")
+    check = gpu_check.Check(args, report)
+
+    tests = check.step_cuda_tests(300)
+    assert tests["status"] == "passed" and tests["counts"] == {"passed": 0, "failed": 0, "error": 0, "skipped": 2}
+    assert {t["message"] for t in tests["tests"]} == {"needs a CUDA GPU"}
+
+    verify = check.step_verify(200)
+    (run,) = verify["runs"]
+    assert verify["status"] == "passed" and run["result"]["equal"] and run["result"]["device"] == "cpu"
+    assert report.record["findings"][-1].startswith("verify float64 sdpa on CPU: EQUAL (loss rel diff ")
+
+    speed = check.step_speed(300)
+    (run,) = speed["runs"]
+    assert speed["status"] == "passed", run
+    assert [(s["backend"], s["setting"]) for s in run["summary"]["settings"]] == [
+        ("sdpa", "n-pass-packed"), ("sdpa", "one-pass-packed")]
+    assert run["summary"]["settings"][1]["speed_ratio_vs_n_pass_packed"]["paired"]
+    assert len(run["epochs_logged"]) == 4  # 2 settings x 2 interleaved epochs, each logged as it ended
+    assert [f for f in report.record["findings"] if f.startswith("speed tiny: one-pass packed vs N-pass packed")]

