@@ -170,9 +170,20 @@ def test_the_bundle_is_installed_by_pip_or_else_unpacked(tmp_path, monkeypatch, 
         [] if status == "passed" else [check.report.record["findings"][-1]])
 
 
-def _gone(pid: int) -> bool:
+def _gone(pid: int, seconds: float = 10) -> bool:
+    """The process has exited (a zombie waits for its reaper) within ``seconds``: a kill lands asynchronously."""
+    import time
+
     status = Path(f"/proc/{pid}/status")
-    return not status.exists() or "\nState:\tZ" in status.read_text()  # exited (a zombie waits for its reaper)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            if "\nState:\tZ" in status.read_text():
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def test_a_command_past_its_box_is_stopped_with_its_children(tmp_path):
