@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from onepass.attention.backends import attention_mask_for
+from onepass.attention.backends import attention_mask_for, forward_kwargs
 from onepass.head import (
     add_logit_stats,
     chunked_lm_head_loss,
@@ -167,7 +167,7 @@ def _forward_kept(model: Any, batch: Mapping[str, torch.Tensor], shard: Sequence
     else:
         keep = keep_BL  # 2-D bool: logits come back flattened to [T, V]
     out = model(input_ids=held["input_ids"], position_ids=held["position_ids"],
-                attention_mask=mask, logits_to_keep=keep, use_cache=False, **extra)
+                attention_mask=mask, logits_to_keep=keep, use_cache=False, **forward_kwargs(model), **extra)
     return out.logits.reshape(-1, out.logits.shape[-1]), targets_BL[keep_BL], held["weights"][keep_BL]
 
 
@@ -196,11 +196,12 @@ def view_loss_reference(model: Any, view: View, weight: float = 1.0) -> torch.Te
     """The N-pass loss of one view: plain HF forward, full logits, standard shift.
 
     No position ids, no mask, nothing from onepass's layout: this is what the
-    one-pass loss is checked against.
+    one-pass loss is checked against (with flex_attention, the same kernel choice as the one-pass
+    forward: :func:`~onepass.attention.backends.forward_kwargs`).
     """
     device = next(model.parameters()).device
     ids_1N = torch.as_tensor(view.tokens, device=device).long()[None]
-    logits_NV = model(input_ids=ids_1N, use_cache=False).logits[0]
+    logits_NV = model(input_ids=ids_1N, use_cache=False, **forward_kwargs(model)).logits[0]
     first = max(view.num_prompt, 1)
     pred_TV = logits_NV[first - 1:-1]
     target_T = ids_1N[0, first:]

@@ -8,7 +8,14 @@ knows which object each backend takes:
     sdpa               bool [B, 1, L, L]      True = may attend
     eager              float [B, 1, L, L]     0 / finfo.min, added to the scores
     flex_attention     BlockMask              blocks with no visible pair are skipped
+    onepass_varlen     int64 [B, 1, 1, L]     kv_end + documents: torch's flash varlen kernel, rows that
+                                              never branch only (N-pass; the bench's baseline, CUDA)
     flash_attention_*  refused                it cannot express a tree mask
+
+flex_attention always runs torch's main flex kernel (:data:`FLEX_KERNEL_OPTIONS`, passed with every
+forward by :func:`forward_kwargs`): for a query shorter than 128 tokens torch otherwise picks its
+flex-decoding kernel, which on torch 2.11 with grouped-query heads found no kernel at all on an H100
+(``NoValidChoicesError`` compiling a 125-token N-pass view of a tiny Qwen3; docs/gpu.md).
 
 Transformers passes a 4D mask (or a BlockMask) through untouched, so the
 model never guesses sequence boundaries from the position ids (with
@@ -35,6 +42,8 @@ from onepass.attention.cpu import BACKEND as ONEPASS_CPU
 from onepass.attention.cpu import cpu_attention_mask
 from onepass.attention.cpu import register as register_onepass_cpu
 from onepass.attention.mask import additive_mask, dense_mask
+from onepass.attention.varlen import BACKEND as VARLEN
+from onepass.attention.varlen import varlen_attention_mask
 from onepass.errors import ConfigError
 from onepass.model_config import text_config
 
@@ -132,6 +141,15 @@ def _causal_lm_class(config: Any) -> Any:
         return None
 
 
+FLEX_KERNEL_OPTIONS = {"FORCE_USE_FLEX_ATTENTION": True}  # the main kernel, never flex-decoding (docstring)
+
+
+def forward_kwargs(model: Any) -> dict[str, Any]:
+    """What every forward of ``model`` passes besides its inputs: flex's kernel choice where the model runs
+    flex_attention (transformers hands ``kernel_options`` to ``flex_attention``), else nothing."""
+    return {"kernel_options": dict(FLEX_KERNEL_OPTIONS)} if model_backend(model) == "flex_attention" else {}
+
+
 def attention_mask_for(model: Any, kv_end_BL: torch.Tensor, *, position_ids_BL: torch.Tensor | None = None,
                        dtype: torch.dtype | None = None, block_size: int = 128) -> Any:
     """The mask object ``model`` takes for rows ``kv_end_BL`` (on the model's device).
@@ -147,6 +165,10 @@ def attention_mask_for(model: Any, kv_end_BL: torch.Tensor, *, position_ids_BL: 
     def build(window: int | None) -> Any:
         if backend == ONEPASS_CPU:
             return cpu_attention_mask(kv_end_BL, position_ids=position_ids_BL, window=window)
+        if backend == VARLEN:  # documents, not a tree: N-pass rows only
+            if window is not None:
+                raise BackendError(f"{VARLEN} does not implement sliding windows (window {window})")
+            return varlen_attention_mask(kv_end_BL)
         if backend == "flex_attention":  # built from the block plan: no L x L evaluation
             return block_mask(kv_end_BL, block_size=block_size, device=kv_end_BL.device,
                               position_ids=position_ids_BL, window=window)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from onepass.attention.backends import forward_kwargs
 from onepass.head import chunked_token_logprobs, logprobs_from_logits
 from onepass.loss import forward_at_targets, layouts_to_batch, pad_batch
 from onepass.rl.layout import RolloutBatch
@@ -106,7 +107,7 @@ def turn_logprobs_reference(model: Any, trajectory: Trajectory, k: int, *, entro
     """One turn alone: a plain forward of ``prompt_ids + completion_ids``, full logits, the usual shift."""
     t = trajectory.turns[k]
     ids_1N = torch.as_tensor(np.concatenate([t.prompt_ids, t.completion_ids]), device=_device(model))[None]
-    logits_NV = model(input_ids=ids_1N, use_cache=False).logits[0]
+    logits_NV = model(input_ids=ids_1N, use_cache=False, **forward_kwargs(model)).logits[0]
     p = len(t.prompt_ids)
     return logprobs_from_logits(logits_NV[p - 1:-1], ids_1N[0, p:], entropy=entropy)
 
