@@ -213,11 +213,11 @@ def verify_model(args: argparse.Namespace, vocab: int | None) -> tuple[object, s
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: torch sees no CUDA device here")
     if requested is not None:
-        check_backend(requested, device)  # flex_attention on CPU, onepass_cpu on CUDA: one line
+        check_backend(requested, device, dtype)  # flex on CPU or in float64, onepass_cpu on CUDA: one line
 
     def backend_for(config: object) -> str:  # the guard's choice on CPU, the CUDA default (flex) there
         return guard_backend(config, requested) if device.type == "cpu" else requested or supported_backend(
-            config, device)
+            config, device, dtype)
     if args.model:
         from transformers import AutoConfig, AutoModelForCausalLM
 

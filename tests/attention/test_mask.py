@@ -449,3 +449,18 @@ def test_every_flex_forward_asks_for_the_main_kernel(monkeypatch):
         layout_loss(model, tree)
     num_layers = model.config.num_hidden_layers
     assert len(seen) == 2 * num_layers and all(o == FLEX_KERNEL_OPTIONS for o in seen), seen
+
+
+def test_flex_in_float64_is_refused_in_one_line_and_never_chosen():
+    """flex_attention has no float64 kernel (on the first H100 run Triton failed to compile its template
+    for float64: a 100-line traceback from `onepass verify --dtype float64 --attn flex_attention`)."""
+    from onepass.attention.backends import BackendError, check_backend, supported_backend
+    from onepass.tiny import tiny_config
+
+    with pytest.raises(BackendError, match="no float64 kernel"):
+        check_backend("flex_attention", "cuda", torch.float64)
+    check_backend("flex_attention", "cuda", torch.float32)
+    check_backend("sdpa", "cuda", torch.float64)
+    config = tiny_config("qwen3", 64)
+    assert supported_backend(config, "cuda", torch.float32) == "flex_attention"
+    assert supported_backend(config, "cuda", torch.float64) == "sdpa"

@@ -234,11 +234,12 @@ def test_the_cuda_steps_rehearsed_on_cpu_record_what_they_measured(tmp_path, mon
 
 def test_a_rerun_chooses_its_verify_runs_and_boxes(capsys):
     """A second call in the same lease skips what already ran and gives its time to the rest."""
-    args = gpu_check.parse_args(["--verify", "float32:flex_attention,float64:flex_attention",
+    args = gpu_check.parse_args(["--verify", "float32:flex_attention,float64:sdpa",
                                  "--box", "speed=275", "--box", "verify=50"])
     assert args.boxes == {**BOXES, "speed": 275.0, "verify": 50.0}
-    assert args.verify.split(",") == ["float32:flex_attention", "float64:flex_attention"]
-    for bad in (["--box", "speed"], ["--box", "nope=3"], ["--box", "speed=-1"], ["--verify", "float16:sdpa"]):
+    assert args.verify.split(",") == ["float32:flex_attention", "float64:sdpa"]
+    for bad in (["--box", "speed"], ["--box", "nope=3"], ["--box", "speed=-1"], ["--verify", "float16:sdpa"],
+                ["--verify", "float64:flex_attention"]):  # no float64 kernel: not a run
         with pytest.raises(SystemExit):
             gpu_check.parse_args(bad)
         assert "gpu-check: error:" in capsys.readouterr().err

@@ -73,8 +73,11 @@ def model_backend(model: Any) -> str:
     return str(getattr(model.config, "_attn_implementation", None) or "eager").removeprefix(SP_PREFIX)
 
 
-def check_backend(backend: str, device: torch.device | str) -> None:
-    """Raise a clear :class:`BackendError` when ``backend`` cannot train tree rows on ``device``."""
+def check_backend(backend: str, device: torch.device | str, dtype: torch.dtype | None = None) -> None:
+    """Raise a clear :class:`BackendError` when ``backend`` cannot train tree rows on ``device`` (in ``dtype``).
+
+    flex_attention has no float64 kernel on CUDA: Triton's flex template accumulates in float32, and
+    compiling it for float64 failed on an H100 (torch 2.11, ``CompilationError`` in ``tl.dot``)."""
     if backend.startswith("flash_attention"):
         raise BackendError(f"{backend} cannot apply a tree mask (it supports causal and varlen only); "
                            "use sdpa, eager or flex_attention")
@@ -82,6 +85,9 @@ def check_backend(backend: str, device: torch.device | str) -> None:
         raise BackendError(f"unknown attention backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if backend == "flex_attention" and torch.device(device).type == "cpu":
         raise BackendError("flex_attention has no backward pass on CPU; use onepass_cpu, sdpa or eager on CPU")
+    if backend == "flex_attention" and dtype == torch.float64:
+        raise BackendError("flex_attention has no float64 kernel on CUDA (Triton's flex template computes in "
+                           "float32 at most); use sdpa or eager for float64")
     if backend == ONEPASS_CPU and torch.device(device).type != "cpu":
         raise BackendError("onepass_cpu runs on CPU only; on CUDA use flex_attention (block-sparse) or sdpa")
 
@@ -110,12 +116,12 @@ def layer_windows(config: Any) -> dict[str, int | None]:
     return {ONE_MASK: None}
 
 
-def supported_backend(model_or_config: Any, device: torch.device | str) -> str:
+def supported_backend(model_or_config: Any, device: torch.device | str, dtype: torch.dtype | None = None) -> str:
     """A backend that serves this model's attention exactly on ``device``, registered if it is ours.
 
     CPU: ``onepass_cpu`` (windows, sinks, latent attention), else ``eager`` (logit soft-capping);
     CUDA: ``flex_attention`` where the model supports it, else ``sdpa``, else ``eager``
-    (gpt-oss refuses sdpa: its sinks need eager or flex).
+    (gpt-oss refuses sdpa: its sinks need eager or flex); in float64 never flex (:func:`check_backend`).
     """
     is_model = hasattr(model_or_config, "config")
     config = model_or_config.config if is_model else model_or_config
@@ -123,7 +129,7 @@ def supported_backend(model_or_config: Any, device: torch.device | str) -> str:
     layer_windows(config)  # refuses what no backend can do here
     softcap = getattr(config, "attn_logit_softcapping", None) is not None
     kind = torch.device(device).type
-    if kind == "cuda" and getattr(model_class, "_supports_flex_attn", True):
+    if kind == "cuda" and getattr(model_class, "_supports_flex_attn", True) and dtype != torch.float64:
         return "flex_attention"
     if kind == "cpu" and not softcap:
         return register_onepass_cpu()

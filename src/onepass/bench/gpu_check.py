@@ -50,13 +50,14 @@ from onepass.bench.gpu_bundle import mismatches, name_of, onepass_requirements
 
 TOTAL_SECONDS = 420  # the one call: 7 minutes, inside the 10 a command may run and the ~13 a lease leaves
 MARGIN_SECONDS = 20  # the interpreter's start, torch's import, the last JSON
-# seconds per step; sized on the first H100 run (2026-11-26): env 17 s, cuda-tests 50 s, a verify run 20-35 s,
-# a speed shape's settings built and warmed up (flex compiles) in ~60 s (0.6B) and ~60 s + 2 x 15 s (4B)
-BOXES = {"env": 20, "cuda-tests": 65, "verify": 70, "speed": 240, "qlora": 5}
+# seconds per step, sized on the two H100 runs of 2026-11-26 (docs/gpu.md): env 17-19 s, cuda-tests 50-56 s, a
+# verify run 20 s (sdpa) to over 25 s (flex: its compile), the 0.6B shape's three settings built and warmed up
+# in 67 s and timed in 20 s more, the 4B shape's first two in 129 s
+BOXES = {"env": 20, "cuda-tests": 60, "verify": 55, "speed": 263, "qlora": 2}
 # onepass verify --device cuda: (dtype, attention, seconds), most telling first; flex compiles on first use
-VERIFY_RUNS = (("float64", "sdpa", 12), ("float32", "flex_attention", 25), ("float32", "sdpa", 10),
-               ("float64", "flex_attention", 23))
-SPEED_RUNS = (("qwen3-0.6b", 140), ("qwen3-4b", 100))  # onepass bench --shape, seconds
+# (flex has no float64 kernel: that pairing is refused in one line, attention.backends.check_backend)
+VERIFY_RUNS = (("float64", "sdpa", 12), ("float32", "flex_attention", 33), ("float32", "sdpa", 10))
+SPEED_RUNS = (("qwen3-0.6b", 115), ("qwen3-4b", 148))  # onepass bench --shape, seconds
 DEVICE = "cuda"  # where verify and speed run (tests rehearse the steps with "cpu")
 SPEED_ARGS = ("--layers", "4", "--conversations", "96", "--repeats", "3", "--dtype", "bfloat16",
               "--backends", "flex_attention,onepass_varlen", "--settings", "n-pass-packed,one-pass-packed",

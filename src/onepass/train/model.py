@@ -201,7 +201,10 @@ def check_sequence_parallel(config: TrainConfig, *, attention: str, log: Any = _
 def load_model(config: TrainConfig, *, device: torch.device, attention: str, vocab_size: int | None = None
                ) -> Any:
     """The model to train, on ``device``, in train mode, with adapters when asked."""
+    from onepass.attention.backends import check_backend
+
     dtype = torch_dtype(config.dtype)
+    check_backend(attention, device, dtype)  # flex_attention has no float64 kernel: one line, before loading
     if config.tiny is not None:
         from onepass.tiny import tiny_model
 
