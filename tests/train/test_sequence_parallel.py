@@ -104,7 +104,8 @@ def assert_same_run(one, out, proc, *, arch, world, sp_size, mode):
     assert max(rel(a, b) for a, b in zip(one.losses, split)) <= TOL, (arch, one.losses, split)
     assert [h["tokens"] for h in metrics["history"]] == [h["tokens"] for h in
                                                           json.loads(one.metrics_path.read_text())["history"]]
-    name = "adapter_model.safetensors" if (one.final_dir / "adapter_model.safetensors").exists() else "model.safetensors"
+    lora = (one.final_dir / "adapter_model.safetensors").exists()
+    name = "adapter_model.safetensors" if lora else "model.safetensors"
     w1, w2 = load_file(str(one.final_dir / name)), load_file(str(out / "final" / name))
     assert w1.keys() == w2.keys() and len(w1) > 0
     worst = max(w1, key=lambda k: float((w1[k] - w2[k]).norm()) / max(float(w1[k].norm()), 1e-300))
@@ -116,7 +117,7 @@ LORA = dict(finetune="lora", lora_r=4, lora_dropout=0.0, gradient_checkpointing=
 
 RUNS = [  # (arch, extra settings, launcher, processes, sp_size)
     ("qwen3", dict(per_device_train_batch_size=2, eval_data="CHATS"), "torchrun", 2, 2),  # dense, DDP, eval loss
-    ("gpt-oss", dict(LORA, per_device_train_batch_size=2), "torchrun", 2, 2),  # windows, sinks, MoE; LoRA + checkpointing
+    ("gpt-oss", dict(LORA, per_device_train_batch_size=2), "torchrun", 2, 2),  # windows, sinks, MoE; LoRA, checkpoints
     ("qwen3.5", dict(per_device_train_batch_size=2), "torchrun", 2, 2),  # hybrid: Gated DeltaNet
     ("deepseek-v3", dict(per_device_train_batch_size=2), "torchrun", 4, 4),  # MoE, latent attention, 4 ranks
     ("nemotron-h", dict(per_device_train_batch_size=2, gradient_checkpointing=True), "torchrun", 4, 4),  # Mamba2;
