@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
-from onepass.attention.backends import cpu_backend
+from onepass.attention.backends import check_backend, cpu_backend, supported_backend
 from onepass.data.load import load_conversations, print_skipped
 from onepass.data_config import DataConfig, data_config_from_args
-from onepass.dtypes import default_tolerance
-from onepass.errors import DataError
+from onepass.dtypes import default_tolerance, torch_dtype
+from onepass.errors import DataError, UsageError
 from onepass.guard.divergence import judge, locate
 from onepass.loss import layout_loss, view_loss_reference
 from onepass.models import ModelSpec, load_causal_lm, load_model_config
@@ -148,17 +148,31 @@ def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
 
 def verify_model(args: argparse.Namespace, vocab: int | None) -> tuple[Any, str, str]:
     """``verify``'s model, its label and attention backend: ``--model`` in ``--dtype``, else a tiny random
-    ``--tiny`` model of ``vocab`` ids; the backend is one that runs the model exactly on CPU (``--attn``
-    when given); float64 runs norms in float64."""
+    ``--tiny`` model of ``vocab`` ids, on ``--device``; the backend is ``--attn`` when given, else one that
+    runs the model exactly there (on CPU the guard's choice, on CUDA the default, flex); float64 runs norms
+    in float64."""
+    dtype = torch_dtype(args.dtype)
     requested = None if args.attn == "auto" else args.attn
+    device = torch.device(getattr(args, "device", "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: torch sees no CUDA device here")
+    if requested is not None:
+        check_backend(requested, device, dtype)  # flex on CPU or in float64, onepass_cpu on CUDA: one line
+
+    def backend_for(config: Any) -> str:
+        return cpu_backend(config, requested) if device.type == "cpu" else requested or supported_backend(
+            config, device, dtype)
+
+    # the mixers are wrapped at the first one-pass forward, after the float64 patches (install_mixers=False)
     if args.model:
-        backend = cpu_backend(load_model_config(args.model, label="--model"), requested)
-        spec = ModelSpec(model=args.model, dtype=args.dtype, attention=backend, label="--model", install_mixers=False)
+        backend = backend_for(load_model_config(args.model, label="--model"))
+        spec = ModelSpec(model=args.model, dtype=args.dtype, attention=backend, device=device, label="--model",
+                         install_mixers=False)
         label = args.model
     else:
-        backend = cpu_backend(tiny_config(args.tiny, vocab), requested)
+        backend = backend_for(tiny_config(args.tiny, vocab))
         spec = ModelSpec(tiny=args.tiny, vocab_size=vocab, dtype=args.dtype, seed=args.seed, attention=backend,
-                         install_mixers=False)  # after the float64 patches: at the first one-pass forward
+                         device=device, install_mixers=False)
         label = f"tiny {args.tiny} (random, vocabulary compacted to {vocab} ids)"
     model = load_causal_lm(spec)
     if args.dtype == "float64":
@@ -188,7 +202,8 @@ def run(args: argparse.Namespace) -> int:
     tol = tolerance(args)
     verdict = judge(result.rel_loss_diff, result.max_rel_grad_diff, tolerance=tol,
                     where=lambda: locate(model, views, worst_parameter=result.worst_parameter, tolerance=tol))
-    print(f"model: {label}, {args.dtype}, attention {backend}")
+    device = next(model.parameters()).device
+    print(f"model: {label}, {args.dtype}, attention {backend}, device {device}")
     print(f"{result.num_conversations} conversations, {result.num_views} views: "
           f"N-pass {result.n_pass_tokens} tokens vs {result.schedule} {result.one_pass_tokens} tokens "
           f"in {result.num_trees} trees")
@@ -197,5 +212,6 @@ def run(args: argparse.Namespace) -> int:
           f"-> {verdict.word} within {tol:g}")
     if verdict.where is not None:
         print(verdict.located(result.worst_parameter))
-    print(json.dumps({**result.to_dict(), "attention": backend, "tolerance": tol, **verdict.to_dict()}))
+    print(json.dumps({**result.to_dict(), "attention": backend, "device": str(device), "tolerance": tol,
+                      **verdict.to_dict()}))
     return 0 if verdict.equal else 1
