@@ -225,7 +225,8 @@ def modules_calling(text: str) -> set[str]:
     out = set()
     for name, path in MODULES.items():
         tree = ast.parse(path.read_text())
-        docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+        docstrings = {id(n.value) for n in ast.walk(tree)
+                      if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
         code = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Call) and id(n) not in docstrings]
         if any(text in c for c in code):
             out.add(name)

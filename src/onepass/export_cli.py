@@ -27,7 +27,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory for the merged model")
     p.add_argument("--tokenizer", help="tokenizer spec (default: the adapter's, else the base's)")
     p.add_argument("--chat-template", help="a .jinja file or builtin:NAME to save as the chat template")
-    p.add_argument("--dtype", choices=dtype_names(auto=True), default="auto", help="weights of the merged model (default: the base's)")
+    p.add_argument("--dtype", choices=dtype_names(auto=True), default="auto",
+                   help="weights of the merged model (default: the base's)")
     p.add_argument("--push-to-hub", metavar="REPO_ID", help="also upload to this hub repo (online only)")
     p.add_argument("--public", action="store_true", help="with --push-to-hub: a public repo (default private)")
     p.add_argument("--overwrite", action="store_true", help="replace --out even when it holds files onepass did "

@@ -78,8 +78,9 @@ class PrepareStats:
     weighting: str = _setting("")
     max_tokens: int | None = _setting(None)
     packed: bool = _setting(False)
-    completion_format: str | None = _setting(None)  # --completion-format: views built from it, none split by the template
-    reasoning: str = _setting("keep")  # --reasoning: "drop" trains a turn whose reasoning the template never renders without it
+    completion_format: str | None = _setting(None)  # --completion-format: views built from it, none split by the
+    # template; --reasoning: "drop" trains a turn whose reasoning the template never renders without it
+    reasoning: str = _setting("keep")
     template_date: str | None = _setting(None)  # --template-date: the date a template that reads the clock rendered
     conversations: int = 0  # read and valid
     conversations_used: int = 0  # at least one view trained

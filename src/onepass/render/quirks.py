@@ -146,7 +146,8 @@ def _history_changes_after_final_answer(tokenizer: Any) -> bool:
     view, render = _turn(tokenizer, conv, 3), prober(tokenizer, conv, {}, 3)
     messages = template_messages(conv, 4, **_fields(tokenizer, tools=True).message_options)
     history, full = render(messages[:3], False), render(messages, False)
-    return isinstance(view, View) and view.provenance.derived and None not in (history, full) and not full.startswith(history)
+    return (isinstance(view, View) and view.provenance.derived and None not in (history, full)
+            and not full.startswith(history))
 
 
 def _history_reasoning_retry(tokenizer: Any) -> bool:

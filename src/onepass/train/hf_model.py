@@ -37,7 +37,8 @@ def load_model(model: str, args: OnePassConfig, quantization_config: Any = None)
         device_map = None
     else:
         device_map = kwargs["device_map"] if "device_map" in kwargs else "auto"
-    spec = ModelSpec(model=model, dtype=kwargs.get("dtype") or "float32", quantization=kwargs.get("quantization_config"),
+    spec = ModelSpec(model=model, dtype=kwargs.get("dtype") or "float32",
+                     quantization=kwargs.get("quantization_config"),
                      trust_remote_code=args.trust_remote_code if trust is None else bool(trust),
                      device_map=device_map, attention=kwargs.get("attn_implementation") or default_backend(args.device),
                      init_kwargs={k: v for k, v in kwargs.items() if k not in _SPEC_KEYS and v is not None})
