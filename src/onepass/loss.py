@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from onepass.attention.backends import attention_mask_for
+from onepass.couplings import check_row_mask
 from onepass.head import (
     add_logit_stats,
     chunked_lm_head_loss,
@@ -146,6 +147,7 @@ def _forward_kept(model: Any, batch: Mapping[str, torch.Tensor]
     if targets_BL.shape[0] == 1:
         keep = keep_BL[0].nonzero().squeeze(1)  # 1-D indices: supported by every transformers 5.x
     else:
+        check_row_mask(model, targets_BL.shape[0])  # a release without row masks: one line, not a traceback
         keep = keep_BL  # 2-D bool: logits come back flattened to [T, V]
     out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
                 attention_mask=mask, logits_to_keep=keep, use_cache=False,

@@ -35,6 +35,7 @@ from onepass.attention.cpu import BACKEND as ONEPASS_CPU
 from onepass.attention.cpu import cpu_attention_mask
 from onepass.attention.cpu import register as register_onepass_cpu
 from onepass.attention.mask import additive_mask, dense_mask
+from onepass.private_names import private
 from onepass.errors import ConfigError
 from onepass.model_config import text_config
 
@@ -122,10 +123,8 @@ def supported_backend(model_or_config: Any, device: torch.device | str) -> str:
 
 
 def _causal_lm_class(config: Any) -> Any:
-    from transformers import AutoModelForCausalLM
-
     try:
-        return AutoModelForCausalLM._model_mapping[type(config)]
+        return private("transformers.AutoModelForCausalLM._model_mapping")[type(config)]
     except (KeyError, ValueError):
         return None
 

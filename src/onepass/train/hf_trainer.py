@@ -54,6 +54,8 @@ from transformers import Trainer, TrainingArguments
 
 from onepass.attention.backends import check_backend, model_backend
 from onepass.conversation import Conversation
+from onepass.couplings import check_row_mask
+from onepass.private_names import private
 from onepass.loss import ForwardView, batch_loss
 from onepass.train.hf_config import OnePassConfig, warn_once
 from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: their documented import path)
@@ -87,6 +89,11 @@ def as_onepass_config(args: Any, model: Any) -> OnePassConfig:
     raise TypeError(f"args must be a OnePassConfig or TrainingArguments, got {type(args).__name__}")
 
 
+TRAINER_PRIVATES = ("transformers.Trainer._set_signature_columns_if_needed",
+                    "transformers.Trainer._get_num_items_in_batch", "transformers.Trainer._prepare_inputs")
+"""Trainer's private methods :class:`OnePassTrainer` overrides or calls (:data:`onepass.couplings.PRIVATE_NAMES`)."""
+
+
 class OnePassTrainer(Trainer):
     """``transformers.Trainer`` whose loss is the one-pass loss, normalised as N-pass (see module doc).
 
@@ -117,6 +124,9 @@ class OnePassTrainer(Trainer):
 
         from onepass.errors import UsageError
 
+        for label in TRAINER_PRIVATES:  # Trainer's private methods overridden or called here: one line if gone
+            private(label)
+
         if compute_loss_func is not None:
             raise UsageError("compute_loss_func: OnePassTrainer's loss is the one-pass loss (logits exist only at "
                              "the targets); subclass it and override compute_loss to change it")
@@ -132,6 +142,8 @@ class OnePassTrainer(Trainer):
             model_id = loaded_from(model)
             if quantization_config is not None:
                 warn_once("quantization_config", "quantization_config is ignored: the model is already loaded")
+        rows = 1 if args.padding_free else max(args.per_device_train_batch_size, args.per_device_eval_batch_size)
+        check_row_mask(model, rows)  # one line now, not a traceback inside the model at the first step
         if processing_class is None and model_id:
             try:
                 processing_class = load_tokenizer(model_id, args)

@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from onepass.couplings import check_row_mask
+from onepass.private_names import private
 from onepass.train.config import TrainConfig, TrainConfigError, write_yaml
 from onepass.train.data import TrainData, check_data, compact_vocab, load_train_data, total_steps
 from onepass.train.evaluation import evaluate
@@ -82,12 +84,10 @@ class TrainResult:
 
 def make_accelerator(config: TrainConfig, device: torch.device, log_with: Sequence[Any] = ()) -> Any:
     """The run's ``Accelerator``; ``log_with``: its trackers (:func:`onepass.train.report.make_trackers`)."""
-    from accelerate.state import AcceleratorState
-
     from onepass.train import distributed
 
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        AcceleratorState._reset_state(True)  # a second train() in one process may change precision
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:  # a second train() in one process may change precision
+        private("accelerate.state.AcceleratorState._reset_state")(True)
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)
     tracking = dict(log_with=list(log_with), project_dir=str(config.output_dir)) if log_with else {}
@@ -234,6 +234,8 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     data, eval_data = loaded.data, loaded.eval_data
     total = total_steps(config, data.num_units, world)
     model = load_model(config, device=device, attention=attention, vocab_size=loaded.vocab_size)
+    most = config.per_device_train_batch_size * max((len(unit) for unit in data.units), default=1)
+    check_row_mask(model, most)  # rows a forward may batch: one line now, not a traceback inside the model
     _check_ids(model, data, eval_data)
     trainable, params = count_parameters(model)
     optimizer = make_optimizer(model, config)
