@@ -18,7 +18,8 @@ with N-pass on a tiny twin whatever this module concluded.
 transformers, trl and accelerate that onepass reads, calls or overrides is a row of
 :data:`onepass.private_names.PRIVATE_NAMES`, found in the installed code before use. Besides
 the recurrent mixers (below): whether a causal LM takes one ``logits_to_keep`` mask per row
-(:func:`check_row_mask`: transformers 5.17 does not). Add a coupling: a row of
+(:func:`check_row_mask`: transformers 5.17 does not), and which name a release gives
+activation checkpointing (:func:`checkpointing_field`). Add a coupling: a row of
 :data:`COUPLINGS` (what, detected how, fails how, where, checked on which releases), the
 detection here (or a row of ``PRIVATE_NAMES``), its call at model load, and a test that plays
 the release that breaks it.
@@ -139,6 +140,13 @@ COUPLINGS: tuple[Coupling, ...] = (
                       "multi-row forward (never the traceback from inside the model)",
              where="onepass.couplings.check_row_mask, onepass.loss, onepass.train.loop, onepass.train.hf_trainer",
              checked="transformers 5.17 (refused), 5.23, 5.24"),
+    Coupling(name="activation checkpointing name",
+             relies_on="TrainingArguments.activation_checkpointing (5.24 on; gradient_checkpointing, its deprecated "
+                       "alias, warns a FutureWarning and goes in v6); PreTrainedModel.activation_checkpointing_enable",
+             detected_by="the TrainingArguments dataclass fields / the model's methods",
+             fails_as="the old name on a release without the new one, never a FutureWarning from onepass's own calls",
+             where="onepass.couplings.checkpointing_field, onepass.bench.trl, onepass.train.hf_trainer, "
+                   "onepass.train.model", checked="transformers 5.17-5.24"),
     Coupling(name="accelerate config check",
              relies_on="accelerate.commands.launch.launch_command_parser()._actions (argparse's private list)",
              detected_by="the parser's actions, one of them num_processes",
@@ -217,6 +225,27 @@ def check_row_mask(model: Any, rows: int) -> None:
             f"{cls.__name__} ({_version(cls)}) takes logits_to_keep as a count or as positions shared by every "
             f"row, not one mask per row: batches of several one-pass rows ({rows} here) need transformers>=5.23 "
             "(or one row per forward: per_device_train_batch_size 1 and the one-pass schedule)")
+
+
+# ---------------------------------------------------------------------------------------------
+# names a release renames: the one the installed code takes
+
+
+def checkpointing_field() -> str:
+    """The ``TrainingArguments`` field that turns activation checkpointing on, as the installed transformers
+    names it: ``activation_checkpointing`` (5.24 on; ``gradient_checkpointing`` is its deprecated alias, a
+    ``FutureWarning`` on every use, removed in v6), else ``gradient_checkpointing``."""
+    from transformers import TrainingArguments
+
+    fields = getattr(TrainingArguments, "__dataclass_fields__", {})
+    return "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+
+
+def checkpointing_on(args: Any) -> bool:
+    """Whether training arguments ``args`` (any spelling given) turn activation checkpointing on, read without
+    the deprecated name where the release has the new one."""
+    value = getattr(args, checkpointing_field(), None)
+    return bool(value if value is not None else getattr(args, "gradient_checkpointing", False))
 
 
 # the cache methods a mixer reads states with: their presence makes a module a recurrent mixer

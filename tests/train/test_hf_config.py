@@ -191,3 +191,25 @@ def test_records_that_are_not_conversations_are_counted_skips(caplog):
     assert "skipped 1 of 3 records of train_dataset" in caplog.text
     with pytest.raises(DataError, match="train_dataset has no conversations; first skip"):
         parse_dataset(records[2:], source="train_dataset")
+
+
+@pytest.mark.parametrize("given, on", [({}, True), ({"activation_checkpointing": False}, False),
+                                       ({"gradient_checkpointing": False}, False),
+                                       ({"activation_checkpointing": True, "gradient_checkpointing": False}, True)])
+def test_both_checkpointing_spellings_are_taken_as_trl_takes_them(given, on):
+    """TRL's SFTConfig defaults gradient_checkpointing=True, the name transformers 5.24 deprecated for
+    activation_checkpointing (a FutureWarning, removed in v6). OnePassConfig takes either; its default warns
+    nothing; only a user's own old spelling warns (transformers' warning, as with TRL)."""
+    import warnings
+
+    from onepass.couplings import checkpointing_field, checkpointing_on
+
+    if "activation_checkpointing" in given and checkpointing_field() != "activation_checkpointing":
+        pytest.skip("this transformers has no activation_checkpointing")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        args = OnePassConfig("o", **given, **COMMON)
+    v6 = [str(w.message) for w in caught if "removed in v6" in str(w.message)]
+    old_name_alone = "gradient_checkpointing" in given and "activation_checkpointing" not in given
+    assert bool(v6) == (old_name_alone and checkpointing_field() == "activation_checkpointing"), v6
+    assert checkpointing_on(args) is on and args.gradient_checkpointing is on

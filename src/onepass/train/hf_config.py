@@ -52,7 +52,9 @@ log = logging.getLogger("onepass")
 SFT_FIELDS: dict[str, str] = {
     "learning_rate": "as TRL (2e-5)",
     "logging_steps": "as TRL (10)",
-    "gradient_checkpointing": "as TRL (on); PEFT models get enable_input_require_grads as in TRL",
+    "gradient_checkpointing": "as TRL (on); PEFT models get enable_input_require_grads as in TRL; "
+                              "activation_checkpointing (transformers' new name) is taken too, and the default "
+                              "raises no v6 FutureWarning",
     "bf16": "as TRL (on unless fp16), except on a machine without bf16 support: off, with a warning "
             "(TRL stops there)",
     "lr_scheduler_kwargs": "as TRL",

@@ -54,7 +54,7 @@ from transformers import Trainer, TrainingArguments
 
 from onepass.attention.backends import check_backend, model_backend
 from onepass.conversation import Conversation
-from onepass.couplings import check_row_mask
+from onepass.couplings import check_row_mask, checkpointing_on
 from onepass.private_names import private
 from onepass.loss import ForwardView, batch_loss
 from onepass.train.hf_config import OnePassConfig, warn_once
@@ -161,7 +161,7 @@ class OnePassTrainer(Trainer):
                 raise UsageError("a PeftModel and a peft_config were both given: merge and unload the adapter "
                                  "first, or drop peft_config to continue training the adapter")
             model = get_peft_model(model, peft_config)
-        if is_peft(model) and args.gradient_checkpointing:
+        if is_peft(model) and checkpointing_on(args):
             model.enable_input_require_grads()  # as TRL: else no gradient reaches checkpointed LoRA layers
         if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
             for name, param in model.named_parameters():  # QLoRA adapters in bf16, as TRL (not DoRA magnitudes)
