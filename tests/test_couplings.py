@@ -291,3 +291,23 @@ def test_onepass_trainer_refuses_a_model_without_row_masks_at_load_for_batches_o
     args = OnePassConfig(str(tmp_path), per_device_train_batch_size=2, report_to="none", use_cpu=True)
     with pytest.raises(CouplingError, match="not one mask per row"):
         OnePassTrainer(model=old, args=args)
+
+
+def test_onepass_train_refuses_a_model_without_row_masks_at_load_only_where_a_forward_batches_rows(tmp_path,
+                                                                                                 monkeypatch):
+    """As on transformers 5.17: a batch of 2 rows is refused before the first step (the model is loaded, no step
+    taken); one conversation per step under the one-pass schedule is one row per forward and trains."""
+    import onepass.couplings as couplings
+    from onepass.train.config import load_config
+    from onepass.train.loop import train
+
+    monkeypatch.setattr(couplings, "takes_row_mask", lambda cls: False)
+
+    def config(name, **values):
+        return load_config(None, dict(tiny="qwen3", data="builtin:mathchat", limit=2, max_steps=1, progress=False,
+                                      save_model=False, output_dir=str(tmp_path / name), **values))
+
+    with pytest.raises(CouplingError, match=r"not one mask per row: batches of several one-pass rows \(2 here\)"):
+        train(config("two", per_device_train_batch_size=2), log=lambda _m: None)
+    assert not (tmp_path / "two" / "checkpoints").exists()
+    assert train(config("one", per_device_train_batch_size=1), log=lambda _m: None).steps == 1

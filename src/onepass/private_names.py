@@ -77,8 +77,9 @@ def _called_override(owner: str, name: str, *, returns: int | None = None) -> Ca
         if f"self.{name}(" not in source:
             raise LookupError(f"{owner} no longer calls self.{name}()")
         if returns is not None:
-            arities = {len(t.split(",")) for t in re.findall(rf"([\w\s,]+?)=\s*self\.{name}\(", source)}
-            if arities != {returns}:
+            sites = re.findall(rf"^[ \t]*([\w ,]+?)[ \t]*=[ \t]*self\.{name}\(", source, re.M)
+            arities = {len(t.split(",")) for t in sites}
+            if arities and arities != {returns}:  # no one-line unpacking found: nothing to compare
                 raise LookupError(f"{owner}.{name} now returns {sorted(arities)} values, not {returns}")
         return method
     return find

@@ -130,6 +130,16 @@ def _load_data(config: TrainConfig, *, main: bool, say: Callable[[str], None]) -
 _MAX_VOCAB = 1 << 21  # more ids than any released tokenizer has (the largest are ~260k)
 
 
+def _most_rows(config: TrainConfig, data: TrainData) -> int:
+    """The most rows one forward can batch (:func:`onepass.train.data.forward_groups`): a micro-batch's trees,
+    at most ``max_batch_tokens // shortest row`` of them under a token budget."""
+    rows = config.per_device_train_batch_size * max((len(unit) for unit in data.units), default=1)
+    if config.max_batch_tokens:
+        shortest = min((len(x) for unit in data.units for x in unit), default=1)
+        rows = min(rows, max(1, config.max_batch_tokens // max(1, shortest)))
+    return rows
+
+
 def _check_ids(model: Any, *datas: TrainData | None) -> None:
     """Prepared rows hold only ids the model embeds (else a raw ``IndexError`` deep in the forward)."""
     from onepass.row_check import check_ids
@@ -234,8 +244,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     data, eval_data = loaded.data, loaded.eval_data
     total = total_steps(config, data.num_units, world)
     model = load_model(config, device=device, attention=attention, vocab_size=loaded.vocab_size)
-    most = config.per_device_train_batch_size * max((len(unit) for unit in data.units), default=1)
-    check_row_mask(model, most)  # rows a forward may batch: one line now, not a traceback inside the model
+    check_row_mask(model, _most_rows(config, data))  # one line now, not a traceback inside the model
     _check_ids(model, data, eval_data)
     trainable, params = count_parameters(model)
     optimizer = make_optimizer(model, config)
