@@ -88,6 +88,26 @@ def batch_loss(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | 
     return chunked_lm_head_loss(out, head, targets_T, weights_T, mode=mode, stats=stats)
 
 
+def batch_dft_loss(model: Any, batch: Mapping[str, torch.Tensor], *,
+                   stats: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """Weighted-sum Dynamic Fine-Tuning loss of a batch of rows (TRL's ``loss_type='dft'``): each target's
+    cross entropy times its own probability, detached. Exact on a tree: views that share a target share
+    its context, so its probability, and their weights add as their N-pass terms would. Logits are formed
+    at the targets only (the plain head)."""
+    logits_TV, _, targets_T, weights_T = forward_at_targets(model, batch, lm_head="plain")
+    if stats is not None:
+        add_logit_stats(stats, logits_TV, targets_T.long(), weights_T)
+    return dft_sum(logits_TV, targets_T, weights_T)
+
+
+def dft_sum(logits_TV: torch.Tensor, targets_T: torch.Tensor, weights_T: torch.Tensor) -> torch.Tensor:
+    """Sum of ``-log p * p.detach() * weight`` over the targets (half-precision logits upcast to float32)."""
+    if logits_TV.dtype in (torch.float16, torch.bfloat16):
+        logits_TV = logits_TV.float()
+    logp_T = torch.log_softmax(logits_TV, dim=-1).gather(1, targets_T.long()[:, None])[:, 0]
+    return (-logp_T * logp_T.exp().detach() * weights_T.to(logp_T.dtype)).sum()
+
+
 def forward_at_targets(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | None = None
                        ) -> tuple[torch.Tensor, nn.Module | None, torch.Tensor, torch.Tensor]:
     """The model's output at the target positions (row-major), their targets and weights.
