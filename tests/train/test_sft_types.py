@@ -204,3 +204,68 @@ def test_a_mixed_dataset_trains_each_type_with_sfttrainers_loss(model, qwen3_tok
     trainer.model.train()
     trainer.train()
     assert rel(trainer.state.log_history[0]["loss"], total / count) <= 1e-6  # the logged loss: that step's
+
+
+def test_per_record_chat_template_kwargs_apply_to_their_record_in_order(qwen3_tokenizer, tmp_path):
+    """Mixed enable_thinking data: each record rendered with its own chat_template_kwargs, rows in record order."""
+    conv = [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]
+    records = [{"messages": conv, "chat_template_kwargs": {"enable_thinking": flag}} for flag in (False, True, False)]
+    rows = as_rows(datasets.Dataset.from_list(records), qwen3_tokenizer, _args(OnePassConfig, tmp_path),
+                   source="train_dataset").dataset
+    alone = {flag: as_rows(datasets.Dataset.from_list([{"messages": conv}]), qwen3_tokenizer,
+                           _args(OnePassConfig, tmp_path, template_kwargs={"enable_thinking": flag}),
+                           source="x").dataset[0]["targets"] for flag in (False, True)}
+    assert alone[False] != alone[True]  # thinking off: the empty think block is prompt, not trained
+    assert rows["targets"] == [alone[False], alone[True], alone[False]]
+
+
+def test_trls_argument_checks_are_made(model, qwen3_tokenizer, tmp_path):
+    from onepass.train import OnePassTrainer
+
+    text = datasets.Dataset.from_list([{"text": t} for t in ZEN])
+
+    def make(dataset=text, **kw):
+        init = {k: kw.pop(k) for k in ("data_collator", "formatting_func", "peft_config") if k in kw}
+        return OnePassTrainer(model=copy.deepcopy(model), args=_args(OnePassConfig, tmp_path, **kw),
+                              train_dataset=dataset, processing_class=qwen3_tokenizer, **init)
+
+    with pytest.raises(ValueError, match="`train_dataset` is required"):
+        make(dataset=None)
+    with pytest.raises(ValueError, match="`max_length` is not enforced"):
+        make(padding_free=True, max_length=16)
+    with pytest.raises(ValueError, match="custom data collator is not supported when using padding-free"):
+        make(padding_free=True, max_length=None, data_collator=OnePassCollator())
+    with pytest.raises(ValueError, match="`assistant_only_loss=True`, but the dataset is not conversational"):
+        make(assistant_only_loss=True)
+    with pytest.raises(ValueError, match="formatting function was provided while `completion_only_loss=True`"):
+        make(completion_only_loss=True, formatting_func=lambda r: r["text"])
+    with pytest.raises(ValueError, match="vision-related .* not seem to be a vision-language model"):
+        make(dataset=datasets.Dataset.from_list([{"text": "a", "image": [1, 2]}]))
+    with pytest.raises(ValueError, match=r"Dataset\.with_transform\(\).*skip_prepare_dataset.*trainer-ready"):
+        make(dataset=text.with_transform(lambda b: b))
+    with pytest.raises(ValueError, match="not a Mixture-of-Experts model"):
+        make(router_aux_loss_coef=0.1)
+    with pytest.raises(TypeError, match="`peft_config` must be a `peft.PeftConfig`"):
+        make(peft_config={"r": 8})
+    trainer = make()
+    assert {"trl", "sft"} <= set(trainer.model.model_tags) and trainer.aux_loss_enabled is False
+
+
+def test_prompt_learning_peft_trains_trls_rows_and_refuses_a_tree(model, qwen3_tokenizer, tmp_path):
+    from peft import PromptTuningConfig, TaskType
+
+    from onepass.errors import UsageError
+    from onepass.train import OnePassTrainer
+
+    def make(records):
+        return OnePassTrainer(model=copy.deepcopy(model).float(), train_dataset=datasets.Dataset.from_list(records),
+                              args=_args(OnePassConfig, tmp_path, max_steps=1, gradient_checkpointing=False),
+                              processing_class=qwen3_tokenizer,
+                              peft_config=PromptTuningConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=4))
+
+    trainer = make([{"text": t} for t in ZEN])
+    before = {n: p.clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    assert any(not torch.equal(p, trainer.model.get_parameter(n)) for n, p in before.items())
+    with pytest.raises(UsageError, match="prompt-learning model .* a row holding a tree"):
+        make([REASONING]).train()

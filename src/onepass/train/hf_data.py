@@ -355,24 +355,27 @@ def _rows_of(conversations: Sequence[tuple[int, Any]], trl_rows: Sequence[Any], 
     ``chat_template_kwargs``, each group rendered with them) and TRL's rows; packed when ``packing``."""
     from onepass.train import sft_rows
 
-    units: list[list[Layout]] = []
+    placed: list[tuple[int, list[Layout]]] = []  # (the record's place, its trees)
     stats = None
     guard = None
     if conversations:
         groups: dict[str, list[tuple[int, Any]]] = {}
-        for i, record in conversations:
+        for place, (i, record) in enumerate(conversations):
             kwargs = record.pop("chat_template_kwargs", None) if isinstance(record, dict) else None
-            groups.setdefault(json.dumps(kwargs or {}, sort_keys=True), []).append((i, record))
-        for key, group in groups.items():
+            groups.setdefault(json.dumps(kwargs or {}, sort_keys=True), []).append((place, (i, record)))
+        for key, group in groups.items():  # each group rendered with its records' chat_template_kwargs
             config = args.data_config
             if key != "{}":
                 config = config.replace(template_kwargs={**dict(config.template_kwargs), **json.loads(key)})
-            convs = _parse_conversations(group, source=source)
+            convs = _parse_conversations([r for _, r in group], source=source)
             out = prepare_units(convs, tokenizer, config, num_proc=args.dataset_num_proc,
                                 progress=not args.disable_tqdm)
-            units.extend(out.units)
+            # back in the records' order where no record of the group was skipped (else the group's order)
+            places = [p for p, _ in group] if len(out.units) == len(group) else [group[0][0]] * len(out.units)
+            placed.extend(zip(places, out.units))
             stats = out.stats if stats is None else stats
             guard = guard or out.guard
+    units = [u for _, u in sorted(placed, key=lambda x: x[0])]
     docs = [sft_rows.causal_layout(r) for r in trl_rows]
     labels = None
     if packing:
