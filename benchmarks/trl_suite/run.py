@@ -64,12 +64,14 @@ def run_variant(variant: str, trl: Path, standins: Path, out: Path, keyword: str
     env = {**os.environ, "HF_HUB_CACHE": str(standins / "hub"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "TRL_SUITE_DATASETS": str(standins / "datasets"),
            "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
+           "TRL_SUITE_FAILURES": str(out / f"failures-{variant}.tsv"),
            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(HERE)])}
-    cmd = [sys.executable, "-m", "pytest", TEST_FILE, "-p", "trl_suite_plugin", "-n", "0", "-q", "-p", "no:cacheprovider",
+    cmd = [sys.executable, "-m", "pytest", TEST_FILE, "-p", "trl_suite_plugin", "-n", "0", "-v", "-p", "no:cacheprovider",
            "-o", "addopts=", f"--junitxml={junit}", "-W", "ignore"]
     if keyword:
         cmd += ["-k", keyword]
     log = out / f"pytest-{variant}.log"
+    (out / f"failures-{variant}.tsv").unlink(missing_ok=True)
     with log.open("w") as f:
         try:
             subprocess.run(cmd, cwd=copy, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, check=False)
@@ -80,9 +82,10 @@ def run_variant(variant: str, trl: Path, standins: Path, out: Path, keyword: str
 
 
 def outcomes(junit: Path) -> dict[str, dict[str, str]]:
-    """Test id -> outcome (passed, failed, error, skipped) and the first line of why."""
+    """Test id -> outcome (passed, failed, error, skipped) and the first line of why; from pytest's log
+    (``-v`` lines) when the run was cut short and wrote no junit file."""
     if not junit.is_file():
-        return {}
+        return _log_outcomes(junit.with_name(junit.name.replace("junit-", "pytest-").replace(".xml", ".log")))
     result: dict[str, dict[str, str]] = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
         name = f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}"
@@ -95,6 +98,29 @@ def outcomes(junit: Path) -> dict[str, dict[str, str]]:
                 why = next((line.strip() for line in text.splitlines() if line.strip()), "")[:300]
                 break
         result[name] = {"outcome": outcome, "why": why}
+    return result
+
+
+def _log_outcomes(log: Path) -> dict[str, dict[str, str]]:
+    result: dict[str, dict[str, str]] = {}
+    if not log.is_file():
+        return result
+    for line in log.read_text(errors="replace").splitlines():
+        match = re.match(r"\S*::(\w+)::(\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)", line)
+        if match:
+            cls, name, outcome = match.groups()
+            outcome = {"XFAIL": "skipped", "XPASS": "passed"}.get(outcome, outcome.lower())
+            result[f"{cls}::{name}"] = {"outcome": "failed" if outcome == "failed" else outcome, "why": ""}
+    failures = log.with_name(log.name.replace("pytest-", "failures-").replace(".log", ".tsv"))
+    if failures.is_file():  # the plugin's lines, written as each test failed
+        for line in failures.read_text(errors="replace").splitlines():
+            nodeid, _, why = line.split("\t", 2)
+            key = "::".join(nodeid.split("::")[-2:])
+            result.setdefault(key, {"outcome": "failed", "why": ""})["why"] = why
+    for line in log.read_text(errors="replace").splitlines():  # pytest's short summary: the first line of why
+        match = re.match(r"(FAILED|ERROR) \S*::(\w+)::(\S+) - (.*)", line)
+        if match and f"{match.group(2)}::{match.group(3)}" in result:
+            result[f"{match.group(2)}::{match.group(3)}"]["why"] = match.group(4)[:300]
     return result
 
 

@@ -42,3 +42,14 @@ def load_dataset(path: str, name: str | None = None, *args: Any, split: str | No
 
 
 datasets.load_dataset = load_dataset
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    """Each failure's last error line, written as it happens (a run cut short still says why)."""
+    out = os.environ.get("TRL_SUITE_FAILURES")
+    if out and report.failed:
+        text = str(report.longrepr)
+        errors = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
+        why = errors[-1] if errors else text.strip().splitlines()[-1] if text.strip() else ""
+        with open(out, "a", encoding="utf-8") as f:
+            f.write(f"{report.nodeid}\t{report.when}\t{why[:300]}\n")

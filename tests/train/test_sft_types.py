@@ -269,3 +269,26 @@ def test_prompt_learning_peft_trains_trls_rows_and_refuses_a_tree(model, qwen3_t
     assert any(not torch.equal(p, trainer.model.get_parameter(n)) for n, p in before.items())
     with pytest.raises(UsageError, match="prompt-learning model .* a row holding a tree"):
         make([REASONING]).train()
+
+
+def test_evaluate_prepares_a_raw_dataset_and_calls_compute_metrics(model, qwen3_tokenizer, tmp_path):
+    """evaluate(eval_dataset=raw) prepares it as train_dataset was; compute_metrics gets the logits of every
+    position and TRL-style labels, whose trained tokens are the rows' targets."""
+    from onepass.train import OnePassTrainer
+
+    seen = {}
+
+    def metrics(pred):
+        seen["shape"], seen["labels"] = pred.predictions.shape, pred.label_ids
+        return {"my_metric": 0.5}
+
+    trainer = OnePassTrainer(model=copy.deepcopy(model), processing_class=qwen3_tokenizer,
+                             args=_args(OnePassConfig, tmp_path, per_device_eval_batch_size=8),
+                             train_dataset=datasets.Dataset.from_list([{"text": t} for t in ZEN]),
+                             compute_metrics=metrics)
+    raw = datasets.Dataset.from_list([{"prompt": p, "completion": c} for p, c in PROMPTS])
+    out = trainer.evaluate(eval_dataset={"pc": raw})
+    theirs, count, _ = trl_loss([{"prompt": p, "completion": c} for p, c in PROMPTS], model, qwen3_tokenizer,
+                                tmp_path)
+    assert out["eval_pc_my_metric"] == 0.5 and rel(out["eval_pc_loss"], theirs / count) <= TOL
+    assert seen["shape"][-1] == len(qwen3_tokenizer) and int((seen["labels"] != -100).sum()) == count
