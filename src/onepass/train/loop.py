@@ -227,7 +227,8 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         out.mkdir(parents=True, exist_ok=True)
         write_yaml(config, out / "train_config.yaml")
     loaded = _load_data(config, main=main, say=say)
-    fingerprint = run_fingerprint(config, loaded.tokenizer)
+    fingerprint = run_fingerprint(config, loaded.tokenizer, renders=any(
+        d is not None and d.kind == "conversation" for d in (loaded.data, loaded.eval_data)))
     if ckpt is not None:
         check_fingerprint(read_state(ckpt).get("fingerprint"), fingerprint, ckpt, anyway=resume_anyway, say=say)
     data, eval_data = loaded.data, loaded.eval_data
