@@ -30,20 +30,23 @@ Render = Callable[[list[dict[str, Any]], bool], "str | None"]
 
 
 def apply_template(tokenizer: Any, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None,
-                   kwargs: Mapping[str, Any]) -> Any:
+                   kwargs: Mapping[str, Any], tokenize: bool = False) -> Any:
     """The tokenizer's chat template on ``messages`` as text (``kwargs``: ``add_generation_prompt``, the
     template kwargs and the pinned date, :data:`~onepass.render.clock.TEMPLATE_DATE`). Raises what the
-    template raises; may return a non-str (batched input)."""
+    template raises; may return a non-str (batched input). ``tokenize``: the tokenized dict instead
+    (``input_ids``, and ``assistant_masks`` when ``kwargs`` ask for them: TRL's rows,
+    :mod:`onepass.train.sft_rows`)."""
     kwargs = dict(kwargs)
+    out = {"tokenize": True, "return_dict": True} if tokenize else {"tokenize": False}
     date = kwargs.pop(TEMPLATE_DATE, None)
     template = _template_text(tokenizer, kwargs.get("chat_template"), tools) if date is not None else None
     if template is None or not reads_clock(template):
-        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
+        return tokenizer.apply_chat_template(messages, tools=tools, **out, **kwargs)
     check_pinnable(template)
     kwargs.pop("chat_template", None)
     try:
-        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                             chat_template=pinned_template(template, date), **kwargs)
+        return tokenizer.apply_chat_template(messages, tools=tools, chat_template=pinned_template(template, date),
+                                             **out, **kwargs)
     except Exception as e:
         e.onepass_pinned_lines = PINNED_LINES  # type: ignore[attr-defined]  # template_line: the template's own
         raise

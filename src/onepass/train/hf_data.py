@@ -205,7 +205,8 @@ def _settings(args: OnePassConfig, tokenizer: Any, packing: bool) -> Any:
     return SftSettings(text_field=args.dataset_text_field, completion_only_loss=args.completion_only_loss,
                        assistant_only_loss=bool(args.assistant_only_loss),
                        chat_template=training_template(tokenizer) if args.assistant_only_loss else None,
-                       template_kwargs=dict(args.template_kwargs or {}), max_length=args.max_length,
+                       template_kwargs=dict(args.template_kwargs or {}), template_date=args.template_date,
+                       max_length=args.max_length,
                        truncation_mode=args.truncation_mode, truncate=not packing)
 
 

@@ -80,6 +80,7 @@ class SftSettings:
     assistant_only_loss: bool = False  # here: TRL's assistant masks (generation markers) on chat rows
     chat_template: str | None = None  # the template with {% generation %} markers, when assistant_only_loss
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    template_date: str | None = None  # the date a clock-reading template renders (DataConfig.template_date)
     max_length: int | None = None
     truncation_mode: str = "keep_start"
     truncate: bool = True  # False when packing: packing cuts to max_length itself
@@ -110,9 +111,14 @@ def _chat(tokenizer: Any, messages: list, settings: SftSettings, record: Mapping
           ) -> dict[str, list[int]]:
     """``apply_chat_template(messages, tokenize=True)`` with the record's tools and ``chat_template_kwargs``
     (TRL's ``_tokenize``), the run's ``template_kwargs`` under them."""
-    call = {"chat_template": settings.chat_template, "tools": _tools(record), **dict(settings.template_kwargs),
+    from onepass.render.clock import TEMPLATE_DATE
+    from onepass.render.template import apply_template
+
+    call = {"chat_template": settings.chat_template, **dict(settings.template_kwargs),
             **dict(record.get("chat_template_kwargs") or {}), **kwargs}
-    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **call)
+    if settings.template_date is not None:
+        call[TEMPLATE_DATE] = settings.template_date
+    out = apply_template(tokenizer, messages, tools=_tools(record), kwargs=call, tokenize=True)
     return {k: list(v) for k, v in out.items() if k in ("input_ids", "assistant_masks")}
 
 
