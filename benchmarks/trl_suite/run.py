@@ -52,7 +52,8 @@ def trl_commit(trl: Path) -> str:
     return f"{commit} ({version})"
 
 
-def run_variant(variant: str, trl: Path, standins: Path, out: Path, keyword: str | None, timeout: int) -> Path:
+def run_variant(variant: str, trl: Path, standins: Path, out: Path, keyword: str | None, timeout: int,
+                done: dict[str, dict[str, str]] | None = None) -> Path:
     """pytest on one copy of the checkout; returns its junit XML."""
     tmp = Path(tempfile.mkdtemp(prefix=f"trl-suite-{variant}-"))
     copy = tmp / "trl"
@@ -70,6 +71,8 @@ def run_variant(variant: str, trl: Path, standins: Path, out: Path, keyword: str
            "-o", "addopts=", f"--junitxml={junit}", "-W", "ignore"]
     if keyword:
         cmd += ["-k", keyword]
+    for name in done or {}:  # a resumed run: what an earlier run reported is not run again
+        cmd += ["--deselect", f"{TEST_FILE}::{name}"]
     log = out / f"pytest-{variant}.log"
     (out / f"failures-{variant}.tsv").unlink(missing_ok=True)
     with log.open("w") as f:
@@ -179,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", choices=["both", "control", "renamed"], default="both")
     parser.add_argument("-k", dest="keyword", default=None, help="pytest -k expression (a subset)")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per variant")
+    parser.add_argument("--resume", type=Path, action="append", default=[],
+                        help="an earlier run's OUT (cut short by --timeout): its outcomes are kept and those tests "
+                             "not run again (repeatable)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     standins = args.standins or args.out / "standins"
@@ -188,13 +194,18 @@ def main(argv: list[str] | None = None) -> int:
     report = building.build(standins, args.trl)
     variants = ["control", "renamed"] if args.variant == "both" else [args.variant]
     results = {}
+    earlier: dict[str, dict[str, dict[str, str]]] = {"control": {}, "renamed": {}}
+    for folder in args.resume:
+        for variant in earlier:
+            earlier[variant].update(outcomes(folder / f"junit-{variant}.xml"))
     for variant in variants:
         start = time.monotonic()
-        results[variant] = outcomes(run_variant(variant, args.trl, standins, args.out, args.keyword, args.timeout))
+        results[variant] = {**earlier[variant], **outcomes(run_variant(
+            variant, args.trl, standins, args.out, args.keyword, args.timeout, done=earlier[variant]))}
         print(f"{variant}: {_fmt(_counts(results[variant]))} in {time.monotonic() - start:.0f} s", flush=True)
     for variant in ("control", "renamed"):  # a variant not run this time: its last results, if any
         if variant not in results:
-            results[variant] = outcomes(args.out / f"junit-{variant}.xml")
+            results[variant] = {**earlier[variant], **outcomes(args.out / f"junit-{variant}.xml")}
     import importlib.metadata as md
 
     meta = {"trl": trl_commit(args.trl), "date": time.strftime("%Y-%m-%d"), "machine": platform.platform(),
