@@ -13,7 +13,10 @@ TRL's own ``trl/scripts/sft.py`` so renamed). It keeps what the Trainer does
 and changes only what one-pass needs:
 
 - the datasets are prepared by :mod:`onepass.train.hf_data` (one item per
-  conversation, or packed rows of ``max_length`` tokens with ``packing``);
+  conversation, or packed rows of ``max_length`` tokens with ``packing``); every
+  other type SFTTrainer takes (text, prompt-completion, tokenized rows) is TRL's
+  row, a plain causal sequence (:mod:`onepass.train.sft_rows`), so its loss is TRL's;
+- SFTTrainer's argument checks are made (:mod:`onepass.train.sft_checks`);
 - the collator stacks rows and pads them with self-only, untrained positions;
 - ``compute_loss`` builds the tree mask from ``kv_end`` for the model's
   attention backend, passes ``position_ids``, asks for logits only at targets
@@ -94,11 +97,12 @@ class OnePassTrainer(Trainer):
     Takes every keyword of TRL's ``SFTTrainer``, in its order: ``model`` (a model, a PeftModel, or a hub id /
     folder loaded with ``args.model_init_kwargs`` and ``quantization_config``), ``args``
     (:class:`~onepass.train.hf_config.OnePassConfig`, or a ``TrainingArguments`` turned into one),
-    ``data_collator``, ``train_dataset`` / ``eval_dataset`` (conversations in any shape onepass reads,
-    or one-pass rows), ``processing_class`` (the tokenizer; default: the model's, as TRL finds it),
-    ``compute_metrics``, ``callbacks``, ``optimizers``, ``optimizer_cls_and_kwargs``, ``peft_config``,
-    ``formatting_func`` (a record -> its messages). ``compute_loss_func`` is refused (the loss is one-pass's)
-    and ``preprocess_logits_for_metrics`` never called (logits exist only at the targets, in chunks).
+    ``data_collator``, ``train_dataset`` / ``eval_dataset`` (any dataset type SFTTrainer takes, mixed
+    record by record, or one-pass rows), ``processing_class`` (the tokenizer; default: the model's, as TRL
+    finds it), ``compute_metrics`` and ``preprocess_logits_for_metrics`` (evaluation then runs one more
+    forward pass for every position's logits, as TRL's), ``callbacks``, ``optimizers``,
+    ``optimizer_cls_and_kwargs``, ``peft_config``, ``formatting_func`` (a record -> text, as TRL, or its
+    messages). ``compute_loss_func`` is refused (the loss is one-pass's; TRL deprecates it too).
     """
 
     def __init__(self, model: Any = None, args: Any = None, data_collator: Any = None, train_dataset: Any = None,
