@@ -292,3 +292,16 @@ def test_evaluate_prepares_a_raw_dataset_and_calls_compute_metrics(model, qwen3_
                                 tmp_path)
     assert out["eval_pc_my_metric"] == 0.5 and rel(out["eval_pc_loss"], theirs / count) <= TOL
     assert seen["shape"][-1] == len(qwen3_tokenizer) and int((seen["labels"] != -100).sum()) == count
+
+
+def test_dft_on_a_tree_is_sfttrainers_dft_on_the_turns(model, qwen3_tokenizer, tmp_path):
+    """DFT weights each target's cross entropy by its own (detached) probability: views sharing a target share
+    its context, so the tree's DFT loss is SFTTrainer's on the per-turn rows."""
+    from onepass.loss import batch_dft_loss
+
+    _, n_ours, prepared = onepass_loss([REASONING], model, qwen3_tokenizer, tmp_path, loss_type="dft")
+    batch = OnePassCollator()([prepared[0]])
+    with torch.no_grad():
+        ours = float(batch_dft_loss(ForwardView(model, model), batch))
+    theirs, n_theirs, _ = trl_loss(conversational_pc(REASONING), model, qwen3_tokenizer, tmp_path, loss_type="dft")
+    assert n_ours == n_theirs and rel(ours, theirs) <= TOL
