@@ -71,8 +71,9 @@ def run_variant(variant: str, trl: Path, standins: Path, out: Path, keyword: str
            "-o", "addopts=", f"--junitxml={junit}", "-W", "ignore"]
     if keyword:
         cmd += ["-k", keyword]
-    for name in done or {}:  # a resumed run: what an earlier run reported is not run again
-        cmd += ["--deselect", f"{TEST_FILE}::{name}"]
+    if done:  # a resumed run: what an earlier run reported is not run again (trl_suite_plugin deselects it)
+        (out / f"done-{variant}.txt").write_text("\n".join(sorted(done)) + "\n")
+        env["TRL_SUITE_DONE"] = str(out / f"done-{variant}.txt")
     log = out / f"pytest-{variant}.log"
     (out / f"failures-{variant}.tsv").unlink(missing_ok=True)
     with log.open("w") as f:

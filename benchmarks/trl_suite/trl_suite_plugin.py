@@ -53,3 +53,17 @@ def pytest_runtest_logreport(report: Any) -> None:
         why = errors[-1] if errors else text.strip().splitlines()[-1] if text.strip() else ""
         with open(out, "a", encoding="utf-8") as f:
             f.write(f"{report.nodeid}\t{report.when}\t{why[:300]}\n")
+
+
+def pytest_collection_modifyitems(config: Any, items: list) -> None:
+    """A resumed run: the tests an earlier run reported (``$TRL_SUITE_DONE``, one ``Class::name`` a line) are
+    deselected, by exact id (pytest's ``--deselect`` takes prefixes: ``test_train_model`` would drop
+    ``test_train_model_dtype`` too)."""
+    path = os.environ.get("TRL_SUITE_DONE")
+    if not path:
+        return
+    done = set(Path(path).read_text(encoding="utf-8").splitlines())
+    keep = [item for item in items if "::".join(item.nodeid.split("::")[-2:]) not in done]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
