@@ -34,7 +34,6 @@ expects) is :mod:`onepass.template_messages`. No torch here: this is pure data.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -45,16 +44,21 @@ from onepass.errors import ConversationError
 from onepass.record_schemas import (
     FIELD_AND_INLINE,
     HERMES_CALL,
+    MESSAGE_KEYS,
     Where,
     check_text,
     input_output,
     interactions,
     leading_reasoning,
+    loads_json,
     message_at,
     message_content,
     reasoning_field,
+    record_fields,
     sharegpt,
+    system_field,
     trains,
+    unknown_fields,
     unknown_schema,
 )
 from onepass.records import iter_records
@@ -143,10 +147,7 @@ def _tool_calls(raw: Any, where: Where, i: int) -> tuple[ToolCall, ...]:
         args = fn.get("arguments", {})
         text = args if isinstance(args, str) and args.strip() else None
         if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError as e:
-                raise where(f"tool_calls[{j}].function.arguments is not valid JSON ({e})", i) from None
+            args = loads_json(args, f"tool_calls[{j}].function.arguments", where, i) if args.strip() else {}
         if not isinstance(args, Mapping):
             raise where(f"tool_calls[{j}].function.arguments must be an object or a JSON string", i)
         call_id = call.get("id")
@@ -161,6 +162,7 @@ def _message(raw: Any, where: Where, i: int) -> Message:
     role = raw.get("role")
     if role not in ROLES:
         raise where(f"unknown role {role!r}; expected one of {', '.join(ROLES)}", i)
+    unknown_fields(raw, MESSAGE_KEYS, where, i)
     calls = _tool_calls(raw.get("tool_calls"), where, i) if role == "assistant" else ()
     content = message_content(raw, role, calls, where, i)
     reasoning = None
@@ -194,11 +196,8 @@ def _hermes_calls(m: Message, where: Where, i: int) -> Message:
                     "onepass reads Hermes calls at the end of the content, or OpenAI tool_calls", i)
     calls = []
     for j, block in enumerate(blocks):
-        try:
-            call = json.loads(block.group(1))
-        except json.JSONDecodeError as e:
-            raise where(f"inline <tool_call> block {j} is not valid JSON ({e.msg}); Hermes writes "
-                        '{"name": ..., "arguments": {...}}', i) from None
+        call = loads_json(block.group(1), f"inline <tool_call> block {j}", where, i,
+                          hint='Hermes writes {"name": ..., "arguments": {...}}')
         if not isinstance(call, Mapping):
             raise where(f"inline <tool_call> block {j} is not a JSON object", i)
         calls.append(call)
@@ -251,10 +250,8 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
     if not isinstance(record, Mapping):
         raise where(f"a record must be a JSON object, got {type(record).__name__}")
     check_text(record, where)
-    field_key = "system" if "system" in record else "system_prompt"  # system_prompt: Llama-Nemotron
-    system = record.get(field_key) if isinstance(record.get(field_key), str) else None
-    if system is not None and not system.strip():
-        system = None  # an empty system *field* (common in parquet columns) means none; a message is kept
+    record_fields(record, where)
+    system, field_role = system_field(record, where)  # a blank field (a parquet column) is none; a message is kept
     if "messages" in record:
         raw = record["messages"]
     elif "conversations" in record:
@@ -277,14 +274,13 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
         if system is not None:
             raise where("system prompt given both as a field and as the first message")
         system = inline_system
+    elif system is not None:
+        system_role = field_role
     messages = tuple(msgs)
     validate(messages, where, offset=offset)
     tools = record.get("tools") or ()
     if isinstance(tools, str):
-        try:
-            tools = json.loads(tools)
-        except json.JSONDecodeError as e:
-            raise where(f"'tools' is a string that is not valid JSON ({e})") from None
+        tools = loads_json(tools, "'tools' is a string that", where)
     if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
         raise where("'tools' must be a list of objects")
     rid = record.get("id")
