@@ -296,6 +296,7 @@ class ReadReport:
 
     conversations: list[Conversation] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    more: bool = False  # the read stopped at its limit with records left (a command says the limit cut it)
 
 
 def read_conversations(path: str | Path, *, strict: bool = True, limit: int | None = None) -> ReadReport:
@@ -310,14 +311,19 @@ def read_conversations(path: str | Path, *, strict: bool = True, limit: int | No
     if limit is not None and limit <= 0:
         return report
     for index, raw in iter_records(path):
+        full = limit is not None and len(report.conversations) >= limit  # reading on only to say ``more``
         try:
             if isinstance(raw, ConversationError):
                 raise raw
-            report.conversations.append(parse_record(raw, source=str(path), index=index, unit=unit))
+            conv = parse_record(raw, source=str(path), index=index, unit=unit)
         except ConversationError as e:
-            if strict:
+            if strict and not full:
                 raise
-            report.skipped.append(str(e))
-        if limit is not None and len(report.conversations) >= limit:
+            if not full:
+                report.skipped.append(str(e))
+            continue
+        if full:
+            report.more = True
             break
+        report.conversations.append(conv)
     return report

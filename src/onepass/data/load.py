@@ -312,9 +312,16 @@ def load_conversations(spec: str | Path | DataSource, *, strict: bool = True, li
     report = ReadReport()
     if limit is not None and limit <= 0:
         return report
-    for conv in iter_conversations(spec, strict=strict, split=split, skipped=report.skipped):
+    conversations = iter_conversations(spec, strict=strict, split=split, skipped=report.skipped)
+    for conv in conversations:
         report.conversations.append(conv)
         if limit is not None and len(report.conversations) >= limit:
+            seen = len(report.skipped)
+            try:  # is a valid conversation left? (``more``: a command says the limit cut the data)
+                report.more = next(conversations, None) is not None
+            except ConversationError:  # strict: a bad record past the limit is not this read's error
+                report.more = True
+            del report.skipped[seen:]  # records past the limit are not this read's skips
             break
     return report
 

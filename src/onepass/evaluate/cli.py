@@ -138,9 +138,12 @@ def run(args: argparse.Namespace) -> int:
     from onepass.data.load import load_conversations
     from onepass.evaluate.report import write_report
     from onepass.evaluate.run import evaluate, template_message_options, template_prompt
+    from onepass.render.template import check_template_kwargs
     from onepass.tokenizer import load_tokenizer
 
     _check_args(args)
+    kwargs = _template_kwargs(args.template_kwarg)
+    check_template_kwargs(kwargs)  # apply_chat_template's own names: one line before any data is read
     report = load_conversations(args.data, strict=args.strict, limit=args.limit)
     for line in report.skipped[:5]:
         print(f"skipped: {line}", file=sys.stderr)
@@ -150,7 +153,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"no valid conversations in {args.data}")
     spec = args.tokenizer or ("builtin:qwen3" if args.tiny else args.model)
     tokenizer = load_tokenizer(spec, chat_template=args.chat_template)
-    kwargs = _template_kwargs(args.template_kwarg)
     generator, label = _generator(args, tokenizer)
     results = evaluate(report.conversations, generator, template_prompt(tokenizer, kwargs), history=args.history,
                        answer_regex=args.answer_regex, progress=not args.no_progress,

@@ -19,8 +19,38 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from onepass.conversation import Conversation
+from onepass.errors import UsageError
 from onepass.render.errors import RenderError, TemplateRaised
 from onepass.template_messages import template_tools
+
+RESERVED_KWARGS = {
+    **dict.fromkeys(("conversation", "messages", "tools", "documents"), "onepass passes the record's"),
+    **dict.fromkeys(("add_generation_prompt", "continue_final_message"), "onepass sets it for each view"),
+    **dict.fromkeys(("chat_template",), "use --chat-template"),
+    **dict.fromkeys(("tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length", "return_tensors",
+                     "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"),
+                    "an argument of apply_chat_template, not a template variable"),
+}
+"""Names a template kwarg may not take, and why: ``apply_chat_template``'s own arguments (its signature, checked
+against the installed transformers by tests/faults/test_one_line_data.py) and the variables onepass fills."""
+
+
+def check_template_kwargs(kwargs: Mapping[str, Any]) -> None:
+    """Refuse a template kwarg named as one of :data:`RESERVED_KWARGS` in one line: it would raise deep in
+    transformers (``messages``, ``tokenize``) or be overridden silently (``add_generation_prompt``).
+
+    >>> check_template_kwargs({"enable_thinking": False})
+    >>> check_template_kwargs({"tools": []})
+    Traceback (most recent call last):
+    ...
+    onepass.errors.UsageError: --template-kwarg tools is reserved (onepass passes the record's): a template kwarg is \
+a variable of the template itself, such as enable_thinking
+    """
+    for name in kwargs:
+        if name in RESERVED_KWARGS:
+            raise UsageError(f"--template-kwarg {name} is reserved ({RESERVED_KWARGS[name]}): a template kwarg is "
+                             "a variable of the template itself, such as enable_thinking")
+
 
 Render = Callable[[list[dict[str, Any]], bool], "str | None"]
 """``render(messages, add_generation_prompt)``: the template's text, or None when it raised."""

@@ -56,7 +56,7 @@ from onepass.render.fields import template_fields
 from onepass.render.formats import resolve_completion_format
 from onepass.render.reasoning import REASONING_CHOICES, unrendered_history_reasoning, without_reasoning
 from onepass.render.sources import GIVEN_FORMAT, TEMPLATE_SOURCES, CompletionSource, Declined, Turn
-from onepass.render.template import render_turn
+from onepass.render.template import check_template_kwargs, render_turn
 from onepass.render.token_floor import token_floor
 from onepass.template_messages import template_messages
 from onepass.view import Unmeasured, View
@@ -71,6 +71,7 @@ class RenderConfig:
     reasoning: str = "keep"  # or "drop": a turn whose reasoning the template never renders is trained without it
 
     def __post_init__(self) -> None:
+        check_template_kwargs(self.template_kwargs)
         if self.reasoning not in REASONING_CHOICES:
             raise UsageError(f"--reasoning must be one of {', '.join(REASONING_CHOICES)}, got {self.reasoning!r}")
 
