@@ -45,6 +45,7 @@ from onepass.record_schemas import (
     FIELD_AND_INLINE,
     HERMES_CALL,
     MESSAGE_KEYS,
+    TRAILING,
     Where,
     check_text,
     input_output,
@@ -116,6 +117,13 @@ class Conversation:
     @property
     def num_assistant_turns(self) -> int:
         return sum(m.role == "assistant" for m in self.messages)
+
+    @property
+    def trailing_messages(self) -> int:
+        """Messages after the last assistant turn: no view holds them (a view ends with its assistant turn), so
+        they are never trained nor seen in training; such records are counted (``record_schemas.TRAILING``)."""
+        last = max((i for i, m in enumerate(self.messages) if m.role == "assistant"), default=-1)
+        return len(self.messages) - 1 - last
 
 
 def split_inline_reasoning(content: str) -> tuple[str | None, str]:
@@ -278,6 +286,8 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
         system_role = field_role
     messages = tuple(msgs)
     validate(messages, where, offset=offset)
+    if messages[-1].role != "assistant":
+        where.converted(TRAILING)  # a user's last word (149 of 200 tau-bench records): in no view, counted
     tools = record.get("tools") or ()
     if isinstance(tools, str):
         tools = loads_json(tools, "'tools' is a string that", where)

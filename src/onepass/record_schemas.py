@@ -53,17 +53,19 @@ _LEADING_THINK = re.compile(r"\s*<think>(.*?)</think>", re.DOTALL)
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "model": "assistant", "system": "system", "tool": "tool", "function": "tool", "observation": "tool",
                   "function_call": "assistant"}  # LLaMA-Factory / glaive: the call as JSON in "value"
-# What reading a record may convert, each named in PrepareStats.conversions (records converted so):
+# What reading a record may convert (or leave out of every view), each named in PrepareStats.conversions
+# (records converted so):
 SHAREGPT_CALL = "sharegpt function_call turn -> assistant tool_calls"
 HERMES_CALL = "inline <tool_call> JSON before a tool message -> tool_calls"
 CONTENT_PARTS = "content [one text part] -> string"
 CONTENT_NULL = "content null -> empty string"
 SYSTEM_MESSAGE = "system field given as a message -> its content"
+TRAILING = "messages after the last assistant turn -> in no view (never trained)"
 INPUT_OUTPUT = "input/output pair -> messages"
 NOT_TRAINED = "assistant weight 0 -> not trained"
 FIELD_AND_INLINE = "reasoning field and a leading <think> block -> field, content kept"
 CONVERSIONS = (SHAREGPT_CALL, HERMES_CALL, CONTENT_PARTS, CONTENT_NULL, INPUT_OUTPUT, NOT_TRAINED, FIELD_AND_INLINE,
-               SYSTEM_MESSAGE)
+               SYSTEM_MESSAGE, TRAILING)
 
 
 def message_at(source: str, number: int) -> str:

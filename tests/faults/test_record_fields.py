@@ -159,3 +159,18 @@ def test_a_record_nested_900_deep_is_a_counted_skip_not_a_crash_in_the_template(
     assert stats["conversations"] == 2 and stats["skipped_by_reason"] == {"invalid record": 1}
     assert stats["skipped"] == [f"{data} line 2, message 1: nested more than 100 levels deep (chat templates and "
                                 "transformers copy and print a message one level at a time)"]
+
+
+# ------------------------------------------------------------------ messages after the last assistant turn
+
+
+def test_messages_after_the_last_assistant_turn_are_counted_and_reported(tmp_path, capsys):
+    # 200 of 200 tau-bench records end after their last assistant turn (149 with the user's last word, 51 with
+    # the last tool call's result): those messages are in no view; before, no counter of stats.json said so
+    ends_with_user = {"messages": [*GOOD["messages"], {"role": "user", "content": "thanks, bye"}]}
+    data = _jsonl(tmp_path / "chats.jsonl", [GOOD, ends_with_user, ends_with_user])
+    assert main(["prepare", "--data", str(data), "--no-progress", "--out", str(tmp_path / "o")]) == 0
+    stats = json.loads((tmp_path / "o" / "stats.json").read_text())
+    name = "messages after the last assistant turn -> in no view (never trained)"
+    assert stats["conversions"] == {name: 2}
+    assert f"read: 2 records {name}" in capsys.readouterr().out
