@@ -91,6 +91,9 @@ class Message:
     name: str | None = None
     tool_call_id: str | None = None
     train: bool = True  # False: in the context of later turns, never trained (OpenAI fine-tuning "weight": 0)
+    text: str | None = field(default=None, compare=False)  # the content as the record gave it, when its leading
+    # <think> block was read as reasoning: what a template that reads no reasoning field renders (inline_reasoning);
+    # the same message either way (reasoning and content are equal), so it is not compared
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -173,7 +176,7 @@ def _message(raw: Any, where: Where, i: int) -> Message:
     unknown_fields(raw, MESSAGE_KEYS, where, i)
     calls = _tool_calls(raw.get("tool_calls"), where, i) if role == "assistant" else ()
     content = message_content(raw, role, calls, where, i)
-    reasoning = None
+    reasoning = text = None
     if role == "assistant":
         reasoning = reasoning_field(raw, where, i)
         inline, rest = leading_reasoning(content)
@@ -182,13 +185,13 @@ def _message(raw: Any, where: Where, i: int) -> Message:
         if inline is not None:
             if reasoning is None or inline.strip() == reasoning.strip() or not inline.strip():
                 reasoning = inline if reasoning is None else reasoning  # the same reasoning, or an empty block
-                content = rest
+                content, text = rest, content
             else:  # the field is the reasoning; the text is the record's, kept as it is
                 where.converted(FIELD_AND_INLINE)
     name = raw.get("name") if isinstance(raw.get("name"), str) else None
     call_id = raw.get("tool_call_id") if isinstance(raw.get("tool_call_id"), str) else None
     return Message(role=role, content=content, reasoning=reasoning, tool_calls=calls,
-                   name=name, tool_call_id=call_id, train=trains(raw, role, where, i))
+                   name=name, tool_call_id=call_id, train=trains(raw, role, where, i), text=text)
 
 
 def _hermes_calls(m: Message, where: Where, i: int) -> Message:

@@ -61,11 +61,12 @@ CONTENT_PARTS = "content [one text part] -> string"
 CONTENT_NULL = "content null -> empty string"
 SYSTEM_MESSAGE = "system field given as a message -> its content"
 TRAILING = "messages after the last assistant turn -> in no view (never trained)"
+INLINE_KEPT = "leading <think> block kept in the content (the template reads no reasoning field)"  # at render
 INPUT_OUTPUT = "input/output pair -> messages"
 NOT_TRAINED = "assistant weight 0 -> not trained"
 FIELD_AND_INLINE = "reasoning field and a leading <think> block -> field, content kept"
 CONVERSIONS = (SHAREGPT_CALL, HERMES_CALL, CONTENT_PARTS, CONTENT_NULL, INPUT_OUTPUT, NOT_TRAINED, FIELD_AND_INLINE,
-               SYSTEM_MESSAGE, TRAILING)
+               SYSTEM_MESSAGE, TRAILING, INLINE_KEPT)
 
 
 def message_at(source: str, number: int) -> str:

@@ -328,11 +328,12 @@ def load_conversations(spec: str | Path | DataSource, *, strict: bool = True, li
 
 def to_record(conv: Conversation, **extra: Any) -> dict[str, Any]:
     """A :class:`Conversation` back to an OpenAI-style record that ``parse_record`` reads to the same
-    conversation (reasoning as ``reasoning_content``, tool-call arguments as the record gave them)."""
+    conversation (reasoning as ``reasoning_content``, or the leading ``<think>`` block and tool-call arguments as
+    the record gave them)."""
     record: dict[str, Any] = {}
     if conv.id is not None:
         record["id"] = conv.id
-    record["messages"] = template_messages(conv, verbatim_arguments=True)
+    record["messages"] = template_messages(conv, verbatim_arguments=True, inline_reasoning=True)  # as the record gave them
     if conv.tools:
         record["tools"] = list(conv.tools)
     record.update(extra)

@@ -165,10 +165,11 @@ def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig
     kwargs = dict(config.template_kwargs)
     eos = getattr(tokenizer, "eos_token", None) or ""
     fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
+    memo: dict[Any, Any] = {}  # the conversation's prefixes the template raised for, scanned once (template._blame)
     for k, message in enumerate(conv.messages):
         if message.role != "assistant" or not message.train:
             continue
-        turn = Turn(conv=conv, k=k, tokenizer=tokenizer, kwargs=kwargs, fields=fields, eos=eos, fmt=fmt)
+        turn = Turn(conv=conv, k=k, tokenizer=tokenizer, kwargs=kwargs, fields=fields, eos=eos, fmt=fmt, memo=memo)
         try:
             yield k, _turn_text(turn, config, sources)
         except RenderError as e:
@@ -227,6 +228,7 @@ class Rendered:
     skipped: tuple[RenderError, ...] = ()
     not_trained: int = 0  # assistant turns the record marks not to train (weight 0): no view, context only
     arguments_parsed: int = 0  # tool calls given as a JSON string, parsed for a template that needs a dict
+    inline_reasoning: int = 0  # messages whose <think> block stays in the content: the template reads no reasoning field
 
 
 def _counts(conv: Conversation, tokenizer: Any, config: RenderConfig) -> dict[str, int]:
@@ -234,7 +236,8 @@ def _counts(conv: Conversation, tokenizer: Any, config: RenderConfig) -> dict[st
     fields = template_fields(tokenizer, dict(config.template_kwargs), tools=bool(conv.tools))
     strings = sum(c.text is not None for m in conv.messages for c in m.tool_calls)
     return {"not_trained": sum(m.role == "assistant" and not m.train for m in conv.messages),
-            "arguments_parsed": 0 if fields.string_arguments else strings}
+            "arguments_parsed": 0 if fields.string_arguments else strings,
+            "inline_reasoning": 0 if fields.reads_reasoning else sum(m.text is not None for m in conv.messages)}
 
 
 def _unmeasured(conv: Conversation, tokenizer: Any, turn: int, text: _Text, max_tokens: int | None
