@@ -15,6 +15,8 @@ No torch here: this is pure data.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -115,18 +117,18 @@ def _blame(tokenizer: Any, conv: Conversation, messages: list[dict[str, Any]], k
     every message would be blamed), else the first message whose rendering raises it (gpt-oss: a later turn
     skipped because its prompt holds that message names the one to fix); "" for the turn itself.
 
-    ``memo`` (one per conversation) keeps each prefix's outcome, so the scan is not repeated for every later
-    turn that raises the same error: the prefixes of one conversation object are the same for every turn."""
+    ``memo`` (one per conversation: the same tools and template kwargs) keeps each prefix's outcome by its
+    content, so the scan is not repeated for every later turn that raises, nor for a retry's history that
+    shares the prefix: without it, each raising turn re-rendered every prefix up to the culprit."""
     head = 1 if conv.system is not None else 0  # the system prompt is not one of conv.messages
     tools = template_tools(conv)
+    memo = {} if memo is None else memo
+    key = b""
     for n in range(1, len(messages) + 1):
-        key = (id(conv), n)
-        if memo is None or key not in memo:
-            outcome = (conv, _raised(tokenizer, messages[:n], tools, kwargs))  # conv kept alive: its id stays its own
-            if memo is None:
-                memo = {}
-            memo[key] = outcome
-        if memo[key][1] != error:
+        key = hashlib.sha256(key + json.dumps(messages[n - 1], sort_keys=True, default=str).encode()).digest()
+        if key not in memo:
+            memo[key] = _raised(tokenizer, messages[:n], tools, kwargs)
+        if memo[key] != error:
             continue
         if tools and _raised(tokenizer, messages[:n], None, kwargs) is None:
             return (f" with the record's tools list ({len(tools)} tool{'s' * (len(tools) > 1)}), which the template "
