@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +36,7 @@ from onepass import export as export_cli
 from onepass import template_report as templates_cli
 from onepass.bench import cli as bench_cli
 from onepass.data import cli as data_cli
+from onepass.data.load import limit_arg
 from onepass.data_config import RENDER_KEYS, DataConfig, add_data_arguments, data_config_from_args
 from onepass.evaluate import cli as eval_cli
 from onepass.errors import ConfigError, DataError, OnePassError, UsageError, run_main
@@ -71,7 +73,7 @@ def _add_common(p: argparse.ArgumentParser, *, data_required: bool = True,
     p.add_argument("--tokenizer", default="builtin:qwen3",
                    help="builtin:qwen3 (offline), a local tokenizer directory or a hub id")
     p.add_argument("--chat-template", help="a .jinja file or builtin:NAME replacing the tokenizer's template")
-    p.add_argument("--limit", type=int, help=limit_help)
+    p.add_argument("--limit", type=limit_arg, help=limit_help)
     p.add_argument("--strict", action="store_true", help="stop at the first bad record instead of skipping it")
 
 
@@ -241,6 +243,9 @@ def verify_model(args: argparse.Namespace, vocab: int | None) -> tuple[object, s
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    if args.tolerance is not None and not (math.isfinite(args.tolerance) and 0 < args.tolerance < 1):
+        raise UsageError(f"--tolerance must be a relative difference above 0 and below 1, got {args.tolerance:g}: "
+                         "a tolerance of 1 or more (or inf) calls any difference EQUAL")
     if args.rollouts:
         if args.data:
             raise UsageError("give --data (conversations) or --rollouts (RL token ids), not both")

@@ -48,6 +48,7 @@ from onepass.record_schemas import (
     TRAILING,
     Where,
     check_text,
+    finite_numbers,
     input_output,
     interactions,
     leading_reasoning,
@@ -142,6 +143,15 @@ def split_inline_reasoning(content: str) -> tuple[str | None, str]:
     return reasoning, tail.lstrip("\n")
 
 
+def _string(raw: Mapping[str, Any], key: str, what: str, where: Where, i: int) -> str | None:
+    """An optional string field (a name, an id): absent or null is None; anything else is an error (a number
+    dropped here would be a name or id the template never renders)."""
+    value = raw.get(key)
+    if value is not None and not isinstance(value, str):
+        raise where(f"{what} must be a string, got {type(value).__name__} {value!r:.40}", i)
+    return value
+
+
 def _tool_calls(raw: Any, where: Where, i: int) -> tuple[ToolCall, ...]:
     if raw in (None, []):
         return ()
@@ -151,6 +161,9 @@ def _tool_calls(raw: Any, where: Where, i: int) -> tuple[ToolCall, ...]:
     for j, call in enumerate(raw):
         if not isinstance(call, Mapping):
             raise where(f"tool_calls[{j}] must be an object", i)
+        if call.get("type", "function") != "function":
+            raise where(f"tool_calls[{j}] is of type {call.get('type')!r}; onepass reads function calls "
+                        "(chat templates render those)", i)
         fn = call.get("function", call)
         name = fn.get("name") if isinstance(fn, Mapping) else None
         if not isinstance(name, str) or not name:
@@ -161,8 +174,10 @@ def _tool_calls(raw: Any, where: Where, i: int) -> tuple[ToolCall, ...]:
             args = loads_json(args, f"tool_calls[{j}].function.arguments", where, i) if args.strip() else {}
         if not isinstance(args, Mapping):
             raise where(f"tool_calls[{j}].function.arguments must be an object or a JSON string", i)
-        call_id = call.get("id")
-        calls.append(ToolCall(name=name, arguments=dict(args), id=call_id if isinstance(call_id, str) else None,
+        if (bad := finite_numbers(args)) is not None:
+            raise where(f"tool_calls[{j}].function.arguments holds {bad}, not a JSON number (a template would "
+                        "print it as NaN or Infinity)", i)
+        calls.append(ToolCall(name=name, arguments=dict(args), id=_string(call, "id", f"tool_calls[{j}].id", where, i),
                               text=text))
     return tuple(calls)
 
@@ -188,8 +203,8 @@ def _message(raw: Any, where: Where, i: int) -> Message:
                 content, text = rest, content
             else:  # the field is the reasoning; the text is the record's, kept as it is
                 where.converted(FIELD_AND_INLINE)
-    name = raw.get("name") if isinstance(raw.get("name"), str) else None
-    call_id = raw.get("tool_call_id") if isinstance(raw.get("tool_call_id"), str) else None
+    name = _string(raw, "name", "name", where, i)
+    call_id = _string(raw, "tool_call_id", "tool_call_id", where, i)
     return Message(role=role, content=content, reasoning=reasoning, tool_calls=calls,
                    name=name, tool_call_id=call_id, train=trains(raw, role, where, i), text=text)
 
@@ -296,6 +311,8 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
         tools = loads_json(tools, "'tools' is a string that", where)
     if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
         raise where("'tools' must be a list of objects")
+    if (bad := finite_numbers(tools)) is not None:
+        raise where(f"'tools' holds {bad}, not a JSON number (a template would print it as NaN or Infinity)")
     rid = record.get("id")
     return Conversation(messages=messages, system=system, system_role=system_role,
                         tools=tuple(dict(t) for t in tools), source=f"{source} {unit} {index}",

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from onepass.errors import ConversationError
+from onepass.records import unique_keys
 
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "name", "tool_call_id", "weight", *REASONING_KEYS})
@@ -95,9 +97,12 @@ def loads_json(text: str, what: str, where: Where, i: int | None = None, *, hint
     """``json.loads(text)``, or one error naming ``what``: not JSON, or nested deeper than :data:`MAX_DEPTH`
     (a string nested 100,000 deep is a RecursionError in Python's parser, never a traceback here)."""
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=unique_keys, parse_constant=_not_a_number,
+                           parse_float=_finite_float)
     except json.JSONDecodeError as e:
         raise where(f"{what} is not valid JSON ({e.msg})" + (f"; {hint}" if hint else ""), i) from None
+    except ValueError as e:  # a key twice, NaN or a number past float's range: parsed, it would change silently
+        raise where(f"{what}: {e}", i) from None
     except RecursionError:
         value = None
         depth = MAX_DEPTH + 1
@@ -107,6 +112,37 @@ def loads_json(text: str, what: str, where: Where, i: int | None = None, *, hint
         raise where(f"{what} is JSON nested more than {MAX_DEPTH} levels deep (chat templates and transformers "
                     "copy and print it one level at a time)", i)
     return value
+
+
+def _not_a_number(name: str) -> float:
+    raise ValueError(f"{name} is not JSON (a template would print it as {name} or null, not the record's text)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text} is past a float's range (it would be rendered as Infinity)")
+    return value
+
+
+def finite_numbers(value: Any) -> str | None:
+    """The first number in ``value`` (nested) that is NaN or infinite, as text (None when there is none): a
+    record's tool-call arguments given as an object are rendered by the template's ``tojson``, which prints
+    ``NaN`` / ``Infinity``, not JSON, and not what the model would emit.
+
+    >>> finite_numbers({"a": [1.5, float("nan")]}), finite_numbers({"a": 1})
+    ('nan', None)
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return repr(item)
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return None
 
 
 def nesting(value: Any, limit: int = MAX_DEPTH) -> int:
@@ -172,8 +208,10 @@ def record_fields(record: Mapping[str, Any], where: Where) -> None:
         if key in RECORD_FIELDS or _empty(value) or not isinstance(key, str):
             continue
         near = ("tools" if key == "functions" else
-                next(iter(difflib.get_close_matches(key, RECORD_FIELDS, n=1, cutoff=0.8)), None))
-        if near is not None:
+                next(iter(difflib.get_close_matches(key, RECORD_FIELDS, n=1, cutoff=0.85)), None))
+        shaped = (isinstance(value, list) and all(isinstance(t, Mapping) for t in value) if near == "tools"
+                  else isinstance(value, (str, list, Mapping)))  # what that field holds: metadata is let be
+        if near is not None and shaped:
             raise where(f"unknown record field {key!r} (did you mean {near}?): onepass reads the tool list from "
                         "'tools' and the system prompt from 'system' or 'system_prompt', so it would not be "
                         "rendered; rename or remove it")

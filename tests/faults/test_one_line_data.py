@@ -43,3 +43,15 @@ def test_the_api_refuses_them_too():
     with pytest.raises(OnePassError, match="--template-kwarg messages is reserved"):
         DataConfig(template_kwargs={"messages": []})
     assert DataConfig(template_kwargs={"enable_thinking": False}).render.template_kwargs == {"enable_thinking": False}
+
+
+@pytest.mark.parametrize("command", ["prepare", "show", "data stats"])
+def test_a_limit_below_1_is_one_line_not_every_conversation_skipped(tmp_path, capsys, command):
+    # before: prepare --limit -1 read nothing and said "every conversation was skipped; first: the data has no
+    # conversations", blaming the data for the flag
+    out = {"prepare": ["--out", str(tmp_path / "o")], "show": ["--out", str(tmp_path / "m.png")], "data stats": []}
+    with pytest.raises(SystemExit) as e:
+        main([*command.split(), "--data", "builtin:mathchat", *out[command], "--limit", "-1"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "error: argument --limit: must be at least 1 (a number of conversations), got -1")

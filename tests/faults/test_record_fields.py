@@ -174,3 +174,37 @@ def test_messages_after_the_last_assistant_turn_are_counted_and_reported(tmp_pat
     name = "messages after the last assistant turn -> in no view (never trained)"
     assert stats["conversions"] == {name: 2}
     assert f"read: 2 records {name}" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ values JSON or a template would change
+
+
+@pytest.mark.parametrize("line,why", [
+    ('{"messages": [{"role": "user", "content": "a", "content": "b"}, {"role": "assistant", "content": "4"}]}',
+     "line 2: key 'content' appears twice in one object (JSON keeps only the last)"),
+    (json.dumps(_call('{"x": 1, "x": 2}')),
+     "line 2, message 1: tool_calls[0].function.arguments: key 'x' appears twice in one object"),
+    (json.dumps(_call('{"x": NaN}')), "line 2, message 1: tool_calls[0].function.arguments: NaN is not JSON"),
+    (json.dumps(_call('{"x": 1e999}')),
+     "line 2, message 1: tool_calls[0].function.arguments: the number 1e999 is past a float's range"),
+    (json.dumps(_call({"x": 1})).replace('"x": 1', '"x": Infinity'),
+     "line 2, message 1: tool_calls[0].function.arguments holds inf, not a JSON number"),
+    (json.dumps({"messages": [Q, {"role": "assistant", "content": "4", "name": 7}]}),
+     "line 2, message 1: name must be a string, got int 7"),
+    (json.dumps({"messages": [Q, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": 12, "type": "function", "function": {"name": "f", "arguments": {}}}]},
+        {"role": "tool", "content": "x", "tool_call_id": 12}, {"role": "assistant", "content": "4"}]}),
+     "line 2, message 1: tool_calls[0].id must be a string, got int 12"),
+    (json.dumps({"messages": [Q, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "custom", "custom": {"name": "f", "input": "x"}}]}, {"role": "tool", "content": "x"},
+        {"role": "assistant", "content": "4"}]}),
+     "line 2, message 1: tool_calls[0] is of type 'custom'; onepass reads function calls"),
+])
+def test_values_json_or_a_template_would_change_are_one_line(tmp_path, line, why):
+    # before: the first of two keys dropped, NaN / 1e999 / Infinity rendered as NaN or Infinity by tojson (and
+    # a JSON-string argument re-serialised without its duplicate), a number name or id dropped, a custom
+    # tool call rendered as a function call
+    data = _jsonl(tmp_path / "chats.jsonl", [GOOD, line, GOOD])
+    report = load_conversations(str(data), strict=False)
+    assert len(report.conversations) == 2 and len(report.skipped) == 1, report.skipped
+    assert report.skipped[0].startswith(f"{data} {why}"), report.skipped[0]

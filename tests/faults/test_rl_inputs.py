@@ -88,3 +88,13 @@ def test_numbers_past_what_a_rollout_can_hold_are_one_line(turn, why):
     assert str(e.value).startswith(f"r.jsonl line 3, turn 0: {why}"), str(e.value)
     assert parse_trajectory({"group": "g", "turns": [{"prompt_ids": [2**63 - 1], "completion_ids": [1],
                                                       "advantage": 1e308}]}).turns[0].advantages[0] == 1e308
+
+
+@pytest.mark.parametrize("field,value", [("kl_coef", math.nan), ("clip_high", math.inf), ("tis_cap", math.nan),
+                                         ("distill_coef", -1.0), ("kl_coef", -0.1)])
+def test_a_policy_loss_setting_that_is_not_finite_or_negative_is_one_line(field, value):
+    # before: kl_coef=nan was accepted (NaN is truthy) and every loss came out NaN
+    from onepass.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=field):
+        PolicyLossConfig(**{field: value})

@@ -43,12 +43,27 @@ def test_every_record_skipped_is_an_error_not_equal(tmp_path, capsys):
                                                    "be rendered (0 conversations read); first: ")
 
 
+def _usage_error(capsys, *argv) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(["verify", *argv])
+    captured = capsys.readouterr()
+    assert e.value.code == 2 and "EQUAL" not in captured.out
+    return captured.err.strip().splitlines()[-1]
+
+
 def test_limit_0_is_an_error_not_equal(tmp_path, capsys):
     data = _jsonl(tmp_path / "chats.jsonl", [GOOD])
-    code, out, err = _run(capsys, "--data", str(data), "--limit", "0")
-    assert code == 2 and "EQUAL" not in out
-    assert err.strip() == ("onepass: error: --limit must be at least 1, got 0: verify checks the first N valid "
-                           "conversations (8 unless --limit says otherwise)")
+    assert _usage_error(capsys, "--data", str(data), "--limit", "0") == (
+        "onepass verify: error: argument --limit: must be at least 1 (a number of conversations), got 0")
+
+
+@pytest.mark.parametrize("tolerance", ["inf", "1", "-1", "nan", "0"])
+def test_a_tolerance_that_accepts_anything_or_nothing_is_an_error(tmp_path, capsys, tolerance):
+    # --tolerance inf said "EQUAL within inf" whatever the difference; -1 said DIFFERENT and blamed layer 0
+    data = _jsonl(tmp_path / "chats.jsonl", [GOOD])
+    code, out, err = _run(capsys, "--data", str(data), "--tolerance", tolerance)
+    assert code == 2 and "EQUAL" not in out and "DIFFERENT" not in out
+    assert err.strip().startswith("onepass: error: --tolerance must be a relative difference above 0 and below 1")
 
 
 def test_verify_says_its_default_limit_cut_the_data(tmp_path, capsys, one_thread):
@@ -114,8 +129,7 @@ def test_gradients_that_are_not_finite_are_different(tmp_path, capsys, one_threa
 
 def test_verify_rollouts_with_limit_0_is_an_error(tmp_path, capsys):
     path = _rollouts(tmp_path, [{"group": "g", "turns": [{"prompt_ids": [1], "completion_ids": [4], "advantage": 1}]}])
-    code, out, err = _run(capsys, "--rollouts", str(path), "--limit", "0")
-    assert code == 2 and "EQUAL" not in out and err.startswith("onepass: error: --limit must be at least 1")
+    assert "argument --limit: must be at least 1" in _usage_error(capsys, "--rollouts", str(path), "--limit", "0")
 
 
 def test_rollouts_without_a_completion_token_are_an_error(tmp_path, capsys):
@@ -137,3 +151,11 @@ def test_the_gradient_measure_never_skips_nan():
     assert max_rel_grad_diff(zero, {"a": torch.ones(3), "z": torch.full((3,), -1e-17)})[0] < 1e-15
     small = {"a": torch.ones(3), "s": torch.full((3,), 1e-3)}  # small but not zero: still relative
     assert max_rel_grad_diff(small, {"a": torch.ones(3), "s": torch.full((3,), 2e-3)}) == (pytest.approx(1.0), "s")
+
+
+def test_gradients_that_are_all_zero_compare_as_equal_not_nan():
+    from onepass.guard.divergence import max_rel_grad_diff
+
+    zero = {"a": torch.zeros(3)}
+    assert max_rel_grad_diff(zero, {"a": torch.zeros(3)}) == (0.0, "")
+    assert max_rel_grad_diff(zero, {"a": torch.ones(3)})[0] == pytest.approx(3 ** 0.5)  # absolute, as before

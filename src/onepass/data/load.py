@@ -302,6 +302,24 @@ def parse_records(raws: Iterable[RawRecord], *, strict: bool = True,
                 skipped.append(str(e))
 
 
+def limit_arg(text: str) -> int:
+    """``--limit N`` of every command: an integer >= 1 (0 or a negative number would read nothing and end in
+    "every conversation was skipped", blaming the data), as an argparse ``type``.
+
+    >>> limit_arg("8")
+    8
+    """
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a whole number of conversations, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (a number of conversations), got {n}")
+    return n
+
+
 def load_conversations(spec: str | Path | DataSource, *, strict: bool = True, limit: int | None = None,
                        split: str | None = None) -> ReadReport:
     """Read and validate ``spec`` like :func:`onepass.conversation.read_conversations`, for any spec.

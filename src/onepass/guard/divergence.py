@@ -67,7 +67,7 @@ def max_rel_grad_diff(reference: dict[str, torch.Tensor], other: dict[str, torch
         diff = (other[name] - g_n).norm().item()
         if not all(map(math.isfinite, (scale, other_scale, diff))):
             return (math.nan if any(map(math.isnan, (scale, other_scale, diff))) else math.inf), name
-        if max(scale, other_scale) <= ZERO * total:
+        if total > 0 and max(scale, other_scale) <= ZERO * total:
             rel = diff / total
         else:
             rel = diff / scale if scale > 0 else diff

@@ -26,6 +26,7 @@ per-token reverse KL E_policy[log policy - log teacher]. Weights (``mask`` 0 tok
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,14 @@ class PolicyLossConfig:
     distill_coef: float = 0.0  # needs teacher log-probs
 
     def __post_init__(self) -> None:
+        for name in ("clip_low", "clip_high", "kl_coef", "distill_coef", "constant", "tis_cap"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value)):
+                raise ConfigError(f"{name} must be a finite number, got {value!r} (NaN would train as NaN)")
+        if self.kl_coef < 0 or self.distill_coef < 0:
+            raise ConfigError(f"kl_coef and distill_coef must be >= 0 (a penalty, not a reward), got "
+                              f"{self.kl_coef}, {self.distill_coef}")
         if self.normalize not in NORMALIZATIONS:
             raise ConfigError(f"unknown normalize {self.normalize!r}; use one of {', '.join(NORMALIZATIONS)}")
         if self.normalize == "constant" and not (self.constant and self.constant > 0):
