@@ -287,10 +287,14 @@ def test_onepass_trainer_refuses_a_model_without_row_masks_at_load_for_batches_o
     from onepass.train import OnePassConfig
     from onepass.train.hf_trainer import OnePassTrainer
 
+    import datasets
+
     _, old = _old_slicing_qwen3()
     args = OnePassConfig(str(tmp_path), per_device_train_batch_size=2, report_to="none", use_cpu=True)
+    data = datasets.Dataset.from_list([{"messages": [{"role": "user", "content": "q"},
+                                                     {"role": "assistant", "content": "a"}]}])
     with pytest.raises(CouplingError, match="not one mask per row"):
-        OnePassTrainer(model=old, args=args)
+        OnePassTrainer(model=old, args=args, train_dataset=data)
 
 
 def test_onepass_train_refuses_a_model_without_row_masks_at_load_only_where_a_forward_batches_rows(tmp_path,

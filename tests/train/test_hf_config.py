@@ -20,6 +20,7 @@ from onepass.conversation import parse_record
 from onepass.errors import DataError, UsageError
 from onepass.train import OnePassConfig
 from onepass.train.hf_trainer import as_rows, conversation_dataset, parse_dataset
+from onepass.tree import COLUMNS
 
 COMMON = {"report_to": "none", "use_cpu": True}
 
@@ -117,14 +118,16 @@ def test_docs_table_has_a_row_for_every_sft_field_and_each_difference_with_its_r
 
 
 def test_values_onepass_does_otherwise_warn_once_each(caplog, fresh_warnings):
-    lines = {"assistant_only_loss": "assistant turns only", "truncation_mode": "never truncates",
-             "packing_strategy": "packing with 'bfd'", "router_aux_loss_coef": "load-balancing loss is not added"}
+    lines = {"truncation_mode": "a conversation over max_length is split into trees",
+             "packing_strategy": "conversation trees are never cut",
+             "router_aux_loss_coef": "load-balancing loss is not added"}
     with caplog.at_level(logging.INFO, logger="onepass"):
         OnePassConfig("o", **COMMON)  # the defaults are what we do: nothing to say
         assert "onepass:" not in caplog.text
         for _ in range(2):
-            OnePassConfig("o", completion_only_loss=False, truncation_mode="keep_end", packing=True,
-                          packing_strategy="wrapped", router_aux_loss_coef=0.01, **COMMON)
+            with pytest.warns(FutureWarning, match="keep_end"):  # TRL's deprecation, as TRL says it
+                OnePassConfig("o", completion_only_loss=False, truncation_mode="keep_end", packing=True,
+                              packing_strategy="wrapped", router_aux_loss_coef=0.01, **COMMON)
     warnings_ = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings_) == len(lines), caplog.text  # once each, not once per config
     for text in lines.values():
@@ -139,9 +142,13 @@ def test_sft_defaults_and_aliases():
     assert OnePassConfig("o", max_length=None, **COMMON).max_tokens is None  # no budget: one tree each
     with pytest.raises(ValueError, match="max_tokens is an alias of max_length"):
         OnePassConfig("o", max_length=512, max_tokens=256, **COMMON)
-    with pytest.raises(ValueError, match="loss_type='dft' is not implemented"):
-        OnePassConfig("o", loss_type="dft", **COMMON)
-    assert OnePassConfig("o", loss_type="chunked_nll", **COMMON).loss_type == "nll"
+    assert OnePassConfig("o", loss_type="dft", **COMMON).loss_type == "dft"
+    with pytest.warns(FutureWarning, match="chunked_nll"):
+        assert OnePassConfig("o", loss_type="chunked_nll", **COMMON).loss_type == "nll"
+    with pytest.raises(ValueError, match="Invalid `loss_type` mse passed. Supported values are 'nll' and 'dft'"):
+        OnePassConfig("o", loss_type="mse", **COMMON)
+    with pytest.warns(FutureWarning, match="renamed to `bfd_split`"):
+        assert OnePassConfig("o", packing_strategy="bfd-requeue", **COMMON).packing_strategy == "bfd_split"
     assert OnePassConfig("o", pad_to_multiple_of="64", **COMMON).pad_to_multiple_of == 64
     (parsed,) = HfArgumentParser(OnePassConfig).parse_args_into_dataclasses(
         ["--output_dir", "o", "--eos_token", "<|im_end|>", "--packing", "--dataset_kwargs",
@@ -176,7 +183,8 @@ def test_a_dataset_of_conversations_becomes_one_row_per_conversation(qwen3_token
     ds = datasets.Dataset.from_list(records)
     for given in (ds, ds.to_iterable_dataset()):
         rows = as_rows(given, qwen3_tokenizer, args, source="train_dataset")
-        assert rows.dataset.to_dict() == expected.to_dict() and str(rows.guard.schedule) == "n-pass"
+        assert rows.dataset.select_columns(list(COLUMNS)).to_dict() == expected.to_dict()
+        assert str(rows.guard.schedule) == "n-pass" and "labels" in rows.dataset.column_names
         assert len(rows.guard.conversations) == 3 and rows.guard.tokenizer is qwen3_tokenizer
     passed = as_rows(expected, qwen3_tokenizer, args, source="x")  # prepared rows pass through, nothing to guard
     assert passed.dataset is expected and passed.guard is None
