@@ -7,8 +7,8 @@ import torch
 
 from onepass.dtypes import DTYPES, default_tolerance, dtype_names, torch_dtype
 from onepass.errors import UsageError
-from onepass.models import ModelLoadError, ModelSpec, base_model, is_peft, load_causal_lm, load_model_config, \
-    loaded_from
+from onepass.couplings import base_model, is_peft, loaded_from
+from onepass.models import ModelLoadError, ModelSpec, load_causal_lm, load_model_config
 from onepass.tiny import tiny_model
 
 

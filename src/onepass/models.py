@@ -13,13 +13,13 @@ verify) stays with the caller.
     >>> model = load_causal_lm(ModelSpec(model="Qwen/Qwen3-8B", dtype="bfloat16", device="cuda",
     ...                                  attention="flex_attention"))                      # doctest: +SKIP
 
-Also the one answer to "is this a peft model" (:func:`is_peft`) and to "what was it loaded from"
-(:func:`loaded_from`).
+Whether a model is a peft model, and what it was loaded from, are :mod:`onepass.couplings`' (they rely
+on peft's classes and transformers' ``_name_or_path``): :func:`~onepass.couplings.is_peft`,
+:func:`~onepass.couplings.base_model`, :func:`~onepass.couplings.loaded_from`.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,24 +140,3 @@ def _from_pretrained(spec: ModelSpec, dtype: Any) -> Any:
     if spec.device is not None and spec.device_map is None and spec.quantization is None:
         model = model.to(spec.device)
     return model
-
-
-def is_peft(model: Any) -> bool:
-    """A peft wrapper (``PeftModel``, ``PeftMixedModel``): what ``get_peft_model`` returns. A model with
-    adapters loaded by transformers' own integration (``model.load_adapter``) has a ``peft_config``
-    too but is not one: it is its own base model. Decided as transformers' Trainer decides, by class;
-    peft never imported means no peft model exists."""
-    peft = sys.modules.get("peft")
-    classes = tuple(c for c in (getattr(peft, "PeftModel", None), getattr(peft, "PeftMixedModel", None)) if c)
-    return bool(classes) and isinstance(model, classes)
-
-
-def base_model(model: Any) -> Any:
-    """The model under a peft wrapper (:func:`is_peft`), else the model itself."""
-    return model.get_base_model() if is_peft(model) else model
-
-
-def loaded_from(model: Any) -> str:
-    """The hub id or folder a model (a peft model's base model) was loaded from, as TRL finds it."""
-    config = getattr(base_model(model), "config", None)
-    return str(getattr(config, "_name_or_path", "") or "")

@@ -33,7 +33,8 @@ from onepass.data_config import DataConfig
 from onepass.errors import DataError, DataNotFound
 from onepass.files import atomic_dir, write_marker
 from onepass.flops import token_ratio
-from onepass.pack import pack_layouts, best_fit_decreasing
+from onepass.pack import best_fit_decreasing, pack_layouts
+from onepass.record_schemas import INLINE_KEPT
 from onepass.render import Rendered, render_conversation
 from onepass.schedule import schedule_views
 from onepass.shards import RowWriter, TreeSpool
@@ -223,7 +224,7 @@ def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConf
         on_rendered(rendered)
     if strict and rendered.skipped:
         raise rendered.skipped[0]
-    for name in conv.conversions:
+    for name in conv.conversions + (INLINE_KEPT,) * bool(rendered.inline_reasoning):
         stats.conversions[name] = stats.conversions.get(name, 0) + 1
     stats.turns_not_trained += rendered.not_trained
     stats.tool_arguments_parsed += rendered.arguments_parsed

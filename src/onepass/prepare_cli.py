@@ -14,7 +14,7 @@ import argparse
 import sys
 from typing import Any
 
-from onepass.data.load import conversation_source, print_skipped
+from onepass.data.load import conversation_source, limit_arg, print_skipped
 from onepass.data.parallel import exit_on_sigterm, iter_prepared
 from onepass.data_config import add_data_arguments, data_config_from_args
 from onepass.errors import UsageError
@@ -26,14 +26,15 @@ DATA_HELP = ("conversations: .jsonl/.json/.parquet, a folder of them, a saved da
              "synthetic:NAME or a hub id (online only)")
 
 
-def add_input_arguments(p: argparse.ArgumentParser, *, data_required: bool = True) -> None:
+def add_input_arguments(p: argparse.ArgumentParser, *, data_required: bool = True,
+                        limit_help: str = "use only the first N valid conversations") -> None:
     """``--data``, ``--tokenizer``, ``--chat-template``, ``--limit``, ``--strict``: how prepare, verify
     and show read conversations."""
     p.add_argument("--data", required=data_required, help=DATA_HELP)
     p.add_argument("--tokenizer", default="builtin:qwen3",
                    help="builtin:qwen3 (offline), a local tokenizer directory or a hub id")
     p.add_argument("--chat-template", help="a .jinja file or builtin:NAME replacing the tokenizer's template")
-    p.add_argument("--limit", type=int, help="use only the first N valid conversations")
+    p.add_argument("--limit", type=limit_arg, help=limit_help)
     p.add_argument("--strict", action="store_true", help="stop at the first bad record instead of skipping it")
 
 

@@ -27,20 +27,21 @@ from typing import Any
 import torch
 
 from onepass.attention.backends import check_backend, cpu_backend, supported_backend
+from onepass.conversation import ReadReport
 from onepass.data.load import load_conversations, print_skipped
 from onepass.data_config import DataConfig, data_config_from_args
 from onepass.dtypes import default_tolerance, torch_dtype
 from onepass.errors import DataError, UsageError
-from onepass.guard.divergence import judge, locate
+from onepass.guard.divergence import judge, locate, max_rel_grad_diff
 from onepass.loss import layout_loss, view_loss_reference
 from onepass.models import ModelSpec, load_causal_lm, load_model_config
 from onepass.pack import pack_layouts
 from onepass.precision import float64_norms
-from onepass.render import render_views
+from onepass.render import render_conversation
 from onepass.schedule import Schedule, parse_schedule, schedule_views, view_weights
 from onepass.tiny import tiny_config
 from onepass.tokenizer import load_tokenizer
-from onepass.verify_cli import VERIFY_KEYS
+from onepass.verify_cli import VERIFY_KEYS, verify_limit
 from onepass.view import View
 from onepass.vocab import remap, used_ids
 
@@ -80,19 +81,6 @@ def parameter_grads(model: Any) -> dict[str, torch.Tensor]:
             for n, p in model.named_parameters() if p.requires_grad}
 
 
-def max_rel_grad_diff(reference: dict[str, torch.Tensor], other: dict[str, torch.Tensor]) -> tuple[float, str]:
-    """The largest ``|other - reference| / |reference|`` over parameters (absolute where the reference is 0),
-    and that parameter's name."""
-    rel_grad, worst = 0.0, ""
-    for name, g_n in reference.items():
-        scale = g_n.norm().item()
-        diff = (other[name] - g_n).norm().item()
-        rel = diff / scale if scale > 0 else diff
-        if rel > rel_grad:
-            rel_grad, worst = rel, name
-    return rel_grad, worst
-
-
 def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
                schedule: Schedule | str = "one-pass", weighting: str = "token",
                max_tokens: int | None = None, pack: bool = False) -> VerifyReport:
@@ -103,6 +91,8 @@ def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
     """
     if isinstance(schedule, str):
         schedule = parse_schedule(schedule)
+    if not any(len(views) for views in conversations):
+        raise DataError("verify checked nothing: no view to compare (a verdict on nothing is no verdict)")
     model.zero_grad(set_to_none=True)
     loss_n = 0.0
     num_views = n_tokens = 0
@@ -187,13 +177,49 @@ def tolerance(args: argparse.Namespace) -> float:
     return args.tolerance if args.tolerance is not None else default_tolerance(args.dtype)
 
 
+def verify_views(report: ReadReport, tokenizer: Any, config: DataConfig, args: argparse.Namespace, given: bool
+                 ) -> tuple[list[list[View]], dict[str, Any]]:
+    """The views of the conversations ``verify`` checks, and what was read and skipped (for its JSON line).
+
+    A turn ``prepare`` skips (the template raises for it, cannot split it) is skipped here too, counted and
+    reported, so the data that will be trained is the data verified; ``--strict`` stops at the first. What
+    was checked is printed, with the limit when it cut the data; nothing to check is an error, never a
+    verdict on zero views."""
+    checked, skipped = [], []
+    for conv in report.conversations:
+        rendered = render_conversation(conv, tokenizer, config.render)
+        if rendered.skipped and args.strict:
+            raise rendered.skipped[0]
+        skipped.extend(rendered.skipped)
+        views = [v for v in rendered.views if isinstance(v, View)]
+        if views:
+            checked.append(views)
+    reasons: dict[str, int] = {}
+    for error in skipped:
+        reasons[error.reason] = reasons.get(error.reason, 0) + 1
+    limit = (f"the first {len(report.conversations)} valid (--limit {args.limit}"
+             + ("" if given else ", verify's default") + "; there are more)") if report.more else "every valid one"
+    print(f"verifying {len(checked)} conversations: {len(report.conversations)} read, {limit}"
+          + (f"; {len(report.skipped)} records skipped" if report.skipped else "")
+          + (f"; {len(skipped)} views skipped as prepare skips them "
+             f"({', '.join(f'{k}: {v}' for k, v in sorted(reasons.items()))}); first: {skipped[0]}" if skipped else ""))
+    if not checked:
+        first = skipped[0] if skipped else report.skipped[0] if report.skipped else "the data has no conversations"
+        raise DataError(f"verify checked nothing: no view of {args.data} could be rendered "
+                        f"({len(report.conversations)} conversations read); first: {first}")
+    read = {"conversations_read": len(report.conversations), "limit": args.limit, "limited": report.more,
+            "records_skipped": len(report.skipped), "views_skipped": len(skipped), "views_skipped_by_reason": reasons}
+    return checked, read
+
+
 def run(args: argparse.Namespace) -> int:
     """``onepass verify --data``: one-pass vs N-pass on the conversations; exit 1 when they differ."""
     config: DataConfig = data_config_from_args(args, names=VERIFY_KEYS)
+    given = verify_limit(args)
     report = load_conversations(args.data, strict=args.strict, limit=args.limit)  # refuses prepared rows
     print_skipped(report.skipped)
     tokenizer = load_tokenizer(args.tokenizer, chat_template=args.chat_template)
-    views = [render_views(c, tokenizer, config.render) for c in report.conversations]
+    views, read = verify_views(report, tokenizer, config, args, given)
     vocab = None
     if not args.model:
         views, vocab = compact_vocab(views)
@@ -212,6 +238,6 @@ def run(args: argparse.Namespace) -> int:
           f"-> {verdict.word} within {tol:g}")
     if verdict.where is not None:
         print(verdict.located(result.worst_parameter))
-    print(json.dumps({**result.to_dict(), "attention": backend, "device": str(device), "tolerance": tol,
+    print(json.dumps({**result.to_dict(), "attention": backend, "device": str(device), "tolerance": tol, **read,
                       **verdict.to_dict()}))
     return 0 if verdict.equal else 1

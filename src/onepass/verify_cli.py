@@ -13,6 +13,7 @@ ids; docs/rl.md). Both load the model the one way (:func:`onepass.verify.verify_
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from onepass.data_config import RENDER_KEYS, add_data_arguments
@@ -27,7 +28,8 @@ VERIFY_KEYS = ("schedule", "weighting", *RENDER_KEYS)
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``verify`` to ``onepass``'s subcommands."""
     p = subparsers.add_parser("verify", help="one-pass vs N-pass loss and gradients on the same conversations")
-    add_input_arguments(p, data_required=False)
+    add_input_arguments(p, data_required=False, limit_help="check the first N valid conversations (or trajectories); "
+                                                           "default 8 (each view is a forward of its own)")
     p.add_argument("--rollouts", help="RL rollouts (.jsonl, token ids; see docs/rl.md) instead of --data: "
                                       "per-token log-probs and policy-loss gradients vs per-turn forwards")
     p.add_argument("--max-tokens", type=int, help="--rollouts: row token budget (groups split and packed)")
@@ -45,12 +47,31 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=None,
                    help="exit 1 when the relative loss or gradient difference exceeds this "
                         "(default 1e-9 for float64, 1e-4 for float32, 2e-2 for bfloat16)")
-    p.set_defaults(limit=8, func=run)
+    p.set_defaults(func=run)
     return p
+
+
+VERIFY_LIMIT = 8
+"""``verify`` checks the first 8 valid conversations unless ``--limit`` says otherwise: every view is a forward
+of its own (float64 by default), so a whole corpus would take hours; it says so when the limit cut the data."""
+
+
+def verify_limit(args: argparse.Namespace) -> bool:
+    """Set ``args.limit`` (:data:`VERIFY_LIMIT` when not given) and say whether it was given; below 1 is an error
+    (a check of nothing is no check)."""
+    given = args.limit is not None
+    if given and args.limit < 1:
+        raise UsageError(f"--limit must be at least 1, got {args.limit}: verify checks the first N valid "
+                         f"conversations ({VERIFY_LIMIT} unless --limit says otherwise)")
+    args.limit = args.limit if given else VERIFY_LIMIT
+    return given
 
 
 def run(args: argparse.Namespace) -> int:
     """Conversations (``--data``) or rollouts (``--rollouts``): one of them, each to its runner."""
+    if args.tolerance is not None and not (math.isfinite(args.tolerance) and 0 < args.tolerance < 1):
+        raise UsageError(f"--tolerance must be a relative difference above 0 and below 1, got {args.tolerance:g}: "
+                         "a tolerance of 1 or more (or inf) calls any difference EQUAL")
     if args.rollouts and args.data:
         raise UsageError("give --data (conversations) or --rollouts (RL token ids), not both")
     if not (args.rollouts or args.data):

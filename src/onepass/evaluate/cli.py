@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from onepass.dtypes import dtype_names
+from onepass.data.load import limit_arg
 from onepass.errors import ConfigError, UsageError
 from onepass.evaluate.answers import compile_answer_regex
 from onepass.hub import hub_offline, offline_reason
@@ -61,7 +62,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "/chat/completions gets messages and the server's template")
     p.add_argument("--answer-regex", help="extract answers with this regex (group 1 if any) instead of "
                                           "\\boxed{} / 'the answer is'")
-    p.add_argument("--limit", type=int, help="evaluate only the first N valid conversations")
+    p.add_argument("--limit", type=limit_arg, help="evaluate only the first N valid conversations")
     p.add_argument("--strict", action="store_true", help="stop at the first bad record instead of skipping it")
     p.add_argument("--max-new-tokens", type=int, default=2048, help="per turn (default 2048)")
     p.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (hf) / requests in "

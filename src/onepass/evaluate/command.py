@@ -23,6 +23,7 @@ from onepass.evaluate.report import write_report
 from onepass.evaluate.run import evaluate, template_message_options, template_prompt
 from onepass.key_value import template_kwargs
 from onepass.models import ModelSpec, load_causal_lm
+from onepass.render.template import check_template_kwargs
 from onepass.tokenizer import load_tokenizer
 
 
@@ -58,13 +59,14 @@ def make_generator(args: argparse.Namespace, tokenizer: Any) -> tuple[Any, str]:
 def run(args: argparse.Namespace) -> int:
     """``onepass eval``: writes the report and prints the per-turn table."""
     check_args(args)
+    kwargs = template_kwargs(args.template_kwarg)
+    check_template_kwargs(kwargs)  # apply_chat_template's own names: one line before any data is read
     report = load_conversations(args.data, strict=args.strict, limit=args.limit)
     print_skipped(report.skipped)
     if not report.conversations:
         raise UsageError(f"no valid conversations in {args.data}")
     spec = args.tokenizer or ("builtin:qwen3" if args.tiny else args.model)
     tokenizer = load_tokenizer(spec, chat_template=args.chat_template)
-    kwargs = template_kwargs(args.template_kwarg)
     generator, label = make_generator(args, tokenizer)
     results = evaluate(report.conversations, generator, template_prompt(tokenizer, kwargs), history=args.history,
                        answer_regex=args.answer_regex, progress=not args.no_progress,

@@ -34,6 +34,7 @@ import torch
 
 from onepass.attention.backends import cpu_backend
 from onepass.attention.cpu import register
+from onepass.private_names import find_private, private
 from onepass.guard import divergence
 from onepass.guard.divergence import LayerDiff, judge, layer_of_parameter, locate, named_layer
 from onepass.errors import ConfigError, debug
@@ -41,7 +42,7 @@ from onepass.view import View
 from onepass.guard.twin import layer_types as twin_layer_types
 from onepass.guard.twin import tiny_twin
 from onepass.model_config import text_config
-from onepass.models import base_model
+from onepass.couplings import base_model
 from onepass.precision import float64_norms
 from onepass.verify import compact_vocab, run_verify
 
@@ -102,10 +103,8 @@ class GuardResult:
 
 
 def _auto_class(config: Any) -> Any | None:
-    from transformers import AutoModelForCausalLM
-
     try:
-        return AutoModelForCausalLM._model_mapping[type(config)]
+        return private("transformers.AutoModelForCausalLM._model_mapping")[type(config)]
     except (KeyError, ValueError):
         return None
 
@@ -130,14 +129,13 @@ def build_twin(model_or_config: Any, vocab_size: int, *, backend: str | None = N
     backend = cpu_backend(twin, backend)
     if backend == "onepass_cpu":
         register()
+    private("transformers.PreTrainedConfig._attn_implementation")
     twin._attn_implementation = backend
-    try:
-        twin._experts_implementation = "eager"  # grouped_mm has no float64 kernel
-    except AttributeError:
-        pass
+    if find_private("transformers.PreTrainedConfig._experts_implementation") is not None:
+        twin._experts_implementation = "eager"  # grouped_mm has no float64 kernel (a release without it: eager)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if cls is not None and hasattr(cls, "_from_config"):
+        if cls is not None and find_private("transformers.PreTrainedModel._from_config") is not None:
             model = cls._from_config(twin, dtype=torch.float64, attn_implementation=backend)
         else:
             model = AutoModelForCausalLM.from_config(twin, dtype=torch.float64, attn_implementation=backend)

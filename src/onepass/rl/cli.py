@@ -14,14 +14,19 @@ import json
 from onepass.rl.rollouts import check_vocab, read_rollouts
 from onepass.rl.verify import compact_rollouts, run_rl_verify
 from onepass.verify import tolerance, verify_model
+from onepass.verify_cli import verify_limit
 
 
 def verify_rollouts(args: argparse.Namespace) -> int:
-    """The model is loaded as ``onepass verify`` loads it (:func:`onepass.verify.verify_model`)."""
+    """The model is loaded as ``onepass verify`` loads it (:func:`onepass.verify.verify_model`). ``args.limit``
+    (>= 1, given by the user or verify's default: :func:`onepass.verify_cli.verify_limit`) caps the
+    trajectories checked."""
     tol = tolerance(args)
+    limit_given = verify_limit(args)
     trajectories = read_rollouts(args.rollouts)  # a bad record: one line naming file, line and turn
     if args.limit is not None and len(trajectories) > args.limit:
-        print(f"checking the first {args.limit} of {len(trajectories)} trajectories (--limit)")
+        default = "" if limit_given else ", verify's default"
+        print(f"checking the first {args.limit} of {len(trajectories)} trajectories (--limit {args.limit}{default})")
         trajectories = trajectories[:args.limit]
     vocab = None
     if not args.model:

@@ -39,11 +39,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from onepass.train.cli import overrides_from_args, setup_logging
-from onepass.train.config import TrainConfig, TrainConfigError, load_config, write_yaml
-from onepass.train.distributed import shutdown, describe
+from onepass.couplings import check_row_mask
 from onepass.data.load import CONVERSATIONS, DataSource, resolve_data
 from onepass.files import output_lock
+from onepass.private_names import private
 from onepass.row_check import check_ids
 from onepass.train import distributed
 from onepass.train.checkpoint import (
@@ -55,7 +54,10 @@ from onepass.train.checkpoint import (
     read_state,
     save_checkpoint,
 )
+from onepass.train.cli import overrides_from_args, setup_logging
+from onepass.train.config import TrainConfig, TrainConfigError, load_config, write_yaml
 from onepass.train.data import TrainData, compact_vocab, load_train_data, total_steps
+from onepass.train.distributed import describe, shutdown
 from onepass.train.evaluation import evaluate
 from onepass.train.fingerprint import check_fingerprint, run_fingerprint
 from onepass.train.model import (
@@ -113,10 +115,8 @@ class TrainResult:
 
 def make_accelerator(config: TrainConfig, device: torch.device, log_with: Sequence[Any] = ()) -> Any:
     """The run's ``Accelerator``; ``log_with``: its trackers (:func:`onepass.train.report.make_trackers`)."""
-    from accelerate.state import AcceleratorState
-
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        AcceleratorState._reset_state(True)  # a second train() in one process may change precision
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:  # a second train() in one process may change precision
+        private("accelerate.state.AcceleratorState._reset_state")(True)
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)
     tracking = dict(log_with=list(log_with), project_dir=str(config.output_dir)) if log_with else {}
@@ -158,6 +158,16 @@ def _load_data(config: TrainConfig, sources: Sequence[DataSource | None], *, mai
 
 
 _MAX_VOCAB = 1 << 21  # more ids than any released tokenizer has (the largest are ~260k)
+
+
+def _most_rows(config: TrainConfig, data: TrainData) -> int:
+    """The most rows one forward can batch (:func:`onepass.train.data.forward_groups`): a micro-batch's trees,
+    at most ``max_batch_tokens // shortest row`` of them under a token budget."""
+    rows = config.per_device_train_batch_size * max((len(unit) for unit in data.units), default=1)
+    if config.max_batch_tokens:
+        shortest = min((len(x) for unit in data.units for x in unit), default=1)
+        rows = min(rows, max(1, config.max_batch_tokens // max(1, shortest)))
+    return rows
 
 
 def _check_ids(model: Any, *datas: TrainData | None) -> None:
@@ -239,6 +249,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     data, eval_data = loaded.data, loaded.eval_data
     total = total_steps(config, data.num_units, data_parallel(accelerator, shard)[0])
     model = load_model(config, device=device, attention=attention, vocab_size=loaded.vocab_size)
+    check_row_mask(model, _most_rows(config, data))  # one line now, not a traceback inside the model
     _check_ids(model, data, eval_data)
     trainable, params = count_parameters(model)
     optimizer = make_optimizer(model, config)

@@ -24,6 +24,7 @@ from onepass.couplings import recurrent_mixer
 from onepass.guard.divergence import decoder_layers
 from onepass.model_config import text_config
 from onepass.ulysses.attention import register
+from onepass.private_names import private
 from onepass.ulysses.plan import HeadSplit, LayerShapes, SequenceParallelError, head_split
 
 
@@ -84,6 +85,7 @@ def install(model: Any, degree: int) -> HeadSplit | None:
     split = check_degree(model.config, degree)
     if degree > 1:
         register()
+        private("transformers.PreTrainedConfig._attn_implementation")  # a release without it: one line
         model.config._attn_implementation = SP_PREFIX + model_backend(model)
     return split
 
