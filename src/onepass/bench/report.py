@@ -96,6 +96,8 @@ def headline(summary: dict[str, Any]) -> list[str]:
 def speed_check(setting: dict[str, Any]) -> SpeedRatio | None:
     """The setting's checked speed ratio vs N-pass packed, as ``summary.json`` holds it (None: not measured)."""
     d = setting.get("speed_ratio_vs_n_pass_packed")
+    if d and "fastest" not in d and "best" in d:  # a summary written before the field was named for what it is
+        d = {**d, "fastest": d["best"]}
     return SpeedRatio(**{f.name: d[f.name] for f in fields(SpeedRatio)}) if d else None
 
 

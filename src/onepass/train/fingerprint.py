@@ -7,7 +7,12 @@ rows), a chat template edited behind the same path, a tokenizer updated on disk.
 ``state.json`` keeps a digest of each, and resuming with a different one is refused naming the key
 (``--resume-anyway`` is the deliberate case):
 
-    {"data": "sha256:9f2c...", "eval_data": null, "tokenizer": "sha256:41d0..."}
+    {"data": "sha256:9f2c...", "eval_data": null, "tokenizer": "sha256:41d0...", "rows": "blake2b:77e1..."}
+
+``rows`` (and ``eval_rows``) is the digest of the rows as the run loaded them
+(:func:`onepass.train.data.units_digest`, added by the loop): it also changes when the same data and
+tokenizer render otherwise (another onepass or transformers version), and the processes of a run compare
+it before their first step.
 
 Digests are of content, never of a path, so the same data given by a relative or an absolute path
 is the same run. No torch here.
@@ -23,7 +28,7 @@ from typing import Any
 from onepass.train.config import TrainConfig, TrainConfigError
 
 # what a run writes into a folder (training into the data folder must not change the data's digest)
-_RUN_OUTPUTS = frozenset({"checkpoints", "final", "metrics.json", "train_config.yaml", "loss.png"})
+_RUN_OUTPUTS = frozenset({"checkpoints", "final", "metrics.json", "metrics.jsonl", "train_config.yaml", "loss.png"})
 _CHUNK = 1 << 20
 
 
@@ -69,6 +74,10 @@ def run_fingerprint(config: TrainConfig, tokenizer: Any | None) -> dict[str, str
             "tokenizer": tokenizer_digest(tokenizer)}
 
 
+_CHANGED = {"tokenizer": "vocabulary or chat template", "rows": "the rows made of it: rendering or tokenization",
+            "eval_rows": "the rows made of it: rendering or tokenization"}
+
+
 def check_fingerprint(saved: dict[str, Any] | None, now: dict[str, str | None], path: Path, *, anyway: bool,
                       say: Callable[[str], None]) -> None:
     """Refuse to resume from ``path`` when a digest differs (naming the key); ``anyway``: say so and go on.
@@ -78,8 +87,7 @@ def check_fingerprint(saved: dict[str, Any] | None, now: dict[str, str | None], 
     diffs = [key for key, value in now.items() if key in saved and saved[key] != value]
     if not diffs:
         return
-    what = ", ".join(f"{k} ({'content' if k != 'tokenizer' else 'vocabulary or chat template'} changed)"
-                     for k in diffs)
+    what = ", ".join(f"{k} ({_CHANGED.get(k, 'content')} changed)" for k in diffs)
     if anyway:
         say(f"warning: --resume-anyway: resuming {path} although {what}")
         return

@@ -27,7 +27,7 @@ trainer hands to the guard (``OnePassTrainer.check_exactness``); rows given as t
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,6 +188,8 @@ def as_rows(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str, packin
     template and data settings)."""
     from onepass.errors import UsageError
 
+    if ds is not None and is_stream(ds):  # read as it comes: never whole (an endless stream never ends)
+        return stream_rows(ds, tokenizer, args, source=source, packing=packing, formatting_func=formatting_func)
     if ds is None or set(COLUMNS) <= set(_columns(ds)):
         return PreparedRows(dataset=ds)
     if args.dataset_prepared:
@@ -202,6 +204,131 @@ def as_rows(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str, packin
         random.Random(args.seed).shuffle(convs)
     return prepare_rows(convs, tokenizer, args.data_config, packing=bool(args.packing if packing is None else packing),
                         num_proc=args.dataset_num_proc, progress=not args.disable_tqdm)
+
+
+def is_stream(ds: Any) -> bool:
+    """A dataset that is read as it comes and never whole: a ``datasets.IterableDataset`` (``streaming=True``,
+    ``from_generator``) or any torch ``IterableDataset``."""
+    return isinstance(ds, torch.utils.data.IterableDataset)
+
+
+STREAM_BATCH = 256  # conversations rendered (and, with packing, packed) together from a stream
+
+
+def stream_rows(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str, packing: bool | None = None,
+                formatting_func: Callable[[dict], Any] | None = None) -> PreparedRows:
+    """:func:`as_rows` for a stream, lazily: each item is rendered (or, for rows, checked) when the Trainer
+    reads it, so an endless ``IterableDataset`` trains from its first items on (the constructor used to
+    read it all first, and never returned). Conversations are rendered :data:`STREAM_BATCH` at a time
+    (with ``packing``, their trees are packed into rows within that batch, as TRL packs a stream); a
+    skipped conversation is logged with its reason as it is met. The guard checks the first conversations.
+    """
+    import itertools
+
+    import datasets
+
+    from onepass.errors import UsageError
+
+    if not isinstance(ds, datasets.IterableDataset):  # a torch IterableDataset: read through datasets' own
+        ds = datasets.IterableDataset.from_generator(_items, gen_kwargs={"source": ds})
+    if args.shuffle_dataset:
+        ds = ds.shuffle(seed=args.seed)
+    columns = _columns(ds)  # the first item's keys where the stream does not declare them
+    if set(COLUMNS) <= set(columns):  # rows: checked as they are read (check_dataset_rows)
+        return PreparedRows(dataset=ds)
+    if args.dataset_prepared:
+        raise UsageError(f"{source}: dataset_kwargs skip_prepare_dataset=True needs one-pass rows "
+                         f"({', '.join(COLUMNS)}), got columns {', '.join(columns)}")
+    if tokenizer is None or not hasattr(tokenizer, "apply_chat_template"):
+        raise UsageError(f"{source} holds conversations: pass processing_class=tokenizer to render them")
+    data_config = args.data_config.replace(pack=False)
+    pack = bool(args.packing if packing is None else packing)
+    if pack and data_config.max_tokens is None:
+        raise ValueError("packing needs a row length: set max_length")
+    first = parse_dataset(list(itertools.islice(ds, GUARD_CONVERSATIONS)), source=source,
+                          formatting_func=formatting_func, text_field=args.dataset_text_field)
+    guard = GuardInputs(schedule=data_config.schedule_spec, conversations=tuple(first), tokenizer=tokenizer,
+                        render=data_config.render)
+    seen = {"records": 0}
+
+    def render(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        from onepass.train.data import conversation_units
+
+        records = [dict(zip(batch, values)) for values in zip(*batch.values())]
+        start = seen["records"]
+        seen["records"] += len(records)
+        convs = _parse_batch(records, source=source, start=start, formatting_func=formatting_func)
+        units, stats = conversation_units(convs, tokenizer, data_config)
+        if stats.skipped:
+            log.warning("onepass: %s records %d-%d: skipped %s", source, start, start + len(records) - 1,
+                        stats.skip_summary())
+        trees = [tree for unit in units for tree in unit]
+        rows = (pack_layouts(trees, data_config.max_tokens) if pack and trees else [concat(u) for u in units])
+        return rows_to_columns(rows) if rows else {c: [] for c in COLUMNS}
+
+    return PreparedRows(dataset=ds.map(render, batched=True, batch_size=STREAM_BATCH, remove_columns=columns),
+                        guard=guard)
+
+
+def _items(source: Any) -> Any:
+    """The items of a torch ``IterableDataset`` (a generator for ``datasets.IterableDataset.from_generator``)."""
+    yield from source
+
+
+def _parse_batch(records: list[Any], *, source: str, start: int,
+                 formatting_func: Callable[[dict], Any] | None) -> list[Conversation]:
+    """The conversations of a batch of a stream (counted skips logged by :func:`parse_dataset`); none is fine."""
+    from onepass.data.load import RawRecord, parse_records
+    from onepass.records import without_nulls
+
+    rows = (without_nulls(r) for r in records)
+    if formatting_func is not None:
+        rows = (_formatted(formatting_func, r, source) for r in rows)
+    skipped: list[str] = []
+    raws = (RawRecord(source=source, index=start + i, unit="record", record=r) for i, r in enumerate(rows))
+    convs = list(parse_records(raws, strict=False, skipped=skipped))
+    if skipped:
+        log.warning("onepass: skipped %d of %d records of %s; first: %s", len(skipped), len(records), source,
+                    skipped[0])
+    return convs
+
+
+def dataset_rows(ds: Any, batch_size: int = 256) -> Iterator[Layout]:
+    """The rows of a dataset of the five row columns, one at a time: a ``datasets.Dataset`` read in Arrow
+    batches (not the "numpy" format, which casts float columns to float32), anything else item by item."""
+    if hasattr(ds, "with_format") and hasattr(ds, "iter") and hasattr(ds, "__len__"):
+        for batch in ds.with_format("arrow").iter(batch_size=batch_size):
+            columns = {c: batch.column(c) for c in COLUMNS}
+            for i in range(batch.num_rows):
+                yield row_from_columns({c: a[i].values.to_numpy(zero_copy_only=False) for c, a in columns.items()})
+    else:
+        for item in ds:
+            yield row_from_columns(item)
+
+
+def check_dataset_rows(ds: Any, *, source: str, vocab_size: int | None) -> Any:
+    """The rows a trainer is given, checked as ``onepass train`` checks a prepared folder
+    (:func:`onepass.row_check.check_rows`: ids within ``vocab_size``, finite non-negative weights only on
+    targets, some weight > 0, ``kv_end`` the tree of ``position_ids``): one :class:`~onepass.row_check.RowError`
+    line naming the row, before training. Returns the dataset to train on: a stream comes back mapped
+    so that each item is checked as it is read (there is no "before" for an endless stream; a row with no
+    weight is then allowed, a step with none trains nothing)."""
+    from onepass.row_check import check_rows
+
+    if ds is None:
+        return ds
+    if is_stream(ds):
+        def checked(item: dict[str, Any], index: int) -> dict[str, Any]:
+            check_rows([row_from_columns(item)], vocab_size=vocab_size, source=source, require_weight=False,
+                       start=index, hint=ROWS_HINT)
+            return item
+
+        return ds.map(checked, with_indices=True)
+    check_rows(dataset_rows(ds), vocab_size=vocab_size, source=source, hint=ROWS_HINT)
+    return ds
+
+
+ROWS_HINT = "make the rows with `onepass prepare` or conversation_dataset (or pass the conversations)"
 
 
 def prepared_dataset(path: str | Path) -> Any:

@@ -39,7 +39,8 @@ import numpy as np
 import torch
 
 from onepass.train.config import TrainConfig, TrainConfigError, write_yaml
-from onepass.train.data import TrainData, check_data, compact_vocab, load_train_data, total_steps
+from onepass.errors import OnePassError
+from onepass.train.data import TrainData, check_data, compact_vocab, load_train_data, total_steps, units_digest
 from onepass.train.evaluation import evaluate
 from onepass.train.fingerprint import check_fingerprint, run_fingerprint
 from onepass.train.step import NonFiniteError, Stepper, deliver
@@ -140,6 +141,42 @@ def _check_ids(model: Any, *datas: TrainData | None) -> None:
             check_ids([x for u in d.units for x in u], vocab, source=f"prepared dataset {d.source}")
 
 
+def _save_final(model: Any, loaded: _Loaded, path: Path, *, step: int, state_dict: Any) -> Path:
+    """``save_final`` into ``path`` as a whole or not at all (a full disk leaves no half model folder)."""
+    from onepass.files import atomic_dir, write_failure
+    from onepass.train.checkpoint import CheckpointWriteError
+    from onepass.train.model import save_final
+
+    try:
+        with atomic_dir(path) as tmp:
+            save_final(model, loaded.tokenizer, tmp, used_ids=loaded.used_ids, state_dict=state_dict)
+    except Exception as e:
+        reason = write_failure(e)
+        if reason is None:
+            raise
+        raise CheckpointWriteError(f"cannot write the final model to {path} ({reason}); the checkpoint of step {step} "
+                                   "is complete: free space and --resume to write it") from None
+    return path
+
+
+def _check_ranks_agree(accelerator: Any, config: TrainConfig, data: TrainData, rows: dict[str, str | None]) -> None:
+    """Every process read the same rows (:func:`~onepass.train.data.units_digest`), else one line on each: two
+    ranks given different data files (a node-local path, a file being rewritten) would train inconsistent steps,
+    or, with different step counts, wait for each other forever."""
+    if accelerator.num_processes == 1:
+        return
+    from accelerate.utils import gather_object
+
+    seen = gather_object([(accelerator.process_index, data.num_units, rows["rows"], rows["eval_rows"])])
+    rank0 = seen[0]
+    other = next((s for s in seen if s[2:] != rank0[2:]), None)
+    if other is not None:
+        which, spec = ("training", config.data) if other[2] != rank0[2] else ("eval", config.eval_data)
+        raise TrainConfigError(f"the processes read different {which} data from {spec}: rank 0 has {rank0[1]} "
+                               f"{data.kind}s, rank {other[0]} has {other[1]} (or as many with other content); give "
+                               "every process the same files (a shared folder), prepared once")
+
+
 def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callable[[str], None] | None = None,
           resume_anyway: bool = False) -> TrainResult:
     """Run ``config``; with ``resume`` (True = latest checkpoint, or a checkpoint path) continue a run.
@@ -176,9 +213,12 @@ def train_steps(config: TrainConfig, *, resume: str | bool | None = None, log: C
 
 def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str], None] | None,
            resume_anyway: bool) -> Generator[dict[str, Any], None, TrainResult]:
+    from onepass.files import check_writable
     from onepass.train.checkpoint import (
         check_compatible,
         check_new_run,
+        check_resumed_run,
+        clean_leftovers,
         find_checkpoint,
         is_sharded,
         load_checkpoint,
@@ -206,17 +246,25 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         if spec is not None:
             check_data(spec)
     out = Path(config.output_dir)
+    log = log or logging.getLogger("onepass").info
+    first = int(os.environ.get("RANK", "0")) == 0
+    if first:  # a read-only folder is one line now, not a traceback once the data and the model are loaded
+        check_writable(out)
+        for line in clean_leftovers(out):  # locked (train_steps): what a killed save or pruning left
+            log(line)
     ckpt = find_checkpoint(out, resume) if resume else None
     replaced = [] if resume else check_new_run(out, overwrite=config.overwrite_output_dir)  # never mix two runs
-    if ckpt is not None:
-        check_compatible(read_state(ckpt)["config"], config, ckpt, anyway=resume_anyway, say=log)
-    run_id = read_state(ckpt).get("run_id") if ckpt is not None else uuid.uuid4().hex[:12]  # pruning: this run's
+    saved = read_state(ckpt) if ckpt is not None else None
+    if saved is not None:
+        check_compatible(saved["config"], config, ckpt, anyway=resume_anyway, say=log)
+    run_id = saved.get("run_id") if saved is not None else uuid.uuid4().hex[:12]  # pruning: this run's
 
-    log = log or logging.getLogger("onepass").info
-    initial = read_state(ckpt)["step"] if ckpt is not None else 0
+    initial = saved["step"] if saved is not None else 0
     accelerator = make_accelerator(config, device, make_trackers(config.report_to, out, initial=initial))
     device, world, main = accelerator.device, accelerator.num_processes, accelerator.is_main_process
     say: Callable[[str], None] = log if main else (lambda _msg: None)
+    if saved is not None:
+        check_resumed_run(saved, ckpt, world=world, anyway=resume_anyway, say=say)
     parallel = describe(accelerator)
     say(parallel.line())  # the first line: what runs, not what was asked for
     exactness = check_exactness(config, attention=attention, log=say)  # every process: a refusal stops all
@@ -227,11 +275,15 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         out.mkdir(parents=True, exist_ok=True)
         write_yaml(config, out / "train_config.yaml")
     loaded = _load_data(config, main=main, say=say)
-    fingerprint = run_fingerprint(config, loaded.tokenizer)
-    if ckpt is not None:
-        check_fingerprint(read_state(ckpt).get("fingerprint"), fingerprint, ckpt, anyway=resume_anyway, say=say)
     data, eval_data = loaded.data, loaded.eval_data
+    rows = {"rows": units_digest(data), "eval_rows": units_digest(eval_data) if eval_data is not None else None}
+    _check_ranks_agree(accelerator, config, data, rows)  # before the first collective whose count depends on it
+    fingerprint = {**run_fingerprint(config, loaded.tokenizer), **rows}
+    if saved is not None:
+        check_fingerprint(saved.get("fingerprint"), fingerprint, ckpt, anyway=resume_anyway, say=say)
     total = total_steps(config, data.num_units, world)
+    if saved is not None:
+        check_resumed_run(saved, ckpt, world=world, anyway=True, say=lambda _msg: None, total=total)
     model = load_model(config, device=device, attention=attention, vocab_size=loaded.vocab_size)
     _check_ids(model, data, eval_data)
     trainable, params = count_parameters(model)
@@ -262,6 +314,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
                         history=history, evals=evals, log=say, accelerator=accelerator, run_name=config.run_name)
 
     def save(at: int, *, plot: bool = True) -> None:
+        reporter.flush()  # the log holds every step up to the checkpoint
         state = {"config": config.to_dict(), "history": reporter.history, "evals": reporter.evals,
                  "world_size": world, "total_steps": total, "run_id": run_id, "fingerprint": fingerprint}
         path = save_checkpoint(accelerator, model, optimizer, scheduler, output_dir=out, step=at, state=state,
@@ -295,25 +348,33 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
                                                            else ""))
         if world == 1 and not stepper.updating and step > start:
             say(f"interrupted after step {step}: saving a checkpoint to resume from")
-            save(step)
+            try:
+                save(step)
+            except OnePassError as unsaved:  # weights not finite, a full disk: said; the stop stays the error
+                say(f"no checkpoint of step {step}: {unsaved}")
         raise
-    reporter.write(status="finishing")  # "finished" is written last, once the final save is done
-    try:  # the final eval reaches the trackers: they close after it
-        final_eval = evaluate(accelerator, model, eval_data, config) if eval_data is not None else None
-        if final_eval is not None:
-            reporter.log_eval(step, final_eval)
-    finally:
-        reporter.close()
-    if start < total or ckpt is None:
-        save(step, plot=False)
-    final_dir = None
-    if config.save_model:
-        state_dict = accelerator.get_state_dict(model) if is_sharded(accelerator) else None
-        if main:
-            final_dir = save_final(accelerator.unwrap_model(model), loaded.tokenizer, out / "final",
-                                   used_ids=loaded.used_ids, state_dict=state_dict)
-            say(f"saved the {'adapter' if config.finetune != 'full' else 'model'} to {final_dir}")
-        accelerator.wait_for_everyone()
+    reporter.write_summary(status="finishing")  # "finished" is written last, once the final save is done
+    try:
+        try:  # the final eval reaches the trackers: they close after it
+            final_eval = evaluate(accelerator, model, eval_data, config) if eval_data is not None else None
+            if final_eval is not None:
+                reporter.log_eval(step, final_eval)
+        finally:
+            reporter.close()
+        if start < total or ckpt is None:
+            save(step, plot=False)
+        final_dir = None
+        if config.save_model:
+            state_dict = accelerator.get_state_dict(model) if is_sharded(accelerator) else None
+            if main:
+                final_dir = _save_final(accelerator.unwrap_model(model), loaded, out / "final", step=step,
+                                        state_dict=state_dict)
+                say(f"saved the {'adapter' if config.finetune != 'full' else 'model'} to {final_dir}")
+            accelerator.wait_for_everyone()
+    except BaseException as e:  # never left "finishing": the trained steps are counted, the end did not happen
+        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        reporter.write(status=f"stopped at step {step} while finishing ({reason})")
+        raise
     plot = reporter.plot()
     summary = {"status": "finished", "steps": step, "final_loss": reporter.history[-1]["loss"],
                "eval_loss": final_eval, "train_seconds": run_seconds, "train_tokens": run_tokens}
