@@ -36,7 +36,8 @@ def test_an_out_of_range_flag_is_one_line_before_anything_is_loaded(flag, value,
                                                                     one_thread):
     monkeypatch.chdir(tmp_path)
     extra = ["--finetune", "lora"] if key == "lora_alpha" else []
-    rc = main(["--tiny", "qwen3", "--data", "builtin:mathchat", "--limit", "2", "--max-steps", "3", "--no-progress",
+    steps = [] if key == "num_train_epochs" else ["--max-steps", "3"]  # epochs count only without max_steps
+    rc = main(["--tiny", "qwen3", "--data", "builtin:mathchat", "--limit", "2", *steps, "--no-progress",
                "--no-save-model", "--output-dir", "run", f"{flag}={value}", *extra])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith(f"onepass: error: {key} must be"), (rc, err[-3:])

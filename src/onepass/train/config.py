@@ -45,7 +45,7 @@ from typing import Any
 
 from onepass.data_config import DATA_KEYS, DataConfig, data_config_hints
 from onepass.errors import ConfigError
-from onepass.train.hyperparams import check_hyperparameters
+from onepass.train.hyperparams import check_hyperparameters, epochs_counted
 
 FINETUNES = ("full", "lora", "qlora")
 OPTIMIZERS = ("adamw", "sgd", "adamw_8bit", "paged_adamw_8bit")
@@ -211,7 +211,7 @@ def _validate(c: TrainConfig) -> None:
         value = getattr(c, name)
         if value is not None and value < 1:
             _fail(f"{name} must be >= 1 (or unset), got {value}")
-    check_hyperparameters(c, error=TrainConfigError)  # the one table of ranges OnePassConfig reads too
+    check_hyperparameters(c, names=epochs_counted(c.max_steps is None), error=TrainConfigError)  # OnePassConfig's too
     if c.eval_steps is not None and c.eval_data is None:  # else no eval would ever run, without a word
         _fail("eval_steps needs eval_data (the held-out data to evaluate): set eval_data, or drop eval_steps")
     if c.finetune == "qlora" and c.tiny is not None:

@@ -41,7 +41,7 @@ from typing import Any
 from transformers import TrainingArguments
 
 from onepass.data_config import DataConfig, data_field_help
-from onepass.train.hyperparams import RANGES, check_hyperparameters
+from onepass.train.hyperparams import check_hyperparameters, epochs_counted
 
 log = logging.getLogger("onepass")
 
@@ -130,8 +130,7 @@ def check_ranges(args: TrainingArguments) -> None:
     ``num_train_epochs`` only where it counts (no ``max_steps``), as the Trainer reads it."""
     from onepass.train.config import TrainConfigError
 
-    names = tuple(n for n in RANGES if n != "num_train_epochs" or args.max_steps <= 0)
-    check_hyperparameters(args, names=names, error=TrainConfigError)
+    check_hyperparameters(args, names=epochs_counted(args.max_steps <= 0), error=TrainConfigError)
 
 
 def _h(text: str) -> dict[str, Any]:

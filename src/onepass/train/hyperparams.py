@@ -119,10 +119,16 @@ def check_hyperparameters(values: Mapping[str, Any] | Any, *, names: tuple[str, 
             raise error(problem)
 
 
+def epochs_counted(counted: bool) -> tuple[str, ...]:
+    """The rows to check: all, but ``num_train_epochs`` only where it counts (no ``max_steps``: both
+    configs then ignore it, as the Trainer does)."""
+    return tuple(name for name in RANGES if counted or name != "num_train_epochs")
+
+
 def clip_norm(max_grad_norm: float | None) -> float | None:
     """The norm to clip gradients to, or None for no clipping (``max_grad_norm`` 0, negative or None:
     the ``transformers.Trainer`` rule, which clips only when it is > 0)."""
     return float(max_grad_norm) if max_grad_norm is not None and max_grad_norm > 0 else None
 
 
-__all__ = ["RANGES", "Range", "check_hyperparameters", "clip_norm", "range_problem"]
+__all__ = ["RANGES", "Range", "check_hyperparameters", "clip_norm", "epochs_counted", "range_problem"]
