@@ -218,12 +218,17 @@ def check_output_dir(path: str | Path, *, overwrite: bool = False, flag: str = "
 
 
 def check_writable(path: str | Path, *, flag: str = "--output-dir") -> Path:
-    """``path`` is (or can be made) a folder a file can be written in: one :class:`UsageError` line
-    before any work otherwise (a read-only file system or folder, a path under a file)."""
+    """``path`` is a folder a file can be written in, or can be made one: one :class:`UsageError` line
+    before any work otherwise (a read-only file system or folder, a file in the way). Nothing is created:
+    the probe is written in ``path`` or in its nearest existing parent, and removed."""
     path = Path(path)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".onepass-probe-")
+        if not existing.is_dir():
+            raise NotADirectoryError(20, "a file is in the way", str(existing))
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".onepass-probe-")
         os.close(fd)
         os.unlink(probe)
     except OSError as e:

@@ -109,16 +109,25 @@ def read_state(path: Path) -> dict[str, Any]:
         state = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TrainConfigError(f"checkpoint {path} is damaged: state.json cannot be read ({e})") from None
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int) or isinstance(state["step"], bool):
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int) or isinstance(state["step"], bool) \
+            or not isinstance(state.get("config"), dict) or not _records(state.get("history", []), "loss") \
+            or not _records(state.get("evals", []), "eval_loss"):
         raise TrainConfigError(f"checkpoint {path} is damaged: state.json is not a checkpoint state")
     step, history, total = state["step"], state.get("history"), state.get("total_steps")
-    if step < 0 or (isinstance(history, list) and len(history) != step) or (
-            isinstance(total, int) and step > total):
+    if step < 0 or (isinstance(history, list) and (len(history) != step or any(
+            r["step"] != i for i, r in enumerate(history, 1)))) or (isinstance(total, int) and step > total):
         raise TrainConfigError(f"checkpoint {path} is damaged: state.json says step {step}, but it holds "
                                f"{len(history) if isinstance(history, list) else 'no'} steps of history"
                                + (f" of a run of {total} steps" if isinstance(total, int) else "")
                                + "; resume from another checkpoint")
     return state
+
+
+def _records(values: Any, key: str) -> bool:
+    """A list of step records (``{"step": int, key: number, ...}``), as the loop writes them."""
+    return isinstance(values, list) and all(
+        isinstance(r, dict) and isinstance(r.get("step"), int) and isinstance(r.get(key), (int, float))
+        for r in values)
 
 
 def check_resumed_run(state: dict[str, Any], path: Path, *, world: int, anyway: bool, say: Callable[[str], None],
