@@ -29,6 +29,7 @@ compare it with. No torch here.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -148,10 +149,19 @@ def check_ids(rows: Sequence[Layout], vocab_size: int, *, source: str = "rows") 
         _raise(rows[int(bad[0])], int(bad[0]), vocab_size, source, PREPARE_AGAIN)
 
 
+def model_vocab(model: Any) -> int | None:
+    """How many ids ``model`` embeds (its input embedding's rows): the bound every row's ids are checked
+    against; None for a model without an input embedding."""
+    try:
+        return int(model.get_input_embeddings().num_embeddings)
+    except (AttributeError, NotImplementedError, TypeError):
+        return None
+
+
 def _raise(row: Layout, i: int, vocab_size: int | None, source: str, hint: str) -> None:
     problem = row_problem(row, vocab_size)
     assert problem is not None, f"check_rows and row_problem disagree on row {i}"
     raise RowError(f"{source}: row {i}, {problem}; {hint}")
 
 
-__all__ = ["RowError", "check_ids", "check_rows", "row_problem"]
+__all__ = ["RowError", "check_ids", "check_rows", "model_vocab", "row_problem"]

@@ -29,7 +29,7 @@ from onepass.head import chunked_token_logprobs, logprobs_from_logits
 from onepass.loss import forward_at_targets, layouts_to_batch
 from onepass.rl.layout import RolloutBatch
 from onepass.rl.rollouts import Trajectory
-from onepass.row_check import check_rows
+from onepass.row_check import check_rows, model_vocab
 from onepass.tree import IGNORE
 
 PerTurn = tuple[tuple[torch.Tensor, ...], ...]  # [trajectory][turn] -> [C]
@@ -57,13 +57,6 @@ def _device(model: Any) -> torch.device:
     return next(model.parameters()).device
 
 
-def _vocab_size(model: Any) -> int | None:
-    try:
-        return int(model.get_input_embeddings().num_embeddings)
-    except (AttributeError, NotImplementedError, TypeError):
-        return None
-
-
 def row_logprobs(model: Any, batch: RolloutBatch, row: int, *, entropy: bool = False, lm_head: str | None = None
                  ) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor | None]]:
     """One forward of ``batch.rows[row]``; yields ``(trajectory, turn, logprobs_C, entropy_C)`` of its turns.
@@ -72,7 +65,7 @@ def row_logprobs(model: Any, batch: RolloutBatch, row: int, *, entropy: bool = F
     ids within the model's vocabulary, ``kv_end`` the tree of ``position_ids``): one line naming the row,
     not a raw ``IndexError`` (or a device-side assert on CUDA) deep in the forward."""
     layout = batch.rows[row]
-    check_rows([layout], vocab_size=_vocab_size(model), source="rollout batch", require_weight=False, start=row,
+    check_rows([layout], vocab_size=model_vocab(model), source="rollout batch", require_weight=False, start=row,
                hint="the rollouts' token ids must be ids of this model's vocabulary")
     out, head, targets_T, _ = forward_at_targets(model, layouts_to_batch([layout], device=_device(model)),
                                                  lm_head=lm_head)

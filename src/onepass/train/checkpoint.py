@@ -60,14 +60,20 @@ class NonFiniteWeightsError(OnePassError):
     """Weights with NaN or infinite values: never written as a checkpoint or a final model."""
 
 
-def check_finite_weights(accelerator: Any, model: Any, *, step: int) -> None:
-    """Every trainable weight finite on every process (a collective), else :class:`NonFiniteWeightsError`
-    naming the first bad one: a checkpoint is "the last good step" only if its weights can train on."""
+def non_finite_weights(model: Any) -> list[str]:
+    """The trainable parameters of ``model`` holding NaN or infinite values (this process's part of a sharded one)."""
     bad = []
-    for name, p in accelerator.unwrap_model(model).named_parameters():
+    for name, p in model.named_parameters():
         local = p.to_local() if hasattr(p, "to_local") else p  # a DTensor shard (FSDP2): this process's part
         if p.requires_grad and local.is_floating_point() and local.numel() and not bool(torch.isfinite(local).all()):
             bad.append(name)
+    return bad
+
+
+def check_finite_weights(accelerator: Any, model: Any, *, step: int) -> None:
+    """Every trainable weight finite on every process (a collective), else :class:`NonFiniteWeightsError`
+    naming the first bad one: a checkpoint is "the last good step" only if its weights can train on."""
+    bad = non_finite_weights(accelerator.unwrap_model(model))
     count = accelerator.reduce(torch.tensor([len(bad)], device=accelerator.device), reduction="sum")
     if int(count.item()):
         raise NonFiniteWeightsError(f"the weights after step {step} hold NaN or infinite values"

@@ -69,6 +69,7 @@ from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: t
 )
 from onepass.train.hf_model import base_model, chat_template_of, is_peft, load_model, load_tokenizer, loaded_from, \
     set_special_tokens
+from onepass.row_check import model_vocab
 from onepass.tree import COLUMNS
 
 log = logging.getLogger("onepass")
@@ -168,7 +169,7 @@ class OnePassTrainer(Trainer):
         if args.dataset_prepared and formatting_func is not None:
             warn_once("formatting_func", "formatting_func is ignored: dataset_kwargs skip_prepare_dataset=True")
         train = as_rows(train_dataset, processing_class, args, source="train_dataset", formatting_func=formatting_func)
-        vocab = _vocab_size(model)  # every row is checked against it as `onepass train` checks a prepared folder
+        vocab = model_vocab(model)  # every row is checked against it as `onepass train` checks a prepared folder
         train_dataset = check_dataset_rows(train.dataset, source="train_dataset", vocab_size=vocab)
         eval_packing = args.packing if args.eval_packing is None else args.eval_packing
         if isinstance(eval_dataset, Mapping):
@@ -373,22 +374,13 @@ class OnePassTrainer(Trainer):
 def _check_finite(model: Any) -> None:
     """The trained weights hold no NaN or infinite value, else one line: the Trainer steps on with a NaN
     gradient and logs the loss without it (``logging_nan_inf_filter``), so a diverged run looked finished."""
-    from onepass.train.checkpoint import NonFiniteWeightsError
+    from onepass.train.checkpoint import NonFiniteWeightsError, non_finite_weights
 
-    for name, p in model.named_parameters():
-        local = p.to_local() if hasattr(p, "to_local") else p  # a DTensor shard (FSDP2): this process's part
-        if p.requires_grad and local.is_floating_point() and local.numel() and not bool(torch.isfinite(local).all()):
-            raise NonFiniteWeightsError(f"training ended with NaN or infinite weights ({name}): a step's loss or "
-                                        "gradient was not finite; lower the learning rate (or check the data and "
-                                        "dtype) and train again from the last finite checkpoint")
-
-
-def _vocab_size(model: Any) -> int | None:
-    """The rows of the model's input embedding (the ids a row may hold), None where it has none."""
-    try:
-        return int(model.get_input_embeddings().num_embeddings)
-    except (AttributeError, NotImplementedError, TypeError):
-        return None
+    bad = non_finite_weights(model)
+    if bad:
+        raise NonFiniteWeightsError(f"training ended with NaN or infinite weights ({bad[0]}): a step's loss or gradient "
+                                    "was not finite; lower the learning rate (or check the data and dtype) and train "
+                                    "again from the last finite checkpoint")
 
 
 def _shares_no_prefix(dataset: Any, batch: int = 1024) -> bool:
