@@ -330,3 +330,18 @@ def test_a_killed_run_keeps_every_logged_step_and_a_resume_drops_the_ones_past_i
     assert [h["step"] for h in history] == [1, 2, 3, 4, 5, 6] and result.steps == 6
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4, 5, 6]  # step 3 of the killed run: not twice
+
+
+def test_prepared_rows_are_reported_with_the_schedule_they_were_prepared_with(tmp_path, capsys):
+    """Rows prepared n-pass, trained with the default config (schedule one-pass): the old run said and recorded
+    "schedule one-pass" for rows that are n-pass (the setting does not apply to prepared rows)."""
+    from onepass.cli import main as onepass_main
+
+    assert onepass_main(["prepare", "--data", "builtin:mathchat", "--tokenizer", "builtin:qwen3", "--limit", "2",
+                         "--schedule", "n-pass", "--out", str(tmp_path / "rows")]) == 0
+    said = []
+    result = train(load_config(None, dict(tiny="qwen3", data=str(tmp_path / "rows"), max_steps=1, progress=False,
+                                          save_model=False, output_dir=str(tmp_path / "run"))), log=said.append)
+    assert json.loads(result.metrics_path.read_text())["schedule"] == "n-pass"
+    assert any("holds rows prepared with schedule n-pass" in m for m in said), said
+    assert any(m.endswith("schedule n-pass") and m.startswith("data ") for m in said), said

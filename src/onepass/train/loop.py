@@ -159,6 +159,19 @@ def _save_final(model: Any, loaded: _Loaded, path: Path, *, step: int, state_dic
     return path
 
 
+def _rows_setting(config: TrainConfig, data: TrainData, key: str, say: Callable[[str], None]) -> str:
+    """A data setting as the run really has it: prepared rows keep the ``schedule`` / ``weighting`` they
+    were prepared with (``stats.json``), whatever the config says; a config that says otherwise is named
+    (it used to be recorded as the run's, so an n-pass folder was reported as trained one-pass)."""
+    asked = str(getattr(config.data_config, key))
+    had = data.stats.get(key) if data.kind == "row" else None
+    if not isinstance(had, str) or had == asked:
+        return asked
+    say(f"note: {data.source} holds rows prepared with {key} {had}; the {key} setting ({asked}) applies to "
+        "conversations, not to prepared rows")
+    return had
+
+
 def _check_ranks_agree(accelerator: Any, config: TrainConfig, data: TrainData, rows: dict[str, str | None]) -> None:
     """Every process read the same rows (:func:`~onepass.train.data.units_digest`), else one line on each: two
     ranks given different data files (a node-local path, a file being rewritten) would train inconsistent steps,
@@ -298,8 +311,10 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         start, history, evals = state["step"], state["history"], state.get("evals", [])
         say(f"resumed from {ckpt} at step {start}")
     stats = data.stats
+    schedule = _rows_setting(config, data, "schedule", say)
+    _rows_setting(config, data, "weighting", say)
     header = {"config": config.to_dict(), "distributed": parallel.to_dict(), "world_size": world, "device": str(device), "attention": attention,
-              "dtype": config.dtype, "mixed_precision": config.mixed_precision, "schedule": config.data_config.schedule,
+              "dtype": config.dtype, "mixed_precision": config.mixed_precision, "schedule": schedule,
               "parameters": params, "trainable_parameters": trainable, "units": data.num_units,
               "unit": data.kind, "units_per_step": stepper.per_step, "total_steps": total,
               "data_stats": {k: v for k, v in stats.items() if k != "skipped"}, "vocab_size": loaded.vocab_size,
@@ -307,7 +322,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     say(f"training {config.model or f'tiny {config.tiny} (random)'}: {params:,} parameters, {trainable:,} "
         f"trainable ({config.finetune}), {config.dtype}, attention {attention}, {device}, {world} process(es)")
     say(f"data {config.data}: {data.num_units} {data.kind}s, {stepper.per_step} per step, {total} steps; "
-        f"schedule {config.data_config.schedule}" + (f", {stats.get('n_pass_tokens', 0):,} N-pass tokens -> "
+        f"schedule {schedule}" + (f", {stats.get('n_pass_tokens', 0):,} N-pass tokens -> "
                                          f"{stats.get('scheduled_tokens', 0):,} in trees"
                                          if data.kind == "conversation" else ""))
     reporter = Reporter(out, main=main, progress=config.progress, total=total, initial=start, header=header,
