@@ -16,7 +16,7 @@ export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 LOCK ?= constraints.txt
-.PHONY: setup demo test test-fast test-latest test-min lock clean gpu-check gpu-bundle
+.PHONY: setup demo test test-fast test-latest test-min lock clean gpu-check gpu-bundle gpu-sim
 
 $(VENV)/.installed: pyproject.toml Makefile $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -65,20 +65,39 @@ test-min:
 	@.venv-min/bin/python -m pip list 2>/dev/null | grep -iE "^(torch|transformers|peft|accelerate|datasets|trl|numpy) "
 	.venv-min/bin/python -m pytest -q $(PYTEST_PAR) $(MIN_SUITES)
 
-# The GPU machine has no network: `make gpu-bundle` here downloads the wheels it needs (for its
-# Python, GPU_BUNDLE_PYTHON) into $(GPU_BUNDLE)/part-N/, each part under 64 MiB. `make gpu-check`
-# there uses that machine's own python and CUDA torch (no venv, no torch install), installs the
-# bundle with pip --no-index, runs its steps (each under 10 minutes; CUDA steps skip in one line
-# without CUDA) and writes gpu-check-results.tar.gz. See docs/gpu.md.
+# The GPU machine (docs/gpu.md): no network, its own Python 3.12 and CUDA torch, 15 minutes of device time
+# per session. `make gpu-bundle` here downloads the few wheels its image lacks (<= 40 MiB, one folder,
+# git-ignored); `make gpu-check` there, with gpu-bundle carried, is the whole check in one command that
+# ends by itself within 7 minutes: the machine's own python and torch (no venv, no torch install), the
+# bundle installed with pip --no-index --no-deps --target, CUDA steps skipped in one line without CUDA,
+# gpu-check.json + gpu-check.log into $OUT (else gpu-check-results/).
+# `make gpu-sim` runs it here, offline, as it runs there: a venv with torch 2.11.0 (PyPI's build, on CPU)
+# and the image's packages (configs/gpu-image.txt), the bundle for this Python, pip pointed at no index.
 GPU_PYTHON ?= python3
 GPU_BUNDLE ?= gpu-bundle
 GPU_BUNDLE_PYTHON ?= 3.12
+GPU_SIM_VENV ?= .venv-gpu-sim
+GPU_SIM_PY := $(GPU_SIM_VENV)/bin/python
 
-gpu-bundle: setup
-	$(PY) -m onepass.bench.gpu_bundle --out $(GPU_BUNDLE) --python-version $(GPU_BUNDLE_PYTHON)
+gpu-bundle:
+	$(PYTHON) -m pip --version >/dev/null
+	PYTHONPATH=$(CURDIR)/src $(PYTHON) -m onepass.bench.gpu_bundle --out $(GPU_BUNDLE) --python-version $(GPU_BUNDLE_PYTHON)
 
 gpu-check:
-	PYTHONPATH=$(CURDIR)/src $(GPU_PYTHON) -m onepass.bench.gpu_check --bundle $(GPU_BUNDLE) $(GPU_CHECK_ARGS)
+	PYTHONUNBUFFERED=1 PYTHONPATH=$(CURDIR)/src $(GPU_PYTHON) -m onepass.bench.gpu_check --bundle $(GPU_BUNDLE) $(GPU_CHECK_ARGS)
+
+# torch 2.11.0 is older than this machine's pip constraint allows: an empty constraint file, this venv only
+$(GPU_SIM_VENV)/.installed: configs/gpu-image.txt
+	$(PYTHON) -m venv $(GPU_SIM_VENV)
+	: > $(GPU_SIM_VENV)/no-constraints.txt
+	PIP_CONSTRAINT=$(CURDIR)/$(GPU_SIM_VENV)/no-constraints.txt $(GPU_SIM_PY) -m pip install --quiet torch==2.11.0
+	PIP_CONSTRAINT=$(CURDIR)/$(GPU_SIM_VENV)/no-constraints.txt $(GPU_SIM_PY) -m pip install --quiet -r configs/gpu-image.txt
+	touch $@
+
+gpu-sim: $(GPU_SIM_VENV)/.installed
+	$(MAKE) gpu-bundle GPU_BUNDLE=$(GPU_SIM_VENV)/bundle GPU_BUNDLE_PYTHON=$$($(GPU_SIM_PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null PIP_NO_INDEX=1 $(MAKE) gpu-check GPU_PYTHON=$(GPU_SIM_PY) \
+	  GPU_BUNDLE=$(GPU_SIM_VENV)/bundle GPU_CHECK_ARGS="--out gpu-check-results/sim --site /tmp/onepass-gpu-site-sim --work /tmp/onepass-gpu-check-sim"
 
 clean:
-	rm -rf $(VENV) .venv-latest .venv-min runs .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-latest .venv-min $(GPU_SIM_VENV) runs .pytest_cache .hypothesis

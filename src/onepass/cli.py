@@ -115,8 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="random tiny model of this architecture (default qwen3; see onepass.tiny.TINY_ARCHS)")
     p.add_argument("--dtype", choices=DTYPES, default="float64")
     add_data_arguments(p, names=VERIFY_KEYS)
-    p.add_argument("--attn", default="auto", choices=("auto", "onepass_cpu", "sdpa", "eager"),
-                   help="attention backend (auto: one the model supports exactly on CPU)")
+    p.add_argument("--attn", default="auto", choices=("auto", "onepass_cpu", "sdpa", "eager", "flex_attention"),
+                   help="attention backend (auto: one the model supports exactly on --device; flex_attention: "
+                        "CUDA only)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda: where both sides run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tolerance", type=float, default=None,
                    help="exit 1 when the relative loss or gradient difference exceeds this "
@@ -202,10 +204,20 @@ def verify_model(args: argparse.Namespace, vocab: int | None) -> tuple[object, s
     ``--tiny`` model of ``vocab`` ids; the guard picks the backend; float64 runs norms in float64."""
     import torch
 
+    from onepass.attention.backends import check_backend, supported_backend
     from onepass.guard import guard_backend
 
     dtype = getattr(torch, args.dtype)
     requested = None if args.attn == "auto" else args.attn
+    device = torch.device(getattr(args, "device", "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: torch sees no CUDA device here")
+    if requested is not None:
+        check_backend(requested, device, dtype)  # flex on CPU or in float64, onepass_cpu on CUDA: one line
+
+    def backend_for(config: object) -> str:  # the guard's choice on CPU, the CUDA default (flex) there
+        return guard_backend(config, requested) if device.type == "cpu" else requested or supported_backend(
+            config, device, dtype)
     if args.model:
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -213,9 +225,9 @@ def verify_model(args: argparse.Namespace, vocab: int | None) -> tuple[object, s
             raise UsageError(f"model {args.model!r} is not a local path and the hub is offline ({offline_reason()})")
         experts = {"experts_implementation": "eager"} if dtype == torch.float64 else {}  # no float64 grouped_mm
         try:
-            backend = guard_backend(AutoConfig.from_pretrained(args.model), requested)
+            backend = backend_for(AutoConfig.from_pretrained(args.model))
             model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation=backend,
-                                                         **experts)
+                                                         **experts).to(device)
         except (OSError, ValueError, KeyError) as e:  # not a model folder, a config transformers cannot read
             if isinstance(e, OnePassError):
                 raise
@@ -226,8 +238,8 @@ def verify_model(args: argparse.Namespace, vocab: int | None) -> tuple[object, s
     else:
         from onepass.tiny import tiny_config, tiny_model
 
-        backend = guard_backend(tiny_config(args.tiny, vocab), requested)
-        model = tiny_model(args.tiny, vocab, dtype=dtype, seed=args.seed, attn_implementation=backend)
+        backend = backend_for(tiny_config(args.tiny, vocab))
+        model = tiny_model(args.tiny, vocab, dtype=dtype, seed=args.seed, attn_implementation=backend, device=device)
         label = f"tiny {args.tiny} (random, vocabulary compacted to {vocab} ids)"
     if dtype == torch.float64:
         from onepass.precision import float64_norms
@@ -265,7 +277,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     verdict = judge(result.rel_loss_diff, result.max_rel_grad_diff, tolerance=tol,
                     where=lambda: locate(model, views, worst_parameter=result.worst_parameter, tolerance=tol))
     ok = verdict.equal
-    print(f"model: {label}, {args.dtype}, attention {backend}")
+    print(f"model: {label}, {args.dtype}, attention {backend}, device {next(model.parameters()).device}")
     print(f"{result.num_conversations} conversations, {result.num_views} views: "
           f"N-pass {result.n_pass_tokens} tokens vs {result.schedule} {result.one_pass_tokens} tokens "
           f"in {result.num_trees} trees")
@@ -274,7 +286,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
           f"-> {verdict.word} within {tol:g}")
     if verdict.where is not None:
         print(verdict.located(result.worst_parameter))
-    print(json.dumps({**result.to_dict(), "attention": backend, "tolerance": tol, **verdict.to_dict()}))
+    print(json.dumps({**result.to_dict(), "attention": backend, "device": str(next(model.parameters()).device),
+                      "tolerance": tol, **verdict.to_dict()}))
     return 0 if ok else 1
 
 

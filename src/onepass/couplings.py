@@ -103,6 +103,23 @@ COUPLINGS: tuple[Coupling, ...] = (
                       "accelerate older than 1.14 (its FSDP2 path fails in a step on CPU ranks: mixed Tensor and "
                       "DTensor, measured on 1.4-1.13)",
              where="onepass.train.distributed", checked="accelerate 1.14-1.15"),
+    Coupling(name="sequence-parallel attention and mixers",
+             relies_on="attention layers call ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, "
+                       "their eager_attention_forward) with [B, H, L, D] and return [B, L, H, D]; decoder layers "
+                       "hand the model call's **kwargs to their attention and recurrent mixers; gpt-oss's eager "
+                       "reads module.sinks",
+             detected_by="a tiny float64 twin split over simulated ranks against one process before training "
+                         "(onepass.ulysses.guard), whatever the architecture",
+             fails_as="SequenceParallelError at the start of training naming the first module whose output differs",
+             where="onepass.ulysses.attention, onepass.ulysses.guard, onepass.mixers.tree",
+             checked="transformers 5.24"),
+    Coupling(name="accelerate parallelism_config for sequence parallelism",
+             relies_on="accelerate launch exports ACCELERATE_USE_PARALLELISM_CONFIG and PARALLELISM_CONFIG_*_SIZE; "
+                       "an Accelerator built without the first builds no ParallelismConfig",
+             detected_by="the variables read as the launcher writes them (accelerate.utils.launch)",
+             fails_as="a sequence-parallel request that cannot run here stops in one line (tests/train/"
+                      "test_sequence_parallel.py launches the shipped config)",
+             where="onepass.train.sequence_parallel, onepass.train.distributed", checked="accelerate 1.15"),
     Coupling(name="accelerate state reset",
              relies_on="AcceleratorState._reset_state (private) between two train() calls in one process",
              detected_by="attribute lookup", fails_as="AttributeError", where="onepass.train.loop",

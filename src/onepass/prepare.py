@@ -59,6 +59,7 @@ class PrepareStats:
     packed: bool = False
     completion_format: str | None = None  # --completion-format: views built from it, none split by the template
     reasoning: str = "keep"  # --reasoning: "drop" trains a turn whose reasoning the template never renders without it
+    template_date: str | None = None  # --template-date: the date a template that reads the clock rendered
     conversations: int = 0  # read and valid
     conversations_used: int = 0  # at least one view trained
     views: int = 0
@@ -95,10 +96,11 @@ class PrepareStats:
         self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + count
 
     def configure(self, config: PrepareConfig) -> PrepareStats:
-        """Record what the counts are of (schedule, weighting, budget, packing)."""
+        """Record what the counts are of (schedule, weighting, budget, packing, the template's date)."""
         self.schedule, self.weighting = str(config.schedule_spec), config.weighting
         self.max_tokens, self.packed = config.max_tokens, config.pack
         self.completion_format, self.reasoning = config.completion_format, config.reasoning
+        self.template_date = config.template_date
         return self
 
     def add(self, counts: dict[str, int], skips: Iterable[tuple[str, str, int]]) -> None:
@@ -155,14 +157,16 @@ class PrepareStats:
         return f"{sum(self.skipped_by_reason.values())} ({reasons}); first: {self.skipped[0]}"
 
 
-def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: PrepareConfig = PrepareConfig(),
+def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: PrepareConfig | None = None,
             *, stats: PrepareStats | None = None, progress: bool = False,
             total: int | None = None, strict: bool = False) -> tuple[list[Layout], PrepareStats]:
     """Rows (packed or one per tree) for ``conversations`` and their statistics.
 
     A turn the template cannot split (or raises for) is counted and skipped on its own, the
     conversation's other views kept; with ``strict`` its :class:`~onepass.render.RenderError` is raised.
+    ``config`` None: the default settings (the template's date is today's, resolved here).
     """
+    config = config if config is not None else PrepareConfig()
     stats = (stats or PrepareStats()).configure(config)
     layouts: list[Layout] = []
     items: Iterable[Conversation] = conversations

@@ -148,8 +148,8 @@ def template_report(conversations: Iterable[Conversation], tokenizer: Any, confi
     """Render every conversation (skips counted, nothing raised) and count what is kept."""
     config = config or RenderConfig()
     report = TemplateReport(name=name or "of the tokenizer",
-                            fields=template_fields(tokenizer, dict(config.template_kwargs)),
-                            tool_fields=template_fields(tokenizer, dict(config.template_kwargs), tools=True))
+                            fields=template_fields(tokenizer, config.kwargs()),
+                            tool_fields=template_fields(tokenizer, config.kwargs(), tools=True))
     for conv in conversations:
         rendered = render_conversation(conv, tokenizer, config)
         report.conversations += 1

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from onepass.attention.backends import forward_kwargs
 from onepass.geometry import leaf_paths
 from onepass.mixers.tree import tree_kwargs
 from onepass.guard.twin import layer_types
@@ -86,11 +87,11 @@ def layer_differences(model: Any, conversations: Sequence[Sequence[View]]) -> li
                     batch = layouts_to_batch([layout], device=device)
                     model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
                           attention_mask=_tree_mask(model, batch), logits_to_keep=1, use_cache=False,
-                          **tree_kwargs(model, batch["kv_end"]))  # recurrent layers on the tree
+                          **forward_kwargs(model), **tree_kwargs(model, batch["kv_end"]))  # recurrent layers on the tree
                     tree = dict(seen)
                     for path in leaf_paths(layout.kv_end):  # each N-pass sequence of the row
                         ids = torch.as_tensor(layout.input_ids[path], device=device).long()[None]
-                        model(input_ids=ids, logits_to_keep=1, use_cache=False)
+                        model(input_ids=ids, logits_to_keep=1, use_cache=False, **forward_kwargs(model))
                         for i, ref in seen.items():
                             diff = (tree[i][torch.as_tensor(path, device=device)] - ref).norm(dim=-1)
                             rel = diff / ref.norm(dim=-1).clamp_min(torch.finfo(ref.dtype).tiny)

@@ -7,8 +7,10 @@ Those calls differ only in what they do when the template raises: a view's rende
 and the template line (:class:`~onepass.render.errors.TemplateRaised`), a probe reads "nothing
 found" (None). Errors that come from onepass or transformers rather than the template propagate.
 
-jinja puts the template's own line number in a traceback under the file name ``<template>``
-(:func:`template_line`).
+The date the template sees is a setting (:mod:`onepass.render.clock`): ``kwargs`` carry it under
+:data:`~onepass.render.clock.TEMPLATE_DATE`, and a template that reads the clock is rendered with it
+pinned. jinja puts the template's own line number in a traceback under the file name ``<template>``
+(:func:`template_line`, which counts the template's own lines, not the pinning macro's).
 
 No torch here: this is pure data.
 """
@@ -19,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from onepass.conversation import Conversation
+from onepass.render.clock import PINNED_LINES, TEMPLATE_DATE, check_pinnable, pinned_template, reads_clock
 from onepass.render.errors import RenderError, TemplateRaised
 from onepass.template_messages import template_tools
 
@@ -28,9 +31,32 @@ Render = Callable[[list[dict[str, Any]], bool], "str | None"]
 
 def apply_template(tokenizer: Any, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None,
                    kwargs: Mapping[str, Any]) -> Any:
-    """The tokenizer's chat template on ``messages`` as text (``kwargs``: ``add_generation_prompt`` and the
-    template kwargs). Raises what the template raises; may return a non-str (batched input)."""
-    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
+    """The tokenizer's chat template on ``messages`` as text (``kwargs``: ``add_generation_prompt``, the
+    template kwargs and the pinned date, :data:`~onepass.render.clock.TEMPLATE_DATE`). Raises what the
+    template raises; may return a non-str (batched input)."""
+    kwargs = dict(kwargs)
+    date = kwargs.pop(TEMPLATE_DATE, None)
+    template = _template_text(tokenizer, kwargs.get("chat_template"), tools) if date is not None else None
+    if template is None or not reads_clock(template):
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
+    check_pinnable(template)
+    kwargs.pop("chat_template", None)
+    try:
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                             chat_template=pinned_template(template, date), **kwargs)
+    except Exception as e:
+        e.onepass_pinned_lines = PINNED_LINES  # type: ignore[attr-defined]  # template_line: the template's own
+        raise
+
+
+def _template_text(tokenizer: Any, name: str | None, tools: list[dict[str, Any]] | None) -> str | None:
+    """The template text ``apply_chat_template`` picks for ``tools`` (a tokenizer may hold several, by name;
+    ``name``: a template or a name given), or None where there is none (the call then fails as unpinned)."""
+    try:
+        template = tokenizer.get_chat_template(name, tools)
+    except (AttributeError, ValueError):
+        return None
+    return template if isinstance(template, str) else None
 
 
 def template_line(error: BaseException) -> int | None:
@@ -41,7 +67,7 @@ def template_line(error: BaseException) -> int | None:
         if tb.tb_frame.f_code.co_filename == "<template>":
             line = tb.tb_lineno
         tb = tb.tb_next
-    return line
+    return line - getattr(error, "onepass_pinned_lines", 0) if line is not None else None
 
 
 def is_template_error(error: BaseException) -> bool:

@@ -21,14 +21,23 @@ path (``fully_shard`` per decoder layer, gloo) - the path a GPU user's FSDP
 config takes. ``describe`` is what the first log line and ``metrics.json``
 (``distributed``) say.
 
+Sequence parallelism (one row split over ``sp_size`` processes, :mod:`onepass.ulysses`) is asked for
+the way accelerate names it: ``sp_size`` (``--sp-size``) or an accelerate config's
+``parallelism_config_sp_size`` (``PARALLELISM_CONFIG_SP_SIZE``). accelerate 1.15 runs that degree
+through DeepSpeed's ALST only, which cannot carry a tree mask, and under FSDP it would run plain
+data parallelism; so onepass takes the request over (:mod:`onepass.train.sequence_parallel`), builds
+its own ``(dp, sp)`` device mesh and keeps accelerate from building one
+(:func:`without_accelerate_parallelism`).
+
     >>> asked_mode({"ACCELERATE_USE_FSDP": "true", "WORLD_SIZE": "2"}), asked_mode({})
     ('fsdp', 'single')
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +72,7 @@ class Distributed:
     device: str
     fsdp_version: int | None = None
     launcher: str = "none"  # accelerate | torchrun | none
+    sp_size: int = 1  # sequence parallelism: each row split over this many processes (world = dp x sp)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,8 +81,10 @@ class Distributed:
         how = {"single": "one process", "ddp": "DDP", "fsdp": f"FSDP{self.fsdp_version or ''}",
                "deepspeed": "DeepSpeed"}[self.mode]
         over = "" if self.mode == "single" else f" over {self.world_size} processes ({self.backend})"
+        sp = (f", sequence parallel {self.sp_size} x data parallel {self.world_size // self.sp_size}"
+              if self.sp_size > 1 else "")
         via = "" if self.launcher == "none" else f", launched by {self.launcher}"
-        return f"parallelism: {how}{over} on {self.device}{via}"
+        return f"parallelism: {how}{over} on {self.device}{sp}{via}"
 
 
 def _launcher(env: Mapping[str, str]) -> str:
@@ -81,8 +93,9 @@ def _launcher(env: Mapping[str, str]) -> str:
     return "torchrun" if "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env else "none"
 
 
-def describe(accelerator: Any, env: Mapping[str, str] | None = None) -> Distributed:
-    """The parallelism ``accelerator`` runs (not what was asked for)."""
+def describe(accelerator: Any, env: Mapping[str, str] | None = None, *, sp_size: int = 1) -> Distributed:
+    """The parallelism ``accelerator`` runs (not what was asked for); ``sp_size``: the sequence-parallel
+    degree in effect (:func:`sequence_mesh`)."""
     import torch.distributed as dist
 
     env = os.environ if env is None else env
@@ -92,7 +105,7 @@ def describe(accelerator: Any, env: Mapping[str, str] | None = None) -> Distribu
     backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
     return Distributed(mode=mode, world_size=accelerator.num_processes, backend=backend,
                        device=accelerator.device.type, launcher=_launcher(env),
-                       fsdp_version=getattr(plugin, "fsdp_version", None))
+                       fsdp_version=getattr(plugin, "fsdp_version", None), sp_size=sp_size)
 
 
 def check_launch(env: Mapping[str, str] | None = None, parent_argv: Sequence[str] | None = None) -> None:
@@ -215,7 +228,8 @@ def make_accelerator(*, cpu: bool, mixed_precision: str, env: Mapping[str, str] 
     check_launch(env)
     if cpu and asked_mode(env) == "fsdp":
         check_fsdp_accelerate()  # an older accelerate fails inside Accelerator() already
-    accelerator = Accelerator(cpu=cpu, mixed_precision=mixed_precision, **kwargs)
+    with without_accelerate_parallelism():
+        accelerator = Accelerator(cpu=cpu, mixed_precision=mixed_precision, **kwargs)
     honour_request(accelerator, env)
     return accelerator
 
@@ -285,6 +299,24 @@ def check_fsdp_accelerate(version: str | None = None) -> None:
                                "pip install -U accelerate, or launch DDP (accelerate launch --num_processes N)")
 
 
+# ---------------------------------------------------------------------------------------------
+# accelerate's parallelism_config: read by onepass.train.sequence_parallel, never built by accelerate
+
+PARALLELISM_ENV = "ACCELERATE_USE_PARALLELISM_CONFIG"  # set by accelerate launch for a parallelism_config
+
+
+@contextlib.contextmanager
+def without_accelerate_parallelism() -> Iterator[None]:
+    """Inside, accelerate builds no ``ParallelismConfig`` from the launcher's variables: with ``sp_size`` it
+    would route to DeepSpeed, or refuse on CPU ranks; onepass runs the request itself (:func:`sequence_mesh`)."""
+    saved = os.environ.pop(PARALLELISM_ENV, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[PARALLELISM_ENV] = saved
+
+
 def shutdown() -> None:
     """End the process group after a finished run, in the order that cannot deadlock (no-op for one process).
 
@@ -313,4 +345,4 @@ def shutdown() -> None:
 
 
 __all__ = ["FSDP_ACCELERATE", "MODES", "Distributed", "accelerate_predates_fsdp", "asked_mode", "check_accelerate_config", "check_fsdp_accelerate", "check_launch", "describe", "honour_request", "make_accelerator",
-           "shutdown"]
+           "shutdown", "without_accelerate_parallelism"]

@@ -17,8 +17,9 @@ without saying so (``loss_type='dft'``) is refused in one line.
 
 The one-pass settings: ``schedule`` (default ``budget``: one tree per
 conversation, split into several trees where it is longer than ``max_length``),
-``weighting``, ``completion_format``, ``template_kwargs``, ``reasoning``,
-``allow_inexact``; ``max_tokens`` is an alias of ``max_length``. They stay flat
+``weighting``, ``completion_format``, ``template_kwargs``, ``reasoning``, ``template_date`` (the date a
+chat template that reads the clock renders; None: today, resolved when the config is built and shown in
+``to_dict()``), ``allow_inexact``; ``max_tokens`` is an alias of ``max_length``. They stay flat
 fields (an ``SFTConfig`` drop-in, read by ``HfArgumentParser``) and are built
 once into a :class:`~onepass.data_config.DataConfig` (:attr:`OnePassConfig.data_config`,
 the schedule parsed there), which is all the data preparation reads; their
@@ -41,6 +42,7 @@ from typing import Any
 from transformers import TrainingArguments
 
 from onepass.data_config import DataConfig, data_field_help
+from onepass.render.clock import resolve_template_date
 from onepass.train.hyperparams import check_hyperparameters, epochs_counted
 
 log = logging.getLogger("onepass")
@@ -202,6 +204,7 @@ class OnePassConfig(TrainingArguments):
     template_kwargs: dict | str | None = field(
         default=None, metadata=_h("extra chat template variables, e.g. {\"enable_thinking\": false}"))
     reasoning: str = field(default="keep", metadata=data_field_help("reasoning"))
+    template_date: str | None = field(default=None, metadata=data_field_help("template_date"))
     allow_inexact: bool = field(
         default=False, metadata=_h("train even when the exactness guard finds one-pass != N-pass"))
 
@@ -222,6 +225,7 @@ class OnePassConfig(TrainingArguments):
             self.max_length = self.max_tokens
         self.max_tokens = self.max_length
         self.template_kwargs = _json(self.template_kwargs, "template_kwargs")
+        self.template_date = resolve_template_date(self.template_date)  # once: the run renders one date
         self.model_init_kwargs = _json(self.model_init_kwargs, "model_init_kwargs") or None
         self.dataset_kwargs = _json(self.dataset_kwargs, "dataset_kwargs") or None
         if isinstance(self.pad_to_multiple_of, str):
@@ -258,7 +262,7 @@ class OnePassConfig(TrainingArguments):
     def _data_values(self) -> dict[str, Any]:
         return {"schedule": self.schedule, "max_tokens": self.max_length, "weighting": self.weighting,
                 "completion_format": self.completion_format, "reasoning": self.reasoning,
-                "template_kwargs": dict(self.template_kwargs or {})}
+                "template_kwargs": dict(self.template_kwargs or {}), "template_date": self.template_date}
 
     @property
     def data_config(self) -> DataConfig:

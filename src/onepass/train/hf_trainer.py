@@ -55,21 +55,22 @@ from transformers import Trainer, TrainingArguments
 from onepass.attention.backends import check_backend, model_backend
 from onepass.conversation import Conversation
 from onepass.loss import ForwardView, batch_loss, row_losses
+from onepass.row_check import model_vocab
+from onepass.train.config import TrainConfigError
 from onepass.train.hf_config import OnePassConfig, warn_once
 from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: their documented import path)
     GuardInputs,
     OnePassCollator,
     as_rows,
     check_dataset_rows,
-    is_stream,
     conversation_dataset,
+    is_stream,
     parse_dataset,
     prepared_dataset,
     rows_dataset,
 )
 from onepass.train.hf_model import base_model, chat_template_of, is_peft, load_model, load_tokenizer, loaded_from, \
     set_special_tokens
-from onepass.row_check import model_vocab
 from onepass.tree import COLUMNS
 
 log = logging.getLogger("onepass")
@@ -209,7 +210,14 @@ class OnePassTrainer(Trainer):
         (accelerate alone runs DDP there), anything else asked for and not had is an error
         (:mod:`onepass.train.distributed`)."""
         from onepass.train.distributed import asked_mode, check_fsdp_accelerate, honour_request
+        from onepass.train.sequence_parallel import accelerate_sp_size
 
+        asked_sp = max(getattr(getattr(self.args, "parallelism_config", None), "sp_size", None) or 1,
+                       accelerate_sp_size())
+        if asked_sp > 1:  # HF would run it through DeepSpeed's ALST (no tree mask) or refuse it on CPU ranks
+            raise TrainConfigError(f"OnePassTrainer does not split rows over processes (sp_size {asked_sp}): HF's "
+                                   "data loader would hand the ranks of a row different batches; train with "
+                                   f"onepass train --sp-size {asked_sp} (docs/distributed.md)")
         fsdp = getattr(self.args, "fsdp_plugin_args", None)  # TrainingArguments(fsdp=...) asks without the launcher
         fsdp = fsdp if fsdp and self.args.world_size > 1 else None
         if (fsdp or asked_mode() == "fsdp") and (self.args.use_cpu or not torch.cuda.is_available()):

@@ -241,19 +241,21 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     from onepass.train.model import (
         check_environment,
         check_exactness,
+        check_sequence_parallel,
         count_parameters,
         load_model,
         make_optimizer,
         make_scheduler,
         resolve_attention,
         resolve_device,
-        save_final,
     )
     from onepass.train.distributed import describe
+    from onepass.train.sequence_parallel import data_parallel, sequence_mesh, sequence_parallel_size
     from onepass.train.report import Reporter, make_trackers
 
     device = resolve_device(config.device)  # everything that can fail on this machine fails here, in a second
     check_environment(config, device)
+    config = config.replace(sp_size=sequence_parallel_size(config.sp_size))  # the degree in effect, saved
     attention = resolve_attention(config.attention, device)
     for spec in (config.data, config.eval_data):
         if spec is not None:
@@ -276,11 +278,13 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     accelerator = make_accelerator(config, device, make_trackers(config.report_to, out, initial=initial))
     device, world, main = accelerator.device, accelerator.num_processes, accelerator.is_main_process
     say: Callable[[str], None] = log if main else (lambda _msg: None)
+    shard = sequence_mesh(accelerator, config.sp_size)  # None unless sp_size > 1
     if saved is not None:
         check_resumed_run(saved, ckpt, world=world, anyway=resume_anyway, say=say)
-    parallel = describe(accelerator)
+    parallel = describe(accelerator, sp_size=config.sp_size)
     say(parallel.line())  # the first line: what runs, not what was asked for
     exactness = check_exactness(config, attention=attention, log=say)  # every process: a refusal stops all
+    split = check_sequence_parallel(config, attention=attention, log=say) if shard is not None else None
     if main:
         if out / "checkpoints" in replaced:
             shutil.rmtree(out / "checkpoints")
@@ -291,10 +295,11 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     data, eval_data = loaded.data, loaded.eval_data
     rows = {"rows": units_digest(data), "eval_rows": units_digest(eval_data) if eval_data is not None else None}
     _check_ranks_agree(accelerator, config, data, rows)  # before the first collective whose count depends on it
-    fingerprint = {**run_fingerprint(config, loaded.tokenizer), **rows}
+    fingerprint = {**run_fingerprint(config, loaded.tokenizer, renders=any(
+        d is not None and d.kind == "conversation" for d in (data, eval_data))), **rows}
     if saved is not None:
         check_fingerprint(saved.get("fingerprint"), fingerprint, ckpt, anyway=resume_anyway, say=say)
-    total = total_steps(config, data.num_units, world)
+    total = total_steps(config, data.num_units, data_parallel(accelerator, shard)[0])
     if saved is not None:
         check_resumed_run(saved, ckpt, world=world, anyway=True, say=lambda _msg: None, total=total)
     model = load_model(config, device=device, attention=attention, vocab_size=loaded.vocab_size)
@@ -303,7 +308,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     optimizer = make_optimizer(model, config)
     scheduler = make_scheduler(optimizer, config, total)
     model, optimizer = accelerator.prepare(model, optimizer)
-    stepper = Stepper(accelerator, model, optimizer, scheduler, data, config)
+    stepper = Stepper(accelerator, model, optimizer, scheduler, data, config, shard=shard)
 
     start, history, evals = 0, [], []
     if ckpt is not None:
@@ -318,7 +323,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
               "parameters": params, "trainable_parameters": trainable, "units": data.num_units,
               "unit": data.kind, "units_per_step": stepper.per_step, "total_steps": total,
               "data_stats": {k: v for k, v in stats.items() if k != "skipped"}, "vocab_size": loaded.vocab_size,
-              "exactness": exactness}
+              "exactness": exactness, "sequence_parallel": split}
     say(f"training {config.model or f'tiny {config.tiny} (random)'}: {params:,} parameters, {trainable:,} "
         f"trainable ({config.finetune}), {config.dtype}, attention {attention}, {device}, {world} process(es)")
     say(f"data {config.data}: {data.num_units} {data.kind}s, {stepper.per_step} per step, {total} steps; "
@@ -351,7 +356,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
             deliver(stepper.held)  # a stop that arrived during the update stops the run now that the step counts
             yield record
             if eval_data is not None and config.eval_steps and step % config.eval_steps == 0 and step < total:
-                reporter.log_eval(step, evaluate(accelerator, model, eval_data, config))
+                reporter.log_eval(step, evaluate(accelerator, model, eval_data, config, shard))
             if config.save_steps and step % config.save_steps == 0 and step < total:
                 save(step)
     except GeneratorExit:  # train_steps abandoned by its caller: not an interruption to checkpoint
@@ -371,7 +376,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     reporter.write_summary(status="finishing")  # "finished" is written last, once the final save is done
     try:
         try:  # the final eval reaches the trackers: they close after it
-            final_eval = evaluate(accelerator, model, eval_data, config) if eval_data is not None else None
+            final_eval = evaluate(accelerator, model, eval_data, config, shard) if eval_data is not None else None
             if final_eval is not None:
                 reporter.log_eval(step, final_eval)
         finally:
