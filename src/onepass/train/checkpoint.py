@@ -136,11 +136,11 @@ def _records(values: Any, key: str) -> bool:
         for r in values)
 
 
-def check_resumed_run(state: dict[str, Any], path: Path, *, world: int, anyway: bool, say: Callable[[str], None],
-                      total: int | None = None) -> None:
-    """What :func:`check_compatible` cannot see in the config: the number of processes (a step takes
-    ``batch x grad_accum x world`` units, so another world size makes every later step take other
-    conversations: some twice, some never) and a checkpoint past this run's last step (``total``, once known)."""
+def check_resumed_run(state: dict[str, Any], path: Path, *, world: int, anyway: bool,
+                      say: Callable[[str], None]) -> None:
+    """What :func:`check_compatible` cannot see in the config: the number of processes. A step takes
+    ``batch x grad_accum x world`` units, so on another world size every later step takes other
+    conversations: some twice, some never."""
     saved_world = state.get("world_size")
     if isinstance(saved_world, int) and saved_world != world:
         what = (f"world_size was {saved_world}, now {world} (a step takes per_device_train_batch_size x "
@@ -150,7 +150,12 @@ def check_resumed_run(state: dict[str, Any], path: Path, *, world: int, anyway: 
             raise TrainConfigError(f"cannot resume from {path} with different settings: {what}; resume on "
                                    f"{saved_world} process(es) (--resume-anyway to continue regardless)")
         say(f"warning: --resume-anyway: resuming {path} although {what}")
-    if total is not None and state["step"] > total:
+
+
+def check_resume_step(state: dict[str, Any], path: Path, *, total: int) -> None:
+    """A checkpoint past this run's last step (``max_steps`` lowered) is refused: the run would "finish" with
+    the checkpoint's weights and its step count, having trained nothing."""
+    if state["step"] > total:
         raise TrainConfigError(f"checkpoint {path} is at step {state['step']}, past this run's {total} steps: raise "
                                "max_steps (or num_train_epochs) to train on from it")
 

@@ -230,6 +230,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     from onepass.train.checkpoint import (
         check_compatible,
         check_new_run,
+        check_resume_step,
         check_resumed_run,
         clean_leftovers,
         find_checkpoint,
@@ -301,7 +302,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         check_fingerprint(saved.get("fingerprint"), fingerprint, ckpt, anyway=resume_anyway, say=say)
     total = total_steps(config, data.num_units, data_parallel(accelerator, shard)[0])
     if saved is not None:
-        check_resumed_run(saved, ckpt, world=world, anyway=True, say=lambda _msg: None, total=total)
+        check_resume_step(saved, ckpt, total=total)
     model = load_model(config, device=device, attention=attention, vocab_size=loaded.vocab_size)
     _check_ids(model, data, eval_data)
     trainable, params = count_parameters(model)
