@@ -167,7 +167,7 @@ def units_digest(data: TrainData) -> str:
     Compared between the processes of a run before its first step (two ranks given different data
     files, or the same file rendered by another tokenizer, would train inconsistent steps or wait for
     each other forever) and kept in a checkpoint's fingerprint, so a resume that would train other rows
-    is refused. blake2b over the arrays' bytes: 0.4 GB/s on a loaded CPU core (0.4 GB of rows in 1 s).of rows.
+    is refused. blake2b over the arrays' bytes: 0.4 GB/s on a loaded CPU core (0.4 GB of rows in 1 s).
     """
     import hashlib
 
