@@ -33,6 +33,7 @@ from onepass.errors import DataError, DataNotFound
 from onepass.files import atomic_dir, write_marker
 from onepass.flops import token_ratio
 from onepass.pack import pack_layouts
+from onepass.record_schemas import INLINE_KEPT
 from onepass.render import render_conversation
 from onepass.schedule import schedule_views
 from onepass.tree import COLUMNS, ROW_DISK_DTYPES, Layout, count_nodes, row_from_columns, rows_to_columns
@@ -186,7 +187,7 @@ def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConf
     rendered = render_conversation(conv, tokenizer, config.render, max_tokens=config.max_tokens)
     if strict and rendered.skipped:
         raise rendered.skipped[0]
-    for name in conv.conversions:
+    for name in conv.conversions + (INLINE_KEPT,) * bool(rendered.inline_reasoning):
         stats.conversions[name] = stats.conversions.get(name, 0) + 1
     stats.turns_not_trained += rendered.not_trained
     stats.tool_arguments_parsed += rendered.arguments_parsed

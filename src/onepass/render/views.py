@@ -57,7 +57,7 @@ from onepass.render.fields import template_fields
 from onepass.render.formats import resolve_completion_format
 from onepass.render.reasoning import REASONING_CHOICES, unrendered_history_reasoning, without_reasoning
 from onepass.render.sources import GIVEN_FORMAT, TEMPLATE_SOURCES, CompletionSource, Declined, Turn
-from onepass.render.template import render_turn
+from onepass.render.template import check_template_kwargs, render_turn
 from onepass.render.token_floor import token_floor
 from onepass.template_messages import template_messages
 from onepass.view import Unmeasured, View
@@ -75,6 +75,7 @@ class RenderConfig:
     template_date: str | None = None
 
     def __post_init__(self) -> None:
+        check_template_kwargs(self.template_kwargs)
         if self.reasoning not in REASONING_CHOICES:
             raise UsageError(f"--reasoning must be one of {', '.join(REASONING_CHOICES)}, got {self.reasoning!r}")
 
@@ -173,10 +174,11 @@ def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig
     kwargs = config.kwargs()
     eos = getattr(tokenizer, "eos_token", None) or ""
     fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
+    memo: dict[Any, Any] = {}  # the conversation's prefixes the template raised for, scanned once (template._blame)
     for k, message in enumerate(conv.messages):
         if message.role != "assistant" or not message.train:
             continue
-        turn = Turn(conv=conv, k=k, tokenizer=tokenizer, kwargs=kwargs, fields=fields, eos=eos, fmt=fmt)
+        turn = Turn(conv=conv, k=k, tokenizer=tokenizer, kwargs=kwargs, fields=fields, eos=eos, fmt=fmt, memo=memo)
         try:
             yield k, _turn_text(turn, config, sources)
         except RenderError as e:
@@ -235,6 +237,7 @@ class Rendered:
     skipped: tuple[RenderError, ...] = ()
     not_trained: int = 0  # assistant turns the record marks not to train (weight 0): no view, context only
     arguments_parsed: int = 0  # tool calls given as a JSON string, parsed for a template that needs a dict
+    inline_reasoning: int = 0  # messages whose <think> block stays in the content: the template reads no reasoning field
 
 
 def _counts(conv: Conversation, tokenizer: Any, config: RenderConfig) -> dict[str, int]:
@@ -242,7 +245,8 @@ def _counts(conv: Conversation, tokenizer: Any, config: RenderConfig) -> dict[st
     fields = template_fields(tokenizer, config.kwargs(), tools=bool(conv.tools))
     strings = sum(c.text is not None for m in conv.messages for c in m.tool_calls)
     return {"not_trained": sum(m.role == "assistant" and not m.train for m in conv.messages),
-            "arguments_parsed": 0 if fields.string_arguments else strings}
+            "arguments_parsed": 0 if fields.string_arguments else strings,
+            "inline_reasoning": 0 if fields.reads_reasoning else sum(m.text is not None for m in conv.messages)}
 
 
 def _unmeasured(conv: Conversation, tokenizer: Any, turn: int, text: _Text, max_tokens: int | None

@@ -10,6 +10,7 @@
     checkpoint.py   atomic checkpoints and exact resume
     report.py       metrics.json + metrics.jsonl, trackers (tensorboard, wandb, ... through accelerate), the plot
     hf_trainer.py   OnePassTrainer: takes what TRL's SFTTrainer takes (HF Trainer, DeepSpeed, FSDP)
+    hf_stream.py    the trainer's datasets as rows: streams read as they come, every row checked
     hf_config.py    OnePassConfig: TrainingArguments plus the one-pass settings (what SFTConfig is to TRL)
     cli.py          ``onepass train``
 """

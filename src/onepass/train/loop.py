@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from onepass.couplings import check_row_mask
+from onepass.private_names import private
 from onepass.train.config import TrainConfig, TrainConfigError, write_yaml
 from onepass.errors import OnePassError
 from onepass.train.data import TrainData, check_data, compact_vocab, load_train_data, total_steps, units_digest
@@ -83,12 +85,10 @@ class TrainResult:
 
 def make_accelerator(config: TrainConfig, device: torch.device, log_with: Sequence[Any] = ()) -> Any:
     """The run's ``Accelerator``; ``log_with``: its trackers (:func:`onepass.train.report.make_trackers`)."""
-    from accelerate.state import AcceleratorState
-
     from onepass.train import distributed
 
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        AcceleratorState._reset_state(True)  # a second train() in one process may change precision
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:  # a second train() in one process may change precision
+        private("accelerate.state.AcceleratorState._reset_state")(True)
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)
     tracking = dict(log_with=list(log_with), project_dir=str(config.output_dir)) if log_with else {}
@@ -129,6 +129,16 @@ def _load_data(config: TrainConfig, *, main: bool, say: Callable[[str], None]) -
 
 
 _MAX_VOCAB = 1 << 21  # more ids than any released tokenizer has (the largest are ~260k)
+
+
+def _most_rows(config: TrainConfig, data: TrainData) -> int:
+    """The most rows one forward can batch (:func:`onepass.train.data.forward_groups`): a micro-batch's trees,
+    at most ``max_batch_tokens // shortest row`` of them under a token budget."""
+    rows = config.per_device_train_batch_size * max((len(unit) for unit in data.units), default=1)
+    if config.max_batch_tokens:
+        shortest = min((len(x) for unit in data.units for x in unit), default=1)
+        rows = min(rows, max(1, config.max_batch_tokens // max(1, shortest)))
+    return rows
 
 
 def _check_ids(model: Any, *datas: TrainData | None) -> None:
@@ -304,6 +314,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     if saved is not None:
         check_resume_step(saved, ckpt, total=total)
     model = load_model(config, device=device, attention=attention, vocab_size=loaded.vocab_size)
+    check_row_mask(model, _most_rows(config, data))  # one line now, not a traceback inside the model
     _check_ids(model, data, eval_data)
     trainable, params = count_parameters(model)
     optimizer = make_optimizer(model, config)
