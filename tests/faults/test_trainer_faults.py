@@ -116,38 +116,37 @@ def test_a_step_with_no_target_weight_trains_nothing_and_keeps_the_weights_finit
     assert all(math.isfinite(h["loss"]) for h in trainer.state.log_history if "loss" in h)
 
 
-class _Endless(torch.utils.data.IterableDataset):
-    """Conversations forever; reading more than ``limit`` of them means someone tried to read it all."""
+def _endless(limit: int = 3000):
+    """An ``IterableDataset`` of conversations forever, and how many items were read from it; reading more
+    than ``limit`` means someone tried to read it all."""
+    records, read = synthetic_conversations(50), {"n": 0}
 
-    def __init__(self, limit: int = 3000):
-        self.limit, self.read = limit, 0
-        self.records = synthetic_conversations(50)
-
-    def __iter__(self):
+    def generate():
         for i in itertools.count():
-            self.read += 1
-            if self.read > self.limit:
-                raise AssertionError(f"read {self.limit} items of an endless stream: it is being read whole")
-            yield self.records[i % len(self.records)]
+            read["n"] += 1
+            if read["n"] > limit:
+                raise AssertionError(f"read {limit} items of an endless stream: it is being read whole")
+            yield records[i % len(records)]
+
+    return datasets.IterableDataset.from_generator(generate), read
 
 
 @pytest.mark.parametrize("packing", [False, True])
 def test_an_endless_iterable_dataset_streams(tmp_path, qwen3_tokenizer, packing):
     from transformers import TrainingArguments
 
+    from onepass.train.hf_config import OnePassConfig
     from onepass.train.hf_trainer import OnePassTrainer
 
-    stream = _Endless()
+    stream, read = _endless()
     model = tiny_model("qwen3", len(qwen3_tokenizer), dtype=torch.float32, attn_implementation="sdpa")
     args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, max_steps=3,
                              logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
                              dataloader_num_workers=0, gradient_checkpointing=False)
-    from onepass.train.hf_config import OnePassConfig
-
     args = OnePassConfig(**args.to_dict() | {"packing": packing, "max_length": 512})
     trainer = OnePassTrainer(model=model, args=args, train_dataset=stream, processing_class=qwen3_tokenizer,
                              allow_inexact=True)
-    assert stream.read < 1000  # the constructor read a few items (the guard's), not the stream
+    assert read["n"] < 1000  # the constructor read a few items (the guard's), not the stream
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == 3 and all(math.isfinite(x) and x > 0 for x in losses)
