@@ -183,6 +183,37 @@ def units_digest(data: TrainData) -> str:
     return "blake2b:" + h.hexdigest()
 
 
+def rows_setting(config: TrainConfig, data: TrainData, key: str, say: Any) -> str:
+    """A data setting as the run really has it: prepared rows keep the ``schedule`` / ``weighting`` they
+    were prepared with (``stats.json``), whatever the config says; a config that says otherwise is named
+    (it used to be recorded as the run's, so an n-pass folder was reported as trained one-pass)."""
+    asked = str(getattr(config.data_config, key))
+    had = data.stats.get(key) if data.kind == "row" else None
+    if not isinstance(had, str) or had == asked:
+        return asked
+    say(f"note: {data.source} holds rows prepared with {key} {had}; the {key} setting ({asked}) applies to "
+        "conversations, not to prepared rows")
+    return had
+
+
+def check_same_units(accelerator: Any, config: TrainConfig, data: TrainData, rows: dict[str, str | None]) -> None:
+    """Every process read the same rows (:func:`~onepass.train.data.units_digest`), else one line on each: two
+    ranks given different data files (a node-local path, a file being rewritten) would train inconsistent steps,
+    or, with different step counts, wait for each other forever."""
+    if accelerator.num_processes == 1:
+        return
+    from accelerate.utils import gather_object
+
+    seen = gather_object([(accelerator.process_index, data.num_units, rows["rows"], rows["eval_rows"])])
+    rank0 = seen[0]
+    other = next((s for s in seen if s[2:] != rank0[2:]), None)
+    if other is not None:
+        which, spec = ("training", config.data) if other[2] != rank0[2] else ("eval", config.eval_data)
+        raise TrainConfigError(f"the processes read different {which} data from {spec}: rank 0 has {rank0[1]} "
+                               f"{data.kind}s, rank {other[0]} has {other[1]} (or as many with other content); give "
+                               "every process the same files (a shared folder), prepared once")
+
+
 # ---------------------------------------------------------------------------------------------
 # order
 

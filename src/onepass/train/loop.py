@@ -42,7 +42,16 @@ from onepass.couplings import check_row_mask
 from onepass.private_names import private
 from onepass.train.config import TrainConfig, TrainConfigError, write_yaml
 from onepass.errors import OnePassError
-from onepass.train.data import TrainData, check_data, compact_vocab, load_train_data, total_steps, units_digest
+from onepass.train.data import (
+    TrainData,
+    check_data,
+    check_same_units,
+    compact_vocab,
+    load_train_data,
+    rows_setting,
+    total_steps,
+    units_digest,
+)
 from onepass.train.evaluation import evaluate
 from onepass.train.fingerprint import check_fingerprint, run_fingerprint
 from onepass.train.step import NonFiniteError, Stepper, deliver
@@ -169,37 +178,6 @@ def _save_final(model: Any, loaded: _Loaded, path: Path, *, step: int, state_dic
     return path
 
 
-def _rows_setting(config: TrainConfig, data: TrainData, key: str, say: Callable[[str], None]) -> str:
-    """A data setting as the run really has it: prepared rows keep the ``schedule`` / ``weighting`` they
-    were prepared with (``stats.json``), whatever the config says; a config that says otherwise is named
-    (it used to be recorded as the run's, so an n-pass folder was reported as trained one-pass)."""
-    asked = str(getattr(config.data_config, key))
-    had = data.stats.get(key) if data.kind == "row" else None
-    if not isinstance(had, str) or had == asked:
-        return asked
-    say(f"note: {data.source} holds rows prepared with {key} {had}; the {key} setting ({asked}) applies to "
-        "conversations, not to prepared rows")
-    return had
-
-
-def _check_ranks_agree(accelerator: Any, config: TrainConfig, data: TrainData, rows: dict[str, str | None]) -> None:
-    """Every process read the same rows (:func:`~onepass.train.data.units_digest`), else one line on each: two
-    ranks given different data files (a node-local path, a file being rewritten) would train inconsistent steps,
-    or, with different step counts, wait for each other forever."""
-    if accelerator.num_processes == 1:
-        return
-    from accelerate.utils import gather_object
-
-    seen = gather_object([(accelerator.process_index, data.num_units, rows["rows"], rows["eval_rows"])])
-    rank0 = seen[0]
-    other = next((s for s in seen if s[2:] != rank0[2:]), None)
-    if other is not None:
-        which, spec = ("training", config.data) if other[2] != rank0[2] else ("eval", config.eval_data)
-        raise TrainConfigError(f"the processes read different {which} data from {spec}: rank 0 has {rank0[1]} "
-                               f"{data.kind}s, rank {other[0]} has {other[1]} (or as many with other content); give "
-                               "every process the same files (a shared folder), prepared once")
-
-
 def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callable[[str], None] | None = None,
           resume_anyway: bool = False) -> TrainResult:
     """Run ``config``; with ``resume`` (True = latest checkpoint, or a checkpoint path) continue a run.
@@ -305,7 +283,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     loaded = _load_data(config, main=main, say=say)
     data, eval_data = loaded.data, loaded.eval_data
     rows = {"rows": units_digest(data), "eval_rows": units_digest(eval_data) if eval_data is not None else None}
-    _check_ranks_agree(accelerator, config, data, rows)  # before the first collective whose count depends on it
+    check_same_units(accelerator, config, data, rows)  # before the first collective whose count depends on it
     fingerprint = {**run_fingerprint(config, loaded.tokenizer, renders=any(
         d is not None and d.kind == "conversation" for d in (data, eval_data))), **rows}
     if saved is not None:
@@ -328,8 +306,8 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         start, history, evals = state["step"], state["history"], state.get("evals", [])
         say(f"resumed from {ckpt} at step {start}")
     stats = data.stats
-    schedule = _rows_setting(config, data, "schedule", say)
-    _rows_setting(config, data, "weighting", say)
+    schedule = rows_setting(config, data, "schedule", say)
+    rows_setting(config, data, "weighting", say)
     header = {"config": config.to_dict(), "distributed": parallel.to_dict(), "world_size": world, "device": str(device), "attention": attention,
               "dtype": config.dtype, "mixed_precision": config.mixed_precision, "schedule": schedule,
               "parameters": params, "trainable_parameters": trainable, "units": data.num_units,
