@@ -176,7 +176,7 @@ def _prepare(args: argparse.Namespace) -> int:
     tokenizer = _tokenizer(args)  # a template that does not compile: one line before data is read
     stats = PrepareStats()
     trees = iter_prepared(args.data, tokenizer, config, stats, num_proc=args.num_proc, limit=args.limit,
-                          strict=args.strict, progress=not args.no_progress)
+                          strict=args.strict, progress=not args.no_progress, units=True)
     out = write_prepared(trees, stats, config, args.out)  # streams: rows are written as they are made
     invalid = stats.skipped[:stats.skipped_by_reason.get(INVALID, 0)]  # listed first
     for line in invalid[:5]:
