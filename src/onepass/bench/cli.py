@@ -33,7 +33,8 @@ from typing import Any
 from onepass.errors import DataError, UsageError
 from onepass.flops import MODEL_SHAPES, model_kwargs, train_flops
 
-WORKLOADS = {"mathchat": "builtin:mathchat", "synthetic": "synthetic:mathchat-sync"}  # --workload NAME: --data SPEC
+WORKLOADS = {"mathchat": "builtin:mathchat", "synthetic": "synthetic:mathchat-sync",  # --workload NAME: --data SPEC
+             "agent": "synthetic:agent"}
 
 
 def add_parser(sub: Any) -> None:
@@ -66,7 +67,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--backends", default=None, help="comma-separated attention backends (default: sdpa,onepass_cpu on CPU; flex_attention,sdpa on CUDA)")
     p.add_argument("--settings", default=None, help="comma-separated settings (default: all)")
-    p.add_argument("--max-tokens", type=int, default=None, help="row budget (default 4096)")
+    p.add_argument("--max-tokens", type=int, default=None, help="row budget (default 4096; 16384 for --workload agent)")
     p.add_argument("--repeats", type=int, default=None, help="timed epochs per setting (default 2 quick, 5 full)")
     p.add_argument("--depth-groups", action="store_true", help="also time G1/G2/G3 separately")
     p.set_defaults(func=run)
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--conversations must be >= 1, got {args.conversations}")
     n = args.conversations or (24 if args.quick else 300)
     repeats = args.repeats or (2 if args.quick else 5)
-    max_tokens = args.max_tokens or 4096
+    max_tokens = args.max_tokens or (16384 if spec == WORKLOADS["agent"] else 4096)  # agent trees: 3-9k tokens
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -183,9 +184,13 @@ def run(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     ideal = {group: train_flops(rows_of(group, "n-pass"), shape)
              / train_flops(rows_of(group, "one-pass"), shape) for group in groups}
+    # sharing prefixes across conversations: the FLOP bound against the one-pass packed rows it merges
+    shared_settings = [s for s in settings if s in bench.SHARED_SETTINGS]
+    ideal_shared = {group: train_flops(rows_of(group, bench.SHARED_SETTINGS[s]), shape)
+                    / train_flops(rows_of(group, s), shape) for group in groups for s in shared_settings[:1]}
     for backend in backends:
         for group, members in groups.items():
-            names = settings if group == "all" else ["n-pass-packed", "one-pass-packed"]
+            names = settings if group == "all" else ["n-pass-packed", "one-pass-packed", *shared_settings]
             for setting in names:  # not `name`: that is the workload's, written to the summary
                 rows = rows_of(group, setting)
                 job = bench.Job(rows=rows, vocab=vocab, shape_kwargs=shape_kwargs,
@@ -224,14 +229,14 @@ def run(args: argparse.Namespace) -> int:
               f"{r['tokens_per_s']:9,.0f} tok/s  peak {(r['peak_memory_bytes'] or 0) / 2**20:7.0f} MiB "
               f"(TRL SFTTrainer, packing bfd, completion-only loss, checkpointing {'off' if tuned else 'on'})",
               flush=True)
-    bench.add_ratios(results, ideal)
+    bench.add_ratios(results, ideal, ideal_shared)
     summary = {
         **env, "workload": {"name": name, "data": spec, "conversations": len(convs), "views": sum(depth),
                             "seed": args.seed, "model_shape": args.model_shape, "arch": args.arch, "vocab": vocab,
                             "layers": shape.num_layers, "full_layers": full.num_layers, "lm_head": head_mode(),
                             "dtype": str(dtype).replace("torch.", ""), "max_tokens": max_tokens,
                             "repeats": repeats, "depth_histogram": {d: depth.count(d) for d in sorted(set(depth))}},
-        "ideal_speedup": ideal, "matmul_peak_flops": peak, "settings": results,
+        "ideal_speedup": ideal, "ideal_speedup_shared": ideal_shared, "matmul_peak_flops": peak, "settings": results,
         "command": "onepass " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("onepass") else None,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -242,13 +242,32 @@ def generate_conversations(num_conversations: int, seed: int = 0, **kwargs: Any)
             for i, r in enumerate(generate(num_conversations, seed, **kwargs))]
 
 
+def workload_names() -> tuple[str, ...]:
+    """Every ``synthetic:NAME``: the MathChat-shaped workloads and the agent ones
+    (:mod:`onepass.data.synthetic_agent`)."""
+    from onepass.data.synthetic_agent import AGENT_WORKLOADS
+
+    return (*WORKLOADS, *AGENT_WORKLOADS)
+
+
 def workload(name: str) -> SyntheticConfig:
     if name not in WORKLOADS:
-        raise UsageError(f"unknown synthetic workload {name!r}; have {', '.join(WORKLOADS)}")
+        raise UsageError(f"unknown synthetic workload {name!r}; have {', '.join(workload_names())}")
     return WORKLOADS[name]
+
+
+def iter_records(name: str, seed: int = 0) -> Iterator[dict[str, Any]]:
+    """An endless stream of workload ``name``'s records (MathChat-shaped or agent)."""
+    from onepass.data.synthetic_agent import AGENT_WORKLOADS, iter_agent
+
+    if name in AGENT_WORKLOADS:
+        return iter_agent(seed, AGENT_WORKLOADS[name])
+    return iter_generate(seed, workload(name))
 
 
 def iter_workload(name: str, seed: int = 0) -> Iterator[dict[str, Any]]:
     """The ``synthetic:NAME`` data spec: that workload's ``num_conversations`` records, seed 0."""
-    cfg = workload(name)
-    return itertools.islice(iter_generate(seed, cfg), cfg.num_conversations)
+    from onepass.data.synthetic_agent import AGENT_WORKLOADS
+
+    n = AGENT_WORKLOADS[name].num_conversations if name in AGENT_WORKLOADS else workload(name).num_conversations
+    return itertools.islice(iter_records(name, seed), n)

@@ -193,6 +193,8 @@ class OnePassConfig(TrainingArguments):
     template_kwargs: dict | str | None = field(
         default=None, metadata=_h("extra chat template variables, e.g. {\"enable_thinking\": false}"))
     reasoning: str = field(default="keep", metadata=data_field_help("reasoning"))
+    share_prefix: bool = field(default=True, metadata=data_field_help("share_prefix"))  # with packing
+    share_window: int | None = field(default=None, metadata=data_field_help("share_window"))
     allow_inexact: bool = field(
         default=False, metadata=_h("train even when the exactness guard finds one-pass != N-pass"))
 
@@ -248,7 +250,8 @@ class OnePassConfig(TrainingArguments):
     def _data_values(self) -> dict[str, Any]:
         return {"schedule": self.schedule, "max_tokens": self.max_length, "weighting": self.weighting,
                 "completion_format": self.completion_format, "reasoning": self.reasoning,
-                "template_kwargs": dict(self.template_kwargs or {})}
+                "template_kwargs": dict(self.template_kwargs or {}), "share_prefix": self.share_prefix,
+                "share_window": self.share_window}
 
     @property
     def data_config(self) -> DataConfig:
