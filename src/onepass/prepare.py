@@ -265,18 +265,19 @@ def finalize(units: Sequence[Layout | Sequence[Layout]], stats: PrepareStats, co
         assert config.max_tokens is not None
         shared = share_and_pack(layouts, [u for u, _ in pairs], config.max_tokens, window=config.share_window)
         rows = shared.rows
-        count_shared(stats, layouts, [m for m in shared.groups if len(m) > 1])
+        count_shared(stats, config, layouts, [m for m in shared.groups if len(m) > 1])
     else:
         rows = pack_layouts(layouts, config.max_tokens) if config.pack else layouts
     count_rows(stats, config, num_trees=len(layouts), num_rows=len(rows), row_tokens=sum(len(r) for r in rows))
     return rows, stats
 
 
-def count_shared(stats: PrepareStats, trees: Sequence[Layout] | Sequence[int], groups: Sequence[Sequence[int]]
-                 ) -> None:
+def count_shared(stats: PrepareStats, config: PrepareConfig, trees: Sequence[Layout] | Sequence[int],
+                 groups: Sequence[Sequence[int]]) -> None:
     """The ``shared`` counts of trees merged into ``groups`` (each two or more tree indices); ``trees``:
     the trees or their lengths. The token counts are completed by :func:`count_rows`."""
-    assert stats.shared is not None
+    if stats.shared is None:
+        stats.shared = asdict(SharedStats(window=config.share_window))
     stats.shared["groups"] = len(groups)
     stats.shared["trees_shared"] = sum(len(g) for g in groups)
     stats.shared["tokens_unshared"] = sum(x if isinstance(x, int) else len(x) for x in trees)
@@ -361,7 +362,7 @@ def write_prepared(trees: Iterable[Layout | Sequence[Layout]], stats: PrepareSta
                                     merged.append(m.layout)
                                     if len(m.members) > 1:
                                         groups.append(m.members)
-                                count_shared(stats, spool.lengths, groups)
+                                count_shared(stats, config, spool.lengths, groups)
                                 for b in best_fit_decreasing(merged.lengths, config.max_tokens):
                                     rows.write(concat([merged.read(i) for i in b]))
                         else:

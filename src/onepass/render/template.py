@@ -20,6 +20,7 @@ from typing import Any
 
 from onepass.conversation import Conversation
 from onepass.render.errors import RenderError, TemplateRaised
+from onepass.render.tools_block import render_with, tools_block
 from onepass.template_messages import template_tools
 
 Render = Callable[[list[dict[str, Any]], bool], "str | None"]
@@ -29,7 +30,12 @@ Render = Callable[[list[dict[str, Any]], bool], "str | None"]
 def apply_template(tokenizer: Any, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None,
                    kwargs: Mapping[str, Any]) -> Any:
     """The tokenizer's chat template on ``messages`` as text (``kwargs``: ``add_generation_prompt`` and the
-    template kwargs). Raises what the template raises; may return a non-str (batched input)."""
+    template kwargs). Raises what the template raises; may return a non-str (batched input). Tools are
+    rendered once per distinct value where the template allows it (:mod:`onepass.render.tools_block`)."""
+    if tools:
+        block = tools_block(tokenizer, tools, kwargs)
+        if block is not None:
+            return render_with(tokenizer, block, messages, tools, kwargs)
     return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
 
 

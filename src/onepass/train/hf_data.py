@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from onepass.conversation import Conversation
 from onepass.data_config import DataConfig
 from onepass.loss import layouts_to_batch
 from onepass.pack import pack_layouts
-from onepass.prepare import PrepareStats, SharedStats, count_rows, count_shared, load_rows
+from onepass.prepare import PrepareStats, count_rows, count_shared, load_rows
 from onepass.render import RenderConfig
 from onepass.schedule import Schedule
 from onepass.share import share_and_pack
@@ -125,11 +125,10 @@ def prepare_rows(conversations: Iterable[Conversation], tokenizer: Any, data_con
         packed = data_config.replace(pack=True)
         trees = [tree for unit in units for tree in unit]
         if packed.shares:  # trees of conversations that share a prefix: one tree per row (onepass.share)
-            stats.shared = asdict(SharedStats(window=packed.share_window))
             shared = share_and_pack(trees, [u for u, unit in enumerate(units) for _ in unit], max_tokens,
                                     window=packed.share_window)
             rows = shared.rows
-            count_shared(stats, trees, [g for g in shared.groups if len(g) > 1])
+            count_shared(stats, packed, trees, [g for g in shared.groups if len(g) > 1])
         else:
             rows = pack_layouts(trees, max_tokens)
         count_rows(stats, packed, num_trees=len(trees), num_rows=len(rows), row_tokens=sum(len(r) for r in rows))
