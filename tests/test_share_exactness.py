@@ -1,6 +1,6 @@
 """Sharing prefixes across conversations is exact (float64, <= 1e-9): agent-shaped conversations with tools.
 
-Small agent conversations (:mod:`onepass.data.synthetic_agent`: two harnesses, each a system prompt and
+Small agent conversations (:mod:`onepass.data.synthetic`: two harnesses, each a system prompt and
 tool schemas rendered by the real Qwen3 template; tool calls and results; reasoning Qwen3 drops from
 later turns) are laid out one-pass, their trees merged where they share a prefix and packed
 (:func:`onepass.share.share_rows`, what ``prepare --pack`` does by default), and the loss and every
@@ -19,7 +19,7 @@ import torch
 
 from onepass.cli import main
 from onepass.conversation import parse_record
-from onepass.data.synthetic_agent import AgentConfig, agent_record
+from onepass.data.synthetic import AgentConfig, agent_record
 from onepass.geometry import row_chains
 from onepass.precision import float64_norms
 from onepass.render import render_views

@@ -109,11 +109,13 @@ def test_a_block_whose_first_render_differs_is_retired(qwen3_tokenizer, monkeypa
     conv = agent_conversations(1)[0]
     tools = template_tools(conv)
     messages = template_messages(conv, 2)
-    kwargs = {"add_generation_prompt": True}
+
+    def render(messages, tools):
+        return qwen3_tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+
     monkeypatch.setattr(tb, "_blocks", type(tb._blocks)())
-    block = tb.tools_block(qwen3_tokenizer, tools, kwargs)
+    block = tb.tools_block(qwen3_tokenizer, tools, render)
     assert block is not None and not block.checked
     block.text = block.text + " "  # as if the block depended on something else
-    plain = qwen3_tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
-    assert tb.render_with(qwen3_tokenizer, block, messages, tools, kwargs) == plain
-    assert block.checked and not block.usable and tb.tools_block(qwen3_tokenizer, tools, kwargs) is None
+    assert tb.render_with(block, messages, tools, render) == render(messages, tools)
+    assert block.checked and not block.usable and tb.tools_block(qwen3_tokenizer, tools, render) is None

@@ -15,7 +15,7 @@ import json
 import numpy as np
 import pytest
 
-from onepass.data.synthetic_agent import AgentConfig, agent_record
+from onepass.data.synthetic import AgentConfig, agent_record
 from onepass.share import loss_terms, same_terms
 from onepass.train import train
 from onepass.train.config import load_config

@@ -193,6 +193,11 @@ def run(args: argparse.Namespace) -> int:
             names = settings if group == "all" else ["n-pass-packed", "one-pass-packed", *shared_settings]
             for setting in names:  # not `name`: that is the workload's, written to the summary
                 rows = rows_of(group, setting)
+                if setting in bench.SHARED_SETTINGS and not args.settings and sum(map(len, rows)) == sum(
+                        map(len, rows_of(group, bench.SHARED_SETTINGS[setting]))):
+                    print(f"{backend:>12} {group:>3} {setting:>16}: no prefix shared across conversations (the rows "
+                          f"are {bench.SHARED_SETTINGS[setting]}'s): not timed", flush=True)
+                    continue
                 job = bench.Job(rows=rows, vocab=vocab, shape_kwargs=shape_kwargs,
                                 dtype=str(dtype).replace("torch.", ""), backend=backend, device=str(device),
                                 seed=args.seed, repeats=repeats, threads=torch.get_num_threads(), arch=args.arch)

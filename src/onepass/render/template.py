@@ -32,11 +32,14 @@ def apply_template(tokenizer: Any, messages: list[dict[str, Any]], *, tools: lis
     """The tokenizer's chat template on ``messages`` as text (``kwargs``: ``add_generation_prompt`` and the
     template kwargs). Raises what the template raises; may return a non-str (batched input). Tools are
     rendered once per distinct value where the template allows it (:mod:`onepass.render.tools_block`)."""
+    def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Any:
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
+
     if tools:
-        block = tools_block(tokenizer, tools, kwargs)
+        block = tools_block(tokenizer, tools, render)
         if block is not None:
-            return render_with(tokenizer, block, messages, tools, kwargs)
-    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
+            return render_with(block, messages, tools, render)
+    return render(messages, tools)
 
 
 def template_line(error: BaseException) -> int | None:

@@ -29,7 +29,7 @@ import hashlib
 import json
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,8 +128,13 @@ def _stand_in(value: str, n: int) -> list[dict[str, Any]]:
             for i in range(n)]
 
 
-def tools_block(tokenizer: Any, tools: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> ToolsBlock | None:
-    """The :class:`ToolsBlock` of ``tools`` under the tokenizer's template, or None where there is none to use."""
+Render = Callable[[list[dict[str, Any]], list[dict[str, Any]]], Any]
+"""``render(messages, tools)``: the template's plain output (:func:`onepass.render.template.apply_template`'s call)."""
+
+
+def tools_block(tokenizer: Any, tools: list[dict[str, Any]], render: Render) -> ToolsBlock | None:
+    """The :class:`ToolsBlock` of ``tools`` under the tokenizer's template (probed with ``render``, the
+    call with the render's keyword arguments), or None where there is none to use."""
     template = getattr(tokenizer, "chat_template", None)
     if not isinstance(template, str) or not tools or not allows(template):
         return None
@@ -140,7 +145,7 @@ def tools_block(tokenizer: Any, tools: list[dict[str, Any]], kwargs: Mapping[str
     key = (template, _value(tools))
     block = blocks.get(key)
     if block is None:
-        block = _probe(tokenizer, tools, key[1], kwargs)
+        block = _probe(tools, key[1], render)
         blocks[key] = block
         while len(blocks) > CACHED:
             blocks.popitem(last=False)
@@ -149,12 +154,11 @@ def tools_block(tokenizer: Any, tools: list[dict[str, Any]], kwargs: Mapping[str
     return block if block.usable else None
 
 
-def _probe(tokenizer: Any, tools: list[dict[str, Any]], value: str, kwargs: Mapping[str, Any]) -> ToolsBlock:
+def _probe(tools: list[dict[str, Any]], value: str, render: Render) -> ToolsBlock:
     stand_in = _stand_in(value, len(tools))
     probe = [{"role": "user", "content": "x"}]
     try:
-        real = tokenizer.apply_chat_template(probe, tools=tools, tokenize=False, **kwargs)
-        fake = tokenizer.apply_chat_template(probe, tools=stand_in, tokenize=False, **kwargs)
+        real, fake = render(probe, tools), render(probe, stand_in)
     except Exception:  # the template raises for the probe: render as it is
         return ToolsBlock(usable=False)
     if not isinstance(real, str) or not isinstance(fake, str):
@@ -171,17 +175,17 @@ def _probe(tokenizer: Any, tools: list[dict[str, Any]], value: str, kwargs: Mapp
     return ToolsBlock(usable=usable, stand_in=stand_in, stand_in_text=stand_in_text, text=text)
 
 
-def render_with(tokenizer: Any, block: ToolsBlock, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                kwargs: Mapping[str, Any]) -> Any:
+def render_with(block: ToolsBlock, messages: list[dict[str, Any]], tools: list[dict[str, Any]], render: Render
+                ) -> Any:
     """The template's text for ``messages`` with the stand-in tools and the real block put back; the
     plain render where the stand-in block is not found exactly once, and for the first render of a
     block (compared with it: a difference retires the block)."""
-    text = tokenizer.apply_chat_template(messages, tools=block.stand_in, tokenize=False, **kwargs)
+    text = render(messages, block.stand_in)
     if not isinstance(text, str) or text.count(block.stand_in_text) != 1:
-        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
+        return render(messages, tools)
     text = text.replace(block.stand_in_text, block.text)
     if not block.checked:
-        plain = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
+        plain = render(messages, tools)
         block.checked, block.usable = True, plain == text
         return plain
     return text
