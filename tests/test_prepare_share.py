@@ -60,8 +60,7 @@ def test_prepare_pack_shares_prefixes_with_the_same_loss_terms(tmp_path, qwen3_t
         {k: v for k, v in sa.items() if k not in ("rows", "row_tokens", "padding_tokens", "padding_fraction")}
 
 
-@pytest.mark.parametrize("num_proc", [1, 2])
-@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("num_proc,window", [(1, None), (2, 3)])
 def test_streamed_shared_rows_equal_the_in_memory_path(tmp_path, qwen3_tokenizer, num_proc, window):
     data = _subset(tmp_path, "bfcl_base", 10, every=9)
     config = PrepareConfig(max_tokens=20000, pack=True, share_window=window, weighting="turn")

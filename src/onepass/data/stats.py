@@ -133,7 +133,8 @@ class DataStats:
                          f"{sh['one_pass_rows']} rows with one tree per conversation -> {sh['shared_row_tokens']:,} "
                          f"in {sh['shared_rows']} ({sh['shared_prefix_tokens']:,} shared-prefix tokens computed "
                          f"once per row; token ratio {sh['token_ratio']:.2f}x)")
-            lines.append(f"  bound vs one-pass rows {sh['ideal_speedup']:.2f}x (vs N-pass {sh['ideal_speedup_vs_n_pass']:.2f}x, "
+            vs_n = f"vs N-pass {sh['ideal_speedup_vs_n_pass']:.2f}x, " if sh["ideal_speedup_vs_n_pass"] else ""
+            lines.append(f"  bound vs one-pass rows {sh['ideal_speedup']:.2f}x ({vs_n}"
                          f"attention alone {sh['attention_speedup']:.2f}x); GPU cost ({g['tile']}x{g['tile']} tiles) "
                          f"{g['one_pass_tiles']:,} -> {g['shared_tiles']:,}: predicted attention "
                          f"{g['attention_ratio']:.2f}x, step {g['step_ratio']:.2f}x")

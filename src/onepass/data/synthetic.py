@@ -268,9 +268,9 @@ class AgentConfig:
     min_turns: int = 4
     max_turns: int = 20
     user: tuple[int, int] = (10, 40)
-    reasoning: tuple[int, int] = (10, 40)
+    reasoning: tuple[int, int] = (5, 20)
     tool_result: tuple[int, int] = (10, 60)
-    answer: tuple[int, int] = (5, 30)
+    answer: tuple[int, int] = (5, 25)
     calls: tuple[int, int] = (0, 1)  # tool calls before the answer of a turn
     num_conversations: int = 30  # how many a ``synthetic:NAME`` data spec yields
 
