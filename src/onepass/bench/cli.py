@@ -60,9 +60,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--layers", type=int, default=None,
                    help="cut the shape to N layers so a CPU run fits in minutes (FLOPs are counted for the model "
                         "run; the full depth's are reported beside them, labelled)")
-    p.add_argument("--full-vocab", action="store_true",
-                   help="keep the tokenizer's whole vocabulary (default for every shape but tiny: the real "
-                        "model's; tiny compacts it to the ids that occur)")
+    vocab_group = p.add_mutually_exclusive_group()
+    vocab_group.add_argument("--full-vocab", action="store_true",
+                             help="keep the tokenizer's whole vocabulary (default for every shape but tiny: the real "
+                                  "model's; tiny compacts it to the ids that occur)")
+    vocab_group.add_argument("--compact-vocab", action="store_true",
+                             help="compact a real shape's vocabulary too, to the ids that occur: the LM head (the "
+                                  "same work in every setting) no longer dominates a CPU run of a cut model")
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--backends", default=None, help="comma-separated attention backends (default: sdpa,onepass_cpu on CPU; flex_attention,sdpa on CUDA)")
@@ -154,8 +158,8 @@ def run(args: argparse.Namespace) -> int:
     tok = load_tokenizer(args.tokenizer)
     views = [render_views(c, tok) for c in convs]
     full = MODEL_SHAPES[args.model_shape]
-    vocab = max(len(tok), full.vocab)  # a real shape keeps its padded vocabulary (Qwen3: 151,936)
-    if not args.full_vocab and full.vocab == 0:
+    vocab = max(len(tok), full.vocab)  # a real shape keeps its padded vocabulary (Qwen3: 151,936) unless compacted
+    if args.compact_vocab or (not args.full_vocab and full.vocab == 0):
         views, vocab = compact_vocab(views)
     depth = [len(v) for v in views]
     full = dataclasses.replace(full, vocab=vocab)
