@@ -16,7 +16,7 @@ export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 LOCK ?= constraints.txt
-.PHONY: setup demo test test-fast test-latest test-min lock clean gpu-check gpu-bundle
+.PHONY: setup demo test test-fast test-latest test-min lock clean gpu-check gpu-bundle gpu-sim
 
 $(VENV)/.installed: pyproject.toml Makefile $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -39,46 +39,90 @@ test: setup
 test-fast: setup   # everything but the two whole-benchmark runs (marked slow)
 	$(PY) -m pytest -q $(PYTEST_PAR) -m "not slow"
 
-# The newest releases of every dependency (torch stays the CPU build), in their own venv, whole suite.
-test-latest:
-	rm -rf .venv-latest && $(PYTHON) -m venv .venv-latest
-	.venv-latest/bin/python -m pip install --quiet --upgrade pip
-	.venv-latest/bin/python -m pip install --quiet "$(TORCH_PIN)"
-	.venv-latest/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -e ".[test]"
-	@.venv-latest/bin/python -m pip list 2>/dev/null | grep -iE "^(torch|transformers|peft|accelerate|datasets|trl|tokenizers) "
-	.venv-latest/bin/python -m pytest -q $(PYTEST_PAR)
+# A pip cap a machine may set for every venv (a global constraint file, e.g. torch<=2.14.1) is lifted for the
+# test-min/test-latest venvs only, by pointing PIP_CONSTRAINT at an empty file (an empty PIP_CONSTRAINT= does
+# not lift it); no system file is touched. The PyPI torch is a CUDA build (it runs on CPU): a multi-GB
+# download the first time, from pip's cache after.
+NO_CAP = PIP_CONSTRAINT=$(CURDIR)/$(1)/no-constraints.txt $(1)/bin/python -m pip
 
-# After `make test-latest` passed: record what it ran as the lock CI installs.
+# The next releases, before they ship: the newest torch (TORCH_LATEST), the newest release of every
+# dependency, then pre-releases (pip --pre) of the libraries onepass couples to (LATEST_PRE; empty: none),
+# then source folders where given (TRANSFORMERS_SRC=path PEFT_SRC= ACCELERATE_SRC= TRL_SRC=: a checkout, a
+# wheel or any pip requirement). Prints the private names the installed releases lack, then runs SUITES
+# (default: the whole suite). CI does not run it. Example:
+#   TRANSFORMERS_SRC=~/src/transformers make test-latest SUITES="tests/test_couplings.py tests/mixers"
+TORCH_LATEST ?= torch
+LATEST_PRE ?= transformers peft accelerate trl
+SUITES ?=
+test-latest:
+	rm -rf .venv-latest && $(PYTHON) -m venv .venv-latest && : > .venv-latest/no-constraints.txt
+	$(call NO_CAP,.venv-latest) install --quiet --upgrade pip
+	$(call NO_CAP,.venv-latest) install --quiet --upgrade "$(TORCH_LATEST)"
+	$(call NO_CAP,.venv-latest) install --quiet --upgrade --upgrade-strategy eager -e ".[test]"
+	$(if $(strip $(LATEST_PRE)),$(call NO_CAP,.venv-latest) install --quiet --upgrade --pre $(LATEST_PRE))
+	@for src in $(TRANSFORMERS_SRC) $(PEFT_SRC) $(ACCELERATE_SRC) $(TRL_SRC); do \
+	  echo "installing $$src"; $(call NO_CAP,.venv-latest) install --quiet "$$src" || exit 1; done
+	@.venv-latest/bin/python -m pip list 2>/dev/null | grep -iE "^(torch|transformers|peft|accelerate|datasets|trl|tokenizers) "
+	@.venv-latest/bin/python -c "from onepass.private_names import missing_private_names as m; \
+	  print('private names missing:', ', '.join(m()) or 'none')"
+	.venv-latest/bin/python -m pytest -q $(PYTEST_PAR) $(SUITES)
+
+# After `make test-latest` passed on releases (LATEST_PRE= and no *_SRC): record what it ran as the lock
+# CI installs. Pre-releases and source installs are refused: they are not what a user gets from pip.
 lock:
 	@test -x .venv-latest/bin/python || { echo "make lock: run make test-latest first"; exit 1; }
+	@! .venv-latest/bin/python -m pip freeze --exclude-editable 2>/dev/null | grep -iE "(a|b|rc|dev)[0-9]*$$| @ " \
+	  || { echo "make lock: .venv-latest holds the pre-releases or source installs above; run" \
+	       "make test-latest LATEST_PRE= (no *_SRC) first"; exit 1; }
 	{ sed -n '/^#/p' $(LOCK); .venv-latest/bin/python -m pip freeze --exclude-editable 2>/dev/null \
 	  | grep -viE "^(torch|onepass)[=@ ]"; } > $(LOCK).new && mv $(LOCK).new $(LOCK)
 
-# The oldest releases pyproject.toml allows (constraints-min.txt), on the suites that touch them.
+# The oldest releases pyproject.toml allows (constraints-min.txt; torch: TORCH_MIN, the floor), on the
+# suites that touch them.
+TORCH_MIN ?= torch==2.11.0
 MIN_SUITES ?= tests/test_architectures.py tests/mixers tests/test_couplings.py tests/test_guard.py \
 	tests/test_head.py tests/train tests/test_real_templates.py tests/data tests/bench/test_bench_trl.py
 test-min:
-	rm -rf .venv-min && $(PYTHON) -m venv .venv-min
-	.venv-min/bin/python -m pip install --quiet --upgrade pip
-	.venv-min/bin/python -m pip install --quiet "$(TORCH_PIN)"
-	.venv-min/bin/python -m pip install --quiet -c constraints-min.txt -e ".[test]"
+	rm -rf .venv-min && $(PYTHON) -m venv .venv-min && : > .venv-min/no-constraints.txt
+	$(call NO_CAP,.venv-min) install --quiet --upgrade pip
+	$(call NO_CAP,.venv-min) install --quiet "$(TORCH_MIN)"
+	$(call NO_CAP,.venv-min) install --quiet -c constraints-min.txt -e ".[test]"
 	@.venv-min/bin/python -m pip list 2>/dev/null | grep -iE "^(torch|transformers|peft|accelerate|datasets|trl|numpy) "
 	.venv-min/bin/python -m pytest -q $(PYTEST_PAR) $(MIN_SUITES)
 
-# The GPU machine has no network: `make gpu-bundle` here downloads the wheels it needs (for its
-# Python, GPU_BUNDLE_PYTHON) into $(GPU_BUNDLE)/part-N/, each part under 64 MiB. `make gpu-check`
-# there uses that machine's own python and CUDA torch (no venv, no torch install), installs the
-# bundle with pip --no-index, runs its steps (each under 10 minutes; CUDA steps skip in one line
-# without CUDA) and writes gpu-check-results.tar.gz. See docs/gpu.md.
+# The GPU machine (docs/gpu.md): no network, its own Python 3.12 and CUDA torch, 15 minutes of device time
+# per session. `make gpu-bundle` here downloads the few wheels its image lacks (<= 40 MiB, one folder,
+# git-ignored); `make gpu-check` there, with gpu-bundle carried, is the whole check in one command that
+# ends by itself within 7 minutes: the machine's own python and torch (no venv, no torch install), the
+# bundle installed with pip --no-index --no-deps --target, CUDA steps skipped in one line without CUDA,
+# gpu-check.json + gpu-check.log into $OUT (else gpu-check-results/).
+# `make gpu-sim` runs it here, offline, as it runs there: a venv with torch 2.11.0 (PyPI's build, on CPU)
+# and the image's packages (configs/gpu-image.txt), the bundle for this Python, pip pointed at no index.
 GPU_PYTHON ?= python3
 GPU_BUNDLE ?= gpu-bundle
 GPU_BUNDLE_PYTHON ?= 3.12
+GPU_SIM_VENV ?= .venv-gpu-sim
+GPU_SIM_PY := $(GPU_SIM_VENV)/bin/python
 
-gpu-bundle: setup
-	$(PY) -m onepass.bench.gpu_bundle --out $(GPU_BUNDLE) --python-version $(GPU_BUNDLE_PYTHON)
+gpu-bundle:
+	$(PYTHON) -m pip --version >/dev/null
+	PYTHONPATH=$(CURDIR)/src $(PYTHON) -m onepass.bench.gpu_bundle --out $(GPU_BUNDLE) --python-version $(GPU_BUNDLE_PYTHON)
 
 gpu-check:
-	PYTHONPATH=$(CURDIR)/src $(GPU_PYTHON) -m onepass.bench.gpu_check --bundle $(GPU_BUNDLE) $(GPU_CHECK_ARGS)
+	PYTHONUNBUFFERED=1 PYTHONPATH=$(CURDIR)/src $(GPU_PYTHON) -m onepass.bench.gpu_check --bundle $(GPU_BUNDLE) $(GPU_CHECK_ARGS)
+
+# torch 2.11.0 is older than this machine's pip constraint allows: an empty constraint file, this venv only
+$(GPU_SIM_VENV)/.installed: configs/gpu-image.txt
+	$(PYTHON) -m venv $(GPU_SIM_VENV)
+	: > $(GPU_SIM_VENV)/no-constraints.txt
+	PIP_CONSTRAINT=$(CURDIR)/$(GPU_SIM_VENV)/no-constraints.txt $(GPU_SIM_PY) -m pip install --quiet torch==2.11.0
+	PIP_CONSTRAINT=$(CURDIR)/$(GPU_SIM_VENV)/no-constraints.txt $(GPU_SIM_PY) -m pip install --quiet -r configs/gpu-image.txt
+	touch $@
+
+gpu-sim: $(GPU_SIM_VENV)/.installed
+	$(MAKE) gpu-bundle GPU_BUNDLE=$(GPU_SIM_VENV)/bundle GPU_BUNDLE_PYTHON=$$($(GPU_SIM_PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null PIP_NO_INDEX=1 $(MAKE) gpu-check GPU_PYTHON=$(GPU_SIM_PY) \
+	  GPU_BUNDLE=$(GPU_SIM_VENV)/bundle GPU_CHECK_ARGS="--out gpu-check-results/sim --site /tmp/onepass-gpu-site-sim --work /tmp/onepass-gpu-check-sim"
 
 clean:
-	rm -rf $(VENV) .venv-latest .venv-min runs .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-latest .venv-min $(GPU_SIM_VENV) runs .pytest_cache .hypothesis

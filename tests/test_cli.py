@@ -136,6 +136,19 @@ def test_verify_prints_json_last(capsys):
     assert last["equal"] and last["rel_loss_diff"] <= 1e-9 and last["num_views"] == 6
 
 
+def test_verify_names_its_device_and_refuses_a_backend_the_device_cannot_run(capsys, monkeypatch):
+    """``--device cuda`` (make gpu-check's verify step) and ``--attn flex_attention`` (CUDA only): on CPU each
+    is one line before any model is built, and the JSON names the device both sides ran on."""
+    assert main(["verify", "--data", "builtin:mathchat", "--limit", "1", "--attn", "sdpa", "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["device"] == "cpu"
+    assert main(["verify", "--data", "builtin:mathchat", "--limit", "1", "--attn", "flex_attention"]) == 2
+    assert capsys.readouterr().err.strip() == ("onepass: error: flex_attention has no backward pass on CPU; use "
+                                               "onepass_cpu, sdpa or eager on CPU")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert main(["verify", "--data", "builtin:mathchat", "--limit", "1", "--device", "cuda"]) == 2
+    assert capsys.readouterr().err.strip() == "onepass: error: --device cuda: torch sees no CUDA device here"
+
+
 def test_show_writes_a_png(tmp_path):
     out = tmp_path / "mask.png"
     assert main(["show", "--data", "builtin:mathchat", "--index", "3", "--out", str(out)]) == 0

@@ -97,22 +97,27 @@ CASES: tuple[Case, ...] = (
              "both). Turn 8's prompt follows a final answer, where the template drops that analysis (probed): "
              "rendered without it (history reasoning dropped). It drops a tool call's analysis once a final "
              "answer follows (record 1's turn 3 uses the derived generation format)"),
-    Case(template="qwen3_instruct_2507", kept=(2, 2, 2),
-         why="a non-thinking template never renders reasoning (only reasoning-free turns kept): --reasoning drop"),
-    Case(template="qwen3_instruct_2507", reasoning="drop", kept=(6, 12, 12), dropped=10,
-         why="--reasoning drop: the 10 turns with reasoning trained as the non-thinking model generates them"),
-    Case(template="cohere2", kept=(1, 1, 1),
+    Case(template="qwen3_instruct_2507", kept=(2, 3, 3),
+         why="a non-thinking template never renders a reasoning field (only reasoning-free turns kept: "
+             "--reasoning drop); it reads no reasoning field, so the turn whose record writes its reasoning as a "
+             "<think> block in the content goes over as given and is the template's own split"),
+    Case(template="qwen3_instruct_2507", reasoning="drop", kept=(6, 12, 12), dropped=9,
+         why="--reasoning drop: the 9 turns with reasoning in a field trained as the non-thinking model generates "
+             "them (the inline <think> block is content the template renders)"),
+    Case(template="cohere2", kept=(1, 2, 2),
          why="Command R7B's default template renders system, user and assistant text only: no reasoning "
-             "(5 turns skipped), no tool calls (1), no tool results (a tool message renders as an empty turn "
-             "and the assistant turns after it raise 'roles must alternate': 5); the kept turn has neither"),
-    Case(template="cohere2_tool_use", kept=(4, 5, 5),
+             "field (4 turns skipped), no tool calls (1), no tool results (a tool message renders as an empty turn "
+             "and the assistant turns after it raise 'roles must alternate': 5); the kept turns have neither, or "
+             "their reasoning as a <think> block in the content, rendered as given"),
+    Case(template="cohere2_tool_use", kept=(4, 6, 6),
          why="Command R7B's tokenizer as a user has it: a dict of named templates, 'tool_use' picked for a "
-             "conversation with tools (as transformers does), 'default' otherwise (no reasoning: 2 turns skipped). "
+             "conversation with tools (as transformers does), 'default' otherwise (no reasoning field: 1 turn "
+             "skipped; the inline <think> block goes over as given). "
              "tool_use renders reasoning as tool_plan on a tool-call turn only (probed: reasoning key tool_plan, "
              "all 3 kept) and never on an answer (5 skipped: --reasoning drop); it appends its generation prompt "
              "to a finished conversation too, so a turn ends at the tokenizer's EOS <|END_OF_TURN_TOKEN|>"),
-    Case(template="cohere2_tool_use", reasoning="drop", kept=(6, 12, 12), dropped=7,
-         why="--reasoning drop: the 7 answers with reasoning trained as the model generates them"),
+    Case(template="cohere2_tool_use", reasoning="drop", kept=(6, 12, 12), dropped=6,
+         why="--reasoning drop: the 6 answers with reasoning in a field trained as the model generates them"),
     Case(template="kimi_k2_thinking", kept=(6, 12, 5),
          why="renders <think></think> (reasoning dropped) for a final answer, even the last turn, and for "
              "every turn before it: 7 answers use the derived format, their <think>R</think> block read off "
@@ -129,8 +134,10 @@ CASES: tuple[Case, ...] = (
     Case(template="deepseekv3", completion_format="deepseek-r1", kept=(6, 8, 0),
          why=WITH_FORMAT + AFTER_TOOL + "; a tool call after a tool output is rendered without its content (the "
              "template's ns.is_first), so its tool-call text cannot be read off: skipped"),
-    Case(template="qwq_32b", kept=(0, 0, 0), why=R1_STYLE),
-    Case(template="qwq_32b", completion_format="deepseek-r1", kept=(6, 12, 0), why=WITH_FORMAT),
+    Case(template="qwq_32b", kept=(1, 1, 1), why=R1_STYLE + "; the record that writes its reasoning as a "
+         "<think> block in the content is rendered as given: the template's own split, the last turn whole"),
+    Case(template="qwq_32b", completion_format="deepseek-r1", kept=(6, 12, 1), why=WITH_FORMAT + "; the last "
+         "turn of the record with an inline <think> block is the template's own split (it renders that block)"),
     Case(template="deepseek_r1_distill", kept=(0, 0, 0), why=R1_STYLE),
     Case(template="deepseek_r1_distill", completion_format="deepseek-r1", kept=(4, 5, 0),
          why=WITH_FORMAT + AFTER_TOOL + "; the template renders tool calls only for a None content, which transformers "

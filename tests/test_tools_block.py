@@ -114,8 +114,8 @@ def test_a_block_whose_first_render_differs_is_retired(qwen3_tokenizer, monkeypa
         return qwen3_tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
 
     monkeypatch.setattr(tb, "_blocks", type(tb._blocks)())
-    block = tb.tools_block(qwen3_tokenizer, tools, render)
+    block = tb.tools_block(qwen3_tokenizer, qwen3_tokenizer.chat_template, tools, render)
     assert block is not None and not block.checked
     block.text = block.text + " "  # as if the block depended on something else
     assert tb.render_with(block, messages, tools, render) == render(messages, tools)
-    assert block.checked and not block.usable and tb.tools_block(qwen3_tokenizer, tools, render) is None
+    assert block.checked and not block.usable and tb.tools_block(qwen3_tokenizer, qwen3_tokenizer.chat_template, tools, render) is None

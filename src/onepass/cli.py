@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,9 +36,10 @@ from onepass import export as export_cli
 from onepass import template_report as templates_cli
 from onepass.bench import cli as bench_cli
 from onepass.data import cli as data_cli
+from onepass.data.load import limit_arg
 from onepass.data_config import RENDER_KEYS, DataConfig, add_data_arguments, data_config_from_args
 from onepass.evaluate import cli as eval_cli
-from onepass.errors import ConfigError, OnePassError, UsageError, run_main
+from onepass.errors import ConfigError, DataError, OnePassError, UsageError, run_main
 from onepass.hub import hub_offline, offline_reason
 from onepass.train import cli as train_cli
 
@@ -64,14 +66,15 @@ VERIFY_ROW_KEYS = ("pack", "share_prefix")  # verify --data: packed rows of --ma
 SHOW_KEYS = ("schedule", *RENDER_KEYS)
 
 
-def _add_common(p: argparse.ArgumentParser, *, data_required: bool = True) -> None:
+def _add_common(p: argparse.ArgumentParser, *, data_required: bool = True,
+                limit_help: str = "use only the first N valid conversations") -> None:
     p.add_argument("--data", required=data_required,
                    help="conversations: .jsonl/.json/.parquet, a folder of them, a saved dataset, "
                         "builtin:mathchat, synthetic:NAME or a hub id (online only)")
     p.add_argument("--tokenizer", default="builtin:qwen3",
                    help="builtin:qwen3 (offline), a local tokenizer directory or a hub id")
     p.add_argument("--chat-template", help="a .jinja file or builtin:NAME replacing the tokenizer's template")
-    p.add_argument("--limit", type=int, help="use only the first N valid conversations")
+    p.add_argument("--limit", type=limit_arg, help=limit_help)
     p.add_argument("--strict", action="store_true", help="stop at the first bad record instead of skipping it")
 
 
@@ -106,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("verify", help="one-pass vs N-pass loss and gradients on the same conversations")
-    _add_common(p, data_required=False)
+    _add_common(p, data_required=False, limit_help="check the first N valid conversations (or trajectories); "
+                                                   "default 8 (each view is a forward of its own)")
     p.add_argument("--rollouts", help="RL rollouts (.jsonl, token ids; see docs/rl.md) instead of --data: "
                                       "per-token log-probs and policy-loss gradients vs per-turn forwards")
     p.add_argument("--max-tokens", type=int, help="row token budget: --rollouts (groups split and packed), "
@@ -117,13 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="random tiny model of this architecture (default qwen3; see onepass.tiny.TINY_ARCHS)")
     p.add_argument("--dtype", choices=DTYPES, default="float64")
     add_data_arguments(p, names=VERIFY_KEYS + VERIFY_ROW_KEYS)
-    p.add_argument("--attn", default="auto", choices=("auto", "onepass_cpu", "sdpa", "eager"),
-                   help="attention backend (auto: one the model supports exactly on CPU)")
+    p.add_argument("--attn", default="auto", choices=("auto", "onepass_cpu", "sdpa", "eager", "flex_attention"),
+                   help="attention backend (auto: one the model supports exactly on --device; flex_attention: "
+                        "CUDA only)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda: where both sides run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tolerance", type=float, default=None,
                    help="exit 1 when the relative loss or gradient difference exceeds this "
                         "(default 1e-9 for float64, 1e-4 for float32, 2e-2 for bfloat16)")
-    p.set_defaults(limit=8, func=cmd_verify)
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("show", help="draw one conversation's tree mask as a PNG")
     _add_common(p)
@@ -204,10 +210,20 @@ def verify_model(args: argparse.Namespace, vocab: int | None) -> tuple[object, s
     ``--tiny`` model of ``vocab`` ids; the guard picks the backend; float64 runs norms in float64."""
     import torch
 
+    from onepass.attention.backends import check_backend, supported_backend
     from onepass.guard import guard_backend
 
     dtype = getattr(torch, args.dtype)
     requested = None if args.attn == "auto" else args.attn
+    device = torch.device(getattr(args, "device", "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: torch sees no CUDA device here")
+    if requested is not None:
+        check_backend(requested, device, dtype)  # flex on CPU or in float64, onepass_cpu on CUDA: one line
+
+    def backend_for(config: object) -> str:  # the guard's choice on CPU, the CUDA default (flex) there
+        return guard_backend(config, requested) if device.type == "cpu" else requested or supported_backend(
+            config, device, dtype)
     if args.model:
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -215,9 +231,9 @@ def verify_model(args: argparse.Namespace, vocab: int | None) -> tuple[object, s
             raise UsageError(f"model {args.model!r} is not a local path and the hub is offline ({offline_reason()})")
         experts = {"experts_implementation": "eager"} if dtype == torch.float64 else {}  # no float64 grouped_mm
         try:
-            backend = guard_backend(AutoConfig.from_pretrained(args.model), requested)
+            backend = backend_for(AutoConfig.from_pretrained(args.model))
             model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation=backend,
-                                                         **experts)
+                                                         **experts).to(device)
         except (OSError, ValueError, KeyError) as e:  # not a model folder, a config transformers cannot read
             if isinstance(e, OnePassError):
                 raise
@@ -228,8 +244,8 @@ def verify_model(args: argparse.Namespace, vocab: int | None) -> tuple[object, s
     else:
         from onepass.tiny import tiny_config, tiny_model
 
-        backend = guard_backend(tiny_config(args.tiny, vocab), requested)
-        model = tiny_model(args.tiny, vocab, dtype=dtype, seed=args.seed, attn_implementation=backend)
+        backend = backend_for(tiny_config(args.tiny, vocab))
+        model = tiny_model(args.tiny, vocab, dtype=dtype, seed=args.seed, attn_implementation=backend, device=device)
         label = f"tiny {args.tiny} (random, vocabulary compacted to {vocab} ids)"
     if dtype == torch.float64:
         from onepass.precision import float64_norms
@@ -241,26 +257,30 @@ def verify_model(args: argparse.Namespace, vocab: int | None) -> tuple[object, s
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    if args.tolerance is not None and not (math.isfinite(args.tolerance) and 0 < args.tolerance < 1):
+        raise UsageError(f"--tolerance must be a relative difference above 0 and below 1, got {args.tolerance:g}: "
+                         "a tolerance of 1 or more (or inf) calls any difference EQUAL")
     if args.rollouts:
         if args.data:
             raise UsageError("give --data (conversations) or --rollouts (RL token ids), not both")
         from onepass.rl.cli import verify_rollouts
 
+        given = verify_limit(args)
         return verify_rollouts(args, verify_model, args.tolerance if args.tolerance is not None
-                               else _default_tolerance(args.dtype))
+                               else _default_tolerance(args.dtype), limit_given=given)
     if not args.data:
         raise UsageError("verify needs --data FILE (conversations) or --rollouts FILE (RL rollouts)")
     from onepass.guard.divergence import judge, locate
-    from onepass.render import render_views
     from onepass.verify import compact_vocab, run_verify
 
     config: DataConfig = data_config_from_args(args, names=VERIFY_KEYS)
     pack, share = bool(args.pack), args.share_prefix is not False
     if args.max_tokens is not None and args.max_tokens < 2:
         raise UsageError(f"--max-tokens must be >= 2, got {args.max_tokens}")
+    given = verify_limit(args)
     report = _read(args)
     tokenizer = _tokenizer(args)
-    views = [render_views(c, tokenizer, config.render) for c in report.conversations]
+    views, read = _verify_views(report, tokenizer, config, args, given)
     vocab = None
     if not args.model:
         views, vocab = compact_vocab(views)
@@ -271,7 +291,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     verdict = judge(result.rel_loss_diff, result.max_rel_grad_diff, tolerance=tol,
                     where=lambda: locate(model, views, worst_parameter=result.worst_parameter, tolerance=tol))
     ok = verdict.equal
-    print(f"model: {label}, {args.dtype}, attention {backend}")
+    print(f"model: {label}, {args.dtype}, attention {backend}, device {next(model.parameters()).device}")
     print(f"{result.num_conversations} conversations, {result.num_views} views: "
           f"N-pass {result.n_pass_tokens} tokens vs {result.schedule} {result.one_pass_tokens} tokens "
           f"in {result.num_trees} trees"
@@ -282,8 +302,63 @@ def cmd_verify(args: argparse.Namespace) -> int:
           f"-> {verdict.word} within {tol:g}")
     if verdict.where is not None:
         print(verdict.located(result.worst_parameter))
-    print(json.dumps({**result.to_dict(), "attention": backend, "tolerance": tol, **verdict.to_dict()}))
+    print(json.dumps({**result.to_dict(), "attention": backend, "device": str(next(model.parameters()).device),
+                      "tolerance": tol, **read, **verdict.to_dict()}))
     return 0 if ok else 1
+
+
+VERIFY_LIMIT = 8
+"""``verify`` checks the first 8 valid conversations unless ``--limit`` says otherwise: every view is a forward
+of its own (float64 by default), so a whole corpus would take hours; it says so when the limit cut the data."""
+
+
+def verify_limit(args: argparse.Namespace) -> bool:
+    """Set ``args.limit`` (:data:`VERIFY_LIMIT` when not given) and say whether it was given; below 1 is an error
+    (a check of nothing is no check)."""
+    given = args.limit is not None
+    if given and args.limit < 1:
+        raise UsageError(f"--limit must be at least 1, got {args.limit}: verify checks the first N valid "
+                         f"conversations ({VERIFY_LIMIT} unless --limit says otherwise)")
+    args.limit = args.limit if given else VERIFY_LIMIT
+    return given
+
+
+def _verify_views(report, tokenizer, config: DataConfig, args: argparse.Namespace, given: bool
+                  ) -> tuple[list, dict]:
+    """The views of the conversations ``verify`` checks, and what was read and skipped (for its JSON line).
+
+    A turn ``prepare`` skips (the template raises for it, cannot split it) is skipped here too, counted and
+    reported, so the data that will be trained is the data verified; ``--strict`` stops at the first. What
+    was checked is printed, with the limit when it cut the data; nothing to check is an error, never a
+    verdict on zero views."""
+    from onepass.render import render_conversation
+    from onepass.view import View
+
+    checked, skipped = [], []
+    for conv in report.conversations:
+        rendered = render_conversation(conv, tokenizer, config.render)
+        if rendered.skipped and args.strict:
+            raise rendered.skipped[0]
+        skipped.extend(rendered.skipped)
+        views = [v for v in rendered.views if isinstance(v, View)]
+        if views:
+            checked.append(views)
+    reasons: dict[str, int] = {}
+    for error in skipped:
+        reasons[error.reason] = reasons.get(error.reason, 0) + 1
+    limit = (f"the first {len(report.conversations)} valid (--limit {args.limit}"
+             + ("" if given else f", verify's default") + "; there are more)") if report.more else "every valid one"
+    print(f"verifying {len(checked)} conversations: {len(report.conversations)} read, {limit}"
+          + (f"; {len(report.skipped)} records skipped" if report.skipped else "")
+          + (f"; {len(skipped)} views skipped as prepare skips them "
+             f"({', '.join(f'{k}: {v}' for k, v in sorted(reasons.items()))}); first: {skipped[0]}" if skipped else ""))
+    if not checked:
+        first = skipped[0] if skipped else report.skipped[0] if report.skipped else "the data has no conversations"
+        raise DataError(f"verify checked nothing: no view of {args.data} could be rendered "
+                        f"({len(report.conversations)} conversations read); first: {first}")
+    read = {"conversations_read": len(report.conversations), "limit": args.limit, "limited": report.more,
+            "records_skipped": len(report.skipped), "views_skipped": len(skipped), "views_skipped_by_reason": reasons}
+    return checked, read
 
 
 def cmd_show(args: argparse.Namespace) -> int:

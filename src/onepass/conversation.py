@@ -34,7 +34,6 @@ expects) is :mod:`onepass.template_messages`. No torch here: this is pure data.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -45,16 +44,23 @@ from onepass.errors import ConversationError
 from onepass.record_schemas import (
     FIELD_AND_INLINE,
     HERMES_CALL,
+    MESSAGE_KEYS,
+    TRAILING,
     Where,
     check_text,
+    finite_numbers,
     input_output,
     interactions,
     leading_reasoning,
+    loads_json,
     message_at,
     message_content,
     reasoning_field,
+    record_fields,
     sharegpt,
+    system_field,
     trains,
+    unknown_fields,
     unknown_schema,
 )
 from onepass.records import iter_records
@@ -86,6 +92,9 @@ class Message:
     name: str | None = None
     tool_call_id: str | None = None
     train: bool = True  # False: in the context of later turns, never trained (OpenAI fine-tuning "weight": 0)
+    text: str | None = field(default=None, compare=False)  # the content as the record gave it, when its leading
+    # <think> block was read as reasoning: what a template that reads no reasoning field renders (inline_reasoning);
+    # the same message either way (reasoning and content are equal), so it is not compared
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,6 +122,13 @@ class Conversation:
     def num_assistant_turns(self) -> int:
         return sum(m.role == "assistant" for m in self.messages)
 
+    @property
+    def trailing_messages(self) -> int:
+        """Messages after the last assistant turn: no view holds them (a view ends with its assistant turn), so
+        they are never trained nor seen in training; such records are counted (``record_schemas.TRAILING``)."""
+        last = max((i for i, m in enumerate(self.messages) if m.role == "assistant"), default=-1)
+        return len(self.messages) - 1 - last
+
 
 def split_inline_reasoning(content: str) -> tuple[str | None, str]:
     """Split ``<think>r</think>c`` into (r, c); (None, content) when there is no ``</think>``.
@@ -127,6 +143,15 @@ def split_inline_reasoning(content: str) -> tuple[str | None, str]:
     return reasoning, tail.lstrip("\n")
 
 
+def _string(raw: Mapping[str, Any], key: str, what: str, where: Where, i: int) -> str | None:
+    """An optional string field (a name, an id): absent or null is None; anything else is an error (a number
+    dropped here would be a name or id the template never renders)."""
+    value = raw.get(key)
+    if value is not None and not isinstance(value, str):
+        raise where(f"{what} must be a string, got {type(value).__name__} {value!r:.40}", i)
+    return value
+
+
 def _tool_calls(raw: Any, where: Where, i: int) -> tuple[ToolCall, ...]:
     if raw in (None, []):
         return ()
@@ -136,6 +161,9 @@ def _tool_calls(raw: Any, where: Where, i: int) -> tuple[ToolCall, ...]:
     for j, call in enumerate(raw):
         if not isinstance(call, Mapping):
             raise where(f"tool_calls[{j}] must be an object", i)
+        if call.get("type", "function") != "function":
+            raise where(f"tool_calls[{j}] is of type {call.get('type')!r}; onepass reads function calls "
+                        "(chat templates render those)", i)
         fn = call.get("function", call)
         name = fn.get("name") if isinstance(fn, Mapping) else None
         if not isinstance(name, str) or not name:
@@ -143,14 +171,13 @@ def _tool_calls(raw: Any, where: Where, i: int) -> tuple[ToolCall, ...]:
         args = fn.get("arguments", {})
         text = args if isinstance(args, str) and args.strip() else None
         if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError as e:
-                raise where(f"tool_calls[{j}].function.arguments is not valid JSON ({e})", i) from None
+            args = loads_json(args, f"tool_calls[{j}].function.arguments", where, i) if args.strip() else {}
         if not isinstance(args, Mapping):
             raise where(f"tool_calls[{j}].function.arguments must be an object or a JSON string", i)
-        call_id = call.get("id")
-        calls.append(ToolCall(name=name, arguments=dict(args), id=call_id if isinstance(call_id, str) else None,
+        if (bad := finite_numbers(args)) is not None:
+            raise where(f"tool_calls[{j}].function.arguments holds {bad}, not a JSON number (a template would "
+                        "print it as NaN or Infinity)", i)
+        calls.append(ToolCall(name=name, arguments=dict(args), id=_string(call, "id", f"tool_calls[{j}].id", where, i),
                               text=text))
     return tuple(calls)
 
@@ -161,9 +188,10 @@ def _message(raw: Any, where: Where, i: int) -> Message:
     role = raw.get("role")
     if role not in ROLES:
         raise where(f"unknown role {role!r}; expected one of {', '.join(ROLES)}", i)
+    unknown_fields(raw, MESSAGE_KEYS, where, i)
     calls = _tool_calls(raw.get("tool_calls"), where, i) if role == "assistant" else ()
     content = message_content(raw, role, calls, where, i)
-    reasoning = None
+    reasoning = text = None
     if role == "assistant":
         reasoning = reasoning_field(raw, where, i)
         inline, rest = leading_reasoning(content)
@@ -172,13 +200,13 @@ def _message(raw: Any, where: Where, i: int) -> Message:
         if inline is not None:
             if reasoning is None or inline.strip() == reasoning.strip() or not inline.strip():
                 reasoning = inline if reasoning is None else reasoning  # the same reasoning, or an empty block
-                content = rest
+                content, text = rest, content
             else:  # the field is the reasoning; the text is the record's, kept as it is
                 where.converted(FIELD_AND_INLINE)
-    name = raw.get("name") if isinstance(raw.get("name"), str) else None
-    call_id = raw.get("tool_call_id") if isinstance(raw.get("tool_call_id"), str) else None
+    name = _string(raw, "name", "name", where, i)
+    call_id = _string(raw, "tool_call_id", "tool_call_id", where, i)
     return Message(role=role, content=content, reasoning=reasoning, tool_calls=calls,
-                   name=name, tool_call_id=call_id, train=trains(raw, role, where, i))
+                   name=name, tool_call_id=call_id, train=trains(raw, role, where, i), text=text)
 
 
 def _hermes_calls(m: Message, where: Where, i: int) -> Message:
@@ -194,11 +222,8 @@ def _hermes_calls(m: Message, where: Where, i: int) -> Message:
                     "onepass reads Hermes calls at the end of the content, or OpenAI tool_calls", i)
     calls = []
     for j, block in enumerate(blocks):
-        try:
-            call = json.loads(block.group(1))
-        except json.JSONDecodeError as e:
-            raise where(f"inline <tool_call> block {j} is not valid JSON ({e.msg}); Hermes writes "
-                        '{"name": ..., "arguments": {...}}', i) from None
+        call = loads_json(block.group(1), f"inline <tool_call> block {j}", where, i,
+                          hint='Hermes writes {"name": ..., "arguments": {...}}')
         if not isinstance(call, Mapping):
             raise where(f"inline <tool_call> block {j} is not a JSON object", i)
         calls.append(call)
@@ -251,10 +276,8 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
     if not isinstance(record, Mapping):
         raise where(f"a record must be a JSON object, got {type(record).__name__}")
     check_text(record, where)
-    field_key = "system" if "system" in record else "system_prompt"  # system_prompt: Llama-Nemotron
-    system = record.get(field_key) if isinstance(record.get(field_key), str) else None
-    if system is not None and not system.strip():
-        system = None  # an empty system *field* (common in parquet columns) means none; a message is kept
+    record_fields(record, where)
+    system, field_role = system_field(record, where)  # a blank field (a parquet column) is none; a message is kept
     if "messages" in record:
         raw = record["messages"]
     elif "conversations" in record:
@@ -277,16 +300,19 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
         if system is not None:
             raise where("system prompt given both as a field and as the first message")
         system = inline_system
+    elif system is not None:
+        system_role = field_role
     messages = tuple(msgs)
     validate(messages, where, offset=offset)
+    if messages[-1].role != "assistant":
+        where.converted(TRAILING)  # a user's last word (149 of 200 tau-bench records): in no view, counted
     tools = record.get("tools") or ()
     if isinstance(tools, str):
-        try:
-            tools = json.loads(tools)
-        except json.JSONDecodeError as e:
-            raise where(f"'tools' is a string that is not valid JSON ({e})") from None
+        tools = loads_json(tools, "'tools' is a string that", where)
     if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
         raise where("'tools' must be a list of objects")
+    if (bad := finite_numbers(tools)) is not None:
+        raise where(f"'tools' holds {bad}, not a JSON number (a template would print it as NaN or Infinity)")
     rid = record.get("id")
     return Conversation(messages=messages, system=system, system_role=system_role,
                         tools=tuple(dict(t) for t in tools), source=f"{source} {unit} {index}",
@@ -300,6 +326,7 @@ class ReadReport:
 
     conversations: list[Conversation] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    more: bool = False  # the read stopped at its limit with records left (a command says the limit cut it)
 
 
 def read_conversations(path: str | Path, *, strict: bool = True, limit: int | None = None) -> ReadReport:
@@ -314,14 +341,19 @@ def read_conversations(path: str | Path, *, strict: bool = True, limit: int | No
     if limit is not None and limit <= 0:
         return report
     for index, raw in iter_records(path):
+        full = limit is not None and len(report.conversations) >= limit  # reading on only to say ``more``
         try:
             if isinstance(raw, ConversationError):
                 raise raw
-            report.conversations.append(parse_record(raw, source=str(path), index=index, unit=unit))
+            conv = parse_record(raw, source=str(path), index=index, unit=unit)
         except ConversationError as e:
-            if strict:
+            if strict and not full:
                 raise
-            report.skipped.append(str(e))
-        if limit is not None and len(report.conversations) >= limit:
+            if not full:
+                report.skipped.append(str(e))
+            continue
+        if full:
+            report.more = True
             break
+        report.conversations.append(conv)
     return report

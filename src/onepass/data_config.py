@@ -2,12 +2,15 @@
 
 Why this module exists: ``onepass prepare``, ``onepass train``, ``OnePassTrainer``, ``verify`` and
 ``show`` all turn conversations into views and trees with the same settings (schedule, token
-budget, packing, weighting, completion format, reasoning, template variables). They are defined
+budget, packing, weighting, completion format, reasoning, template variables, the date the template
+renders). They are defined
 once here: each field carries its ``help`` and ``choices`` in its metadata (as TRL's configs do),
 the defaults are the fields', the checks are :meth:`DataConfig.__post_init__`'s (one line each, a
 :class:`~onepass.errors.ConfigError`), and the schedule string is parsed once, into
 :attr:`DataConfig.schedule_spec`, which everything downstream reads. ``PrepareConfig`` is this
-record; ``TrainConfig`` holds one (``data_config``); ``OnePassConfig`` builds one from its flat
+record; ``template_date`` (default: today) is resolved to a concrete ``YYYY-MM-DD`` here, when the record is
+built, once per run (:func:`onepass.render.clock.resolve_template_date`), and carried from then on, so a run
+renders one date and records which. ``TrainConfig`` holds one (``data_config``); ``OnePassConfig`` builds one from its flat
 SFTConfig-style fields. The command-line flags of every subcommand are generated from the fields by
 :func:`add_data_arguments` and read back by :func:`data_flag_values` / :func:`data_config_from_args`.
 
@@ -34,6 +37,7 @@ from typing import Any
 from onepass.errors import ConfigError
 from onepass.key_value import key_value_arg, parse_key_value
 from onepass.render import COMPLETION_FORMATS, RenderConfig
+from onepass.render.clock import resolve_template_date
 from onepass.render.reasoning import REASONING_CHOICES, REASONING_HELP
 from onepass.schedule import WEIGHTINGS, Schedule, parse_schedule
 
@@ -69,6 +73,9 @@ class DataConfig:
     template_kwargs: dict[str, Any] = field(default_factory=dict, metadata=_meta(
         "extra chat template variable, e.g. enable_thinking=true (repeatable)", flags=("--template-kwarg",),
         metavar="KEY=VALUE"))
+    template_date: str | None = field(default=None, metadata=_meta(
+        "the date a chat template that reads the clock renders (gpt-oss' \"Current date\"), YYYY-MM-DD "
+        "(default: today, recorded in stats.json and the run's config)", metavar="YYYY-MM-DD"))
     schedule_spec: Schedule = field(init=False, repr=False, compare=False)
     """The parsed ``schedule``: what every consumer reads (the string is parsed here, once)."""
     render: RenderConfig = field(init=False, repr=False, compare=False)
@@ -102,9 +109,10 @@ class DataConfig:
             raise ConfigError(f"share_window must be an integer >= 1 (or unset), got {self.share_window!r}")
         if not isinstance(self.template_kwargs, Mapping):
             raise ConfigError(f"template_kwargs must be a mapping, got {self.template_kwargs!r}")
+        object.__setattr__(self, "template_date", resolve_template_date(self.template_date))
         object.__setattr__(self, "render", RenderConfig(template_kwargs=dict(self.template_kwargs),
                                                         completion_format=self.completion_format,
-                                                        reasoning=self.reasoning))
+                                                        reasoning=self.reasoning, template_date=self.template_date))
 
     @property
     def shares(self) -> bool:
@@ -125,7 +133,7 @@ class DataConfig:
 _FIELDS = {f.name: f for f in dataclasses.fields(DataConfig) if f.init}
 DATA_KEYS: tuple[str, ...] = tuple(_FIELDS)
 """The settings' names: config keys, and (dashes for underscores) flag names."""
-RENDER_KEYS = ("completion_format", "reasoning", "template_kwargs")
+RENDER_KEYS = ("completion_format", "reasoning", "template_kwargs", "template_date")
 """The settings that say how a view is rendered (:attr:`DataConfig.render`): what ``verify``, ``show`` and
 ``templates check`` take besides the schedule."""
 

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from onepass.attention.backends import attention_mask_for
+from onepass.attention.backends import attention_mask_for, forward_kwargs
+from onepass.couplings import check_row_mask
 from onepass.head import (
     add_logit_stats,
     chunked_lm_head_loss,
@@ -34,6 +35,7 @@ from onepass.head import (
 )
 from onepass.mixers.tree import tree_kwargs
 from onepass.tree import IGNORE, ROW_SCHEMA, Layout
+from onepass.ulysses.comm import SP_KWARG, SequenceShard
 from onepass.view import View
 
 
@@ -70,7 +72,7 @@ class ForwardView:
 
 
 def batch_loss(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | None = None,
-               stats: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+               stats: dict[str, torch.Tensor] | None = None, shard: SequenceShard | None = None) -> torch.Tensor:
     """Weighted-sum loss of a batch of rows (no normalisation: the caller divides).
 
     ``lm_head``: ``chunked`` (the default: :mod:`onepass.head`, never [T, V] logits),
@@ -78,9 +80,11 @@ def batch_loss(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | 
     or ``cce``; unset, ``$ONEPASS_LM_HEAD`` decides (see :func:`forward_at_targets`). ``stats``: a
     dict the target weight, argmax-correct weight and weighted entropy are added to
     (:func:`onepass.head.add_logit_stats`; TRL's ``mean_token_accuracy`` and ``entropy``).
+    ``shard``: sequence parallelism (:mod:`onepass.ulysses`); every rank of the group passes the
+    same whole rows and gets the loss sum of its shard's targets (the sums add up to the rows').
     """
     mode = head_mode(lm_head)
-    out, head, targets_T, weights_T = forward_at_targets(model, batch, lm_head=mode)
+    out, head, targets_T, weights_T = forward_at_targets(model, batch, lm_head=mode, shard=shard)
     if head is None:
         if stats is not None:
             add_logit_stats(stats, out, targets_T.long(), weights_T)
@@ -88,7 +92,28 @@ def batch_loss(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | 
     return chunked_lm_head_loss(out, head, targets_T, weights_T, mode=mode, stats=stats)
 
 
-def forward_at_targets(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | None = None
+def batch_dft_loss(model: Any, batch: Mapping[str, torch.Tensor], *,
+                   stats: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """Weighted-sum Dynamic Fine-Tuning loss of a batch of rows (TRL's ``loss_type='dft'``): each target's
+    cross entropy times its own probability, detached. Exact on a tree: views that share a target share
+    its context, so its probability, and their weights add as their N-pass terms would. Logits are formed
+    at the targets only (the plain head)."""
+    logits_TV, _, targets_T, weights_T = forward_at_targets(model, batch, lm_head="plain")
+    if stats is not None:
+        add_logit_stats(stats, logits_TV, targets_T.long(), weights_T)
+    return dft_sum(logits_TV, targets_T, weights_T)
+
+
+def dft_sum(logits_TV: torch.Tensor, targets_T: torch.Tensor, weights_T: torch.Tensor) -> torch.Tensor:
+    """Sum of ``-log p * p.detach() * weight`` over the targets (half-precision logits upcast to float32)."""
+    if logits_TV.dtype in (torch.float16, torch.bfloat16):
+        logits_TV = logits_TV.float()
+    logp_T = torch.log_softmax(logits_TV, dim=-1).gather(1, targets_T.long()[:, None])[:, 0]
+    return (-logp_T * logp_T.exp().detach() * weights_T.to(logp_T.dtype)).sum()
+
+
+def forward_at_targets(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | None = None,
+                       shard: SequenceShard | None = None
                        ) -> tuple[torch.Tensor, nn.Module | None, torch.Tensor, torch.Tensor]:
     """The model's output at the target positions (row-major), their targets and weights.
 
@@ -96,13 +121,14 @@ def forward_at_targets(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head
     on the plain path. Unless ``lm_head`` is ``plain``, the model runs with its head made an
     identity, so the forward still goes through every wrapper (DDP, autocast, peft) and the
     caller projects in chunks (:mod:`onepass.head`); a model that changes what its head
-    returns (softcapping, scaling) is detected and takes the plain path.
+    returns (softcapping, scaling) is detected and takes the plain path. With a ``shard``, the
+    targets are those of this rank's positions (:func:`_forward_kept`).
     """
     mode = head_mode(lm_head)
     head = None if mode == "plain" else head_of(model)
     if head is not None and not getattr(head, _PLAIN_MARK, False):
         with head_as_identity(head) as seen:
-            out_TD, targets_T, weights_T = _forward_kept(model, batch)
+            out_TD, targets_T, weights_T = _forward_kept(model, batch, shard)
         if getattr(head, _CHECKED_MARK, False) and len(seen) == 1:  # checked once per model: no sync per step
             hidden_TD = out_TD if out_TD.dtype == seen[0].dtype else seen[0].reshape(out_TD.shape)
         else:
@@ -113,7 +139,7 @@ def forward_at_targets(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head
         setattr(head, _PLAIN_MARK, True)
         warnings.warn(f"onepass: {type(model).__name__} changes what its LM head returns; "
                       "using the plain LM head (full logits at the targets)", stacklevel=3)
-    logits_TV, targets_T, weights_T = _forward_kept(model, batch)
+    logits_TV, targets_T, weights_T = _forward_kept(model, batch, shard)
     return logits_TV, None, targets_T, weights_T
 
 
@@ -136,21 +162,50 @@ def _returned_unchanged(out_TD: torch.Tensor, seen: Sequence[torch.Tensor]) -> t
     return given if upcast and torch.equal(given.float(), out_TD) else None
 
 
-def _forward_kept(model: Any, batch: Mapping[str, torch.Tensor]
+def _forward_kept(model: Any, batch: Mapping[str, torch.Tensor], shard: SequenceShard | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The model's output at the target positions ([T, V] logits, or [T, D] with an identity head),
-    the targets and their weights."""
-    targets_BL = batch["targets"]
-    keep_BL = targets_BL != IGNORE
+    the targets and their weights.
+
+    With a ``shard`` (sequence parallelism) the rows are padded to a multiple of the degree; the
+    mask, the chains, ``kv_end`` and the position ids stay those of the whole rows (global: nothing
+    is re-based), the model holds this rank's positions (:meth:`SequenceShard.local`) and returns
+    its targets. A target is already shifted (the next token of its own position), so no shard
+    needs its neighbour's tokens.
+    """
+    extra: dict[str, Any] = {}
+    if shard is not None:
+        batch = pad_batch(batch, shard.degree)
+        extra[SP_KWARG] = shard
     mask = attention_mask_for(model, batch["kv_end"], position_ids_BL=batch["position_ids"])
+    extra.update(tree_kwargs(model, batch["kv_end"]))  # recurrent layers scan the tree chain by chain
+    held = {k: batch[k] if shard is None else shard.local(batch[k])
+            for k in ("input_ids", "position_ids", "targets", "weights")}
+    targets_BL = held["targets"]
+    keep_BL = targets_BL != IGNORE
     if targets_BL.shape[0] == 1:
         keep = keep_BL[0].nonzero().squeeze(1)  # 1-D indices: supported by every transformers 5.x
     else:
+        check_row_mask(model, targets_BL.shape[0])  # a release without row masks: one line, not a traceback
         keep = keep_BL  # 2-D bool: logits come back flattened to [T, V]
-    out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
-                attention_mask=mask, logits_to_keep=keep, use_cache=False,
-                **tree_kwargs(model, batch["kv_end"]))  # recurrent layers scan the tree chain by chain
-    return out.logits.reshape(-1, out.logits.shape[-1]), targets_BL[keep_BL], batch["weights"][keep_BL]
+    out = model(input_ids=held["input_ids"], position_ids=held["position_ids"],
+                attention_mask=mask, logits_to_keep=keep, use_cache=False, **forward_kwargs(model), **extra)
+    return out.logits.reshape(-1, out.logits.shape[-1]), targets_BL[keep_BL], held["weights"][keep_BL]
+
+
+def pad_batch(batch: Mapping[str, torch.Tensor], multiple: int) -> dict[str, torch.Tensor]:
+    """``batch`` with its rows padded to a multiple of ``multiple`` positions, as :func:`layouts_to_batch`
+    pads (a pad sees only itself, trains nothing)."""
+    B, L = batch["kv_end"].shape
+    pad = -L % multiple
+    if not pad:
+        return dict(batch)
+    kv_end = batch["kv_end"]
+    tail = torch.arange(L + 1, L + pad + 1, dtype=kv_end.dtype, device=kv_end.device).expand(B, pad)
+    fill = {"targets": IGNORE}
+    return {k: (torch.cat([v, tail], 1) if k == "kv_end" else
+                torch.nn.functional.pad(v, (0, pad), value=fill.get(k, 0)) if k in ROW_SCHEMA else v)
+            for k, v in batch.items()}
 
 
 def layout_loss(model: Any, layout: Layout) -> torch.Tensor:
@@ -163,11 +218,12 @@ def view_loss_reference(model: Any, view: View, weight: float = 1.0) -> torch.Te
     """The N-pass loss of one view: plain HF forward, full logits, standard shift.
 
     No position ids, no mask, nothing from onepass's layout: this is what the
-    one-pass loss is checked against.
+    one-pass loss is checked against (with flex_attention, the same kernel choice as the one-pass
+    forward: :func:`~onepass.attention.backends.forward_kwargs`).
     """
     device = next(model.parameters()).device
     ids_1N = torch.as_tensor(view.tokens, device=device).long()[None]
-    logits_NV = model(input_ids=ids_1N, use_cache=False).logits[0]
+    logits_NV = model(input_ids=ids_1N, use_cache=False, **forward_kwargs(model)).logits[0]
     first = max(view.num_prompt, 1)
     pred_TV = logits_NV[first - 1:-1]
     target_T = ids_1N[0, first:]

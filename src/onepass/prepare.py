@@ -33,6 +33,7 @@ from onepass.errors import DataError, DataNotFound
 from onepass.files import atomic_dir, write_marker
 from onepass.flops import token_ratio
 from onepass.pack import pack_layouts
+from onepass.record_schemas import INLINE_KEPT
 from onepass.render import render_conversation
 from onepass.schedule import schedule_views
 from onepass.share import prefix_key, share_and_pack, share_trees
@@ -60,6 +61,7 @@ class PrepareStats:
     packed: bool = False
     completion_format: str | None = None  # --completion-format: views built from it, none split by the template
     reasoning: str = "keep"  # --reasoning: "drop" trains a turn whose reasoning the template never renders without it
+    template_date: str | None = None  # --template-date: the date a template that reads the clock rendered
     conversations: int = 0  # read and valid
     conversations_used: int = 0  # at least one view trained
     views: int = 0
@@ -97,10 +99,12 @@ class PrepareStats:
         self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + count
 
     def configure(self, config: PrepareConfig) -> PrepareStats:
-        """Record what the counts are of (schedule, weighting, budget, packing, shared prefixes)."""
+        """Record what the counts are of (schedule, weighting, budget, packing, the template's date, shared
+        prefixes)."""
         self.schedule, self.weighting = str(config.schedule_spec), config.weighting
         self.max_tokens, self.packed = config.max_tokens, config.pack
         self.completion_format, self.reasoning = config.completion_format, config.reasoning
+        self.template_date = config.template_date
         if config.shares and self.shared is None:
             self.shared = asdict(SharedStats(window=config.share_window))
         return self
@@ -181,14 +185,16 @@ class SharedStats:
     row_token_ratio: float = 0.0  # N-pass tokens / row tokens
 
 
-def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: PrepareConfig = PrepareConfig(),
+def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: PrepareConfig | None = None,
             *, stats: PrepareStats | None = None, progress: bool = False,
             total: int | None = None, strict: bool = False) -> tuple[list[Layout], PrepareStats]:
     """Rows (packed or one per tree) for ``conversations`` and their statistics.
 
     A turn the template cannot split (or raises for) is counted and skipped on its own, the
     conversation's other views kept; with ``strict`` its :class:`~onepass.render.RenderError` is raised.
+    ``config`` None: the default settings (the template's date is today's, resolved here).
     """
+    config = config if config is not None else PrepareConfig()
     stats = (stats or PrepareStats()).configure(config)
     units: list[list[Layout]] = []
     items: Iterable[Conversation] = conversations
@@ -208,7 +214,7 @@ def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConf
     rendered = render_conversation(conv, tokenizer, config.render, max_tokens=config.max_tokens)
     if strict and rendered.skipped:
         raise rendered.skipped[0]
-    for name in conv.conversions:
+    for name in conv.conversions + (INLINE_KEPT,) * bool(rendered.inline_reasoning):
         stats.conversions[name] = stats.conversions.get(name, 0) + 1
     stats.turns_not_trained += rendered.not_trained
     stats.tool_arguments_parsed += rendered.arguments_parsed

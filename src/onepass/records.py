@@ -29,6 +29,27 @@ from typing import Any
 from onepass.errors import ConversationError, DataNotFound
 
 
+class DuplicateKey(ValueError):
+    """A JSON object that names one key twice: Python's parser keeps the last value and drops the first."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` refusing a key written twice in one object (``{"content": "a", "content": "b"}``
+    would train "b" and drop "a" without a word).
+
+    >>> json.loads('{"a": 1, "a": 2}', object_pairs_hook=unique_keys)
+    Traceback (most recent call last):
+    ...
+    onepass.records.DuplicateKey: key 'a' appears twice in one object (JSON keeps only the last)
+    """
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise DuplicateKey(f"key {twice!r} appears twice in one object (JSON keeps only the last)")
+    return out
+
+
 def without_nulls(value: Any) -> Any:
     """``value`` with every null-valued key of every nested object dropped (list items are kept).
 
@@ -64,17 +85,21 @@ def iter_records(path: str | Path) -> Iterator[tuple[int, Any]]:
                 if not line.strip():
                     continue
                 try:
-                    record = json.loads(line)
+                    record = json.loads(line, object_pairs_hook=unique_keys)
                 except json.JSONDecodeError as e:
                     record = ConversationError(f"{path} line {lineno}: not valid JSON ({e.msg})")
+                except DuplicateKey as e:
+                    record = ConversationError(f"{path} line {lineno}: {e}")
                 except RecursionError:  # a record nested thousands deep: one skip, not the end of the run
                     record = ConversationError(f"{path} line {lineno}: JSON nested too deeply to read")
                 yield lineno, record
     elif suffix == ".json":
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=unique_keys)
         except json.JSONDecodeError as e:
             raise ConversationError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        except DuplicateKey as e:
+            raise ConversationError(f"{path}: {e}") from None
         except RecursionError:
             raise ConversationError(f"{path}: JSON nested too deeply to read") from None
         if isinstance(data, Mapping):

@@ -28,6 +28,7 @@ No torch here: this is pure data.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -51,9 +52,13 @@ def tool_call_dict(call: ToolCall, *, arguments_json: bool = False, verbatim: bo
 
 
 def message_dict(m: Message, *, arguments_json: bool = False, verbatim: bool = False,
-                 reasoning_key: str = "reasoning_content") -> dict[str, Any]:
+                 reasoning_key: str = "reasoning_content", inline_reasoning: bool = False) -> dict[str, Any]:
     """The dict a HF chat template expects (reasoning under ``reasoning_key``: ``reasoning_content``
-    as Qwen3/DeepSeek name it, ``thinking`` for gpt-oss)."""
+    as Qwen3/DeepSeek name it, ``thinking`` for gpt-oss). ``inline_reasoning``: for a template that reads no
+    reasoning field (SmolLM3), a content the record gave as ``<think>r</think>a`` goes over as it was given,
+    the text that template renders for the record, instead of ``a`` with ``r`` under a key it never reads."""
+    if inline_reasoning and m.text is not None:
+        m = dataclasses.replace(m, content=m.text, reasoning=None)
     out: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.role == "assistant":
         if m.reasoning is not None:
@@ -70,14 +75,15 @@ def message_dict(m: Message, *, arguments_json: bool = False, verbatim: bool = F
 
 def template_messages(conv: Conversation, upto: int | None = None, *, arguments_json: bool = False,
                       verbatim_arguments: bool = False, reasoning_key: str = "reasoning_content",
-                      developer: bool = True, tool_ids: str = "given") -> list[dict[str, Any]]:
+                      developer: bool = True, tool_ids: str = "given",
+                      inline_reasoning: bool = False) -> list[dict[str, Any]]:
     """Messages as template dicts, system first, ``conv.messages[:upto]`` (fields as in
     :func:`message_dict`; ``developer=False`` hands a developer prompt over as system;
     ``tool_ids="functions"`` renames tool-call ids as :func:`functions_ids` does)."""
     role = conv.system_role if developer else "system"
     head = [{"role": role, "content": conv.system}] if conv.system is not None else []
     out = [message_dict(m, arguments_json=arguments_json, verbatim=verbatim_arguments,
-                        reasoning_key=reasoning_key) for m in conv.messages[:upto]]
+                        reasoning_key=reasoning_key, inline_reasoning=inline_reasoning) for m in conv.messages[:upto]]
     if tool_ids == "functions":
         calls, results = functions_ids(conv.messages)
         for i, m in enumerate(out):

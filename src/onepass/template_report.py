@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onepass.conversation import Conversation, parse_record
+from onepass.data.load import limit_arg
 from onepass.data_config import RENDER_KEYS, add_data_arguments, data_config_from_args
 from onepass.render import RenderConfig, render_conversation
 from onepass.render.fields import TemplateFields, template_fields
@@ -148,8 +149,8 @@ def template_report(conversations: Iterable[Conversation], tokenizer: Any, confi
     """Render every conversation (skips counted, nothing raised) and count what is kept."""
     config = config or RenderConfig()
     report = TemplateReport(name=name or "of the tokenizer",
-                            fields=template_fields(tokenizer, dict(config.template_kwargs)),
-                            tool_fields=template_fields(tokenizer, dict(config.template_kwargs), tools=True))
+                            fields=template_fields(tokenizer, config.kwargs()),
+                            tool_fields=template_fields(tokenizer, config.kwargs(), tools=True))
     for conv in conversations:
         rendered = render_conversation(conv, tokenizer, config)
         report.conversations += 1
@@ -183,7 +184,7 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--chat-template", help="a .jinja file or builtin:NAME replacing the tokenizer's template")
     c.add_argument("--data", help="conversations (any --data spec of onepass prepare); default: "
                                   "six built-in tool-chain conversations")
-    c.add_argument("--limit", type=int, default=1000, help="check at most this many conversations")
+    c.add_argument("--limit", type=limit_arg, default=1000, help="check at most this many conversations")
     add_data_arguments(c, names=RENDER_KEYS)  # --completion-format, --reasoning, --template-kwarg
     c.set_defaults(func=run)
 

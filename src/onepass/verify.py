@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from onepass.errors import DataError
+from onepass.guard.divergence import max_rel_grad_diff
 from onepass.loss import layout_loss, view_loss_reference
 from onepass.pack import pack_layouts
 from onepass.schedule import Schedule, parse_schedule, schedule_views, view_weights
@@ -68,19 +69,6 @@ def parameter_grads(model: Any) -> dict[str, torch.Tensor]:
             for n, p in model.named_parameters() if p.requires_grad}
 
 
-def max_rel_grad_diff(reference: dict[str, torch.Tensor], other: dict[str, torch.Tensor]) -> tuple[float, str]:
-    """The largest ``|other - reference| / |reference|`` over parameters (absolute where the reference is 0),
-    and that parameter's name."""
-    rel_grad, worst = 0.0, ""
-    for name, g_n in reference.items():
-        scale = g_n.norm().item()
-        diff = (other[name] - g_n).norm().item()
-        rel = diff / scale if scale > 0 else diff
-        if rel > rel_grad:
-            rel_grad, worst = rel, name
-    return rel_grad, worst
-
-
 def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
                schedule: Schedule | str = "one-pass", weighting: str = "token",
                max_tokens: int | None = None, pack: bool = False, share: bool = False) -> VerifyReport:
@@ -93,6 +81,8 @@ def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
     """
     if isinstance(schedule, str):
         schedule = parse_schedule(schedule)
+    if not any(len(views) for views in conversations):
+        raise DataError("verify checked nothing: no view to compare (a verdict on nothing is no verdict)")
     model.zero_grad(set_to_none=True)
     loss_n = 0.0
     num_views = n_tokens = 0

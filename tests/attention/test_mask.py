@@ -415,3 +415,52 @@ def test_paper_layout_rejects_empty_human_or_response():
     with pytest.raises(ValueError, match="turn 2"):
         paper_layout([([1], [2], [3]), ([], [5], [6])])
 
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_every_flex_forward_asks_for_the_main_kernel(monkeypatch):
+    """Every onepass forward of a flex_attention model (the one-pass row and the N-pass reference) hands
+    transformers' flex_attention FLEX_KERNEL_OPTIONS: on an H100 (torch 2.11) a 125-token N-pass view of a
+    tiny grouped-query Qwen3 fell to torch's flex-decoding kernel, which found no kernel at all (verify
+    with --attn flex_attention failed at compile). Here flex runs eagerly on CPU (forward only) and the
+    options are read where transformers would pass them to torch."""
+    import transformers.integrations.flex_attention as hf_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from onepass.attention.backends import FLEX_KERNEL_OPTIONS, forward_kwargs
+    from onepass.loss import layout_loss, view_loss_reference
+    from onepass.tiny import tiny_model
+    from onepass.view import View
+
+    seen = []
+
+    def eager_flex(query, key, value, training=False, **kwargs):
+        seen.append(kwargs.get("kernel_options"))
+        return flex_attention(query, key, value, **kwargs)
+
+    monkeypatch.setattr(hf_flex, "compile_friendly_flex_attention", eager_flex)
+    model = tiny_model("qwen3", 64, attn_implementation="flex_attention")
+    assert forward_kwargs(model) == {"kernel_options": FLEX_KERNEL_OPTIONS}
+    assert forward_kwargs(tiny_model("qwen3", 64)) == {}  # sdpa: nothing extra
+    view = View(tokens=np.arange(1, 13), num_prompt=5, turn=1)
+    tree = build_layout([view, View(tokens=np.array([*range(1, 8), 20, 21, 22]), num_prompt=7, turn=3)])
+    with torch.no_grad():
+        view_loss_reference(model, view)
+        layout_loss(model, tree)
+    num_layers = model.config.num_hidden_layers
+    assert len(seen) == 2 * num_layers and all(o == FLEX_KERNEL_OPTIONS for o in seen), seen
+
+
+def test_flex_in_float64_is_refused_in_one_line_and_never_chosen():
+    """flex_attention has no float64 kernel (on the first H100 run Triton failed to compile its template
+    for float64: a 100-line traceback from `onepass verify --dtype float64 --attn flex_attention`)."""
+    from onepass.attention.backends import BackendError, check_backend, supported_backend
+    from onepass.tiny import tiny_config
+
+    with pytest.raises(BackendError, match="no float64 kernel"):
+        check_backend("flex_attention", "cuda", torch.float64)
+    check_backend("flex_attention", "cuda", torch.float32)
+    check_backend("sdpa", "cuda", torch.float64)
+    config = tiny_config("qwen3", 64)
+    assert supported_backend(config, "cuda", torch.float32) == "flex_attention"
+    assert supported_backend(config, "cuda", torch.float64) == "sdpa"

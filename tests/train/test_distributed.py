@@ -96,7 +96,7 @@ def test_a_single_process_run_says_so(tmp_path, chats):
     assert lines[0] == "parallelism: one process on cpu"
     metrics = json.loads(result.metrics_path.read_text())
     assert metrics["distributed"] == {"mode": "single", "world_size": 1, "backend": None, "device": "cpu",
-                                      "fsdp_version": None, "launcher": "none"}
+                                      "fsdp_version": None, "launcher": "none", "sp_size": 1}
 
 
 def test_accelerate_launch_cpu_with_two_processes_stops_in_one_line(tmp_path, chats):
@@ -141,7 +141,7 @@ def test_fsdp_on_two_cpu_ranks_takes_the_steps_of_one_process(tmp_path, chats, f
         return
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["distributed"] == {"mode": "fsdp", "world_size": 2, "backend": "gloo", "device": "cpu",
-                                      "fsdp_version": 2, "launcher": "accelerate"}
+                                      "fsdp_version": 2, "launcher": "accelerate", "sp_size": 1}
     assert metrics["schedule"] == "one-pass" and metrics["units_per_step"] == 2
     two = [h["loss"] for h in metrics["history"]]
     assert len(two) == len(one.losses) == steps

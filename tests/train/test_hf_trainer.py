@@ -245,7 +245,7 @@ def test_fsdp_on_two_cpu_ranks_matches_one_process(tmp_path, datasets_, launch):
     a, b = _results_match(tmp_path)
     assert a["distributed"]["mode"] == "single"
     assert b["distributed"] == {"mode": "fsdp", "world_size": 2, "backend": "gloo", "device": "cpu",
-                                "fsdp_version": 2, "launcher": launch.split("-")[0]}
+                                "fsdp_version": 2, "launcher": launch.split("-")[0], "sp_size": 1}
 
 
 @pytest.mark.requires_cuda

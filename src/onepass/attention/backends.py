@@ -8,7 +8,14 @@ knows which object each backend takes:
     sdpa               bool [B, 1, L, L]      True = may attend
     eager              float [B, 1, L, L]     0 / finfo.min, added to the scores
     flex_attention     BlockMask              blocks with no visible pair are skipped
+    onepass_varlen     int64 [B, 1, 1, L]     kv_end + documents: torch's flash varlen kernel, rows that
+                                              never branch only (N-pass; the bench's baseline, CUDA)
     flash_attention_*  refused                it cannot express a tree mask
+
+flex_attention always runs torch's main flex kernel (:data:`FLEX_KERNEL_OPTIONS`, passed with every
+forward by :func:`forward_kwargs`): for a query shorter than 128 tokens torch otherwise picks its
+flex-decoding kernel, which on torch 2.11 with grouped-query heads found no kernel at all on an H100
+(``NoValidChoicesError`` compiling a 125-token N-pass view of a tiny Qwen3; docs/gpu.md).
 
 Transformers passes a 4D mask (or a BlockMask) through untouched, so the
 model never guesses sequence boundaries from the position ids (with
@@ -35,12 +42,16 @@ from onepass.attention.cpu import BACKEND as ONEPASS_CPU
 from onepass.attention.cpu import cpu_attention_mask
 from onepass.attention.cpu import register as register_onepass_cpu
 from onepass.attention.mask import additive_mask, dense_mask
+from onepass.attention.varlen import BACKEND as VARLEN
+from onepass.attention.varlen import varlen_attention_mask
 from onepass.errors import ConfigError
 from onepass.model_config import text_config
+from onepass.private_names import private
 
 BACKENDS = ("onepass_cpu", "sdpa", "eager", "flex_attention")
 ONE_MASK = ""  # layer_windows' key for a model that takes one mask for every layer
 FULL, WINDOW = "full_attention", "sliding_attention"
+SP_PREFIX = "onepass_sp:"  # a backend wrapped for sequence parallelism (onepass.ulysses.attention): same mask
 
 
 def default_backend(device: torch.device | str) -> str:
@@ -59,11 +70,15 @@ class BackendError(ConfigError):
 
 
 def model_backend(model: Any) -> str:
-    return str(getattr(model.config, "_attn_implementation", None) or "eager")
+    """The attention backend ``model`` runs, whose mask it takes (a sequence-parallel wrapper's: the wrapped one's)."""
+    return str(getattr(model.config, "_attn_implementation", None) or "eager").removeprefix(SP_PREFIX)
 
 
-def check_backend(backend: str, device: torch.device | str) -> None:
-    """Raise a clear :class:`BackendError` when ``backend`` cannot train tree rows on ``device``."""
+def check_backend(backend: str, device: torch.device | str, dtype: torch.dtype | None = None) -> None:
+    """Raise a clear :class:`BackendError` when ``backend`` cannot train tree rows on ``device`` (in ``dtype``).
+
+    flex_attention has no float64 kernel on CUDA: Triton's flex template accumulates in float32, and
+    compiling it for float64 failed on an H100 (torch 2.11, ``CompilationError`` in ``tl.dot``)."""
     if backend.startswith("flash_attention"):
         raise BackendError(f"{backend} cannot apply a tree mask (it supports causal and varlen only); "
                            "use sdpa, eager or flex_attention")
@@ -71,6 +86,9 @@ def check_backend(backend: str, device: torch.device | str) -> None:
         raise BackendError(f"unknown attention backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if backend == "flex_attention" and torch.device(device).type == "cpu":
         raise BackendError("flex_attention has no backward pass on CPU; use onepass_cpu, sdpa or eager on CPU")
+    if backend == "flex_attention" and dtype == torch.float64:
+        raise BackendError("flex_attention has no float64 kernel on CUDA (Triton's flex template computes in "
+                           "float32 at most); use sdpa or eager for float64")
     if backend == ONEPASS_CPU and torch.device(device).type != "cpu":
         raise BackendError("onepass_cpu runs on CPU only; on CUDA use flex_attention (block-sparse) or sdpa")
 
@@ -99,12 +117,12 @@ def layer_windows(config: Any) -> dict[str, int | None]:
     return {ONE_MASK: None}
 
 
-def supported_backend(model_or_config: Any, device: torch.device | str) -> str:
+def supported_backend(model_or_config: Any, device: torch.device | str, dtype: torch.dtype | None = None) -> str:
     """A backend that serves this model's attention exactly on ``device``, registered if it is ours.
 
     CPU: ``onepass_cpu`` (windows, sinks, latent attention), else ``eager`` (logit soft-capping);
     CUDA: ``flex_attention`` where the model supports it, else ``sdpa``, else ``eager``
-    (gpt-oss refuses sdpa: its sinks need eager or flex).
+    (gpt-oss refuses sdpa: its sinks need eager or flex); in float64 never flex (:func:`check_backend`).
     """
     is_model = hasattr(model_or_config, "config")
     config = model_or_config.config if is_model else model_or_config
@@ -112,7 +130,7 @@ def supported_backend(model_or_config: Any, device: torch.device | str) -> str:
     layer_windows(config)  # refuses what no backend can do here
     softcap = getattr(config, "attn_logit_softcapping", None) is not None
     kind = torch.device(device).type
-    if kind == "cuda" and getattr(model_class, "_supports_flex_attn", True):
+    if kind == "cuda" and getattr(model_class, "_supports_flex_attn", True) and dtype != torch.float64:
         return "flex_attention"
     if kind == "cpu" and not softcap:
         return register_onepass_cpu()
@@ -122,12 +140,19 @@ def supported_backend(model_or_config: Any, device: torch.device | str) -> str:
 
 
 def _causal_lm_class(config: Any) -> Any:
-    from transformers import AutoModelForCausalLM
-
     try:
-        return AutoModelForCausalLM._model_mapping[type(config)]
+        return private("transformers.AutoModelForCausalLM._model_mapping")[type(config)]
     except (KeyError, ValueError):
         return None
+
+
+FLEX_KERNEL_OPTIONS = {"FORCE_USE_FLEX_ATTENTION": True}  # the main kernel, never flex-decoding (docstring)
+
+
+def forward_kwargs(model: Any) -> dict[str, Any]:
+    """What every forward of ``model`` passes besides its inputs: flex's kernel choice where the model runs
+    flex_attention (transformers hands ``kernel_options`` to ``flex_attention``), else nothing."""
+    return {"kernel_options": dict(FLEX_KERNEL_OPTIONS)} if model_backend(model) == "flex_attention" else {}
 
 
 def attention_mask_for(model: Any, kv_end_BL: torch.Tensor, *, position_ids_BL: torch.Tensor | None = None,
@@ -145,6 +170,10 @@ def attention_mask_for(model: Any, kv_end_BL: torch.Tensor, *, position_ids_BL: 
     def build(window: int | None) -> Any:
         if backend == ONEPASS_CPU:
             return cpu_attention_mask(kv_end_BL, position_ids=position_ids_BL, window=window)
+        if backend == VARLEN:  # documents, not a tree: N-pass rows only
+            if window is not None:
+                raise BackendError(f"{VARLEN} does not implement sliding windows (window {window})")
+            return varlen_attention_mask(kv_end_BL)
         if backend == "flex_attention":  # built from the block plan: no L x L evaluation
             return block_mask(kv_end_BL, block_size=block_size, device=kv_end_BL.device,
                               position_ids=position_ids_BL, window=window)

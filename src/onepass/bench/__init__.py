@@ -4,4 +4,5 @@
     trl.py       the TRL ``SFTTrainer`` baseline on the same N-pass views
     report.py    JSON, Markdown table and PNG plots
     cli.py       ``onepass bench``
+    gpu_bundle.py / gpu_check.py   ``make gpu-bundle`` / ``make gpu-check``: the first GPU run, one call
 """

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from onepass.errors import DataError, UsageError
+from onepass.geometry import branches
 from onepass.flops import MODEL_SHAPES, model_kwargs, train_flops
 
 WORKLOADS = {"mathchat": "builtin:mathchat", "synthetic": "synthetic:mathchat-sync",  # --workload NAME: --data SPEC
@@ -69,11 +70,18 @@ def add_parser(sub: Any) -> None:
                                   "same work in every setting) no longer dominates a CPU run of a cut model")
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--backends", default=None, help="comma-separated attention backends (default: sdpa,onepass_cpu on CPU; flex_attention,sdpa on CUDA)")
+    p.add_argument("--backends", default=None,
+                   help="comma-separated attention backends (default: sdpa,onepass_cpu on CPU; flex_attention,sdpa on "
+                        "CUDA; onepass_varlen: N-pass rows through torch's flash varlen kernel, the FA2-class "
+                        "baseline, CUDA)")
     p.add_argument("--settings", default=None, help="comma-separated settings (default: all)")
     p.add_argument("--max-tokens", type=int, default=None, help="row budget (default 4096; 16384 for --workload agent)")
     p.add_argument("--repeats", type=int, default=None, help="timed epochs per setting (default 2 quick, 5 full)")
     p.add_argument("--depth-groups", action="store_true", help="also time G1/G2/G3 separately")
+    p.add_argument("--interleave", action="store_true",
+                   help="time every backend x setting in this one process, their epochs interleaved (A B C A B C: "
+                        "drift lands on all alike, ratios paired); all models stay resident (GPU). onepass_varlen "
+                        "(torch's flash varlen kernel, CUDA) then times the N-pass settings only")
     p.set_defaults(func=run)
 
 
@@ -126,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
         from onepass.attention.cpu import register
 
         register()
+    if "onepass_varlen" in backends and device.type != "cuda":
+        raise UsageError("--backends onepass_varlen (torch's flash varlen kernel) runs on CUDA only")
     from onepass.bench import trl as bench_trl
 
     known = [*bench.SETTINGS, *bench_trl.SETTINGS]
@@ -192,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
     shared_settings = [s for s in settings if s in bench.SHARED_SETTINGS]
     ideal_shared = {group: train_flops(rows_of(group, bench.SHARED_SETTINGS[s]), shape)
                     / train_flops(rows_of(group, s), shape) for group in groups for s in shared_settings[:1]}
+    planned: list[tuple[str, str, str, list[Any], int]] = []  # backend, group, setting, rows, conversations
     for backend in backends:
         for group, members in groups.items():
             names = settings if group == "all" else ["n-pass-packed", "one-pass-packed", *shared_settings]
@@ -202,21 +213,36 @@ def run(args: argparse.Namespace) -> int:
                     print(f"{backend:>12} {group:>3} {setting:>16}: no prefix shared across conversations (the rows "
                           f"are {bench.SHARED_SETTINGS[setting]}'s): not timed", flush=True)
                     continue
-                job = bench.Job(rows=rows, vocab=vocab, shape_kwargs=shape_kwargs,
-                                dtype=str(dtype).replace("torch.", ""), backend=backend, device=str(device),
-                                seed=args.seed, repeats=repeats, threads=torch.get_num_threads(), arch=args.arch)
-                timing = bench.time_in_subprocess(job)
-                useful = train_flops(rows, shape)
-                results.append(bench.summarise(setting, backend, group, rows, timing, len(members), useful, peak))
-                results[-1]["useful_flops_full_depth"] = train_flops(rows, full)  # not run: per-layer scaled
-                r = results[-1]
-                print(f"{backend:>12} {group:>3} {setting:>16}: {r['conversations_per_s']:7.2f} conv/s "
-                      f"{r['tokens_per_s']:9,.0f} tok/s  peak {(r['peak_memory_bytes'] or 0) / 2**20:7.0f} MiB"
-                      + (f" (tensors {r['peak_tensor_bytes'] / 2**20:,.0f}, forward+backward "
-                         f"{r['peak_forward_backward_bytes'] / 2**20:,.0f} MiB)" if r["peak_tensor_bytes"] else "")
-                      + (f"  state passing {r['state_passing_fraction_of_step']:.1%} of the step, recurrent "
-                         f"mixers {r['recurrent_mixer_fraction_of_step']:.1%} ({r['recurrent_chain_calls']} calls)"
-                         if r["recurrent_chain_calls"] else ""), flush=True)
+                if backend == "onepass_varlen" and any(branches(r.kv_end) for r in rows):
+                    print(f"onepass_varlen {group} {setting}: skipped, its rows are trees that branch (a varlen "
+                          "kernel serves N-pass rows only)", flush=True)
+                    continue
+                planned.append((backend, group, setting, rows, len(members)))
+
+    def job_of(backend: str, rows: list[Any]) -> Any:
+        return bench.Job(rows=rows, vocab=vocab, shape_kwargs=shape_kwargs, dtype=str(dtype).replace("torch.", ""),
+                         backend=backend, device=str(device), seed=args.seed, repeats=repeats,
+                         threads=torch.get_num_threads(), arch=args.arch, tensor_memory=not args.interleave)
+
+    if args.interleave:
+        timings = bench.time_interleaved([job_of(b, rows) for b, _, _, rows, _ in planned],
+                                         log=lambda line: print(line, flush=True))
+    for i, (backend, group, setting, rows, conversations) in enumerate(planned):
+        timing = timings[i] if args.interleave else bench.time_in_subprocess(job_of(backend, rows))
+        if not timing.epoch_seconds:  # failed before timing (reported above)
+            continue
+        useful = train_flops(rows, shape)
+        results.append(bench.summarise(setting, backend, group, rows, timing, conversations, useful, peak))
+        results[-1]["useful_flops_full_depth"] = train_flops(rows, full)  # not run: per-layer scaled
+        results[-1]["interleaved"] = args.interleave
+        r = results[-1]
+        print(f"{backend:>12} {group:>3} {setting:>16}: {r['conversations_per_s']:7.2f} conv/s "
+              f"{r['tokens_per_s']:9,.0f} tok/s  peak {(r['peak_memory_bytes'] or 0) / 2**20:7.0f} MiB"
+              + (f" (tensors {r['peak_tensor_bytes'] / 2**20:,.0f}, forward+backward "
+                 f"{r['peak_forward_backward_bytes'] / 2**20:,.0f} MiB)" if r["peak_tensor_bytes"] else "")
+              + (f"  state passing {r['state_passing_fraction_of_step']:.1%} of the step, recurrent "
+                 f"mixers {r['recurrent_mixer_fraction_of_step']:.1%} ({r['recurrent_chain_calls']} calls)"
+                 if r["recurrent_chain_calls"] else ""), flush=True)
     for trl_setting in trl_settings:  # TRL's defaults; tuned: checkpointing off, onepass's CPU attention
         tuned = trl_setting == bench_trl.TUNED
         trl_backend = "onepass_cpu" if tuned else "sdpa"

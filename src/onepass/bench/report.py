@@ -85,6 +85,13 @@ def headline(summary: dict[str, Any]) -> list[str]:
         if s.get("recurrent_chain_calls"):
             line += (f"; state passing {s['state_passing_fraction_of_step']:.1%} of the step (recurrent mixers "
                      f"{s['recurrent_mixer_fraction_of_step']:.1%}, {s['recurrent_chain_calls']} calls per epoch)")
+        if s.get("speedup_vs_flash_n_pass_packed"):  # the FA2-class baseline (onepass.attention.varlen)
+            flash = speed_check(s, "flash_n_pass_packed")
+            line += (f"; vs N-pass packed on torch's flash varlen kernel: {s['speedup_vs_flash_n_pass_packed']:.2f}x"
+                     + (f" (disturbed timing: past the FLOP/token bound of {flash.bound:.2f}x)"
+                        if flash is not None and flash.disturbed else "")
+                     + (f", memory {s['memory_vs_flash_n_pass_packed']:.2f}x"
+                        if s.get("memory_vs_flash_n_pass_packed") else ""))
         if s.get("speedup_vs_trl"):
             line += f"; vs TRL SFTTrainer packed N-pass: {s['speedup_vs_trl']:.2f}x"
         if s.get("speedup_vs_trl_tuned"):
@@ -100,7 +107,7 @@ def shared_headline(summary: dict[str, Any]) -> list[str]:
     for s in summary["settings"]:
         if s.get("speedup_vs_one_pass_packed") is None:
             continue
-        checked = speed_check(s, "speed_ratio_vs_one_pass_packed")
+        checked = speed_check(s, "one_pass_packed")
         what = f"shared prefixes vs one-pass packed ({s['backend']}, {s['depth_group']})"
         if checked is not None and checked.disturbed:
             line = "- " + checked.describe("shared prefixes", f"one-pass packed ({s['backend']}, {s['depth_group']})")
@@ -119,10 +126,10 @@ def shared_headline(summary: dict[str, Any]) -> list[str]:
     return out
 
 
-def speed_check(setting: dict[str, Any], key: str = "speed_ratio_vs_n_pass_packed") -> SpeedRatio | None:
-    """The setting's checked speed ratio vs N-pass packed (or ``key``'s baseline), as ``summary.json``
-    holds it (None: not measured)."""
-    d = setting.get(key)
+def speed_check(setting: dict[str, Any], baseline: str = "n_pass_packed") -> SpeedRatio | None:
+    """The setting's checked speed ratio vs ``baseline`` (``n_pass_packed``, same backend, or
+    ``flash_n_pass_packed``, torch's flash varlen kernel), as ``summary.json`` holds it (None: not measured)."""
+    d = setting.get(f"speed_ratio_vs_{baseline}")
     return SpeedRatio(**{f.name: d[f.name] for f in fields(SpeedRatio)}) if d else None
 
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from onepass.data.load import limit_arg
 from onepass.errors import UsageError, run_main
 
 
@@ -60,7 +61,7 @@ def add_parsers(data_parser: argparse.ArgumentParser) -> None:
     c = sub.add_parser("convert-mathchat", help="MathChat benchmark jsonl -> reasoning conversations jsonl")
     c.add_argument("--input", nargs="+", required=True, help="follow_up.jsonl and/or error_correction.jsonl")
     c.add_argument("--out", required=True)
-    c.add_argument("--limit", type=int, help="at most N conversations per input file")
+    c.add_argument("--limit", type=limit_arg, help="at most N conversations per input file")
     c.add_argument("--strict", action="store_true")
 
     s = sub.add_parser("sample", help="depth-balanced sample (the paper's cap + stratified allocation)")
@@ -105,7 +106,7 @@ def add_parsers(data_parser: argparse.ArgumentParser) -> None:
     a.add_argument("--refusal-patterns", metavar="FILE",
                    help="refusal patterns replacing the defaults: one regex a line, # comments")
     a.add_argument("--no-refusal-check", action="store_true", help="accept every reply that parses")
-    a.add_argument("--limit", type=int, help="only the first N valid conversations")
+    a.add_argument("--limit", type=limit_arg, help="only the first N valid conversations")
     a.add_argument("--no-progress", action="store_true")
 
     t = sub.add_parser("stats", help="depths, segment lengths (P95 = l), N-pass vs one-pass, ideal speedup")
@@ -121,7 +122,7 @@ def add_parsers(data_parser: argparse.ArgumentParser) -> None:
     t.add_argument("--before", help="data before sampling (depths only), for the --plot comparison")
     t.add_argument("--plot", help="PNG of the depth distribution (before vs after with --before)")
     t.add_argument("--out", help="write the statistics as JSON")
-    t.add_argument("--limit", type=int)
+    t.add_argument("--limit", type=limit_arg)
     t.add_argument("--no-progress", action="store_true")
 
     g = sub.add_parser("synthetic", help="seeded MathChat-shaped conversations with exact token lengths")

@@ -302,6 +302,24 @@ def parse_records(raws: Iterable[RawRecord], *, strict: bool = True,
                 skipped.append(str(e))
 
 
+def limit_arg(text: str) -> int:
+    """``--limit N`` of every command: an integer >= 1 (0 or a negative number would read nothing and end in
+    "every conversation was skipped", blaming the data), as an argparse ``type``.
+
+    >>> limit_arg("8")
+    8
+    """
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a whole number of conversations, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (a number of conversations), got {n}")
+    return n
+
+
 def load_conversations(spec: str | Path | DataSource, *, strict: bool = True, limit: int | None = None,
                        split: str | None = None) -> ReadReport:
     """Read and validate ``spec`` like :func:`onepass.conversation.read_conversations`, for any spec.
@@ -312,20 +330,28 @@ def load_conversations(spec: str | Path | DataSource, *, strict: bool = True, li
     report = ReadReport()
     if limit is not None and limit <= 0:
         return report
-    for conv in iter_conversations(spec, strict=strict, split=split, skipped=report.skipped):
+    conversations = iter_conversations(spec, strict=strict, split=split, skipped=report.skipped)
+    for conv in conversations:
         report.conversations.append(conv)
         if limit is not None and len(report.conversations) >= limit:
+            seen = len(report.skipped)
+            try:  # is a valid conversation left? (``more``: a command says the limit cut the data)
+                report.more = next(conversations, None) is not None
+            except ConversationError:  # strict: a bad record past the limit is not this read's error
+                report.more = True
+            del report.skipped[seen:]  # records past the limit are not this read's skips
             break
     return report
 
 
 def to_record(conv: Conversation, **extra: Any) -> dict[str, Any]:
     """A :class:`Conversation` back to an OpenAI-style record that ``parse_record`` reads to the same
-    conversation (reasoning as ``reasoning_content``, tool-call arguments as the record gave them)."""
+    conversation (reasoning as ``reasoning_content``, or the leading ``<think>`` block and tool-call arguments as
+    the record gave them)."""
     record: dict[str, Any] = {}
     if conv.id is not None:
         record["id"] = conv.id
-    record["messages"] = template_messages(conv, verbatim_arguments=True)
+    record["messages"] = template_messages(conv, verbatim_arguments=True, inline_reasoning=True)  # as the record gave them
     if conv.tools:
         record["tools"] = list(conv.tools)
     record.update(extra)

@@ -281,12 +281,13 @@ def _stop(pool: Any, pending: Iterable[Any], timeout: float = STOP_SECONDS) -> N
         pool.terminate()
 
 
-def prepare_parallel(spec: str | Path, tokenizer: Any, config: PrepareConfig = PrepareConfig(), *,
+def prepare_parallel(spec: str | Path, tokenizer: Any, config: PrepareConfig | None = None, *,
                      num_proc: int = 2, chat_template: str | None = None, split: str | None = None,
                      limit: int | None = None, strict: bool = False,
                      progress: bool = False) -> tuple[list[Layout], PrepareStats]:
     """Rows and stats of ``spec`` (any :mod:`onepass.data.load` spec) prepared on ``num_proc``
     processes, in memory (for a dataset that fits; ``onepass prepare`` streams to disk instead)."""
+    config = config if config is not None else PrepareConfig()  # today's date resolved here, once for every worker
     stats = PrepareStats()
     units = list(iter_prepared(spec, tokenizer, config, stats, num_proc=num_proc, chat_template=chat_template,
                                split=split, limit=limit, strict=strict, progress=progress, units=True))

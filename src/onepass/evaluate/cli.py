@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from onepass.data.load import limit_arg
 from onepass.errors import ConfigError, UsageError
 from onepass.evaluate.answers import compile_answer_regex
 from onepass.hub import hub_offline, offline_reason
@@ -59,7 +60,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "/chat/completions gets messages and the server's template")
     p.add_argument("--answer-regex", help="extract answers with this regex (group 1 if any) instead of "
                                           "\\boxed{} / 'the answer is'")
-    p.add_argument("--limit", type=int, help="evaluate only the first N valid conversations")
+    p.add_argument("--limit", type=limit_arg, help="evaluate only the first N valid conversations")
     p.add_argument("--strict", action="store_true", help="stop at the first bad record instead of skipping it")
     p.add_argument("--max-new-tokens", type=int, default=2048, help="per turn (default 2048)")
     p.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (hf) / requests in "
@@ -138,9 +139,12 @@ def run(args: argparse.Namespace) -> int:
     from onepass.data.load import load_conversations
     from onepass.evaluate.report import write_report
     from onepass.evaluate.run import evaluate, template_message_options, template_prompt
+    from onepass.render.template import check_template_kwargs
     from onepass.tokenizer import load_tokenizer
 
     _check_args(args)
+    kwargs = _template_kwargs(args.template_kwarg)
+    check_template_kwargs(kwargs)  # apply_chat_template's own names: one line before any data is read
     report = load_conversations(args.data, strict=args.strict, limit=args.limit)
     for line in report.skipped[:5]:
         print(f"skipped: {line}", file=sys.stderr)
@@ -150,7 +154,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"no valid conversations in {args.data}")
     spec = args.tokenizer or ("builtin:qwen3" if args.tiny else args.model)
     tokenizer = load_tokenizer(spec, chat_template=args.chat_template)
-    kwargs = _template_kwargs(args.template_kwarg)
     generator, label = _generator(args, tokenizer)
     results = evaluate(report.conversations, generator, template_prompt(tokenizer, kwargs), history=args.history,
                        answer_regex=args.answer_regex, progress=not args.no_progress,

@@ -15,13 +15,15 @@ the exactness guard (:mod:`onepass.guard`) and ``onepass verify``.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from onepass.attention.backends import forward_kwargs
 from onepass.geometry import leaf_paths
 from onepass.mixers.tree import tree_kwargs
 from onepass.guard.twin import layer_types
@@ -30,6 +32,49 @@ from onepass.view import View
 
 TOLERANCE = 1e-9  # relative, float64
 ROUNDING = 1e-6  # the most a gradient may differ by rounding alone, when every output agrees (see judge)
+ZERO = 1e-6
+"""A parameter's gradient whose norm is at most this fraction of the whole gradient's, on both sides, is zero up
+to rounding: its difference is measured on the whole gradient's scale (:func:`max_rel_grad_diff`)."""
+
+
+def nan_max(values: Iterable[float], default: float = 0.0) -> float:
+    """The largest value, NaN if any is NaN (Python's ``max`` keeps or drops a NaN by where it stands).
+
+    >>> nan_max([1.0, float("nan"), 2.0]), max([1.0, float("nan"), 2.0])
+    (nan, 2.0)
+    """
+    out = default
+    for v in values:
+        if math.isnan(v):
+            return math.nan
+        out = max(out, v)
+    return out
+
+
+def max_rel_grad_diff(reference: dict[str, torch.Tensor], other: dict[str, torch.Tensor]) -> tuple[float, str]:
+    """The largest difference of a parameter's gradient, and that parameter's name: ``|other - reference|``
+    relative to ``|reference|``, or, for a gradient that is zero up to rounding (both norms at most
+    :data:`ZERO` of the whole reference gradient's), relative to the whole gradient. NaN or inf anywhere
+    is returned as it is (the first parameter holding it), never skipped.
+
+    Why the second scale: a gradient that is exactly zero (a one-token prompt: attention over one key does
+    not depend on the query, so ``q_proj``'s gradient is 0) is computed as ~1e-16 of the whole gradient on
+    each side, two different roundings of 0; relative to itself that is a difference of 200%.
+    """
+    total = math.sqrt(sum(float(g.double().norm()) ** 2 for g in reference.values()))
+    rel_grad, worst = 0.0, ""
+    for name, g_n in reference.items():
+        scale, other_scale = g_n.norm().item(), other[name].norm().item()
+        diff = (other[name] - g_n).norm().item()
+        if not all(map(math.isfinite, (scale, other_scale, diff))):
+            return (math.nan if any(map(math.isnan, (scale, other_scale, diff))) else math.inf), name
+        if total > 0 and max(scale, other_scale) <= ZERO * total:
+            rel = diff / total
+        else:
+            rel = diff / scale if scale > 0 else diff
+        if rel > rel_grad:
+            rel_grad, worst = rel, name
+    return rel_grad, worst
 
 
 def decoder_layers(model: Any) -> torch.nn.ModuleList | None:
@@ -86,15 +131,15 @@ def layer_differences(model: Any, conversations: Sequence[Sequence[View]]) -> li
                     batch = layouts_to_batch([layout], device=device)
                     model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
                           attention_mask=_tree_mask(model, batch), logits_to_keep=1, use_cache=False,
-                          **tree_kwargs(model, batch["kv_end"]))  # recurrent layers on the tree
+                          **forward_kwargs(model), **tree_kwargs(model, batch["kv_end"]))  # recurrent layers on the tree
                     tree = dict(seen)
                     for path in leaf_paths(layout.kv_end):  # each N-pass sequence of the row
                         ids = torch.as_tensor(layout.input_ids[path], device=device).long()[None]
-                        model(input_ids=ids, logits_to_keep=1, use_cache=False)
+                        model(input_ids=ids, logits_to_keep=1, use_cache=False, **forward_kwargs(model))
                         for i, ref in seen.items():
                             diff = (tree[i][torch.as_tensor(path, device=device)] - ref).norm(dim=-1)
                             rel = diff / ref.norm(dim=-1).clamp_min(torch.finfo(ref.dtype).tiny)
-                            worst[i] = max(worst[i], float(rel.max()))
+                            worst[i] = nan_max((worst[i], float(rel.max())))
     finally:
         for h in hooks:
             h.remove()
@@ -151,10 +196,13 @@ class Verdict:
     equal: bool
     rounding: bool  # equal although a gradient is past the tolerance: rounding only (every output agrees)
     where: LayerDiff | None  # None when everything was within the tolerance (nothing was located)
+    finite: bool = True  # False: a difference is NaN or inf (a loss, log-prob or gradient that is not finite)
 
     @property
     def word(self) -> str:
         """What ``onepass verify`` prints: EQUAL, EQUAL (rounding ...) or DIFFERENT."""
+        if not self.finite:
+            return "DIFFERENT (a difference is not finite: a loss, log-prob or gradient is NaN or inf)"
         if not self.equal:
             return "DIFFERENT"
         return "EQUAL (a gradient rounds differently; every output agrees)" if self.rounding else "EQUAL"
@@ -168,6 +216,8 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         """``equal``, and where one-pass and N-pass part when something was past the tolerance."""
+        if not self.finite:
+            return {"equal": False, "finite": False}
         if self.where is None:
             return {"equal": self.equal}
         return {"equal": self.equal, "rounding": self.rounding, "differing_layer": self.where.index,
@@ -198,7 +248,14 @@ def judge(outputs: float, gradients: float, where: Callable[[], LayerDiff], *,
         (True, True)
         >>> judge(2e-9, 1e-12, where=lambda: agree).equal              # an output never rounds away
         False
+        >>> judge(0.0, float("nan"), where=lambda: 1 / 0).word           # not finite: DIFFERENT, nothing located
+        'DIFFERENT (a difference is not finite: a loss, log-prob or gradient is NaN or inf)'
+
+    A gradient that is zero up to rounding is compared on the whole gradient's scale
+    (:func:`max_rel_grad_diff`): ``gradients`` is that measure.
     """
+    if not (math.isfinite(outputs) and math.isfinite(gradients)):
+        return Verdict(equal=False, rounding=False, where=None, finite=False)
     if outputs <= tolerance and gradients <= tolerance:
         return Verdict(equal=True, rounding=False, where=None)
     found = where()

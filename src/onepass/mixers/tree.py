@@ -16,7 +16,10 @@ mixer instance once (idempotent); :func:`tree_kwargs` returns
 ``{"onepass_chains": plan}`` for the model call, which HF forwards through the
 decoder layers' ``**kwargs`` to the mixer. A mixer called without it (the plain
 N-pass reference, generation) runs unchanged; with gradient checkpointing the
-recomputation gets the same kwargs, so it runs chain-wise too.
+recomputation gets the same kwargs, so it runs chain-wise too. Under sequence parallelism
+(``onepass_sp``, :mod:`onepass.ulysses`) a rank holds a shard of each row and a chain may cross
+shards: the mixer's input is gathered along the sequence (an all-gather, exact in both
+directions), the whole row is scanned chain by chain, and the rank keeps its own positions.
 
 Loops chain by chain (torch kernels, CPU and GPU). Why not one call per chain
 depth: transformers' torch scans (``torch_chunk_gated_delta_rule``,
@@ -48,6 +51,7 @@ import torch
 
 from onepass.couplings import check_cache_api, recurrent_mixer
 from onepass.geometry import Chain, batch_chains
+from onepass.ulysses.comm import SP_KWARG
 
 PLAN_KWARG = "onepass_chains"
 # The mixers with a float64 equivalence test (tests/mixers/test_hybrids.py), for the docs: which modules
@@ -184,12 +188,19 @@ def _run_chains(forward: Any, cache_kw: str, hidden_BLD: torch.Tensor, plan: Seq
 
 def _tree_forward(module: torch.nn.Module, original: Any, cache_kw: str, *args: Any, **kwargs: Any) -> Any:
     plan = kwargs.pop(PLAN_KWARG, None)
+    shard = kwargs.pop(SP_KWARG, None)  # sequence parallelism: this rank holds a shard of each row
     if plan is None:
+        if shard is not None:
+            raise ValueError(f"{type(module).__name__}: a sequence-parallel shard needs the rows' chains "
+                             f"({PLAN_KWARG}); run the model through onepass.loss")
         return original(*args, **kwargs)
     hidden = kwargs.pop("hidden_states") if "hidden_states" in kwargs else args[0]
     if kwargs.get(cache_kw) is not None:
         raise ValueError(f"{type(module).__name__}: a cache and a one-pass tree cannot be combined")
     kwargs.pop(cache_kw, None)
+    if shard is not None:  # chains cross the shards: scan the whole row (gathered), keep this rank's outputs
+        out = run_chains(original, cache_kw, shard.gather_sequence(hidden), plan, **kwargs)
+        return shard.local(out)
     assert hidden.shape[:2] == (len(plan), sum(c.end - c.start for c in plan[0])), "plan does not fit the batch"
     return run_chains(original, cache_kw, hidden, plan, **kwargs)
 
@@ -223,7 +234,11 @@ def uninstall(model: Any) -> None:
     root = _root(model)
     for mod in root.modules() if root is not None else ():
         original = mod.__dict__.pop(_WRAPPED, None)
-        if original is not None:
+        if original is None:
+            continue
+        if getattr(original, "__func__", None) is type(mod).forward:
+            del mod.forward  # the class's own forward again, not an instance copy of it
+        else:
             mod.forward = original
 
 

@@ -4,6 +4,7 @@ The one entry is :func:`render_conversation` (:func:`render_views` raises the fi
 instead); its rule is in :mod:`onepass.render.views`. The package's rooms, one concept each:
 
 - ``template``  the one call of ``apply_chat_template``, and how a template error names its line
+- ``clock``     the date a template renders: a setting (``template_date``), never the machine's clock
 - ``fields``    what the template expects of a message's fields (probed once per template)
 - ``sources``   where a completion comes from (template split, derived format, given format) and the checks
 - ``derived``   the derived generation format, read off a probe turn

@@ -33,7 +33,7 @@ Worked example (a template that concatenates arguments as text)::
     ...             messages=messages, add_generation_prompt=add_generation_prompt)
     >>> template_fields(Tok(), {})  # doctest: +NORMALIZE_WHITESPACE
     TemplateFields(arguments='json', reasoning_key='thinking', developer=True, tool_ids='given',
-                   generation_always=False, string_arguments=True)
+                   generation_always=False, string_arguments=True, reads_reasoning=True)
 
 No torch here: this is pure data.
 """
@@ -69,6 +69,8 @@ class TemplateFields:
     tool_ids: str = "given"  # "functions": ids renamed functions.NAME:IDX (the template renders a call by its id)
     generation_always: bool = False  # appends its generation prompt to a finished conversation too (R7B tool_use)
     string_arguments: bool = False  # renders a JSON-string ``arguments`` as it is (Qwen3, Kimi-K2, DeepSeek)
+    reads_reasoning: bool = True  # False: no probe renders reasoning under any key (SmolLM3, non-thinking templates):
+    # a content the record gave as ``<think>r</think>a`` then goes over as given (template_messages, inline_reasoning)
 
     @property
     def arguments_json(self) -> bool:
@@ -78,7 +80,8 @@ class TemplateFields:
     def message_options(self) -> dict[str, Any]:
         """Keyword arguments of :func:`onepass.template_messages.template_messages`."""
         return {"arguments_json": self.arguments_json, "verbatim_arguments": self.string_arguments,
-                "reasoning_key": self.reasoning_key, "developer": self.developer, "tool_ids": self.tool_ids}
+                "reasoning_key": self.reasoning_key, "developer": self.developer, "tool_ids": self.tool_ids,
+                "inline_reasoning": not self.reads_reasoning}
 
 
 _TOOL = {"type": "function", "function": {"name": "onepass_probe", "description": "probe",
@@ -151,14 +154,14 @@ def probe_fields(tokenizer: Any, kwargs: Mapping[str, Any]) -> TemplateFields:
     (defaults when none does: the turn's own checks then report what is not rendered)."""
     arguments = next((k for k in ARGUMENT_KINDS if _arguments_ok(tokenizer, k, kwargs)), "dict")
     reasoning = next((k for k in TEMPLATE_REASONING_KEYS if _reasoning_ok(tokenizer, k, kwargs)), None) or next(
-        (k for k in TEMPLATE_REASONING_KEYS if _reasoning_ok(tokenizer, k, kwargs, arguments, tool_call=True)),
-        "reasoning_content")
+        (k for k in TEMPLATE_REASONING_KEYS if _reasoning_ok(tokenizer, k, kwargs, arguments, tool_call=True)), None)
     tool_ids = next((k for k in TOOL_ID_KINDS if _tool_ids_ok(tokenizer, k, arguments, kwargs)), "given")
     probe = [{"role": "user", "content": "probe"}]  # the generation prompt rendered without being asked for?
     always = _render(tokenizer, probe, kwargs) == _render(tokenizer, probe, {**kwargs, "add_generation_prompt": True})
     strings = arguments == "json" or _arguments_ok(tokenizer, "json", kwargs)
-    return TemplateFields(arguments=arguments, reasoning_key=reasoning, developer=_developer_ok(tokenizer, kwargs),
-                          tool_ids=tool_ids, generation_always=always, string_arguments=strings)
+    return TemplateFields(arguments=arguments, reasoning_key=reasoning or "reasoning_content",
+                          developer=_developer_ok(tokenizer, kwargs), tool_ids=tool_ids, generation_always=always,
+                          string_arguments=strings, reads_reasoning=reasoning is not None)
 
 
 def template_fields(tokenizer: Any, kwargs: Mapping[str, Any], *, tools: bool = False) -> TemplateFields:

@@ -333,6 +333,20 @@ QUIRKS: tuple[Quirk, ...] = (
                      "nemotron_3_ultra", "seed_oss"),
           proved_by="tests/test_generation_format.py::"
                     "test_a_developer_prompt_goes_over_as_developer_where_the_template_renders_it"),
+    Quirk(name="reasoning read from the content",
+          does="reads no reasoning field: an assistant's content is rendered as it is, so a record's "
+               "`<think>r</think>a` is shown whole (SmolLM3, non-thinking templates) or cut by the template "
+               "itself (`content.split('</think>')`: QwQ, R1-Distill)",
+          detected_by="TemplateFields.reads_reasoning: no key of TEMPLATE_REASONING_KEYS is rendered on an answer "
+                      "or a tool-call turn",
+          handled_by="a content the record gave with a leading `<think>` block goes over as given (its reasoning "
+                     "is then trained where the template renders it; counted: `leading <think> block kept in the "
+                     "content`); reasoning given in a field is still never rendered (a skip, `--reasoning drop`)",
+          where="onepass.template_messages.message_dict", probe=lambda tok: not _fields(tok).reads_reasoning,
+          templates=("cohere2", "cohere2_tool_use", "deepseek_r1_distill", "deepseekv3", "deepseekv3_1",
+                     "qwen3_instruct_2507", "qwq_32b"),
+          proved_by="tests/faults/test_template_faults.py::"
+                    "test_an_inline_think_block_goes_over_as_given_where_the_template_reads_no_reasoning_field"),
     Quirk(name="reasoning under another key",
           does="reads reasoning from `thinking` or `reasoning` instead of `reasoning_content`",
           detected_by="TemplateFields.reasoning_key: the first key of TEMPLATE_REASONING_KEYS a probe renders",

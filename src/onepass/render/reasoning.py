@@ -51,7 +51,7 @@ def without_reasoning(conv: Conversation, turns: Iterable[int]) -> Conversation:
     """``conv`` with the reasoning of messages ``turns`` (indices into ``conv.messages``) removed."""
     drop = set(turns)
     return dataclasses.replace(conv, messages=tuple(
-        dataclasses.replace(m, reasoning=None) if i in drop else m for i, m in enumerate(conv.messages)))
+        dataclasses.replace(m, reasoning=None, text=None) if i in drop else m for i, m in enumerate(conv.messages)))
 
 
 def unrendered_history_reasoning(render: Render, conv: Conversation, k: int, *, head: int,

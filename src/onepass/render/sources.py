@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from onepass.conversation import Conversation, Message
@@ -45,6 +45,7 @@ class Turn:
     fields: TemplateFields
     eos: str
     fmt: str | None = None  # the given completion format, resolved
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False)  # one per conversation (template._blame)
 
     @property
     def message(self) -> Message:
@@ -59,7 +60,7 @@ class Turn:
 
     def render(self, upto: int, *, generation: bool) -> str:
         return render_turn(self.tokenizer, self.conv, self.messages(upto), generation=generation,
-                           kwargs=self.kwargs, turn=self.k, blame=True)
+                           kwargs=self.kwargs, turn=self.k, blame=True, memo=self.memo)
 
     def prompt(self) -> str:
         return self.render(self.k, generation=True)
@@ -169,12 +170,21 @@ def given_format(turn: Turn, prompt: str) -> str:
     names = [c.name for c in message.tool_calls]
     missing = [n for n in names if (calls or "").count(n) < names.count(n)]
     if missing and read is not None:
-        raise RenderError(
-            f"{turn.at}: the chat template does not render this turn's tool call {missing[0]!r}, "
-            "so the completion format cannot fill {tool_calls}. A template that renders tool calls only when "
-            "the content is None (DeepSeek-R1-Distill) never does: transformers drops None-valued keys from "
-            "every message before rendering, at inference too; such a turn cannot be trained with this template")
+        why = ("A template that renders tool calls only when the content is None (DeepSeek-R1-Distill) never does: "
+               "transformers drops None-valued keys from every message before rendering, at inference too"
+               if _mentions(turn.tokenizer, "tool_calls") else
+               "This template never reads a message's tool_calls (it renders an assistant's content alone)")
+        raise RenderError(f"{turn.at}: the chat template does not render this turn's tool call {missing[0]!r}, "
+                          f"so the completion format cannot fill {{tool_calls}}. {why}; such a turn cannot be "
+                          "trained with this template")
     return format_completion(fmt, message, end, calls)
+
+
+def _mentions(tokenizer: Any, word: str) -> bool:
+    """Does the chat template's text (any of its named templates) hold ``word``? Which explanation of a skip
+    applies: a template that never reads ``tool_calls`` is not one that reads them only under a condition."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    return any(word in text for text in (template.values() if isinstance(template, Mapping) else (template,)))
 
 
 Check = Callable[[Turn, str], None]

@@ -7,39 +7,103 @@ Those calls differ only in what they do when the template raises: a view's rende
 and the template line (:class:`~onepass.render.errors.TemplateRaised`), a probe reads "nothing
 found" (None). Errors that come from onepass or transformers rather than the template propagate.
 
-jinja puts the template's own line number in a traceback under the file name ``<template>``
-(:func:`template_line`).
+The date the template sees is a setting (:mod:`onepass.render.clock`): ``kwargs`` carry it under
+:data:`~onepass.render.clock.TEMPLATE_DATE`, and a template that reads the clock is rendered with it
+pinned. jinja puts the template's own line number in a traceback under the file name ``<template>``
+(:func:`template_line`, which counts the template's own lines, not the pinning macro's).
 
 No torch here: this is pure data.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from onepass.conversation import Conversation
+from onepass.errors import UsageError
+from onepass.render.clock import PINNED_LINES, TEMPLATE_DATE, check_pinnable, pinned_template, reads_clock
 from onepass.render.errors import RenderError, TemplateRaised
 from onepass.render.tools_block import render_with, tools_block
 from onepass.template_messages import template_tools
+
+RESERVED_KWARGS = {
+    **dict.fromkeys(("conversation", "messages", "tools", "documents"), "onepass passes the record's"),
+    **dict.fromkeys(("add_generation_prompt", "continue_final_message"), "onepass sets it for each view"),
+    **dict.fromkeys(("chat_template",), "use --chat-template"),
+    TEMPLATE_DATE: "use --template-date",
+    **dict.fromkeys(("tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length", "return_tensors",
+                     "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"),
+                    "an argument of apply_chat_template, not a template variable"),
+}
+"""Names a template kwarg may not take, and why: ``apply_chat_template``'s own arguments (its signature, checked
+against the installed transformers by tests/faults/test_one_line_data.py) and the variables onepass fills."""
+
+
+def check_template_kwargs(kwargs: Mapping[str, Any]) -> None:
+    """Refuse a template kwarg named as one of :data:`RESERVED_KWARGS` in one line: it would raise deep in
+    transformers (``messages``, ``tokenize``) or be overridden silently (``add_generation_prompt``).
+
+    >>> check_template_kwargs({"enable_thinking": False})
+    >>> check_template_kwargs({"tools": []})
+    Traceback (most recent call last):
+    ...
+    onepass.errors.UsageError: --template-kwarg tools is reserved (onepass passes the record's): a template kwarg is \
+a variable of the template itself, such as enable_thinking
+    """
+    for name in kwargs:
+        if name in RESERVED_KWARGS:
+            raise UsageError(f"--template-kwarg {name} is reserved ({RESERVED_KWARGS[name]}): a template kwarg is "
+                             "a variable of the template itself, such as enable_thinking")
+
 
 Render = Callable[[list[dict[str, Any]], bool], "str | None"]
 """``render(messages, add_generation_prompt)``: the template's text, or None when it raised."""
 
 
 def apply_template(tokenizer: Any, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None,
-                   kwargs: Mapping[str, Any]) -> Any:
-    """The tokenizer's chat template on ``messages`` as text (``kwargs``: ``add_generation_prompt`` and the
-    template kwargs). Raises what the template raises; may return a non-str (batched input). Tools are
-    rendered once per distinct value where the template allows it (:mod:`onepass.render.tools_block`)."""
-    def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Any:
-        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
+                   kwargs: Mapping[str, Any], tokenize: bool = False) -> Any:
+    """The tokenizer's chat template on ``messages`` as text (``kwargs``: ``add_generation_prompt``, the
+    template kwargs and the pinned date, :data:`~onepass.render.clock.TEMPLATE_DATE`). Raises what the
+    template raises; may return a non-str (batched input). ``tokenize``: the tokenized dict instead
+    (``input_ids``, and ``assistant_masks`` when ``kwargs`` ask for them: TRL's rows,
+    :mod:`onepass.train.sft_rows`). Text is rendered with the tools once per distinct value where the
+    template allows it (:mod:`onepass.render.tools_block`)."""
+    kwargs = dict(kwargs)
+    out = {"tokenize": True, "return_dict": True} if tokenize else {"tokenize": False}
+    date = kwargs.pop(TEMPLATE_DATE, None)
+    template = _template_text(tokenizer, kwargs.get("chat_template"), tools) if date is not None or tools else None
+    pinned = date is not None and template is not None and reads_clock(template)
+    if pinned:
+        check_pinnable(template)
+        template = pinned_template(template, date)
+        kwargs["chat_template"] = template
 
-    if tools:
-        block = tools_block(tokenizer, tools, render)
+    def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Any:
+        try:
+            return tokenizer.apply_chat_template(messages, tools=tools, **out, **kwargs)
+        except Exception as e:
+            if pinned:
+                e.onepass_pinned_lines = PINNED_LINES  # type: ignore[attr-defined]  # template_line: the template's own
+            raise
+
+    if tools and not tokenize:
+        block = tools_block(tokenizer, template, tools, render)
         if block is not None:
             return render_with(block, messages, tools, render)
     return render(messages, tools)
+
+
+def _template_text(tokenizer: Any, name: str | None, tools: list[dict[str, Any]] | None) -> str | None:
+    """The template text ``apply_chat_template`` picks for ``tools`` (a tokenizer may hold several, by name;
+    ``name``: a template or a name given), or None where there is none (the call then fails as unpinned)."""
+    try:
+        template = tokenizer.get_chat_template(name, tools)
+    except (AttributeError, ValueError):
+        return None
+    return template if isinstance(template, str) else None
 
 
 def template_line(error: BaseException) -> int | None:
@@ -50,7 +114,7 @@ def template_line(error: BaseException) -> int | None:
         if tb.tb_frame.f_code.co_filename == "<template>":
             line = tb.tb_lineno
         tb = tb.tb_next
-    return line
+    return line - getattr(error, "onepass_pinned_lines", 0) if line is not None else None
 
 
 def is_template_error(error: BaseException) -> bool:
@@ -75,26 +139,53 @@ def render_or_none(tokenizer: Any, messages: list[dict[str, Any]], *, tools: lis
     return text if isinstance(text, str) else None
 
 
-def _first_raising(tokenizer: Any, conv: Conversation, messages: list[dict[str, Any]],
-                   kwargs: Mapping[str, Any], error: str) -> int | None:
-    """The first message (numbered as in errors) whose rendering makes the template raise ``error``:
-    a later turn skipped because its prompt holds that message (gpt-oss) names the one to fix."""
-    head = 1 if conv.system is not None else 0  # the system prompt is not one of conv.messages
-    for n in range(1, len(messages) + 1):
-        try:
-            apply_template(tokenizer, messages[:n], tools=template_tools(conv), kwargs=kwargs)
-        except Exception as e:
-            if not is_template_error(e):
-                raise
-            if str(e) == error:
-                return n - 1 - head
+def _raised(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+            kwargs: Mapping[str, Any]) -> str | None:
+    """The template's error rendering ``messages`` (None when it renders them)."""
+    try:
+        apply_template(tokenizer, messages, tools=tools, kwargs=kwargs)
+    except Exception as e:
+        if not is_template_error(e):
+            raise
+        return str(e)
     return None
 
 
+def _blame(tokenizer: Any, conv: Conversation, messages: list[dict[str, Any]], kwargs: Mapping[str, Any],
+           error: str, turn: int, memo: dict[Any, Any] | None = None) -> str:
+    """What the template raises ``error`` for, as a clause of the skip line: the record's tools list when the
+    first prefix that raises renders without it (Apertus reads a tool's ``description`` at the top level:
+    every message would be blamed), else the first message whose rendering raises it (gpt-oss: a later turn
+    skipped because its prompt holds that message names the one to fix); "" for the turn itself.
+
+    ``memo`` (one per conversation: the same tools and template kwargs) keeps each prefix's outcome by its
+    content, so the scan is not repeated for every later turn that raises, nor for a retry's history that
+    shares the prefix: without it, each raising turn re-rendered every prefix up to the culprit."""
+    head = 1 if conv.system is not None else 0  # the system prompt is not one of conv.messages
+    tools = template_tools(conv)
+    memo = {} if memo is None else memo
+    key = b""
+    for n in range(1, len(messages) + 1):
+        key = hashlib.sha256(key + json.dumps(messages[n - 1], sort_keys=True, default=str).encode()).digest()
+        if key not in memo:
+            memo[key] = _raised(tokenizer, messages[:n], tools, kwargs)
+        if memo[key] != error:
+            continue
+        if tools and _raised(tokenizer, messages[:n], None, kwargs) is None:
+            return (f" with the record's tools list ({len(tools)} tool{'s' * (len(tools) > 1)}), which the template "
+                    "raises for (the messages render without it)")
+        culprit = n - 1 - head
+        if culprit >= 0 and culprit != turn:
+            return f", which holds message {culprit + conv.first_message}, the first the template raises for"
+        return ""
+    return ""
+
+
 def render_turn(tokenizer: Any, conv: Conversation, messages: list[dict[str, Any]], *, generation: bool,
-                kwargs: Mapping[str, Any], turn: int, blame: bool = False) -> str:
+                kwargs: Mapping[str, Any], turn: int, blame: bool = False, memo: dict[Any, Any] | None = None) -> str:
     """The template's text for ``messages`` of ``conv``, or :class:`TemplateRaised` naming turn ``turn``,
-    the template line and (``blame``) the first message the template raises for."""
+    the template line and (``blame``) what the template raises for: the record's tools list or the first
+    message (:func:`_blame`, with its ``memo``)."""
     try:
         text = apply_template(tokenizer, messages, tools=template_tools(conv),
                               kwargs={**kwargs, "add_generation_prompt": generation})
@@ -104,9 +195,8 @@ def render_turn(tokenizer: Any, conv: Conversation, messages: list[dict[str, Any
         line = template_line(e)
         at = f" at line {line}" if line is not None else ""
         what = "prompt" if generation else "conversation"
-        culprit = _first_raising(tokenizer, conv, messages, kwargs, str(e)) if blame else None
-        if culprit is not None and culprit >= 0 and culprit != turn:
-            what += f", which holds message {culprit + conv.first_message}, the first the template raises for"
+        if blame:
+            what += _blame(tokenizer, conv, messages, kwargs, str(e), turn, memo)
         raise TemplateRaised(f"{conv.at(turn)}: the chat template raised{at} rendering "
                              f"the {what}: {type(e).__name__}: {e}") from None
     if not isinstance(text, str):  # transformers may return a list for batched input

@@ -132,10 +132,11 @@ Render = Callable[[list[dict[str, Any]], list[dict[str, Any]]], Any]
 """``render(messages, tools)``: the template's plain output (:func:`onepass.render.template.apply_template`'s call)."""
 
 
-def tools_block(tokenizer: Any, tools: list[dict[str, Any]], render: Render) -> ToolsBlock | None:
-    """The :class:`ToolsBlock` of ``tools`` under the tokenizer's template (probed with ``render``, the
-    call with the render's keyword arguments), or None where there is none to use."""
-    template = getattr(tokenizer, "chat_template", None)
+def tools_block(tokenizer: Any, template: str | None, tools: list[dict[str, Any]], render: Render
+                ) -> ToolsBlock | None:
+    """The :class:`ToolsBlock` of ``tools`` under ``template`` (the text the tokenizer renders with;
+    probed with ``render``, the call with the render's keyword arguments), or None where there is none
+    to use."""
     if not isinstance(template, str) or not tools or not allows(template):
         return None
     try:

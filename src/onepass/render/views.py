@@ -50,13 +50,14 @@ import numpy as np
 
 from onepass.conversation import Conversation
 from onepass.errors import UsageError
+from onepass.render.clock import TEMPLATE_DATE
 from onepass.render.encode import encode_texts, split_between
 from onepass.render.errors import ReasoningNotRendered, RenderError, TemplateRaised
 from onepass.render.fields import template_fields
 from onepass.render.formats import resolve_completion_format
 from onepass.render.reasoning import REASONING_CHOICES, unrendered_history_reasoning, without_reasoning
 from onepass.render.sources import GIVEN_FORMAT, TEMPLATE_SOURCES, CompletionSource, Declined, Turn
-from onepass.render.template import render_turn
+from onepass.render.template import check_template_kwargs, render_turn
 from onepass.render.token_floor import token_floor
 from onepass.template_messages import template_messages
 from onepass.view import Unmeasured, View
@@ -64,15 +65,24 @@ from onepass.view import Unmeasured, View
 
 @dataclass(frozen=True, kw_only=True)
 class RenderConfig:
-    """How to render views. ``template_kwargs`` go to the template (e.g. ``enable_thinking``)."""
+    """How to render views. ``template_kwargs`` go to the template (e.g. ``enable_thinking``); ``template_date``
+    (``YYYY-MM-DD``) is the date a template that reads the clock renders (:mod:`onepass.render.clock`; None: the
+    machine's clock, as transformers renders; ``DataConfig`` always gives one)."""
 
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     completion_format: str | None = None  # a name from COMPLETION_FORMATS or a format string
     reasoning: str = "keep"  # or "drop": a turn whose reasoning the template never renders is trained without it
+    template_date: str | None = None
 
     def __post_init__(self) -> None:
+        check_template_kwargs(self.template_kwargs)
         if self.reasoning not in REASONING_CHOICES:
             raise UsageError(f"--reasoning must be one of {', '.join(REASONING_CHOICES)}, got {self.reasoning!r}")
+
+    def kwargs(self) -> dict[str, Any]:
+        """What every template call of a render takes: the template kwargs and the pinned date."""
+        pinned = {TEMPLATE_DATE: self.template_date} if self.template_date is not None else {}
+        return {**self.template_kwargs, **pinned}
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,13 +171,14 @@ def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig
     """Per assistant turn: ``(turn, its texts)``, or ``(turn, the RenderError that skips it)``."""
     fmt = resolve_completion_format(config.completion_format)
     sources = GIVEN_FORMAT if fmt is not None else TEMPLATE_SOURCES
-    kwargs = dict(config.template_kwargs)
+    kwargs = config.kwargs()
     eos = getattr(tokenizer, "eos_token", None) or ""
     fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
+    memo: dict[Any, Any] = {}  # the conversation's prefixes the template raised for, scanned once (template._blame)
     for k, message in enumerate(conv.messages):
         if message.role != "assistant" or not message.train:
             continue
-        turn = Turn(conv=conv, k=k, tokenizer=tokenizer, kwargs=kwargs, fields=fields, eos=eos, fmt=fmt)
+        turn = Turn(conv=conv, k=k, tokenizer=tokenizer, kwargs=kwargs, fields=fields, eos=eos, fmt=fmt, memo=memo)
         try:
             yield k, _turn_text(turn, config, sources)
         except RenderError as e:
@@ -226,14 +237,16 @@ class Rendered:
     skipped: tuple[RenderError, ...] = ()
     not_trained: int = 0  # assistant turns the record marks not to train (weight 0): no view, context only
     arguments_parsed: int = 0  # tool calls given as a JSON string, parsed for a template that needs a dict
+    inline_reasoning: int = 0  # messages whose <think> block stays in the content: the template reads no reasoning field
 
 
 def _counts(conv: Conversation, tokenizer: Any, config: RenderConfig) -> dict[str, int]:
     """:class:`Rendered`'s counts of what the record says and the template needs, beside the views."""
-    fields = template_fields(tokenizer, dict(config.template_kwargs), tools=bool(conv.tools))
+    fields = template_fields(tokenizer, config.kwargs(), tools=bool(conv.tools))
     strings = sum(c.text is not None for m in conv.messages for c in m.tool_calls)
     return {"not_trained": sum(m.role == "assistant" and not m.train for m in conv.messages),
-            "arguments_parsed": 0 if fields.string_arguments else strings}
+            "arguments_parsed": 0 if fields.string_arguments else strings,
+            "inline_reasoning": 0 if fields.reads_reasoning else sum(m.text is not None for m in conv.messages)}
 
 
 def _unmeasured(conv: Conversation, tokenizer: Any, turn: int, text: _Text, max_tokens: int | None

@@ -17,13 +17,15 @@ from onepass.rl.rollouts import check_vocab, read_rollouts
 
 
 def verify_rollouts(args: argparse.Namespace, verify_model: Callable[[argparse.Namespace, int | None], Any],
-                    tol: float) -> int:
-    """``verify_model(args, vocab)``: the model, its label and backend, as ``onepass verify`` loads them."""
+                    tol: float, *, limit_given: bool = True) -> int:
+    """``verify_model(args, vocab)``: the model, its label and backend, as ``onepass verify`` loads them.
+    ``args.limit`` (>= 1, ``limit_given`` by the user or verify's default) caps the trajectories checked."""
     from onepass.rl.verify import compact_rollouts, run_rl_verify
 
     trajectories = read_rollouts(args.rollouts)  # a bad record: one line naming file, line and turn
     if args.limit is not None and len(trajectories) > args.limit:
-        print(f"checking the first {args.limit} of {len(trajectories)} trajectories (--limit)")
+        default = "" if limit_given else ", verify's default"
+        print(f"checking the first {args.limit} of {len(trajectories)} trajectories (--limit {args.limit}{default})")
         trajectories = trajectories[:args.limit]
     vocab = None
     if not args.model:

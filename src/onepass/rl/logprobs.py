@@ -25,11 +25,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from onepass.attention.backends import forward_kwargs
 from onepass.head import chunked_token_logprobs, logprobs_from_logits
-from onepass.loss import forward_at_targets, layouts_to_batch
+from onepass.loss import forward_at_targets, layouts_to_batch, pad_batch
 from onepass.rl.layout import RolloutBatch
 from onepass.rl.rollouts import Trajectory
 from onepass.tree import IGNORE
+from onepass.ulysses.comm import SequenceShard
 
 PerTurn = tuple[tuple[torch.Tensor, ...], ...]  # [trajectory][turn] -> [C]
 
@@ -56,34 +58,46 @@ def _device(model: Any) -> torch.device:
     return next(model.parameters()).device
 
 
-def row_logprobs(model: Any, batch: RolloutBatch, row: int, *, entropy: bool = False, lm_head: str | None = None
-                 ) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor | None]]:
-    """One forward of ``batch.rows[row]``; yields ``(trajectory, turn, logprobs_C, entropy_C)`` of its turns."""
+def row_logprobs(model: Any, batch: RolloutBatch, row: int, *, entropy: bool = False, lm_head: str | None = None,
+                 shard: SequenceShard | None = None) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor | None]]:
+    """One forward of ``batch.rows[row]``; yields ``(trajectory, turn, logprobs_C, entropy_C)`` of its turns.
+
+    ``shard``: the row split over a sequence-parallel group (:mod:`onepass.ulysses`); each rank scores its
+    shard's targets and every rank gets them all back (an all-gather), so the turns come out whole.
+    """
     layout = batch.rows[row]
-    out, head, targets_T, _ = forward_at_targets(model, layouts_to_batch([layout], device=_device(model)),
-                                                 lm_head=lm_head)
+    rows = layouts_to_batch([layout], device=_device(model))
+    out, head, targets_T, _ = forward_at_targets(model, rows, lm_head=lm_head, shard=shard)
     if head is None:
         lp_T, ent_T = logprobs_from_logits(out, targets_T, entropy=entropy)
     else:
         lp_T, ent_T = chunked_token_logprobs(out, head, targets_T, entropy=entropy)
+    if shard is not None:  # this rank's targets -> the row's, in row order
+        kept_BL = pad_batch(rows, shard.degree)["targets"] != IGNORE
+        counts = [int(c.sum()) for c in kept_BL.chunk(shard.degree, dim=1)]
+        lp_T = shard.gather_targets(lp_T, counts)
+        ent_T = None if ent_T is None else shard.gather_targets(ent_T, counts)
     kept = np.cumsum(layout.targets != IGNORE) - 1  # row position -> index among the row's targets
     for i, k in batch.turns_in_row(row):
         index = torch.as_tensor(kept[batch.slots[i][k].positions], device=lp_T.device)
         yield i, k, lp_T[index], (None if ent_T is None else ent_T[index])
 
 
-def token_logprobs(model: Any, batch: RolloutBatch, *, entropy: bool = False, lm_head: str | None = None
-                   ) -> TokenLogprobs:
+def token_logprobs(model: Any, batch: RolloutBatch, *, entropy: bool = False, lm_head: str | None = None,
+                   shard: SequenceShard | None = None) -> TokenLogprobs:
     """Log-prob (and entropy) of every completion token, one forward per row; differentiable.
 
     Equal to :func:`token_logprobs_reference` (float64: to rounding). All rows' graphs stay
     alive until the caller's backward; to train on more rows than fit, use
-    :func:`onepass.rl.losses.policy_loss` with ``backward=True`` (row by row).
+    :func:`onepass.rl.losses.policy_loss` with ``backward=True`` (row by row). ``shard``: every row
+    split over a sequence-parallel group, every rank getting every log-prob; a loss computed from
+    them is then the same on each of the group's S ranks, so divide it by S before a backward whose
+    gradients are summed over them.
     """
     lps: list[list[Any]] = [[None] * len(t.turns) for t in batch.trajectories]
     ents: list[list[Any]] = [[None] * len(t.turns) for t in batch.trajectories]
     for row in range(len(batch.rows)):
-        for i, k, lp, ent in row_logprobs(model, batch, row, entropy=entropy, lm_head=lm_head):
+        for i, k, lp, ent in row_logprobs(model, batch, row, entropy=entropy, lm_head=lm_head, shard=shard):
             lps[i][k], ents[i][k] = lp, ent
     return TokenLogprobs(logprobs=tuple(map(tuple, lps)), entropy=tuple(map(tuple, ents)) if entropy else None)
 
@@ -93,7 +107,7 @@ def turn_logprobs_reference(model: Any, trajectory: Trajectory, k: int, *, entro
     """One turn alone: a plain forward of ``prompt_ids + completion_ids``, full logits, the usual shift."""
     t = trajectory.turns[k]
     ids_1N = torch.as_tensor(np.concatenate([t.prompt_ids, t.completion_ids]), device=_device(model))[None]
-    logits_NV = model(input_ids=ids_1N, use_cache=False).logits[0]
+    logits_NV = model(input_ids=ids_1N, use_cache=False, **forward_kwargs(model)).logits[0]
     p = len(t.prompt_ids)
     return logprobs_from_logits(logits_NV[p - 1:-1], ids_1N[0, p:], entropy=entropy)
 

@@ -26,6 +26,7 @@ per-token reverse KL E_policy[log policy - log teacher]. Weights (``mask`` 0 tok
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +37,7 @@ import torch
 from onepass.errors import ConfigError
 from onepass.rl.layout import RolloutBatch
 from onepass.rl.logprobs import PerTurn, TokenLogprobs, row_logprobs, turn_logprobs_reference
-from onepass.rl.rollouts import Trajectory
+from onepass.rl.rollouts import RolloutError, Trajectory
 
 NORMALIZATIONS = ("token", "sequence", "trajectory", "constant")
 PerTurnValues = Sequence[Sequence[Any]]  # [trajectory][turn] -> [C] tensor or array
@@ -53,6 +54,14 @@ class PolicyLossConfig:
     distill_coef: float = 0.0  # needs teacher log-probs
 
     def __post_init__(self) -> None:
+        for name in ("clip_low", "clip_high", "kl_coef", "distill_coef", "constant", "tis_cap"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value)):
+                raise ConfigError(f"{name} must be a finite number, got {value!r} (NaN would train as NaN)")
+        if self.kl_coef < 0 or self.distill_coef < 0:
+            raise ConfigError(f"kl_coef and distill_coef must be >= 0 (a penalty, not a reward), got "
+                              f"{self.kl_coef}, {self.distill_coef}")
         if self.normalize not in NORMALIZATIONS:
             raise ConfigError(f"unknown normalize {self.normalize!r}; use one of {', '.join(NORMALIZATIONS)}")
         if self.normalize == "constant" and not (self.constant and self.constant > 0):
@@ -102,7 +111,48 @@ def token_loss(lp: torch.Tensor, *, advantages: torch.Tensor, old: torch.Tensor,
     return term, surrogate_clipped < surrogate
 
 
-def _check_inputs(trajectories: Sequence[Trajectory], config: PolicyLossConfig, ref: Any, teacher: Any) -> None:
+def _check_per_turn(values: PerTurnValues | None, name: str, trajectories: Sequence[Trajectory]) -> None:
+    """``values`` (old / ref / teacher log-probs) hold one finite value per completion token of every turn:
+    a wrong length would broadcast (a 1-value ``old`` applied to every token), a NaN would train as NaN."""
+    if values is None:
+        return
+    if len(values) != len(trajectories):
+        raise RolloutError(f"{name} has {len(values)} trajectories, the batch {len(trajectories)}")
+    tensors = []
+    for traj, turns in zip(trajectories, values):
+        if len(turns) != len(traj.turns):
+            raise RolloutError(f"{traj.at()}: {name} has {len(turns)} turns, the trajectory {len(traj.turns)}")
+        for k, (t, v) in enumerate(zip(traj.turns, turns)):
+            v = torch.as_tensor(v).detach()
+            if tuple(v.shape) != (len(t.completion_ids),):
+                raise RolloutError(f"{traj.at(k)}: {name} has shape {tuple(v.shape)} for "
+                                   f"{len(t.completion_ids)} completion tokens (one value per token)")
+            tensors.append((traj, k, v))
+    if not tensors:
+        return
+    device = tensors[0][2].device
+    if bool(torch.isfinite(torch.cat([v.to(device, torch.float64) for _, _, v in tensors])).all()):  # one sync
+        return
+    traj, k, v = next(item for item in tensors if not bool(torch.isfinite(item[2]).all()))
+    j = int((~torch.isfinite(v)).nonzero()[0])
+    raise RolloutError(f"{traj.at(k)}: {name}[{j}] = {float(v[j])!r} is not finite (a log-prob is a finite number)")
+
+
+def _check_turns(trajectories: Sequence[Trajectory]) -> None:
+    """Advantages and the sampler's log-probs are finite (the reader checks them; a Turn built in Python is not read)."""
+    for traj in trajectories:
+        for k, t in enumerate(traj.turns):
+            for what, x in (("advantages", t.advantages), ("logprobs", t.logprobs), ("mask", t.mask)):
+                if x is not None and (len(x) != len(t.completion_ids) or not np.isfinite(x).all()):
+                    raise RolloutError(f"{traj.at(k)}: {what} must hold {len(t.completion_ids)} finite values "
+                                       f"(one per completion token), got {np.asarray(x)[:8].tolist()}")
+
+
+def _check_inputs(trajectories: Sequence[Trajectory], config: PolicyLossConfig, ref: Any, teacher: Any,
+                  old: Any = None) -> None:
+    _check_turns(trajectories)
+    for name, values in (("old", old), ("ref", ref), ("teacher", teacher)):
+        _check_per_turn(values, name, trajectories)
     if config.kl_coef and ref is None:
         raise ConfigError("kl_coef > 0 needs ref log-probs (token_logprobs of the reference model on the same batch)")
     if config.distill_coef and teacher is None:
@@ -143,7 +193,7 @@ def policy_loss(model: Any, batch: RolloutBatch, config: PolicyLossConfig = Poli
     ``backward``: run each row's backward right after its forward (activations of one row at a
     time; the loss is a sum over rows), and return detached values.
     """
-    _check_inputs(batch.trajectories, config, ref, teacher)
+    _check_inputs(batch.trajectories, config, ref, teacher, old)
     weights = token_weights(batch.trajectories, config)
     lps: list[list[Any]] = [[None] * len(t.turns) for t in batch.trajectories]
     total: torch.Tensor | float = 0.0
@@ -165,7 +215,7 @@ def policy_loss_reference(model: Any, trajectories: Sequence[Trajectory], config
                           *, old: PerTurnValues | None = None, ref: PerTurnValues | None = None,
                           teacher: PerTurnValues | None = None, backward: bool = False) -> PolicyLoss:
     """Slow reference of :func:`policy_loss`: one plain forward (and backward) per turn."""
-    _check_inputs(trajectories, config, ref, teacher)
+    _check_inputs(trajectories, config, ref, teacher, old)
     weights = token_weights(trajectories, config)
     lps: list[list[Any]] = [[None] * len(t.turns) for t in trajectories]
     total: torch.Tensor | float = 0.0

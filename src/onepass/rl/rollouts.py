@@ -74,9 +74,16 @@ def _ids(value: Any, what: str, where: str, *, nonempty: bool) -> np.ndarray:
     if nonempty and not value:
         raise RolloutError(f"{where}: {what} is empty (a completion token needs a prompt token to predict it from)")
     for j, x in enumerate(value):
-        if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 0:
-            raise RolloutError(f"{where}: {what}[{j}] = {x!r} is not a token id (an int >= 0)")
+        if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or not 0 <= x < 2**63:
+            raise RolloutError(f"{where}: {what}[{j}] = {x!r:.40} is not a token id (an int from 0 to 2^63 - 1)")
     return np.asarray(value, dtype=np.int64).reshape(-1)
+
+
+def _finite(x: float) -> bool:
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int past float's range: 10**400
+        return False
 
 
 def _floats(value: Any, what: str, where: str, n: int) -> np.ndarray:
@@ -85,8 +92,8 @@ def _floats(value: Any, what: str, where: str, n: int) -> np.ndarray:
     if len(value) != n:
         raise RolloutError(f"{where}: {what} has {len(value)} values for {n} completion tokens")
     for j, x in enumerate(value):
-        if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or not math.isfinite(x):
-            raise RolloutError(f"{where}: {what}[{j}] = {x!r} is not a finite number")
+        if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or not _finite(x):
+            raise RolloutError(f"{where}: {what}[{j}] = {x!r:.40} is not a finite number")
     return np.asarray(value, dtype=np.float64).reshape(-1)
 
 

@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from onepass.guard.divergence import Verdict, judge, locate
+from onepass.guard.divergence import Verdict, judge, locate, max_rel_grad_diff, nan_max
 from onepass.rl.layout import layout_rollouts, turn_view
 from onepass.rl.logprobs import token_logprobs, token_logprobs_reference
 from onepass.rl.losses import PolicyLossConfig, policy_loss, policy_loss_reference
-from onepass.rl.rollouts import Trajectory
-from onepass.verify import max_rel_grad_diff, parameter_grads
+from onepass.rl.rollouts import RolloutError, Trajectory
+from onepass.verify import parameter_grads
 from onepass.vocab import remap, used_ids
 
 
@@ -80,6 +80,9 @@ def run_rl_verify(trajectories: Sequence[Trajectory], model: Any, *, max_tokens:
     """One-pass vs per-turn log-probs, entropies, loss and gradients; ``equal`` within ``tolerance``
     (absolute for log-probs and entropies, relative for the loss and every parameter's gradient)."""
     trajectories = list(trajectories)
+    if not trajectories or not any(len(t.completion_ids) for traj in trajectories for t in traj.turns):
+        raise RolloutError("verify --rollouts checked nothing: no completion token to score (a verdict on nothing "
+                           "is no verdict)")
     batch = layout_rollouts(trajectories, max_tokens=max_tokens)
     config, old = verify_loss_config(trajectories)
     kw = dict(old=old, ref=old)
@@ -96,15 +99,14 @@ def run_rl_verify(trajectories: Sequence[Trajectory], model: Any, *, max_tokens:
         ent = token_logprobs(model, batch, entropy=True)
 
     def max_abs(a: Any, b: Any) -> float:
-        diffs = [(x - y).abs().max().item() for xs, ys in zip(a, b) for x, y in zip(xs, ys) if len(x)]
-        return max(diffs, default=0.0)
+        return nan_max((x - y).abs().max().item() for xs, ys in zip(a, b) for x, y in zip(xs, ys) if len(x))
 
-    lp_diff = max(max_abs(got.logprobs.logprobs, ref.logprobs.logprobs), max_abs(ent.logprobs, ent_ref.logprobs))
+    lp_diff = nan_max((max_abs(got.logprobs.logprobs, ref.logprobs.logprobs), max_abs(ent.logprobs, ent_ref.logprobs)))
     ent_diff = max_abs(ent.entropy, ent_ref.entropy)
     loss_ref, loss = ref.loss.item(), got.loss.item()
     rel_loss = abs(loss - loss_ref) / abs(loss_ref) if loss_ref else abs(loss)
     rel_grad, worst = max_rel_grad_diff(grads_ref, grads)
-    verdict = judge(max(lp_diff, ent_diff, rel_loss), rel_grad, tolerance=tolerance,
+    verdict = judge(nan_max((lp_diff, ent_diff, rel_loss)), rel_grad, tolerance=tolerance,
                     where=lambda: locate(model, _turn_views_by_group(trajectories), worst_parameter=worst,
                                          tolerance=tolerance))
     what = f"clipped surrogate (clip 0.2/0.28, token-normalised{', TIS 2, KL 0.1 vs sampler' if old else ''})"

@@ -134,6 +134,9 @@ class TrainConfig:
     attention: str = _f("auto", "auto (flex_attention on CUDA, else sdpa) | sdpa | eager | flex_attention | a "
                         "registered backend", "numerics and hardware", flags=("--backend",))
     device: str = _f("auto", "auto (default) | cpu | cuda | cuda:N", "numerics and hardware")
+    sp_size: int = _f(1, "sequence parallelism: split each row over this many processes (Ulysses; accelerate's "
+                      "parallelism_config_sp_size works too); the processes must be a multiple of it",
+                      "numerics and hardware")
     # outputs
     output_dir: str = _f("runs/train", "where metrics, checkpoints and the final model go", "outputs",
                          flags=("--out",))
@@ -201,7 +204,7 @@ def _validate(c: TrainConfig) -> None:
     _one_of("mixed_precision", c.mixed_precision, MIXED_PRECISION)
     for r in c.report_to:
         _one_of("report_to tracker", r, REPORT_TO)
-    for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps", "lora_r"):
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps", "lora_r", "sp_size"):
         if getattr(c, name) < 1:
             _fail(f"{name} must be >= 1, got {getattr(c, name)}")
     for name in ("max_batch_tokens", "max_steps", "save_steps", "eval_steps", "limit",
@@ -391,5 +394,6 @@ RESUME_KEYS = ("model", "tiny", "tiny_config", "compact_vocab", "tokenizer", "ch
                "pack", "weighting", "finetune", "lora_r", "lora_alpha", "lora_dropout",
                "lora_target_modules", "optim", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2",
                "adam_epsilon", "lr_scheduler_type", "warmup_ratio", "warmup_steps", "max_grad_norm",
-               "per_device_train_batch_size", "gradient_accumulation_steps", "seed", "dtype", "mixed_precision")
+               "per_device_train_batch_size", "gradient_accumulation_steps", "seed", "dtype", "mixed_precision",
+               "sp_size")
 PATH_KEYS = ("model", "tokenizer", "chat_template", "data", "eval_data")  # compared as resolved paths

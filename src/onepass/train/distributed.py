@@ -21,18 +21,28 @@ path (``fully_shard`` per decoder layer, gloo) - the path a GPU user's FSDP
 config takes. ``describe`` is what the first log line and ``metrics.json``
 (``distributed``) say.
 
+Sequence parallelism (one row split over ``sp_size`` processes, :mod:`onepass.ulysses`) is asked for
+the way accelerate names it: ``sp_size`` (``--sp-size``) or an accelerate config's
+``parallelism_config_sp_size`` (``PARALLELISM_CONFIG_SP_SIZE``). accelerate 1.15 runs that degree
+through DeepSpeed's ALST only, which cannot carry a tree mask, and under FSDP it would run plain
+data parallelism; so onepass takes the request over (:mod:`onepass.train.sequence_parallel`), builds
+its own ``(dp, sp)`` device mesh and keeps accelerate from building one
+(:func:`without_accelerate_parallelism`).
+
     >>> asked_mode({"ACCELERATE_USE_FSDP": "true", "WORLD_SIZE": "2"}), asked_mode({})
     ('fsdp', 'single')
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from onepass.private_names import private
 from onepass.train.config import TrainConfigError
 
 MODES = ("single", "ddp", "fsdp", "deepspeed")
@@ -63,6 +73,7 @@ class Distributed:
     device: str
     fsdp_version: int | None = None
     launcher: str = "none"  # accelerate | torchrun | none
+    sp_size: int = 1  # sequence parallelism: each row split over this many processes (world = dp x sp)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,8 +82,10 @@ class Distributed:
         how = {"single": "one process", "ddp": "DDP", "fsdp": f"FSDP{self.fsdp_version or ''}",
                "deepspeed": "DeepSpeed"}[self.mode]
         over = "" if self.mode == "single" else f" over {self.world_size} processes ({self.backend})"
+        sp = (f", sequence parallel {self.sp_size} x data parallel {self.world_size // self.sp_size}"
+              if self.sp_size > 1 else "")
         via = "" if self.launcher == "none" else f", launched by {self.launcher}"
-        return f"parallelism: {how}{over} on {self.device}{via}"
+        return f"parallelism: {how}{over} on {self.device}{sp}{via}"
 
 
 def _launcher(env: Mapping[str, str]) -> str:
@@ -81,8 +94,9 @@ def _launcher(env: Mapping[str, str]) -> str:
     return "torchrun" if "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env else "none"
 
 
-def describe(accelerator: Any, env: Mapping[str, str] | None = None) -> Distributed:
-    """The parallelism ``accelerator`` runs (not what was asked for)."""
+def describe(accelerator: Any, env: Mapping[str, str] | None = None, *, sp_size: int = 1) -> Distributed:
+    """The parallelism ``accelerator`` runs (not what was asked for); ``sp_size``: the sequence-parallel
+    degree in effect (:func:`sequence_mesh`)."""
     import torch.distributed as dist
 
     env = os.environ if env is None else env
@@ -92,7 +106,7 @@ def describe(accelerator: Any, env: Mapping[str, str] | None = None) -> Distribu
     backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
     return Distributed(mode=mode, world_size=accelerator.num_processes, backend=backend,
                        device=accelerator.device.type, launcher=_launcher(env),
-                       fsdp_version=getattr(plugin, "fsdp_version", None))
+                       fsdp_version=getattr(plugin, "fsdp_version", None), sp_size=sp_size)
 
 
 def check_launch(env: Mapping[str, str] | None = None, parent_argv: Sequence[str] | None = None) -> None:
@@ -155,13 +169,12 @@ def check_accelerate_config(path: str | Path) -> Any:
     launcher would export, so a bad value fails here too.
     """
     from accelerate.commands.config.config_args import load_config_from_file
-    from accelerate.commands.launch import launch_command_parser
 
     try:
         cluster = load_config_from_file(str(path))
     except (ValueError, TypeError) as e:
         raise TrainConfigError(f"{path}: {e}") from None
-    known = {a.dest for a in launch_command_parser()._actions}
+    known = {a.dest for a in private("accelerate launch_command_parser()._actions")}
     for name, section in vars(cluster).items():
         if not isinstance(section, dict):
             continue
@@ -215,7 +228,8 @@ def make_accelerator(*, cpu: bool, mixed_precision: str, env: Mapping[str, str] 
     check_launch(env)
     if cpu and asked_mode(env) == "fsdp":
         check_fsdp_accelerate()  # an older accelerate fails inside Accelerator() already
-    accelerator = Accelerator(cpu=cpu, mixed_precision=mixed_precision, **kwargs)
+    with without_accelerate_parallelism():
+        accelerator = Accelerator(cpu=cpu, mixed_precision=mixed_precision, **kwargs)
     honour_request(accelerator, env)
     return accelerator
 
@@ -247,7 +261,6 @@ def _kind(accelerator: Any) -> str:
 
 def _fsdp_on_cpu(accelerator: Any, mixed_precision: str, plugin_args: Mapping[str, Any] | None = None) -> None:
     """accelerate's FSDP state on CPU ranks (gloo): what ``AcceleratorState`` does for GPUs, done here."""
-    from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
     plugin = FullyShardedDataParallelPlugin(**(plugin_args or {}))  # else from the launcher's FSDP_* variables
@@ -256,9 +269,10 @@ def _fsdp_on_cpu(accelerator: Any, mixed_precision: str, plugin_args: Mapping[st
                                f"fsdp_version: {plugin.fsdp_version}: set fsdp_version: 2")
     if mixed_precision != "no":
         plugin.set_mixed_precision(mixed_precision)
-    AcceleratorState._shared_state["fsdp_plugin"] = plugin
-    AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
-    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    accelerator_state = private("accelerate.state.AcceleratorState._shared_state")
+    accelerator_state["fsdp_plugin"] = plugin
+    accelerator_state["distributed_type"] = DistributedType.FSDP
+    private("accelerate.state.PartialState._shared_state")["distributed_type"] = DistributedType.FSDP
 
 
 def accelerate_predates_fsdp(version: str | None = None) -> bool:
@@ -283,6 +297,24 @@ def check_fsdp_accelerate(version: str | None = None) -> None:
     if accelerate_predates_fsdp(version):
         raise TrainConfigError(f"FSDP on CPU ranks needs accelerate>={FSDP_ACCELERATE} (installed: {version}); "
                                "pip install -U accelerate, or launch DDP (accelerate launch --num_processes N)")
+
+
+# ---------------------------------------------------------------------------------------------
+# accelerate's parallelism_config: read by onepass.train.sequence_parallel, never built by accelerate
+
+PARALLELISM_ENV = "ACCELERATE_USE_PARALLELISM_CONFIG"  # set by accelerate launch for a parallelism_config
+
+
+@contextlib.contextmanager
+def without_accelerate_parallelism() -> Iterator[None]:
+    """Inside, accelerate builds no ``ParallelismConfig`` from the launcher's variables: with ``sp_size`` it
+    would route to DeepSpeed, or refuse on CPU ranks; onepass runs the request itself (:func:`sequence_mesh`)."""
+    saved = os.environ.pop(PARALLELISM_ENV, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[PARALLELISM_ENV] = saved
 
 
 def shutdown() -> None:
@@ -313,4 +345,4 @@ def shutdown() -> None:
 
 
 __all__ = ["FSDP_ACCELERATE", "MODES", "Distributed", "accelerate_predates_fsdp", "asked_mode", "check_accelerate_config", "check_fsdp_accelerate", "check_launch", "describe", "honour_request", "make_accelerator",
-           "shutdown"]
+           "shutdown", "without_accelerate_parallelism"]

@@ -23,19 +23,24 @@ import torch
 from onepass.loss import ForwardView, batch_loss
 from onepass.train.config import TrainConfig
 from onepass.train.data import TrainData, collate, eval_passes
+from onepass.train.sequence_parallel import data_parallel
 from onepass.tree import Layout
+from onepass.ulysses.comm import SequenceShard
 
 
-def evaluate(accelerator: Any, model: Any, data: TrainData, config: TrainConfig) -> float:
+def evaluate(accelerator: Any, model: Any, data: TrainData, config: TrainConfig,
+             shard: SequenceShard | None = None) -> float:
     """Weighted mean loss of ``data``: every process takes every world-th unit; sums are reduced.
 
     Under DDP the unwrapped module runs (a DDP forward may broadcast buffers, a collective
     that processes with different numbers of passes would not match); sharded models run
-    wrapped, with every process padded to the same number of passes.
+    wrapped, with every process padded to the same number of passes. With sequence parallelism
+    (``shard``) the ranks of a row take the same units, each adds its shard's loss, one its weight.
     """
     from onepass.train.checkpoint import is_sharded
 
-    world, rank, sharded = accelerator.num_processes, accelerator.process_index, is_sharded(accelerator)
+    (world, rank), sharded = data_parallel(accelerator, shard), is_sharded(accelerator)
+    counts = shard is None or shard.rank == 0
     unwrapped = accelerator.unwrap_model(model)
     view = ForwardView(model if sharded else unwrapped, unwrapped)
 
@@ -46,8 +51,8 @@ def evaluate(accelerator: Any, model: Any, data: TrainData, config: TrainConfig)
     with torch.no_grad():
         for group in todo:
             batch = collate(group, accelerator.device)
-            total[0] += batch_loss(view, batch).double()
-            total[1] += batch["weights"].sum()
+            total[0] += batch_loss(view, batch, shard=shard).double()
+            total[1] += batch["weights"].sum() if counts else 0.0
     total = accelerator.reduce(total, reduction="sum")
     unwrapped.train(was_training)
     return float(total[0] / total[1]) if total[1] > 0 else float("nan")

@@ -7,10 +7,13 @@ rows), a chat template edited behind the same path, a tokenizer updated on disk.
 ``state.json`` keeps a digest of each, and resuming with a different one is refused naming the key
 (``--resume-anyway`` is the deliberate case):
 
-    {"data": "sha256:9f2c...", "eval_data": null, "tokenizer": "sha256:41d0..."}
+    {"data": "sha256:9f2c...", "eval_data": null, "tokenizer": "sha256:41d0...", "template_date": null}
 
 Digests are of content, never of a path, so the same data given by a relative or an absolute path
-is the same run. No torch here.
+is the same run. ``template_date`` is the date the chat template renders (``--template-date``, default: the
+day the run started) where it changes the rows: the run renders conversations and its template reads the
+clock (gpt-oss' ``Current date``); else None, so a Qwen3 run or one on prepared rows resumes on any day. No
+torch here.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from onepass.render.clock import reads_clock
 from onepass.train.config import TrainConfig, TrainConfigError
 
 # what a run writes into a folder (training into the data folder must not change the data's digest)
@@ -63,10 +67,22 @@ def tokenizer_digest(tokenizer: Any | None) -> str | None:
     return "sha256:" + hashlib.sha256(f"{body}\0{template!r}".encode()).hexdigest()
 
 
-def run_fingerprint(config: TrainConfig, tokenizer: Any | None) -> dict[str, str | None]:
+def rendered_date(config: TrainConfig, tokenizer: Any | None, *, renders: bool) -> str | None:
+    """The date the run's chat template renders, where it matters (``renders``: the run renders conversations,
+    and the template reads the clock); else None."""
+    template = getattr(tokenizer, "chat_template", None)
+    templates = template.values() if isinstance(template, dict) else [template]
+    if renders and any(isinstance(t, str) and reads_clock(t) for t in templates):
+        return config.data_config.template_date
+    return None
+
+
+def run_fingerprint(config: TrainConfig, tokenizer: Any | None, *, renders: bool = True) -> dict[str, str | None]:
+    """The digests of the run's inputs (``renders``: the run renders conversations, not prepared rows)."""
     return {"data": data_digest(config.data),
             "eval_data": data_digest(config.eval_data) if config.eval_data is not None else None,
-            "tokenizer": tokenizer_digest(tokenizer)}
+            "tokenizer": tokenizer_digest(tokenizer),
+            "template_date": rendered_date(config, tokenizer, renders=renders)}
 
 
 def check_fingerprint(saved: dict[str, Any] | None, now: dict[str, str | None], path: Path, *, anyway: bool,
@@ -78,8 +94,7 @@ def check_fingerprint(saved: dict[str, Any] | None, now: dict[str, str | None], 
     diffs = [key for key, value in now.items() if key in saved and saved[key] != value]
     if not diffs:
         return
-    what = ", ".join(f"{k} ({'content' if k != 'tokenizer' else 'vocabulary or chat template'} changed)"
-                     for k in diffs)
+    what = ", ".join(_changed(k, saved[k], now[k]) for k in diffs)
     if anyway:
         say(f"warning: --resume-anyway: resuming {path} although {what}")
         return
@@ -88,4 +103,11 @@ def check_fingerprint(saved: dict[str, Any] | None, now: dict[str, str | None], 
                            "mean to continue on the changed input")
 
 
-__all__ = ["check_fingerprint", "data_digest", "run_fingerprint", "tokenizer_digest"]
+def _changed(key: str, saved: Any, now: Any) -> str:
+    if key == "template_date":
+        hint = f"; pass --template-date {saved} to render as before" if saved is not None else ""
+        return f"template_date (the chat template renders {now}, the checkpoint's run {saved}{hint})"
+    return f"{key} ({'content' if key != 'tokenizer' else 'vocabulary or chat template'} changed)"
+
+
+__all__ = ["check_fingerprint", "data_digest", "rendered_date", "run_fingerprint", "tokenizer_digest"]

@@ -13,7 +13,10 @@ TRL's own ``trl/scripts/sft.py`` so renamed). It keeps what the Trainer does
 and changes only what one-pass needs:
 
 - the datasets are prepared by :mod:`onepass.train.hf_data` (one item per
-  conversation, or packed rows of ``max_length`` tokens with ``packing``);
+  conversation, or packed rows of ``max_length`` tokens with ``packing``); every
+  other type SFTTrainer takes (text, prompt-completion, tokenized rows) is TRL's
+  row, a plain causal sequence (:mod:`onepass.train.sft_rows`), so its loss is TRL's;
+- SFTTrainer's argument checks are made (:mod:`onepass.train.sft_checks`);
 - the collator stacks rows and pads them with self-only, untrained positions;
 - ``compute_loss`` builds the tree mask from ``kv_end`` for the model's
   attention backend, passes ``position_ids``, asks for logits only at targets
@@ -54,7 +57,11 @@ from transformers import Trainer, TrainingArguments
 
 from onepass.attention.backends import check_backend, model_backend
 from onepass.conversation import Conversation
-from onepass.loss import ForwardView, batch_loss
+from onepass.couplings import check_row_mask, checkpointing_on
+from onepass.loss import ForwardView, batch_dft_loss, batch_loss
+from onepass.private_names import private
+from onepass.train import sft_checks
+from onepass.train.config import TrainConfigError
 from onepass.train.hf_config import OnePassConfig, warn_once
 from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: their documented import path)
     GuardInputs,
@@ -87,17 +94,23 @@ def as_onepass_config(args: Any, model: Any) -> OnePassConfig:
     raise TypeError(f"args must be a OnePassConfig or TrainingArguments, got {type(args).__name__}")
 
 
+TRAINER_PRIVATES = ("transformers.Trainer._set_signature_columns_if_needed",
+                    "transformers.Trainer._get_num_items_in_batch", "transformers.Trainer._prepare_inputs")
+"""Trainer's private methods :class:`OnePassTrainer` overrides or calls (:data:`onepass.private_names.PRIVATE_NAMES`)."""
+
+
 class OnePassTrainer(Trainer):
     """``transformers.Trainer`` whose loss is the one-pass loss, normalised as N-pass (see module doc).
 
     Takes every keyword of TRL's ``SFTTrainer``, in its order: ``model`` (a model, a PeftModel, or a hub id /
     folder loaded with ``args.model_init_kwargs`` and ``quantization_config``), ``args``
     (:class:`~onepass.train.hf_config.OnePassConfig`, or a ``TrainingArguments`` turned into one),
-    ``data_collator``, ``train_dataset`` / ``eval_dataset`` (conversations in any shape onepass reads,
-    or one-pass rows), ``processing_class`` (the tokenizer; default: the model's, as TRL finds it),
-    ``compute_metrics``, ``callbacks``, ``optimizers``, ``optimizer_cls_and_kwargs``, ``peft_config``,
-    ``formatting_func`` (a record -> its messages). ``compute_loss_func`` is refused (the loss is one-pass's)
-    and ``preprocess_logits_for_metrics`` never called (logits exist only at the targets, in chunks).
+    ``data_collator``, ``train_dataset`` / ``eval_dataset`` (any dataset type SFTTrainer takes, mixed
+    record by record, or one-pass rows), ``processing_class`` (the tokenizer; default: the model's, as TRL
+    finds it), ``compute_metrics`` and ``preprocess_logits_for_metrics`` (evaluation then runs one more
+    forward pass for every position's logits, as TRL's), ``callbacks``, ``optimizers``,
+    ``optimizer_cls_and_kwargs``, ``peft_config``, ``formatting_func`` (a record -> text, as TRL, or its
+    messages). ``compute_loss_func`` is refused (the loss is one-pass's; TRL deprecates it too).
     """
 
     def __init__(self, model: Any = None, args: Any = None, data_collator: Any = None, train_dataset: Any = None,
@@ -117,13 +130,14 @@ class OnePassTrainer(Trainer):
 
         from onepass.errors import UsageError
 
+        for label in TRAINER_PRIVATES:  # Trainer's private methods overridden or called here: one line if gone
+            private(label)
+
         if compute_loss_func is not None:
             raise UsageError("compute_loss_func: OnePassTrainer's loss is the one-pass loss (logits exist only at "
                              "the targets); subclass it and override compute_loss to change it")
-        if preprocess_logits_for_metrics is not None:
-            warn_once("preprocess_logits_for_metrics", "preprocess_logits_for_metrics is never called: "
-                                                       "logits exist only at the targets, in chunks")
         args = as_onepass_config(args, model)
+        sample = sft_checks.check_train_dataset(train_dataset, args)
         set_seed(args.seed)  # before the model: a peft adapter is initialised at random
         if isinstance(model, str):
             model_id = model
@@ -132,16 +146,23 @@ class OnePassTrainer(Trainer):
             model_id = loaded_from(model)
             if quantization_config is not None:
                 warn_once("quantization_config", "quantization_config is ignored: the model is already loaded")
+            if args.model_init_kwargs is not None:
+                warn_once("model_init_kwargs", "model_init_kwargs are ignored: the model is already loaded")
+        rows = 1 if args.padding_free else max(args.per_device_train_batch_size, args.per_device_eval_batch_size)
+        check_row_mask(model, rows)  # one line now, not a traceback inside the model at the first step
         if processing_class is None and model_id:
             try:
                 processing_class = load_tokenizer(model_id, args)
             except OSError as e:  # a model built from a config: fine for datasets of rows
                 log.info("onepass: no tokenizer at %s (%s); datasets of conversations need processing_class",
                          model_id, str(e).splitlines()[0])
+        sft_checks.check_processing_class(processing_class)
         if processing_class is not None and args.chat_template_path is not None:
             processing_class.chat_template = chat_template_of(args.chat_template_path, args)
         if processing_class is not None:
             set_special_tokens(processing_class, model, args)
+        sft_checks.check_vision(sample, processing_class)
+        sft_checks.check_peft_config(peft_config)
         if peft_config is not None:
             from peft import get_peft_model
 
@@ -149,12 +170,16 @@ class OnePassTrainer(Trainer):
                 raise UsageError("a PeftModel and a peft_config were both given: merge and unload the adapter "
                                  "first, or drop peft_config to continue training the adapter")
             model = get_peft_model(model, peft_config)
-        if is_peft(model) and args.gradient_checkpointing:
+        if is_peft(model) and checkpointing_on(args):
             model.enable_input_require_grads()  # as TRL: else no gradient reaches checkpointed LoRA layers
         if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
             for name, param in model.named_parameters():  # QLoRA adapters in bf16, as TRL (not DoRA magnitudes)
                 if param.requires_grad and "lora_magnitude_vector" not in name:
                     param.data = param.data.to(torch.bfloat16)
+        sft_checks.check_data_settings(args, sample, data_collator=data_collator, formatting_func=formatting_func)
+        if processing_class is not None and getattr(processing_class, "pad_token", 1) is None:
+            processing_class.pad_token = processing_class.eos_token  # as TRL: the pad token defaults to EOS
+        sft_checks.check_model(model, args)
         if args.use_liger_kernel:
             args.liger_kernel_config = {**(args.liger_kernel_config or {}), "fused_linear_cross_entropy": False}
         text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -162,6 +187,8 @@ class OnePassTrainer(Trainer):
             warn_once("moe_aux_loss", f"{type(base_model(model)).__name__} has a load-balancing loss "
                                       "(router_aux_loss_coef): onepass does not add it (TRL does); training on the "
                                       "cross entropy alone")
+        if hasattr(text, "output_router_logits"):
+            text.output_router_logits = False  # the router logits would feed the loss onepass does not add
 
         if args.dataset_prepared and formatting_func is not None:
             warn_once("formatting_func", "formatting_func is ignored: dataset_kwargs skip_prepare_dataset=True")
@@ -176,12 +203,14 @@ class OnePassTrainer(Trainer):
             eval_dataset = as_rows(eval_dataset, processing_class, args, source="eval_dataset", packing=eval_packing,
                                    formatting_func=formatting_func).dataset
         if data_collator is None:
-            data_collator = OnePassCollator(padding_free=args.padding_free,
+            data_collator = OnePassCollator(padding_free=sft_checks.padding_free(args),
                                             pad_to_multiple_of=args.pad_to_multiple_of)
+        self._formatting_func = formatting_func
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class,
                          compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers,
-                         optimizer_cls_and_kwargs=optimizer_cls_and_kwargs)
+                         optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
+                         preprocess_logits_for_metrics=preprocess_logits_for_metrics)
         self.allow_inexact = args.allow_inexact if allow_inexact is None else allow_inexact
         self.exactness_conversations = exactness_conversations
         self.guard_inputs: GuardInputs | None = train.guard  # None: the rows were given as they are
@@ -196,13 +225,30 @@ class OnePassTrainer(Trainer):
         self.model_accepts_loss_kwargs = True
         self._metric_sums: dict[str, dict[str, torch.Tensor]] = {"train": {}, "eval": {}}
         self._total_train_tokens = 0
+        # what TRL's callbacks and scripts read: no load-balancing loss is added (see router_aux_loss_coef)
+        self.aux_loss_enabled = False
+        self.router_aux_loss_coef = 0.0
+        self.padding_free = sft_checks.padding_free(self.args)
+        self.completion_only_loss = sft_checks.completion_only_loss(self.args, sample)
+        self.prompt_learning = sft_checks.is_prompt_learning(self.model)
+        if hasattr(self.model, "add_model_tags"):
+            self.model.add_model_tags(self._tag_names)
+
+    _tag_names = ["trl", "sft", "onepass"]  # TRL's model-card tags, and ours
 
     def create_accelerator_and_postprocess(self) -> None:
         """HF's accelerator, running the parallelism the launcher asked for: FSDP on CPU ranks too
         (accelerate alone runs DDP there), anything else asked for and not had is an error
         (:mod:`onepass.train.distributed`)."""
         from onepass.train.distributed import asked_mode, check_fsdp_accelerate, honour_request
+        from onepass.train.sequence_parallel import accelerate_sp_size
 
+        asked_sp = max(getattr(getattr(self.args, "parallelism_config", None), "sp_size", None) or 1,
+                       accelerate_sp_size())
+        if asked_sp > 1:  # HF would run it through DeepSpeed's ALST (no tree mask) or refuse it on CPU ranks
+            raise TrainConfigError(f"OnePassTrainer does not split rows over processes (sp_size {asked_sp}): HF's "
+                                   "data loader would hand the ranks of a row different batches; train with "
+                                   f"onepass train --sp-size {asked_sp} (docs/distributed.md)")
         fsdp = getattr(self.args, "fsdp_plugin_args", None)  # TrainingArguments(fsdp=...) asks without the launcher
         fsdp = fsdp if fsdp and self.args.world_size > 1 else None
         if (fsdp or asked_mode() == "fsdp") and (self.args.use_cpu or not torch.cuda.is_available()):
@@ -311,7 +357,12 @@ class OnePassTrainer(Trainer):
         view = ForwardView(model, self.accelerator.unwrap_model(model))
         mode = "train" if model.training else "eval"
         stats: dict[str, torch.Tensor] = {}
-        total = batch_loss(view, inputs, stats=stats)
+        if self.prompt_learning:
+            total = self._prompt_learning_loss(model, inputs, stats)
+        elif self.args.loss_type == "dft":
+            total = batch_dft_loss(view, inputs, stats=stats)
+        else:
+            total = batch_loss(view, inputs, stats=stats)
         sums = self._metric_sums[mode]
         for key, value in stats.items():
             sums[key] = sums[key] + value.detach() if key in sums else value.detach()
@@ -328,12 +379,98 @@ class OnePassTrainer(Trainer):
         return (loss, {"loss": loss}) if return_outputs else loss
 
     def prediction_step(self, model: Any, inputs: dict[str, Any], prediction_loss_only: bool,
-                        ignore_keys: list[str] | None = None) -> tuple[torch.Tensor | None, None, None]:
-        """Evaluation returns the loss only (logits exist only at targets)."""
+                        ignore_keys: list[str] | None = None) -> tuple[torch.Tensor | None, Any, Any]:
+        """The loss; when ``compute_metrics`` asks for predictions, also the logits of every position (one
+        more forward pass, with the row's mask: TRL's extra forward pass) and the ``labels`` view of the rows
+        (``labels[p]`` the token position ``p - 1`` trains, else -100, as TRL's labels)."""
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
-        return loss.detach(), None, None
+            if prediction_loss_only:
+                return loss.detach(), None, None
+            logits = self._full_logits(model, inputs)
+        return loss.detach(), logits, _labels_of(inputs)
+
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: list[str] | None = None,
+                 metric_key_prefix: str = "eval") -> dict[str, float]:
+        """``Trainer.evaluate``; a dataset given here is prepared as ``train_dataset`` was (any of TRL's types,
+        or conversations; a mapping of them), as TRL's ``evaluate`` does. A string names an eval dataset
+        given at init."""
+        if eval_dataset is not None and not isinstance(eval_dataset, str) and not self.args.dataset_prepared:
+            packing = self.args.packing if self.args.eval_packing is None else self.args.eval_packing
+
+            def prepared(ds: Any, source: str) -> Any:
+                return as_rows(ds, self.processing_class, self.args, source=source, packing=packing,
+                               formatting_func=self._formatting_func).dataset
+
+            if isinstance(eval_dataset, Mapping):
+                eval_dataset = {k: prepared(v, f"eval_dataset[{k!r}]") for k, v in eval_dataset.items()}
+            else:
+                eval_dataset = prepared(eval_dataset, "eval_dataset")
+        return super().evaluate(eval_dataset=eval_dataset, ignore_keys=ignore_keys,
+                                metric_key_prefix=metric_key_prefix)
+
+    def _full_logits(self, model: Any, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """``[B, L, V]`` logits of every position of the rows, each position seeing what the tree lets it see."""
+        from onepass.attention.backends import attention_mask_for
+        from onepass.mixers.tree import tree_kwargs
+
+        if self.prompt_learning:
+            length = inputs["input_ids"].shape[1]
+            out = model(input_ids=inputs["input_ids"], attention_mask=_causal_rows_mask(inputs), use_cache=False)
+            return out.logits[:, -length:]
+        view = ForwardView(model, self.accelerator.unwrap_model(model))
+        mask = attention_mask_for(view, inputs["kv_end"], position_ids_BL=inputs["position_ids"])
+        return model(input_ids=inputs["input_ids"], position_ids=inputs["position_ids"], attention_mask=mask,
+                     use_cache=False, **tree_kwargs(view, inputs["kv_end"])).logits
+
+    def _prompt_learning_loss(self, model: Any, inputs: Mapping[str, torch.Tensor],
+                              stats: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The loss through a PEFT prompt-learning model (prompt tuning, prefix tuning, p-tuning), which puts
+        virtual tokens before the sequence and ignores position ids: exact, as TRL's, for rows that are each
+        one causal sequence (TRL's rows, or a conversation whose views are prefixes of each other); a row
+        holding a tree or several documents is one line."""
+        from onepass.head import add_logit_stats, weighted_ce
+        from onepass.loss import dft_sum
+        from onepass.tree import IGNORE
+
+        length = inputs["input_ids"].shape[1]
+        logits = model(input_ids=inputs["input_ids"], attention_mask=_causal_rows_mask(inputs),
+                       use_cache=False).logits[:, -length:]
+        keep = inputs["targets"] != IGNORE
+        logits_TV, targets_T, weights_T = logits[keep], inputs["targets"][keep], inputs["weights"][keep]
+        add_logit_stats(stats, logits_TV, targets_T, weights_T)
+        if self.args.loss_type == "dft":
+            return dft_sum(logits_TV, targets_T, weights_T)
+        return weighted_ce(logits_TV, targets_T, weights_T)
+
+
+def _causal_rows_mask(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The ``[B, L]`` padding mask of rows that are each one causal sequence (positions 0..n-1, every key
+    seen to the row's end); anything else is one line (a prompt-learning model cannot take a tree mask)."""
+    from onepass.errors import UsageError
+
+    ids = inputs["input_ids"]
+    length = ids.shape[1]
+    steps = torch.arange(length, device=ids.device)[None]
+    n = inputs["kv_end"][:, :1]  # a causal row's first key is seen to the row's end
+    real = steps < n
+    causal = ((inputs["kv_end"] == n) | ~real).all() and ((inputs["position_ids"] == steps) | ~real).all()
+    if not bool(causal):
+        raise UsageError("a PEFT prompt-learning model (prompt tuning, prefix tuning, p-tuning) puts virtual tokens "
+                         "before one causal sequence and drops position ids: a row holding a tree or several "
+                         "documents (a conversation whose views differ, packing, padding_free) cannot go through it; "
+                         "use LoRA, or assistant_only_loss=False and no packing for one sequence per conversation")
+    return real.long()
+
+
+def _labels_of(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The ``labels`` view of collated rows (:func:`onepass.train.sft_rows.labels_view`, in torch)."""
+    ids, pos, targets = inputs["input_ids"], inputs["position_ids"], inputs["targets"]
+    labels = torch.full_like(ids, -100)
+    nxt = (pos[:, 1:] == pos[:, :-1] + 1) & (targets[:, :-1] == ids[:, 1:])
+    labels[:, 1:] = torch.where(nxt, ids[:, 1:], torch.full_like(ids[:, 1:], -100))
+    return labels
 
 
 def _shares_no_prefix(dataset: Any, batch: int = 1024) -> bool:

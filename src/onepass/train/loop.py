@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from onepass.couplings import check_row_mask
+from onepass.private_names import private
 from onepass.train.config import TrainConfig, TrainConfigError, write_yaml
 from onepass.train.data import TrainData, check_data, compact_vocab, load_train_data, total_steps
 from onepass.train.evaluation import evaluate
@@ -82,12 +84,10 @@ class TrainResult:
 
 def make_accelerator(config: TrainConfig, device: torch.device, log_with: Sequence[Any] = ()) -> Any:
     """The run's ``Accelerator``; ``log_with``: its trackers (:func:`onepass.train.report.make_trackers`)."""
-    from accelerate.state import AcceleratorState
-
     from onepass.train import distributed
 
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        AcceleratorState._reset_state(True)  # a second train() in one process may change precision
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:  # a second train() in one process may change precision
+        private("accelerate.state.AcceleratorState._reset_state")(True)
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)
     tracking = dict(log_with=list(log_with), project_dir=str(config.output_dir)) if log_with else {}
@@ -128,6 +128,16 @@ def _load_data(config: TrainConfig, *, main: bool, say: Callable[[str], None]) -
 
 
 _MAX_VOCAB = 1 << 21  # more ids than any released tokenizer has (the largest are ~260k)
+
+
+def _most_rows(config: TrainConfig, data: TrainData) -> int:
+    """The most rows one forward can batch (:func:`onepass.train.data.forward_groups`): a micro-batch's trees,
+    at most ``max_batch_tokens // shortest row`` of them under a token budget."""
+    rows = config.per_device_train_batch_size * max((len(unit) for unit in data.units), default=1)
+    if config.max_batch_tokens:
+        shortest = min((len(x) for unit in data.units for x in unit), default=1)
+        rows = min(rows, max(1, config.max_batch_tokens // max(1, shortest)))
+    return rows
 
 
 def _check_ids(model: Any, *datas: TrainData | None) -> None:
@@ -188,6 +198,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     from onepass.train.model import (
         check_environment,
         check_exactness,
+        check_sequence_parallel,
         count_parameters,
         load_model,
         make_optimizer,
@@ -197,10 +208,12 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         save_final,
     )
     from onepass.train.distributed import describe
+    from onepass.train.sequence_parallel import data_parallel, sequence_mesh, sequence_parallel_size
     from onepass.train.report import Reporter, make_trackers
 
     device = resolve_device(config.device)  # everything that can fail on this machine fails here, in a second
     check_environment(config, device)
+    config = config.replace(sp_size=sequence_parallel_size(config.sp_size))  # the degree in effect, saved
     attention = resolve_attention(config.attention, device)
     for spec in (config.data, config.eval_data):
         if spec is not None:
@@ -217,9 +230,11 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     accelerator = make_accelerator(config, device, make_trackers(config.report_to, out, initial=initial))
     device, world, main = accelerator.device, accelerator.num_processes, accelerator.is_main_process
     say: Callable[[str], None] = log if main else (lambda _msg: None)
-    parallel = describe(accelerator)
+    shard = sequence_mesh(accelerator, config.sp_size)  # None unless sp_size > 1
+    parallel = describe(accelerator, sp_size=config.sp_size)
     say(parallel.line())  # the first line: what runs, not what was asked for
     exactness = check_exactness(config, attention=attention, log=say)  # every process: a refusal stops all
+    split = check_sequence_parallel(config, attention=attention, log=say) if shard is not None else None
     if main:
         if out / "checkpoints" in replaced:
             shutil.rmtree(out / "checkpoints")
@@ -227,18 +242,20 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         out.mkdir(parents=True, exist_ok=True)
         write_yaml(config, out / "train_config.yaml")
     loaded = _load_data(config, main=main, say=say)
-    fingerprint = run_fingerprint(config, loaded.tokenizer)
+    fingerprint = run_fingerprint(config, loaded.tokenizer, renders=any(
+        d is not None and d.kind == "conversation" for d in (loaded.data, loaded.eval_data)))
     if ckpt is not None:
         check_fingerprint(read_state(ckpt).get("fingerprint"), fingerprint, ckpt, anyway=resume_anyway, say=say)
     data, eval_data = loaded.data, loaded.eval_data
-    total = total_steps(config, data.num_units, world)
+    total = total_steps(config, data.num_units, data_parallel(accelerator, shard)[0])
     model = load_model(config, device=device, attention=attention, vocab_size=loaded.vocab_size)
+    check_row_mask(model, _most_rows(config, data))  # one line now, not a traceback inside the model
     _check_ids(model, data, eval_data)
     trainable, params = count_parameters(model)
     optimizer = make_optimizer(model, config)
     scheduler = make_scheduler(optimizer, config, total)
     model, optimizer = accelerator.prepare(model, optimizer)
-    stepper = Stepper(accelerator, model, optimizer, scheduler, data, config)
+    stepper = Stepper(accelerator, model, optimizer, scheduler, data, config, shard=shard)
 
     start, history, evals = 0, [], []
     if ckpt is not None:
@@ -251,7 +268,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
               "parameters": params, "trainable_parameters": trainable, "units": data.num_units,
               "unit": data.kind, "units_per_step": stepper.per_step, "total_steps": total,
               "data_stats": {k: v for k, v in stats.items() if k != "skipped"}, "vocab_size": loaded.vocab_size,
-              "exactness": exactness}
+              "exactness": exactness, "sequence_parallel": split}
     say(f"training {config.model or f'tiny {config.tiny} (random)'}: {params:,} parameters, {trainable:,} "
         f"trainable ({config.finetune}), {config.dtype}, attention {attention}, {device}, {world} process(es)")
     say(f"data {config.data}: {data.num_units} {data.kind}s, {stepper.per_step} per step, {total} steps; "
@@ -283,7 +300,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
             deliver(stepper.held)  # a stop that arrived during the update stops the run now that the step counts
             yield record
             if eval_data is not None and config.eval_steps and step % config.eval_steps == 0 and step < total:
-                reporter.log_eval(step, evaluate(accelerator, model, eval_data, config))
+                reporter.log_eval(step, evaluate(accelerator, model, eval_data, config, shard))
             if config.save_steps and step % config.save_steps == 0 and step < total:
                 save(step)
     except GeneratorExit:  # train_steps abandoned by its caller: not an interruption to checkpoint
@@ -299,7 +316,7 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         raise
     reporter.write(status="finishing")  # "finished" is written last, once the final save is done
     try:  # the final eval reaches the trackers: they close after it
-        final_eval = evaluate(accelerator, model, eval_data, config) if eval_data is not None else None
+        final_eval = evaluate(accelerator, model, eval_data, config, shard) if eval_data is not None else None
         if final_eval is not None:
             reporter.log_eval(step, final_eval)
     finally:

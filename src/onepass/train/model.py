@@ -162,23 +162,49 @@ def check_exactness(config: TrainConfig, *, attention: str, log: Any = _LOG.info
              load_conversations(source, strict=False, limit=min(config.limit or 32, 32)).conversations)
     views, where = views_for_check(convs, load_tokenizer_for(config), data_config.render,
                                    source=config.data, empty="the data is prepared rows")
-    if config.tiny is not None:
-        from onepass.tiny import tiny_config
-
-        model_config = tiny_config(config.tiny, 64, **config.tiny_config)
-    else:
-        from transformers import AutoConfig
-
-        model_config = AutoConfig.from_pretrained(config.model)
+    model_config = model_config_of(config)
     result = check_exact_once(model_config, views, pack=data_config.pack, backend=attention)
     enforce(result, allow_inexact=config.allow_inexact, log=lambda line: log(f"exactness guard on {where}: {line}"))
     return {"checked": True, "data": where, **result.to_dict()}
 
 
+def model_config_of(config: TrainConfig) -> Any:
+    """The HF config of the run's model (a tiny architecture's, or the saved model's)."""
+    if config.tiny is not None:
+        from onepass.tiny import tiny_config
+
+        return tiny_config(config.tiny, 64, **config.tiny_config)
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(config.model)
+
+
+def check_sequence_parallel(config: TrainConfig, *, attention: str, log: Any = _LOG.info) -> dict[str, Any]:
+    """Before any training with ``sp_size`` > 1: the model's heads split over that many ranks
+    (:func:`onepass.ulysses.model.check_degree`), and its tiny float64 twin split over simulated ranks takes
+    one process's loss and gradients (:func:`onepass.ulysses.guard.check_sequence_parallel`); one
+    :class:`~onepass.ulysses.plan.SequenceParallelError` line otherwise. Returns what metrics.json records."""
+    from onepass.ulysses.guard import check_sequence_parallel as check_twin
+    from onepass.ulysses.model import check_degree
+
+    model_config = model_config_of(config)
+    split = check_degree(model_config, config.sp_size)
+    result = check_twin(model_config, config.sp_size, backend=attention)
+    heads = (f"{split.local_heads} of {split.heads} heads per rank inside attention"
+             + (f", key/value heads repeated {split.kv_repeat}x" if split.kv_repeat > 1 else "")) if split else "no attention"
+    log(f"sequence parallelism: each row split over {config.sp_size} processes, {heads}; exact on a float64 twin "
+        f"split over {result['twin_degree']} simulated ranks (gradients within {result['max_rel_grad_diff']:.0e})")
+    return {"sp_size": config.sp_size, **({"heads_per_rank": split.local_heads, "kv_repeat": split.kv_repeat}
+                                           if split else {}), **result}
+
+
 def load_model(config: TrainConfig, *, device: torch.device, attention: str, vocab_size: int | None = None
                ) -> Any:
     """The model to train, on ``device``, in train mode, with adapters when asked."""
+    from onepass.attention.backends import check_backend
+
     dtype = torch_dtype(config.dtype)
+    check_backend(attention, device, dtype)  # flex_attention has no float64 kernel: one line, before loading
     if config.tiny is not None:
         from onepass.tiny import tiny_model
 
@@ -209,6 +235,10 @@ def load_model(config: TrainConfig, *, device: torch.device, attention: str, voc
         enable_checkpointing(model)
     if config.finetune in ("lora", "qlora"):
         model = add_lora(model, config)
+    if config.sp_size > 1:  # its attention through the sequence-parallel wrapper of its backend
+        from onepass.ulysses.model import install as install_sequence_parallel
+
+        install_sequence_parallel(model, config.sp_size)
     model.train()
     return model
 

@@ -16,6 +16,11 @@ steps (tests: 20 float64 steps, same loss at every step, same final weights),
 and 2 processes equal 1 process on the same global batch. The run around the
 steps (data, resume, checkpoints, reports) is :mod:`onepass.train.loop`.
 
+Sequence parallelism (``sp_size`` S, :mod:`onepass.ulysses`) changes nothing in that
+derivation: the S ranks of a row take the same units (data parallelism is over the
+``world / S`` groups), each ``loss_sum_r`` is the sum over its shard's targets, and the
+sum over every rank is still the step's loss sum; ``W`` stays the global weight.
+
 A step whose loss or gradient is not finite stops before the update
 (:class:`NonFiniteError`): the weights stay those of the last good step.
 """
@@ -37,6 +42,8 @@ from onepass.flops import visible_pairs
 from onepass.loss import ForwardView, batch_loss
 from onepass.train.config import TrainConfig
 from onepass.train.data import TrainData, collate, step_passes, step_units, units_per_step
+from onepass.train.sequence_parallel import data_parallel
+from onepass.ulysses.comm import SequenceShard
 
 
 class NonFiniteError(OnePassError):
@@ -47,15 +54,16 @@ class Stepper:
     """One optimizer step: this process's passes, scaled backward, clip, update, reduced metrics."""
 
     def __init__(self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any, data: TrainData,
-                 config: TrainConfig) -> None:
+                 config: TrainConfig, shard: SequenceShard | None = None) -> None:
         from onepass.train.checkpoint import is_sharded
 
         self.accelerator, self.model, self.optimizer, self.scheduler = accelerator, model, optimizer, scheduler
-        self.data, self.config = data, config
+        self.data, self.config, self.shard = data, config, shard
         self.view = ForwardView(model, accelerator.unwrap_model(model))
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
-        self.per_step = units_per_step(config, self.world)
+        self.data_world, self.data_rank = data_parallel(accelerator, shard)  # the ranks of a row share its units
+        self.per_step = units_per_step(config, self.data_world)
         self.even = is_sharded(accelerator)
         self.updating = False  # True inside the parameter update: no checkpoint may be taken then
         self.held: list[int] = []  # stop signals that arrived during the last update (stops_held)
@@ -68,16 +76,18 @@ class Stepper:
                            window=config.data_config.share_window)
         weight = data.weight_sum(units)  # the same on every process: all hold the whole unit list
         scale = self.world / weight if weight > 0 else 0.0
-        passes, num_real = step_passes(data, units, config, rank=self.rank, world=self.world, even=self.even)
+        passes, num_real = step_passes(data, units, config, rank=self.data_rank, world=self.data_world,
+                                       even=self.even)
+        counts = self.shard is None or self.shard.rank == 0  # a row's tokens are counted once, not per shard
         # loss sum, tokens, padded tokens, attention pairs a dense kernel computes, visible pairs
         sums = torch.zeros(5, dtype=torch.float64, device=device)
         for i, rows in enumerate(passes):
             batch = collate(rows, device)
             with acc.no_sync(self.model) if i < len(passes) - 1 else contextlib.nullcontext():
-                loss_sum = batch_loss(self.view, batch)
+                loss_sum = batch_loss(self.view, batch, shard=self.shard)
                 acc.backward(loss_sum * scale)
             sums[0] += loss_sum.detach().double()
-            if i < num_real:
+            if i < num_real and counts:
                 B, L = batch["input_ids"].shape
                 sums[1:] += torch.tensor([sum(len(r) for r in rows), B * L, B * L * L,
                                           sum(visible_pairs(r) for r in rows)], dtype=torch.float64, device=device)
