@@ -42,6 +42,7 @@ from onepass.pack import pack_layouts
 from onepass.data_config import DataConfig
 from onepass.prepare import PrepareStats, load_rows
 from onepass.row_check import check_rows
+from onepass.share import Key, prefix_key, share_rows
 from onepass.train.config import TrainConfig, TrainConfigError
 from onepass.tree import COLUMNS as ROW_COLUMNS
 from onepass.tree import Layout, row_from_columns
@@ -58,6 +59,8 @@ class TrainData:
     kind: str  # "conversation" | "row"
     source: str
     stats: dict[str, Any]
+    # sharing prefixes (onepass.share; conversations, packed): each unit's prefix key, for the order of a step
+    keys: list[Key | None] | None = None
 
     @property
     def num_units(self) -> int:
@@ -146,7 +149,14 @@ def load_train_data(spec: str, config: TrainConfig, tokenizer: Any | None, *, pr
     if not units:
         first = stats.skipped[0] if stats.skipped else "the data has no conversations"
         raise DataError(f"no trainable conversations in {spec}; first skip: {first}")
-    return TrainData(units=units, kind="conversation", source=spec, stats=stats.to_dict())
+    keys = unit_keys(units) if config.data_config.shares else None
+    return TrainData(units=units, kind="conversation", source=spec, stats=stats.to_dict(), keys=keys)
+
+
+def unit_keys(units: Sequence[Unit]) -> list[Key | None]:
+    """The prefix key of each unit's first tree (:func:`onepass.share.prefix_key`): what the order of a
+    step sorts by, so that conversations sharing a prefix land in one micro-batch."""
+    return [prefix_key(u[0]) for u in units]
 
 
 def compact_vocab(*datas: TrainData) -> tuple[list[TrainData], np.ndarray]:
@@ -157,7 +167,7 @@ def compact_vocab(*datas: TrainData) -> tuple[list[TrainData], np.ndarray]:
     """
     used = used_ids(layout_ids(x for d in datas for u in d.units for x in u))
     out = [TrainData(units=[[remap_layout(x, used) for x in u] for u in d.units], kind=d.kind, source=d.source,
-                     stats=d.stats) for d in datas]
+                     stats=d.stats, keys=d.keys) for d in datas]  # keys: equal prefixes stay equal
     return out, used
 
 
@@ -237,11 +247,35 @@ def epoch_order(num_units: int, *, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(num_units)
 
 
-def step_units(num_units: int, step: int, *, seed: int, per_step: int) -> np.ndarray:
-    """Unit indices of optimizer step ``step`` (0-based, counting across epochs)."""
+def step_units(num_units: int, step: int, *, seed: int, per_step: int, keys: Sequence[Key | None] | None = None,
+               window: int | None = None) -> np.ndarray:
+    """Unit indices of optimizer step ``step`` (0-based, counting across epochs).
+
+    ``keys`` (sharing prefixes, :attr:`TrainData.keys`): the epoch's shuffle is then sorted by prefix
+    within windows of ``window`` units (default ``per_step``: each step holds the units it holds without
+    sharing, only their order, so which of them share a micro-batch, changes: :func:`shared_order`).
+    """
     per_epoch = steps_per_epoch(num_units, per_step)
     epoch, i = divmod(step, per_epoch)
-    return epoch_order(num_units, seed=seed, epoch=epoch)[i * per_step:(i + 1) * per_step]
+    order = epoch_order(num_units, seed=seed, epoch=epoch)
+    if keys is not None:
+        order = shared_order(order, keys, window or per_step)
+    return order[i * per_step:(i + 1) * per_step]
+
+
+def shared_order(order: np.ndarray, keys: Sequence[Key | None], window: int) -> np.ndarray:
+    """``order`` cut into windows of ``window`` consecutive units, each sorted by its units' prefix keys
+    (stable; units without a key last), so units that share a prefix are neighbours and fill one
+    micro-batch. With ``window`` equal to a step's units, every step trains the same units.
+
+    >>> shared_order(np.array([3, 0, 2, 1]), [(1,), (2,), (1,), None], 2).tolist()
+    [0, 3, 2, 1]
+    """
+    out = order.copy()
+    for a in range(0, len(order), window):
+        chunk = order[a:a + window].tolist()
+        out[a:a + window] = sorted(chunk, key=lambda u: (keys[u] is None, keys[u] or ()))
+    return out
 
 
 def rank_slots(units: np.ndarray, *, rank: int, world: int, batch_size: int, grad_accum: int
@@ -260,10 +294,14 @@ def rank_slots(units: np.ndarray, *, rank: int, world: int, batch_size: int, gra
 
 def micro_batch_rows(data: TrainData, indices: Sequence[int], *, pack: bool, max_tokens: int | None
                      ) -> list[Layout]:
-    """The rows of one micro-batch: its units' trees, packed into rows of ``max_tokens`` if ``pack``."""
+    """The rows of one micro-batch: its units' trees, packed into rows of ``max_tokens`` if ``pack``;
+    with :attr:`TrainData.keys` (sharing prefixes), trees of units that share a prefix merged first
+    (:func:`onepass.share.share_rows`: the same loss terms, the prefix computed once per row)."""
     layouts = [x for i in indices for x in data.units[int(i)]]
     if pack and layouts:
         assert max_tokens is not None
+        if data.keys is not None:
+            return share_rows(layouts, [int(i) for i in indices for _ in data.units[int(i)]], max_tokens)
         return pack_layouts(layouts, max_tokens)
     return layouts
 

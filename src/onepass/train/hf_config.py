@@ -219,6 +219,8 @@ class OnePassConfig(TrainingArguments):
     template_kwargs: dict | str | None = field(
         default=None, metadata=_h("extra chat template variables, e.g. {\"enable_thinking\": false}"))
     reasoning: str = field(default="keep", metadata=data_field_help("reasoning"))
+    share_prefix: bool = field(default=True, metadata=data_field_help("share_prefix"))  # with packing
+    share_window: int | None = field(default=None, metadata=data_field_help("share_window"))
     template_date: str | None = field(default=None, metadata=data_field_help("template_date"))
     allow_inexact: bool = field(
         default=False, metadata=_h("train even when the exactness guard finds one-pass != N-pass"))
@@ -286,7 +288,8 @@ class OnePassConfig(TrainingArguments):
     def _data_values(self) -> dict[str, Any]:
         return {"schedule": self.schedule, "max_tokens": self.max_length, "weighting": self.weighting,
                 "completion_format": self.completion_format, "reasoning": self.reasoning,
-                "template_kwargs": dict(self.template_kwargs or {}), "template_date": self.template_date}
+                "template_kwargs": dict(self.template_kwargs or {}), "template_date": self.template_date,
+                "share_prefix": self.share_prefix, "share_window": self.share_window}
 
     @property
     def data_config(self) -> DataConfig:

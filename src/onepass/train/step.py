@@ -73,7 +73,8 @@ class Stepper:
         """Run step ``step`` (0-based); returns its record (``step`` in the record counts from 1)."""
         acc, config, data, device = self.accelerator, self.config, self.data, self.accelerator.device
         t0 = time.perf_counter()
-        units = step_units(data.num_units, step, seed=config.seed, per_step=self.per_step)
+        units = step_units(data.num_units, step, seed=config.seed, per_step=self.per_step, keys=data.keys,
+                           window=config.data_config.share_window)
         weight = data.weight_sum(units)  # the same on every process: all hold the whole unit list
         scale = self.world / weight if weight > 0 else 0.0
         passes, num_real = step_passes(data, units, config, rank=self.data_rank, world=self.data_world,
