@@ -22,7 +22,8 @@ PURE = ("onepass.conversation", "onepass.render", "onepass.view", "onepass.tree"
         "onepass.render.encode", "onepass.render.quirks", "onepass.rl.rollouts", "onepass.rl.layout",
         "onepass.rl.synthetic", "onepass.data_config", "onepass.geometry",
         "onepass.template_messages", "onepass.ulysses.plan", "onepass.prepare", "onepass.data.parallel",
-        "onepass.guard.sample", "onepass.train.data", "onepass.dtypes", "onepass.lazy")
+        "onepass.guard.sample", "onepass.train.data", "onepass.dtypes", "onepass.lazy", "onepass.share",
+        "onepass.render.tools_block", "onepass.data.synthetic")
 
 
 def module_name(path: Path) -> str:

@@ -69,7 +69,7 @@ def _prepare(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(args.tokenizer, chat_template=args.chat_template)  # compiles: before data is read
     stats = PrepareStats()
     trees = iter_prepared(source, tokenizer, config, stats, num_proc=args.num_proc, limit=args.limit,
-                          strict=args.strict, progress=not args.no_progress)
+                          strict=args.strict, progress=not args.no_progress, units=True)
     out = write_prepared(trees, stats, config, args.out)  # streams: rows are written as they are made
     print_skipped(stats.skipped[:stats.skipped_by_reason.get(INVALID, 0)])  # invalid records: listed first
     print(stats.summary())

@@ -39,6 +39,7 @@ from onepass.pack import pack_layouts
 from onepass.precision import float64_norms
 from onepass.render import render_conversation
 from onepass.schedule import Schedule, parse_schedule, schedule_views, view_weights
+from onepass.share import share_rows
 from onepass.tiny import tiny_config
 from onepass.tokenizer import load_tokenizer
 from onepass.verify_cli import VERIFY_KEYS, verify_limit
@@ -63,6 +64,9 @@ class VerifyReport:
     dtype: str
     worst_parameter: str = ""  # the parameter with the largest relative gradient difference
     packed: bool = False  # the trees of all conversations were packed into shared rows
+    shared: bool = False  # ... and trees of conversations that share a prefix merged into one (onepass.share)
+    num_rows: int = 0
+    row_tokens: int = 0  # tokens of the rows run (the trees', less the prefixes shared)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,11 +87,13 @@ def parameter_grads(model: Any) -> dict[str, torch.Tensor]:
 
 def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
                schedule: Schedule | str = "one-pass", weighting: str = "token",
-               max_tokens: int | None = None, pack: bool = False) -> VerifyReport:
+               max_tokens: int | None = None, pack: bool = False, share: bool = False) -> VerifyReport:
     """Loss and gradients of N-pass vs ``schedule`` on the same views and model.
 
     ``pack``: the trees of all conversations are packed into rows of at most ``max_tokens``
-    (one row when it is None), so documents share rows as in packed training.
+    (one row when it is None), so documents share rows as in packed training; ``share`` (with
+    ``pack``, under any schedule but n-pass): trees of conversations that share a token prefix are
+    merged into one tree per row (:mod:`onepass.share`), as ``prepare --pack`` does by default.
     """
     if isinstance(schedule, str):
         schedule = parse_schedule(schedule)
@@ -107,13 +113,19 @@ def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
 
     model.zero_grad(set_to_none=True)
     loss_1 = 0.0
-    trees = []
-    for views in conversations:
+    trees, units = [], []
+    for c, views in enumerate(conversations):
         scheduled = schedule_views(views, schedule, weighting=weighting, max_tokens=max_tokens)
         if scheduled.skipped:
             raise DataError("verify needs every view trained; skipped: " + "; ".join(scheduled.skipped))
         trees.extend(scheduled.layouts)
-    rows = pack_layouts(trees, max_tokens or sum(len(x) for x in trees)) if pack else trees
+        units.extend([c] * len(scheduled.layouts))
+    budget = max_tokens or sum(len(x) for x in trees)
+    shared = pack and share and schedule.kind != "n-pass"
+    if shared:
+        rows = share_rows(trees, units, budget)
+    else:
+        rows = pack_layouts(trees, budget) if pack else trees
     for layout in rows:
         loss = layout_loss(model, layout)
         loss.backward()
@@ -129,7 +141,8 @@ def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
         max_rel_grad_diff=rel_grad, num_conversations=len(conversations), num_views=num_views,
         num_trees=len(trees), n_pass_tokens=n_tokens, one_pass_tokens=sum(len(x) for x in trees),
         schedule=str(schedule), weighting=weighting, dtype=str(next(model.parameters()).dtype),
-        worst_parameter=worst, packed=pack)
+        worst_parameter=worst, packed=pack, shared=shared, num_rows=len(rows),
+        row_tokens=sum(len(x) for x in rows))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,6 +228,9 @@ def verify_views(report: ReadReport, tokenizer: Any, config: DataConfig, args: a
 def run(args: argparse.Namespace) -> int:
     """``onepass verify --data``: one-pass vs N-pass on the conversations; exit 1 when they differ."""
     config: DataConfig = data_config_from_args(args, names=VERIFY_KEYS)
+    pack, share = bool(args.pack), args.share_prefix is not False
+    if args.max_tokens is not None and args.max_tokens < 2:
+        raise UsageError(f"--max-tokens must be >= 2, got {args.max_tokens}")
     given = verify_limit(args)
     report = load_conversations(args.data, strict=args.strict, limit=args.limit)  # refuses prepared rows
     print_skipped(report.skipped)
@@ -224,7 +240,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.model:
         views, vocab = compact_vocab(views)
     model, label, backend = verify_model(args, vocab)
-    result = run_verify(views, model, schedule=config.schedule_spec, weighting=config.weighting)
+    result = run_verify(views, model, schedule=config.schedule_spec, weighting=config.weighting,
+                        max_tokens=args.max_tokens, pack=pack, share=share)
     tol = tolerance(args)
     verdict = judge(result.rel_loss_diff, result.max_rel_grad_diff, tolerance=tol,
                     where=lambda: locate(model, views, worst_parameter=result.worst_parameter, tolerance=tol))
@@ -232,7 +249,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"model: {label}, {args.dtype}, attention {backend}, device {device}")
     print(f"{result.num_conversations} conversations, {result.num_views} views: "
           f"N-pass {result.n_pass_tokens} tokens vs {result.schedule} {result.one_pass_tokens} tokens "
-          f"in {result.num_trees} trees")
+          f"in {result.num_trees} trees"
+          + (f", packed in {result.num_rows} rows of {result.row_tokens} tokens"
+             + (" (prefixes shared across conversations)" if result.shared else "") if result.packed else ""))
     print(f"loss N-pass {result.loss_n_pass:.12g}  {result.schedule} {result.loss_one_pass:.12g}  "
           f"rel diff {result.rel_loss_diff:.3g}  max rel grad diff {result.max_rel_grad_diff:.3g}  "
           f"-> {verdict.word} within {tol:g}")

@@ -23,6 +23,7 @@ from onepass.lazy import resolve
 from onepass.prepare_cli import add_input_arguments
 
 VERIFY_KEYS = ("schedule", "weighting", *RENDER_KEYS)
+VERIFY_ROW_KEYS = ("pack", "share_prefix")  # verify --data: packed rows of --max-tokens (one row when unset)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -32,13 +33,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                                                            "default 8 (each view is a forward of its own)")
     p.add_argument("--rollouts", help="RL rollouts (.jsonl, token ids; see docs/rl.md) instead of --data: "
                                       "per-token log-probs and policy-loss gradients vs per-turn forwards")
-    p.add_argument("--max-tokens", type=int, help="--rollouts: row token budget (groups split and packed)")
+    p.add_argument("--max-tokens", type=int, help="row token budget: --rollouts (groups split and packed), "
+                                                  "--pack (the conversations' trees packed; one row when unset)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", help="a local model directory or hub id")
     src.add_argument("--tiny", default="qwen3",
                      help="random tiny model of this architecture (default qwen3; see onepass.tiny.TINY_ARCHS)")
     p.add_argument("--dtype", choices=dtype_names(verified=True), default="float64")
-    add_data_arguments(p, names=VERIFY_KEYS)
+    add_data_arguments(p, names=VERIFY_KEYS + VERIFY_ROW_KEYS)
     p.add_argument("--attn", default="auto", choices=("auto", "onepass_cpu", "sdpa", "eager", "flex_attention"),
                    help="attention backend (auto: one the model supports exactly on --device; flex_attention: "
                         "CUDA only)")

@@ -32,7 +32,8 @@ from onepass.dtypes import dtype_names
 from onepass.errors import DataError
 from onepass.flops import MODEL_SHAPES
 
-WORKLOADS = {"mathchat": "builtin:mathchat", "synthetic": "synthetic:mathchat-sync"}  # --workload NAME: --data SPEC
+WORKLOADS = {"mathchat": "builtin:mathchat", "synthetic": "synthetic:mathchat-sync",  # --workload NAME: --data SPEC
+             "agent": "synthetic:agent"}
 
 
 def add_parser(sub: Any) -> None:
@@ -58,9 +59,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--layers", type=int, default=None,
                    help="cut the shape to N layers so a CPU run fits in minutes (FLOPs are counted for the model "
                         "run; the full depth's are reported beside them, labelled)")
-    p.add_argument("--full-vocab", action="store_true",
-                   help="keep the tokenizer's whole vocabulary (default for every shape but tiny: the real "
-                        "model's; tiny compacts it to the ids that occur)")
+    vocab_group = p.add_mutually_exclusive_group()
+    vocab_group.add_argument("--full-vocab", action="store_true",
+                             help="keep the tokenizer's whole vocabulary (default for every shape but tiny: the real "
+                                  "model's; tiny compacts it to the ids that occur)")
+    vocab_group.add_argument("--compact-vocab", action="store_true",
+                             help="compact a real shape's vocabulary too, to the ids that occur: the LM head (the "
+                                  "same work in every setting) no longer dominates a CPU run of a cut model")
     p.add_argument("--dtype", default=None, choices=dtype_names(),
                    help="float32 (CPU default) or bfloat16 (CUDA default)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -69,7 +74,7 @@ def add_parser(sub: Any) -> None:
                         "CUDA; onepass_varlen: N-pass rows through torch's flash varlen kernel, the FA2-class "
                         "baseline, CUDA)")
     p.add_argument("--settings", default=None, help="comma-separated settings (default: all)")
-    p.add_argument("--max-tokens", type=int, default=None, help="row budget (default 4096)")
+    p.add_argument("--max-tokens", type=int, default=None, help="row budget (default 4096; 16384 for --workload agent)")
     p.add_argument("--repeats", type=int, default=None, help="timed epochs per setting (default 2 quick, 5 full)")
     p.add_argument("--depth-groups", action="store_true", help="also time G1/G2/G3 separately")
     p.add_argument("--interleave", action="store_true",

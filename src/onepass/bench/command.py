@@ -21,7 +21,7 @@ import torch
 from onepass.attention.cpu import register
 from onepass.bench import harness as bench
 from onepass.bench import trl as bench_trl
-from onepass.bench.cli import load_workload, workload_spec
+from onepass.bench.cli import WORKLOADS, load_workload, workload_spec
 from onepass.bench.report import markdown, plots
 from onepass.data.load import conversation_source
 from onepass.dtypes import torch_dtype
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--conversations must be >= 1, got {args.conversations}")
     n = args.conversations or (24 if args.quick else 300)
     repeats = args.repeats or (2 if args.quick else 5)
-    max_tokens = args.max_tokens or 4096
+    max_tokens = args.max_tokens or (16384 if spec == WORKLOADS["agent"] else 4096)  # agent trees: 3-9k tokens
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -80,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
     tok = load_tokenizer(args.tokenizer)
     views = [render_views(c, tok) for c in convs]
     full = MODEL_SHAPES[args.model_shape]
-    vocab = max(len(tok), full.vocab)  # a real shape keeps its padded vocabulary (Qwen3: 151,936)
-    if not args.full_vocab and full.vocab == 0:
+    vocab = max(len(tok), full.vocab)  # a real shape keeps its padded vocabulary (Qwen3: 151,936) unless compacted
+    if args.compact_vocab or (not args.full_vocab and full.vocab == 0):
         views, vocab = compact_vocab(views)
     depth = [len(v) for v in views]
     full = dataclasses.replace(full, vocab=vocab)
@@ -110,12 +110,21 @@ def run(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     ideal = {group: train_flops(rows_of(group, "n-pass"), shape)
              / train_flops(rows_of(group, "one-pass"), shape) for group in groups}
+    # sharing prefixes across conversations: the FLOP bound against the one-pass packed rows it merges
+    shared_settings = [s for s in settings if s in bench.SHARED_SETTINGS]
+    ideal_shared = {group: train_flops(rows_of(group, bench.SHARED_SETTINGS[s]), shape)
+                    / train_flops(rows_of(group, s), shape) for group in groups for s in shared_settings[:1]}
     planned: list[tuple[str, str, str, list[Any], int]] = []  # backend, group, setting, rows, conversations
     for backend in backends:
         for group, members in groups.items():
-            names = settings if group == "all" else ["n-pass-packed", "one-pass-packed"]
+            names = settings if group == "all" else ["n-pass-packed", "one-pass-packed", *shared_settings]
             for setting in names:  # not `name`: that is the workload's, written to the summary
                 rows = rows_of(group, setting)
+                if setting in bench.SHARED_SETTINGS and not args.settings and sum(map(len, rows)) == sum(
+                        map(len, rows_of(group, bench.SHARED_SETTINGS[setting]))):
+                    print(f"{backend:>12} {group:>3} {setting:>16}: no prefix shared across conversations (the rows "
+                          f"are {bench.SHARED_SETTINGS[setting]}'s): not timed", flush=True)
+                    continue
                 if backend == "onepass_varlen" and any(branches(r.kv_end) for r in rows):
                     print(f"onepass_varlen {group} {setting}: skipped, its rows are trees that branch (a varlen "
                           "kernel serves N-pass rows only)", flush=True)
@@ -165,14 +174,14 @@ def run(args: argparse.Namespace) -> int:
               f"{r['tokens_per_s']:9,.0f} tok/s  peak {(r['peak_memory_bytes'] or 0) / 2**20:7.0f} MiB "
               f"(TRL SFTTrainer, packing bfd, completion-only loss, checkpointing {'off' if tuned else 'on'})",
               flush=True)
-    bench.add_ratios(results, ideal)
+    bench.add_ratios(results, ideal, ideal_shared)
     summary = {
         **env, "workload": {"name": name, "data": spec, "conversations": len(convs), "views": sum(depth),
                             "seed": args.seed, "model_shape": args.model_shape, "arch": args.arch, "vocab": vocab,
                             "layers": shape.num_layers, "full_layers": full.num_layers, "lm_head": head_mode(),
                             "dtype": str(dtype).replace("torch.", ""), "max_tokens": max_tokens,
                             "repeats": repeats, "depth_histogram": {d: depth.count(d) for d in sorted(set(depth))}},
-        "ideal_speedup": ideal, "matmul_peak_flops": peak, "settings": results,
+        "ideal_speedup": ideal, "ideal_speedup_shared": ideal_shared, "matmul_peak_flops": peak, "settings": results,
         "command": "onepass " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("onepass") else None,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -46,7 +46,7 @@ from typing import Any
 
 from onepass.conversation import Conversation, ReadReport, parse_record
 from onepass.data.mathchat import sample_path
-from onepass.data.synthetic import iter_workload, WORKLOADS
+from onepass.data.synthetic import iter_workload, workload_names
 from onepass.errors import ConversationError, DataError, DataNotFound
 from onepass.files import atomic_file
 from onepass.hub import hub_offline, offline_reason
@@ -223,8 +223,8 @@ def resolve_data(spec: str | Path, *, split: str | None = None) -> DataSource:
                           description="builtin:mathchat (the bundled MathChat sample)")
     if text.startswith("synthetic:"):
         name = text.split(":", 1)[1]
-        if name not in WORKLOADS:
-            raise DataNotFound(f"unknown synthetic workload {name!r}; have {', '.join(WORKLOADS)}")
+        if name not in workload_names():
+            raise DataNotFound(f"unknown synthetic workload {name!r}; have {', '.join(workload_names())}")
         return DataSource(spec=text, kind=CONVERSATIONS, form="synthetic",
                           description=f"{text} (seeded synthetic conversations)")
     if text.startswith("builtin:"):

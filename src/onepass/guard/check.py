@@ -151,7 +151,8 @@ def check_exact(model_or_config: Any, conversations: Sequence[Sequence[View]], *
                 backend: str | None = None, seed: int = 0, tolerance: float = TOLERANCE) -> GuardResult:
     """One-pass vs N-pass on a tiny float64 twin of ``model_or_config`` (a model or its config),
     on ``conversations`` (their views; the vocabulary is compacted here). ``pack``: the trees
-    share one row, as in packed training. Never raises for the model: a twin that cannot be
+    share one row, as in packed training (trees of conversations that share a prefix merged into one,
+    as packing does by default: :mod:`onepass.share`). Never raises for the model: a twin that cannot be
     built or run is a failed result with ``error`` set (``ONEPASS_DEBUG=1`` raises instead)."""
     t0 = time.perf_counter()
     config, _, architecture = describe(model_or_config)
@@ -165,7 +166,7 @@ def check_exact(model_or_config: Any, conversations: Sequence[Sequence[View]], *
         with torch.random.fork_rng(devices=[]):
             model = build_twin(model_or_config, vocab, backend=backend, seed=seed)
             chosen = str(model.config._attn_implementation)
-            report = run_verify(views, model, schedule="one-pass", pack=pack)
+            report = run_verify(views, model, schedule="one-pass", pack=pack, share=pack)
             verdict = judge(report.rel_loss_diff, report.max_rel_grad_diff, tolerance=tolerance,  # NaN: not equal
                             where=lambda: locate(model, views, worst_parameter=report.worst_parameter,
                                                  tolerance=tolerance))

@@ -51,6 +51,8 @@ from transformers import TrainingArguments
 
 from onepass.data_config import DataConfig, data_field_help
 from onepass.render.clock import resolve_template_date
+from onepass.train.config import TrainConfigError
+from onepass.train.hyperparams import check_hyperparameters, epochs_counted
 
 log = logging.getLogger("onepass")
 
@@ -144,6 +146,12 @@ def _bf16_supported(args: TrainingArguments) -> bool:
     return bool(args.use_cpu or is_torch_bf16_gpu_available() or is_torch_xla_available())
 
 
+def check_ranges(args: TrainingArguments) -> None:
+    """The hyper-parameters in range (:mod:`onepass.train.hyperparams`, the table ``onepass train`` reads);
+    ``num_train_epochs`` only where it counts (no ``max_steps``), as the Trainer reads it."""
+    check_hyperparameters(args, names=epochs_counted(args.max_steps <= 0), error=TrainConfigError)
+
+
 def _h(text: str) -> dict[str, Any]:
     return {"help": text}
 
@@ -215,6 +223,8 @@ class OnePassConfig(TrainingArguments):
     template_kwargs: dict | str | None = field(
         default=None, metadata=_h("extra chat template variables, e.g. {\"enable_thinking\": false}"))
     reasoning: str = field(default="keep", metadata=data_field_help("reasoning"))
+    share_prefix: bool = field(default=True, metadata=data_field_help("share_prefix"))  # with packing
+    share_window: int | None = field(default=None, metadata=data_field_help("share_window"))
     template_date: str | None = field(default=None, metadata=data_field_help("template_date"))
     allow_inexact: bool = field(
         default=False, metadata=_h("train even when the exactness guard finds one-pass != N-pass"))
@@ -228,6 +238,7 @@ class OnePassConfig(TrainingArguments):
         if getattr(self, "activation_checkpointing", False) is None and self.gradient_checkpointing:
             self.activation_checkpointing = True  # TRL's default, under transformers' new name (no FutureWarning)
         super().__post_init__()
+        check_ranges(self)
         if self.max_tokens is not None:
             if self.max_length not in (None, 1024, self.max_tokens):
                 raise ValueError(f"max_length={self.max_length} and max_tokens={self.max_tokens} disagree; "
@@ -281,7 +292,8 @@ class OnePassConfig(TrainingArguments):
     def _data_values(self) -> dict[str, Any]:
         return {"schedule": self.schedule, "max_tokens": self.max_length, "weighting": self.weighting,
                 "completion_format": self.completion_format, "reasoning": self.reasoning,
-                "template_kwargs": dict(self.template_kwargs or {}), "template_date": self.template_date}
+                "template_kwargs": dict(self.template_kwargs or {}), "template_date": self.template_date,
+                "share_prefix": self.share_prefix, "share_window": self.share_window}
 
     @property
     def data_config(self) -> DataConfig:

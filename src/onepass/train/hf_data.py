@@ -42,10 +42,11 @@ from onepass.errors import DataError, UsageError
 from onepass.guard.sample import GUARD_CONVERSATIONS, ViewSample
 from onepass.loss import layouts_to_batch
 from onepass.pack import pack_layouts
-from onepass.prepare import PrepareStats, load_rows
+from onepass.prepare import PrepareStats, count_rows, count_shared, load_rows
 from onepass.records import without_nulls
 from onepass.render import RenderConfig
 from onepass.schedule import Schedule
+from onepass.share import share_and_pack
 from onepass.train import sft_rows
 from onepass.train.data import conversation_units
 from onepass.train.hf_config import OnePassConfig
@@ -151,10 +152,16 @@ def prepare_rows(conversations: Iterable[Conversation], tokenizer: Any, data_con
     units, stats = out.units, out.stats
     if packing:
         assert max_tokens is not None
-        rows = pack_layouts([tree for unit in units for tree in unit], max_tokens)
-        stats.rows = len(rows)
-        stats.padding_tokens = stats.rows * max_tokens - stats.row_tokens
-        stats.padding_fraction = stats.padding_tokens / max(1, stats.rows * max_tokens)
+        packed = data_config.replace(pack=True)
+        trees = [tree for unit in units for tree in unit]
+        if packed.shares:  # trees of conversations that share a prefix: one tree per row (onepass.share)
+            shared = share_and_pack(trees, [u for u, unit in enumerate(units) for _ in unit], max_tokens,
+                                    window=packed.share_window)
+            rows = shared.rows
+            count_shared(stats, packed, trees, [g for g in shared.groups if len(g) > 1])
+        else:
+            rows = pack_layouts(trees, max_tokens)
+        count_rows(stats, packed, num_trees=len(trees), num_rows=len(rows), row_tokens=sum(len(r) for r in rows))
     else:
         rows = [concat(u) for u in units]
     return PreparedRows(dataset=rows_dataset(rows), guard=out.guard, stats=stats)
