@@ -4,7 +4,7 @@
 # CPU wheel instead of a multi-GB CUDA build; the package itself requires
 # ranges, so users are not pinned and GPU users keep their CUDA build.
 # `make test-latest` runs the suite on the newest release of every dependency
-# (run it before new work; fix breaks in src/onepass/couplings.py, never by a
+# (run it before new work; fix breaks in src/onepass/model/couplings.py, never by a
 # pin), `make test-min` on the oldest the metadata allows (constraints-min.txt).
 PYTHON ?= python3
 VENV   ?= .venv
@@ -63,7 +63,7 @@ test-latest:
 	@for src in $(TRANSFORMERS_SRC) $(PEFT_SRC) $(ACCELERATE_SRC) $(TRL_SRC); do \
 	  echo "installing $$src"; $(call NO_CAP,.venv-latest) install --quiet "$$src" || exit 1; done
 	@.venv-latest/bin/python -m pip list 2>/dev/null | grep -iE "^(torch|transformers|peft|accelerate|datasets|trl|tokenizers) "
-	@.venv-latest/bin/python -c "from onepass.private_names import missing_private_names as m; \
+	@.venv-latest/bin/python -c "from onepass.model.private_names import missing_private_names as m; \
 	  print('private names missing:', ', '.join(m()) or 'none')"
 	.venv-latest/bin/python -m pytest -q $(PYTEST_PAR) $(SUITES)
 

@@ -91,10 +91,10 @@ def matmul_peak(threads: int) -> float:
 def build_rows(lengths: list[int], limit: int | None) -> dict[tuple[str, int], np.ndarray]:
     """The fullest packed row (kv_end, padded to L) per (strategy, L), from the bundled sample."""
     from onepass.data.mathchat import load_sample
-    from onepass.pack import pack_layouts
+    from onepass.layout.pack import pack_layouts
     from onepass.render import render_views
-    from onepass.schedule import parse_schedule, schedule_views
-    from onepass.tokenizer import load_tokenizer
+    from onepass.layout.schedule import parse_schedule, schedule_views
+    from onepass.render.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer("builtin:qwen3")
     views = [render_views(c, tokenizer) for c in load_sample(limit=limit)]

@@ -6,7 +6,7 @@ tokenizer alone is the fast tokenizer's batched encode of every view's text (pro
 what one view costs to tokenize, N-pass tokens), one thread. Prepare is the whole per-conversation
 pipeline (render with the chat template, tokenize, merge the views into a tree, lay it out), serial,
 without start-up; with ``--pack`` also the packing of every tree into rows of ``--max-tokens`` (and,
-where the code shares prefixes across conversations, the merging: onepass.share), timed per
+where the code shares prefixes across conversations, the merging: onepass.layout.share), timed per
 conversation. Both are reported per N-pass token (the text tokenized) and per one-pass token (what
 prepare writes); the stages show where the time goes.
 
@@ -39,9 +39,9 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")
 
 def time_prepare(data: str, num: int, tokenizer: str, *, pack: bool, max_tokens: int | None) -> dict:
     """CPU seconds of prepare over the conversations (after a warm-up on the first), with its counts."""
-    from onepass.data.load import load_conversations
-    from onepass.prepare import PrepareConfig, PrepareStats, finalize, prepare_conversation
-    from onepass.tokenizer import load_tokenizer
+    from onepass.conversation.sources import load_conversations
+    from onepass.prepare.pipeline import PrepareConfig, PrepareStats, finalize, prepare_conversation
+    from onepass.render.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
     convs = load_conversations(data, strict=False, limit=num).conversations
@@ -115,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     import tokenizers
     import transformers
 
-    from onepass.data.load import load_conversations
+    from onepass.conversation.sources import load_conversations
     from onepass.render import render_texts
-    from onepass.tokenizer import load_tokenizer
+    from onepass.render.tokenizer import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
     convs = load_conversations(args.data, strict=False, limit=args.num).conversations

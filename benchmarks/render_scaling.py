@@ -93,11 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     import tokenizers
     import transformers
 
-    from onepass.conversation import parse_record
+    from onepass.conversation.parse import parse_record
     from onepass.render import render_conversation
-    from onepass.tokenizer import load_tokenizer
-    from onepass.tree import count_nodes
-    from onepass.view import View
+    from onepass.render.tokenizer import load_tokenizer
+    from onepass.layout.tree import count_nodes
+    from onepass.layout.view import View
 
     tok = load_tokenizer("builtin:qwen3")
     counter = Counter()

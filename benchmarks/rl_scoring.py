@@ -40,7 +40,7 @@ from onepass.rl.logprobs import token_logprobs
 from onepass.rl.losses import PolicyLossConfig, policy_loss
 from onepass.rl.rollouts import trajectories_from_records
 from onepass.rl.synthetic import AgentShape, agent_rollouts, keep_all_reasoning_ids, strip_extra
-from onepass.tiny import tiny_config, tiny_model
+from onepass.model.tiny import tiny_config, tiny_model
 
 MODEL = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, head_dim=64)

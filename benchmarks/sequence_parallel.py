@@ -37,13 +37,13 @@ import torch
 from onepass.bench.harness import environment
 from onepass.bench.memory import step_memory, tensor_bytes
 from onepass.loss import batch_loss, layouts_to_batch
-from onepass.schedule import parse_schedule, schedule_views
-from onepass.tiny import tiny_model
-from onepass.tree import build_layout
+from onepass.layout.schedule import parse_schedule, schedule_views
+from onepass.model.tiny import tiny_model
+from onepass.layout.tree import build_layout
 from onepass.ulysses.comm import SequenceShard, TorchGroup
 from onepass.ulysses.model import install, layer_shapes
 from onepass.ulysses.plan import forward_volume, padded_length
-from onepass.view import View
+from onepass.layout.view import View
 
 MODEL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2)

@@ -5,7 +5,7 @@ per-turn reasoning, Qwen3 template), how many tokens a packed row needs with one
 ("today") and with one prefix tree over the conversations that share a harness, cut into 32k rows. This
 runs ``onepass prepare --pack --max-tokens 32768`` the default way (prefixes shared) and with
 ``--no-share-prefix`` (today's rows) on each set, and checks that the two hold the same views and
-losses: the same loss terms (context, target, weight: :func:`onepass.share.loss_terms`) read off the
+losses: the same loss terms (context, target, weight: :func:`onepass.layout.share.loss_terms`) read off the
 rows. It also runs ``onepass data stats --model qwen3-8b`` (the GPU cost model: the step-time ratio at
 8B width of the shared rows against today's), and writes JSON, Markdown and a plot.
 
@@ -39,8 +39,8 @@ TABLE = {
 
 def run_one(name: str, out: Path, max_tokens: int, limit: int | None, schedule: str) -> dict:
     from onepass.cli import main
-    from onepass.prepare import load_rows
-    from onepass.share import loss_terms, same_terms
+    from onepass.prepare.pipeline import load_rows
+    from onepass.layout.share import loss_terms, same_terms
 
     data = str(AGENT / f"{name}.jsonl")
     result: dict = {"data": data, "schedule": schedule}

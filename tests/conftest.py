@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def qwen3_tokenizer():
     """The real Qwen3 vocabulary and chat template, built offline (cached after the first build)."""
-    from onepass.tokenizer import load_tokenizer
+    from onepass.render.tokenizer import load_tokenizer
 
     return load_tokenizer("builtin:qwen3")
 
@@ -58,7 +58,7 @@ def tiny_adapter(tmp_path_factory, qwen3_tokenizer):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from onepass.tiny import tiny_model
+    from onepass.model.tiny import tiny_model
 
     root = tmp_path_factory.mktemp("export")
     base_dir, adapter_dir = root / "base", root / "adapter"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from onepass.loss import batch_loss, layout_loss, layouts_to_batch, view_loss_reference
-from onepass.pack import pack_layouts
-from onepass.schedule import parse_schedule, schedule_views
+from onepass.layout.pack import pack_layouts
+from onepass.layout.schedule import parse_schedule, schedule_views
 
 
 def loss_and_grads(model, fn):

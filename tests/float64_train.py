@@ -3,7 +3,7 @@
 Usage (what tests/train/test_sequence_parallel.py launches on every rank): float64_train.py ARGS...
 (the arguments of ``python -m onepass.train.cli``). transformers' RMSNorms, MoE routers and recurrent scans
 compute in float32 even in a float64 model (docs/design.md, known pitfalls), so a gradient summed over other
-groups of tokens (a rank's shard, a view) rounds at 1e-8; :func:`onepass.precision.float64_norms` makes
+groups of tokens (a rank's shard, a view) rounds at 1e-8; :func:`onepass.model.precision.float64_norms` makes
 them float64, on both sides of a comparison (the test's one-process run patches the same loader).
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 def float64_load_model(load: Any) -> Any:
     """``onepass.train.loop.load_model`` (the loop's name for ``onepass.train.model.load_model``) returning the model with float64 norms, routers and kernels."""
     from onepass.mixers import tree
-    from onepass.precision import float64_norms
+    from onepass.model.precision import float64_norms
 
     def load_model(*args: Any, **kwargs: Any) -> Any:
         model = load(*args, **kwargs)

@@ -8,9 +8,9 @@ import numpy as np
 from hypothesis import strategies as st
 
 from onepass.attention.mask import pad_kv_end
-from onepass.geometry import parents
-from onepass.tree import build_layout, concat
-from onepass.view import View
+from onepass.layout.geometry import parents
+from onepass.layout.tree import build_layout, concat
+from onepass.layout.view import View
 
 DOC_EXAMPLE = [8, 8, 4, 4, 8, 8, 8, 8]  # h h | t t (hidden later) | r r r r
 # h a b | d d2 | d3 | f with a -> {b, d, f}, d -> {d2, d3}: d3's ancestors h a d are two ranges

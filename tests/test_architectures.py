@@ -3,7 +3,7 @@
 The matrix: the dense six, Mistral with its window on, Qwen3 with
 ``use_sliding_window``, gpt-oss (alternating windows, attention sinks, MoE),
 OLMo-3, Gemma 3 (text), DeepSeek-V3 (latent attention, MoE) and GLM-4-MoE,
-each as a tiny random twin (:mod:`onepass.tiny`, windows of 8-16 positions so
+each as a tiny random twin (:mod:`onepass.model.tiny`, windows of 8-16 positions so
 they cut through the history of every conversation here), under one-pass,
 k-pass:2 and packed rows with padding, on every CPU backend the model
 supports (the hybrids, with recurrent layers: tests/mixers). The reference is the plain per-view HF forward
@@ -21,14 +21,14 @@ import onepass.attention.backends as backends
 from onepass.attention import BackendError, layer_windows, supported_backend
 from onepass.attention.cpu_tiles import CpuAttentionError
 from onepass.attention.cpu import register as register_onepass_cpu
-from onepass.conversation import Conversation, Message
+from onepass.conversation.parse import Conversation, Message
 from onepass.data.mathchat import load_sample
 from onepass.loss import layout_loss, view_loss_reference
-from onepass.precision import float64_norms
+from onepass.model.precision import float64_norms
 from onepass.render import render_views
-from onepass.schedule import parse_schedule, schedule_views
-from onepass.tiny import EXACT_ARCHS, HYBRID_ARCHS, WINDOWED_ARCHS, tiny_config, tiny_model
-from onepass.verify import compact_vocab, run_verify
+from onepass.layout.schedule import parse_schedule, schedule_views
+from onepass.model.tiny import EXACT_ARCHS, HYBRID_ARCHS, WINDOWED_ARCHS, tiny_config, tiny_model
+from onepass.verify.check import compact_vocab, run_verify
 
 from exactness import loss_and_grads, max_rel_diff, n_pass, tree_runs
 
@@ -169,7 +169,7 @@ def test_attention_mask_for_builds_one_mask_per_layer_type(backend):
     from torch.nn.attention.flex_attention import BlockMask
 
     from onepass.attention.mask import dense_mask
-    from onepass.tree import build_layout
+    from onepass.layout.tree import build_layout
 
     from strategies import V
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from onepass.cli import main
-from onepass.conversation import read_conversations
-from onepass.data.load import load_conversations
+from onepass.conversation.parse import read_conversations
+from onepass.conversation.sources import load_conversations
 from onepass.data.mathchat import sample_path
-from onepass.prepare import PrepareConfig, load_rows, prepare
-from onepass.tree import COLUMNS
+from onepass.prepare.pipeline import PrepareConfig, load_rows, prepare
+from onepass.layout.tree import COLUMNS
 
 GOOD = {"messages": [{"role": "user", "content": "2+2?"},
                      {"role": "assistant", "content": "4", "reasoning_content": "add"},
@@ -203,11 +203,11 @@ def shared_tokenizer(monkeypatch, qwen3_tokenizer):
     """builtin:qwen3 loaded once for the whole matrix (a load takes ~1.5 s; the result is the same)."""
     import onepass.bench.command  # noqa: F401  (every command's code loaded, so each binding is replaced)
     import onepass.evaluate.command  # noqa: F401
-    import onepass.tokenizer
+    import onepass.render.tokenizer
     import onepass.train.loop  # noqa: F401
-    import onepass.verify  # noqa: F401
+    import onepass.verify.check  # noqa: F401
 
-    real = onepass.tokenizer.load_tokenizer
+    real = onepass.render.tokenizer.load_tokenizer
 
     def load(spec, *, chat_template=None):
         if spec == "builtin:qwen3" and chat_template is None:
@@ -306,12 +306,12 @@ def test_a_bad_data_spec_is_one_line_and_exit_2_for_every_command(command, make,
 
 def test_a_bug_inside_a_command_is_not_swallowed(monkeypatch, capsys, shared_tokenizer):
     """Only OnePassError is a user error: a ValueError from deep inside (numpy, torch, us) keeps its traceback."""
-    import onepass.show
+    import onepass.layout.show
 
     def broken(*args, **kwargs):
         raise ValueError("operands could not be broadcast together")
 
-    monkeypatch.setattr(onepass.show, "show", broken)
+    monkeypatch.setattr(onepass.layout.show, "show", broken)
     with pytest.raises(ValueError, match="could not be broadcast"):
         main(["show", "--data", "builtin:mathchat", "--limit", "1", "--out", "m.png"])
     assert "onepass: error" not in capsys.readouterr().err

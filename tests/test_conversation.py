@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onepass.conversation import (
+from onepass.conversation.parse import (
     Conversation,
     ConversationError,
     Message,
@@ -18,8 +18,8 @@ from onepass.conversation import (
     read_conversations,
     split_inline_reasoning,
 )
-from onepass.record_schemas import REASONING_KEYS
-from onepass.template_messages import message_dict, template_messages, template_tools
+from onepass.conversation.schemas import REASONING_KEYS
+from onepass.render.messages import message_dict, template_messages, template_tools
 
 
 def U(content):

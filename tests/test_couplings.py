@@ -21,10 +21,10 @@ import torch
 
 import onepass.mixers.float64 as f64
 import onepass.mixers.tree as tree
-from onepass.couplings import COUPLINGS, CouplingError, mixer_classes, recurrent_mixer, upcast_kept_parameters
-from onepass.private_names import PRIVATE_NAMES, find_private, missing_private_names, private
-from onepass.geometry import Chain
-from onepass.tiny import HYBRID_ARCHS, tiny_model
+from onepass.model.couplings import COUPLINGS, CouplingError, mixer_classes, recurrent_mixer, upcast_kept_parameters
+from onepass.model.private_names import PRIVATE_NAMES, find_private, missing_private_names, private
+from onepass.layout.geometry import Chain
+from onepass.model.tiny import HYBRID_ARCHS, tiny_model
 
 
 @pytest.mark.parametrize("arch", HYBRID_ARCHS)
@@ -164,7 +164,8 @@ class Aten:  # a torch release without the private CPU flash ops
             raise AttributeError(name)
         return getattr(real, name)
 torch.ops.aten = Aten()
-import onepass.attention.backends, onepass.attention.cpu_tiles, onepass.train.loop, onepass.verify  # no error at import
+import onepass.attention.backends, onepass.attention.cpu_tiles, onepass.train.loop  # no error at import
+import onepass.verify.check
 from onepass.attention.cpu import register
 try:
     register()
@@ -264,9 +265,9 @@ def _old_slicing_qwen3():
 def test_a_causal_lm_without_row_masks_is_one_line_before_a_multi_row_forward():
     """The 5.17 failure: a batch of two rows crashed inside the model with a 50-line IndexError after the guard
     (one row) passed. Detection reads the installed forward; a single row still runs (1-D positions)."""
-    from onepass.couplings import causal_lm_class, check_row_mask, takes_row_mask
+    from onepass.model.couplings import causal_lm_class, check_row_mask, takes_row_mask
     from onepass.loss import batch_loss, layouts_to_batch
-    from onepass.tree import Layout
+    from onepass.layout.tree import Layout
 
     model, old = _old_slicing_qwen3()
     assert takes_row_mask(causal_lm_class(model)) and not takes_row_mask(causal_lm_class(old))
@@ -301,7 +302,7 @@ def test_onepass_train_refuses_a_model_without_row_masks_at_load_only_where_a_fo
                                                                                                  monkeypatch):
     """As on transformers 5.17: a batch of 2 rows is refused before the first step (the model is loaded, no step
     taken); one conversation per step under the one-pass schedule is one row per forward and trains."""
-    import onepass.couplings as couplings
+    import onepass.model.couplings as couplings
     from onepass.train.config import load_config
     from onepass.train.loop import train
 

@@ -10,15 +10,15 @@ import sys
 import pytest
 
 import onepass.cli
-import onepass.data.parallel
-import onepass.prepare
-import onepass.schedule
+import onepass.prepare.parallel
+import onepass.prepare.pipeline
+import onepass.layout.schedule
 import onepass.train.config
 import onepass.train.data
-from onepass.data.load import resolve_data
-from onepass.data_config import DATA_KEYS, DataConfig, data_config_from_args
+from onepass.conversation.sources import resolve_data
+from onepass.prepare.config import DATA_KEYS, DataConfig, data_config_from_args
 from onepass.errors import ConfigError
-from onepass.schedule import Schedule
+from onepass.layout.schedule import Schedule
 
 from strategies import synthetic_conversations
 
@@ -26,7 +26,7 @@ from strategies import synthetic_conversations
 @pytest.fixture
 def parses(monkeypatch):
     """Every call of ``parse_schedule``, wherever a module of ours imported it from."""
-    original = onepass.schedule.parse_schedule
+    original = onepass.layout.schedule.parse_schedule
     calls: list[str] = []
 
     def counting(spec):
@@ -113,7 +113,7 @@ def test_the_flags_read_back_into_the_same_data_config():
 def test_the_configs_hold_the_data_config_instead_of_repeating_it():
     from onepass.train.hf_config import OnePassConfig
 
-    assert onepass.prepare.PrepareConfig is DataConfig
+    assert onepass.prepare.pipeline.PrepareConfig is DataConfig
     train_fields = {f.name for f in dataclasses.fields(onepass.train.config.TrainConfig)}
     assert "data_config" in train_fields and not set(DATA_KEYS) & train_fields
     assert set(DATA_KEYS) <= set(onepass.train.config.config_keys())  # YAML keys stay flat
@@ -144,7 +144,7 @@ def test_bad_data_settings_are_one_line(values, message):
 def trainer_for(tmp_path, qwen3_tokenizer):
     import torch
 
-    from onepass.tiny import tiny_model
+    from onepass.model.tiny import tiny_model
     from onepass.train.hf_config import OnePassConfig
     from onepass.train.hf_trainer import OnePassTrainer
 
@@ -176,7 +176,7 @@ def test_the_guard_gets_its_inputs_from_the_trainer_not_from_a_dataset_attribute
 
 
 def test_rows_given_as_they_are_are_guarded_on_the_bundled_pair(trainer_for, qwen3_tokenizer, caplog):
-    from onepass.conversation import parse_record
+    from onepass.conversation.parse import parse_record
     from onepass.train.hf_data import conversation_dataset
 
     rows = conversation_dataset([parse_record(r) for r in synthetic_conversations(2)], qwen3_tokenizer)
@@ -194,9 +194,9 @@ def test_rows_given_as_they_are_are_read_for_shared_prefixes(trainer_for, qwen3_
     check, so a model the guard would refuse (a mixer onepass cannot lay out) still trains on them; one-pass
     rows given the same way are guarded."""
     import onepass.mixers.tree
-    from onepass.conversation import parse_record
+    from onepass.conversation.parse import parse_record
     from onepass.guard import InexactModelError
-    from onepass.tiny import tiny_model
+    from onepass.model.tiny import tiny_model
     from onepass.train.hf_data import conversation_dataset
 
     monkeypatch.setattr(onepass.mixers.tree, "recurrent_mixer", lambda cls: None)

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from onepass.render import encode
-from onepass.conversation import parse_record
-from onepass.data.load import load_conversations
+from onepass.conversation.parse import parse_record
+from onepass.conversation.sources import load_conversations
 from onepass.render.encode import encode_plain, encode_texts, piece_splitter, split_between
 from onepass.render import RenderConfig, RenderError, merges_across, render_conversation
 from onepass.render.views import _iter_texts
-from onepass.template_report import TOOL_CHAIN_RECORDS
+from onepass.render.report import TOOL_CHAIN_RECORDS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "chat_templates"
 TEMPLATES = sorted(p.stem for p in FIXTURES.glob("*.jinja"))

@@ -10,15 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from onepass.conversation import Conversation, Message, ToolCall
+from onepass.conversation.parse import Conversation, Message, ToolCall
 from onepass.data.mathchat import load_sample
 from onepass.loss import batch_loss, layout_loss, layouts_to_batch, view_loss_reference
-from onepass.pack import pack_layouts
-from onepass.precision import float64_norms
+from onepass.layout.pack import pack_layouts
+from onepass.model.precision import float64_norms
 from onepass.render import render_views
-from onepass.schedule import schedule_views
-from onepass.tiny import DENSE_ARCHS, tiny_model
-from onepass.verify import compact_vocab, run_verify
+from onepass.layout.schedule import schedule_views
+from onepass.model.tiny import DENSE_ARCHS, tiny_model
+from onepass.verify.check import compact_vocab, run_verify
 
 TOL = 1e-9
 
@@ -170,7 +170,7 @@ def test_without_explicit_mask_the_loss_differs(conversations):
 
 
 def _one():
-    from onepass.schedule import parse_schedule
+    from onepass.layout.schedule import parse_schedule
 
     return parse_schedule("one-pass")
 

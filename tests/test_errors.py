@@ -58,12 +58,12 @@ def test_the_status_of_a_handler_passes_through():
 def test_every_user_error_class_is_a_onepass_error_and_keeps_its_old_bases():
     from onepass.attention.backends import BackendError
     from onepass.attention.cpu_tiles import CpuAttentionError
-    from onepass.conversation import ConversationError
+    from onepass.conversation.parse import ConversationError
     from onepass.data.augment import AugmentError
     from onepass.data.chat_client import FatalRequestError
     from onepass.data.mathchat import MathChatError
     from onepass.render import RenderError
-    from onepass.tokenizer import TokenizerError
+    from onepass.render.tokenizer import TokenizerError
     from onepass.train.config import TrainConfigError
 
     for cls in (BackendError, CpuAttentionError, ConversationError, AugmentError, FatalRequestError,

@@ -7,8 +7,8 @@ import json
 import torch
 
 from onepass.cli import main
-from onepass.export import adapter_base
-from onepass.tokenizer import builtin_template
+from onepass.export.merge import adapter_base
+from onepass.render.tokenizer import builtin_template
 
 def logits(model, ids):
     with torch.no_grad():

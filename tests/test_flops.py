@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import V, batch_strategy, layout_st, views_st
 
-import onepass.flops
-from onepass.flops import (
+import onepass.layout.flops
+from onepass.layout.flops import (
     MODEL_SHAPES,
     TokenCounts,
     causal_pairs,
@@ -25,7 +25,7 @@ from onepass.flops import (
     train_flops,
     visible_pairs,
 )
-from onepass.tree import ancestors_reference, build_layout, concat
+from onepass.layout.tree import ancestors_reference, build_layout, concat
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -38,7 +38,7 @@ def pairs_reference(kv_end) -> int:
 
 
 def test_docstring_worked_example():
-    result = doctest.testmod(onepass.flops)
+    result = doctest.testmod(onepass.layout.flops)
     assert result.attempted >= 5 and result.failed == 0
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from onepass.conversation import parse_record
+from onepass.conversation.parse import parse_record
 from onepass.render.derived import read_completion
-from onepass.prepare import prepare
+from onepass.prepare.pipeline import prepare
 from onepass.render import (
     RenderConfig,
     RenderError,
@@ -19,8 +19,8 @@ from onepass.render import (
     render_texts,
 )
 from onepass.render.fields import template_fields
-from onepass.template_messages import template_messages, template_tools
-from onepass.template_report import tool_chain_conversations
+from onepass.render.messages import template_messages, template_tools
+from onepass.render.report import tool_chain_conversations
 
 FIXTURES = Path(__file__).parent / "fixtures" / "chat_templates"
 TEMPLATES = sorted(p.stem for p in FIXTURES.glob("*.jinja"))
@@ -128,7 +128,7 @@ def test_a_template_that_never_renders_reasoning_still_skips_the_turn(with_templ
 
 
 def test_the_summary_says_views_come_from_the_completion_format(with_template):
-    from onepass.prepare import PrepareConfig
+    from onepass.prepare.pipeline import PrepareConfig
 
     record = {"messages": [{"role": "user", "content": "q"},
                            {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calc"}}]},

@@ -1,4 +1,4 @@
-"""The tree read from kv_end (onepass.geometry): every fast function equals its slow reference."""
+"""The tree read from kv_end (onepass.layout.geometry): every fast function equals its slow reference."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onepass.geometry import (ancestor_at, ancestor_at_reference, batch_chains, branches, branches_reference, chains_reference, check_tree, depths,
-                              depths_reference, is_tree, is_tree_reference, leaf_paths, leaf_paths_reference, parents,
-                              parents_reference, row_chains, segment_starts, segments_reference, tree_breaks)
+from onepass.layout.geometry import (ancestor_at, ancestor_at_reference, batch_chains, branches, branches_reference,
+                                     chains_reference, check_tree, depths, depths_reference, is_tree,
+                                     is_tree_reference, leaf_paths, leaf_paths_reference, parents, parents_reference,
+                                     row_chains, segment_starts, segments_reference, tree_breaks)
 from strategies import DOC_EXAMPLE, SCATTERED, batch_strategy, layout_st
 
 

@@ -1,7 +1,7 @@
 """The exactness guard: a tiny float64 twin proves one-pass = N-pass for the user's model, or refuses.
 
 Models are built from transformers' own config classes at their published sizes (the
-twin must shrink them) and from :mod:`onepass.tiny`; the conversations are two bundled
+twin must shrink them) and from :mod:`onepass.model.tiny`; the conversations are two bundled
 MathChat ones with the real Qwen3 template. Hybrids (recurrent / convolutional layers)
 stay refused until recurrent layers are laid out per tree (the next issue).
 """
@@ -26,7 +26,7 @@ from onepass.guard import (
     sample_views,
     views_for_check,
 )
-from onepass.tiny import EXACT_ARCHS, HYBRID_ARCHS, TINY_ARCHS, tiny_config, tiny_model
+from onepass.model.tiny import EXACT_ARCHS, HYBRID_ARCHS, TINY_ARCHS, tiny_config, tiny_model
 from onepass.guard.twin import kept_layers, layer_types, tiny_twin
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -187,7 +187,7 @@ def test_the_first_differing_layer_is_where_the_difference_starts():
 
 
 def test_views_for_check_prefers_the_users_multi_turn_conversations(qwen3_tokenizer):
-    from onepass.conversation import parse_record
+    from onepass.conversation.parse import parse_record
 
     one_turn = parse_record({"messages": GOOD["messages"][:2]})
     two_turns = parse_record(GOOD)
@@ -233,7 +233,7 @@ def test_train_records_a_passed_guard(tmp_path):
 def test_one_pass_trainer_refuses_a_hybrid(tmp_path, qwen3_tokenizer, unsupported_mixers):
     from transformers import TrainingArguments
 
-    from onepass.conversation import parse_record
+    from onepass.conversation.parse import parse_record
     from onepass.train.hf_trainer import OnePassTrainer, conversation_dataset
 
     train = conversation_dataset([parse_record(GOOD)] * 2, qwen3_tokenizer)

@@ -13,8 +13,8 @@ from torch import nn
 from onepass import head as head_mod
 from onepass.head import chunked_lm_head_loss, head_mode, plain_lm_head_loss
 from onepass.loss import batch_loss
-from onepass.tiny import tiny_model
-from onepass.tree import IGNORE
+from onepass.model.tiny import tiny_model
+from onepass.layout.tree import IGNORE
 
 TOL = 1e-12
 VOCAB = 50

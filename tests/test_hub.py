@@ -41,7 +41,7 @@ def test_each_library_switch_counts_only_for_its_kind():
 
 
 def test_the_tokenizer_honours_true_not_only_1(monkeypatch):
-    from onepass.tokenizer import TokenizerError, load_tokenizer
+    from onepass.render.tokenizer import TokenizerError, load_tokenizer
 
     for k in VARIABLES:
         monkeypatch.delenv(k, raising=False)
@@ -51,7 +51,7 @@ def test_the_tokenizer_honours_true_not_only_1(monkeypatch):
 
 
 def test_hub_data_honours_the_datasets_switch(monkeypatch):
-    from onepass.data.load import load_conversations
+    from onepass.conversation.sources import load_conversations
 
     for k in VARIABLES:
         monkeypatch.delenv(k, raising=False)

@@ -1,15 +1,15 @@
-"""The one loader of a causal LM (onepass.models), the one dtype table (onepass.dtypes), the one is_peft."""
+"""The one loader of a causal LM (onepass.model.load), the one dtype table (onepass.model.dtypes), the one is_peft."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from onepass.dtypes import DTYPES, default_tolerance, dtype_names, torch_dtype
+from onepass.model.dtypes import DTYPES, default_tolerance, dtype_names, torch_dtype
 from onepass.errors import UsageError
-from onepass.couplings import base_model, is_peft, loaded_from
-from onepass.models import ModelLoadError, ModelSpec, load_causal_lm, load_model_config
-from onepass.tiny import tiny_model
+from onepass.model.couplings import base_model, is_peft, loaded_from
+from onepass.model.load import ModelLoadError, ModelSpec, load_causal_lm, load_model_config
+from onepass.model.tiny import tiny_model
 
 
 def test_every_dtype_name_is_torchs_and_each_command_takes_its_rows():

@@ -20,10 +20,10 @@ import pytest
 from onepass.bench import harness as bench
 from onepass.bench.report import markdown
 from onepass.cli import main
-from onepass.data.load import load_conversations
-from onepass.data.parallel import iter_prepared
-from onepass.prepare import PrepareConfig, PrepareStats, load_rows, prepare, write_dataset, write_prepared
-from onepass.share import loss_terms, same_terms
+from onepass.conversation.sources import load_conversations
+from onepass.prepare.parallel import iter_prepared
+from onepass.prepare.pipeline import PrepareConfig, PrepareStats, load_rows, prepare, write_dataset, write_prepared
+from onepass.layout.share import loss_terms, same_terms
 
 AGENT = Path(__file__).resolve().parents[2] / "shared" / "data" / "agent"
 

@@ -13,10 +13,10 @@ import pytest
 from fault_helpers import ENV
 
 from onepass.data.mathchat import sample_path
-from onepass.data.parallel import iter_prepared
-from onepass.prepare import PrepareConfig, PrepareStats, load_rows, prepare, write_dataset, write_prepared
-from onepass.shards import RowWriter, TreeSpool
-from onepass.tree import COLUMNS, Layout
+from onepass.prepare.parallel import iter_prepared
+from onepass.prepare.pipeline import PrepareConfig, PrepareStats, load_rows, prepare, write_dataset, write_prepared
+from onepass.prepare.shards import RowWriter, TreeSpool
+from onepass.layout.tree import COLUMNS, Layout
 
 
 def _data(tmp_path):
@@ -29,7 +29,7 @@ def _data(tmp_path):
 
 
 def _reference(data, tokenizer, config, out):
-    from onepass.data.load import load_conversations
+    from onepass.conversation.sources import load_conversations
 
     report = load_conversations(data, strict=False)
     stats = PrepareStats()
@@ -54,10 +54,10 @@ def _assert_same_dataset(a, b):
 @pytest.mark.parametrize("config", [PrepareConfig(), PrepareConfig(max_tokens=900, pack=True, weighting="turn")],
                          ids=["trees", "packed"])
 def test_streaming_output_equals_the_in_memory_path(tmp_path, qwen3_tokenizer, config, num_proc, monkeypatch):
-    import onepass.shards
+    import onepass.prepare.shards
 
-    monkeypatch.setattr(onepass.shards, "BATCH_ROWS", 7)  # several record batches and shards
-    monkeypatch.setattr(onepass.shards, "SHARD_BYTES", 100_000)
+    monkeypatch.setattr(onepass.prepare.shards, "BATCH_ROWS", 7)  # several record batches and shards
+    monkeypatch.setattr(onepass.prepare.shards, "SHARD_BYTES", 100_000)
     data = _data(tmp_path)
     expected = _reference(data, qwen3_tokenizer, config, tmp_path / "reference")
     stats = PrepareStats()
@@ -127,8 +127,8 @@ def test_a_value_that_does_not_fit_int32_is_an_error_not_a_wrap(tmp_path):
 
 
 _PEAK = """import resource, sys
-import onepass.shards
-onepass.shards.BATCH_TOKENS = 4096  # a record batch far smaller than the data, so growth would show
+import onepass.prepare.shards
+onepass.prepare.shards.BATCH_TOKENS = 4096  # a record batch far smaller than the data, so growth would show
 from onepass.cli import main
 rc = main(sys.argv[1:])
 r = resource

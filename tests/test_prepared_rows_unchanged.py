@@ -27,11 +27,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from test_real_templates import CASES, EOS, chat_template  # noqa: E402
 
-from onepass.data.load import load_conversations  # noqa: E402
-from onepass.prepare import PrepareConfig, prepare  # noqa: E402
+from onepass.conversation.sources import load_conversations  # noqa: E402
+from onepass.prepare.pipeline import PrepareConfig, prepare  # noqa: E402
 from onepass.render import render_conversation  # noqa: E402
-from onepass.template_report import tool_chain_conversations  # noqa: E402
-from onepass.tree import COLUMNS  # noqa: E402
+from onepass.render.report import tool_chain_conversations  # noqa: E402
+from onepass.layout.tree import COLUMNS  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "fixtures" / "prepared_rows.json"
 RECORDED = "2026-11-24"  # the day the digests were written: the date the templates render here
@@ -94,7 +94,7 @@ def test_the_fixture_covers_every_case():
 
 
 if __name__ == "__main__":  # regenerate (only for an intended change of output)
-    from onepass.tokenizer import load_tokenizer
+    from onepass.render.tokenizer import load_tokenizer
 
     tok = load_tokenizer("builtin:qwen3")
     out = {c.id: template_digest(tok, c) for c in CASES} | {n: bundled_digest(tok, n) for n in BUNDLED}

@@ -1,7 +1,7 @@
 """Views with real reasoning-model chat templates (tests/fixtures/chat_templates, sources in SOURCES.md).
 
 For every template (:data:`CASES`, one row per template and completion format) and every
-tool-chain conversation of ``onepass.template_report.TOOL_CHAIN_RECORDS``: nothing crashes (a turn
+tool-chain conversation of ``onepass.render.report.TOOL_CHAIN_RECORDS``: nothing crashes (a turn
 the template cannot split, or raises for, is a counted skip with its reason), every prompt is
 exactly template(messages[:k], add_generation_prompt=True), and every completion is what the
 template renders for turn k (or, for a completion format, holds the turn's reasoning, content and
@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from onepass.conversation import parse_record
+from onepass.conversation.parse import parse_record
 from onepass.render.reasoning import without_reasoning
-from onepass.prepare import PrepareConfig, prepare
+from onepass.prepare.pipeline import PrepareConfig, prepare
 from onepass.render import RenderConfig, UnopenedReasoning, render_conversation
 from onepass.render.fields import TemplateFields, template_fields
-from onepass.template_messages import template_messages, template_tools
-from onepass.template_report import (
+from onepass.render.messages import template_messages, template_tools
+from onepass.render.report import (
     TOOL_CHAIN_RECORDS,
     template_report,
     tool_chain_conversations,
@@ -267,7 +267,7 @@ TOOL_USE_FIELDS = TemplateFields(arguments="dict", reasoning_key="tool_plan", ge
 
 @pytest.mark.parametrize("template_tokenizer", ["gptoss"], indirect=True)
 def test_parallel_prepare_counts_every_kind_of_skip_as_serial_does(template_tokenizer, tmp_path):
-    from onepass.data.parallel import prepare_parallel
+    from onepass.prepare.parallel import prepare_parallel
 
     data = tmp_path / "chains.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in RECORDS), encoding="utf-8")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from onepass.conversation import Message, ToolCall, parse_record
-from onepass.prepare import PrepareConfig, prepare
-from onepass.record_schemas import (
+from onepass.conversation.parse import Message, ToolCall, parse_record
+from onepass.prepare.pipeline import PrepareConfig, prepare
+from onepass.conversation.schemas import (
     CONTENT_NULL,
     CONTENT_PARTS,
     FIELD_AND_INLINE,
@@ -234,7 +234,7 @@ def test_input_output_pairs_are_a_conversation():
 
 
 def test_every_conversion_is_counted_in_prepare_stats(qwen3_tokenizer, tmp_path):
-    from onepass.data.load import load_conversations
+    from onepass.conversation.sources import load_conversations
 
     path = tmp_path / "mixed.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in (SHAREGPT_TOOLS, HERMES, NEMOTRON, NEMOTRON)))

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from onepass.conversation import Conversation, Message, ToolCall, parse_record
+from onepass.conversation.parse import Conversation, Message, ToolCall, parse_record
 from onepass.errors import ConversationError, UsageError
-from onepass.prepare import PrepareConfig, prepare
+from onepass.prepare.pipeline import PrepareConfig, prepare
 from onepass.render import (
     RenderConfig,
     RenderError,
@@ -18,8 +18,8 @@ from onepass.render import (
     render_views,
 )
 from onepass.render.fields import template_fields
-from onepass.template_messages import template_messages
-from onepass.tokenizer import builtin_template, load_tokenizer
+from onepass.render.messages import template_messages
+from onepass.render.tokenizer import builtin_template, load_tokenizer
 
 SHARED_TEMPLATE = Path(__file__).resolve().parents[1] / ".." / "shared" / "fixtures" / "chat_templates" / "qwen3.jinja"
 
@@ -164,7 +164,7 @@ def test_tokenizer_without_template_gets_the_builtin_chatml(qwen3_tokenizer, tmp
 
 
 def test_missing_tokenizer_path_is_a_clear_error():
-    from onepass.tokenizer import TokenizerError
+    from onepass.render.tokenizer import TokenizerError
 
     with pytest.raises(TokenizerError, match="not a local path and the hub is offline"):
         load_tokenizer("no/such-model-here")
@@ -239,7 +239,7 @@ def test_a_bug_outside_the_template_keeps_its_traceback(with_template, monkeypat
 
 
 def test_a_template_that_does_not_compile_is_one_line(tmp_path):
-    from onepass.tokenizer import TokenizerError, check_template
+    from onepass.render.tokenizer import TokenizerError, check_template
 
     with pytest.raises(TokenizerError, match=r"^the chat template of bad.jinja does not compile: line 2: "):
         check_template("ok\n{% if %}\n", "bad.jinja")

@@ -1,4 +1,4 @@
-"""onepass.row_check: the vectorised check of prepared rows agrees with the one-row reference, accepts every
+"""onepass.layout.row_check: the vectorised check of prepared rows agrees with the one-row reference, accepts every
 row prepare builds (trees, packed rows) and names the row and column of each broken invariant."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import layout_st, views_st
 
-from onepass.row_check import RowError, check_rows, row_problem
-from onepass.tree import Layout, build_layout, concat, row_from_columns
+from onepass.layout.row_check import RowError, check_rows, row_problem
+from onepass.layout.tree import Layout, build_layout, concat, row_from_columns
 
 SIX = row_from_columns({"input_ids": [1, 2, 3, 4, 5, 6], "position_ids": [0, 1, 2, 3, 2, 3],
                         "kv_end": [6, 6, 4, 4, 6, 6], "targets": [-100, 3, 4, -100, 6, -100],

@@ -1,6 +1,6 @@
-"""Trees of different conversations merged where they share a prefix (onepass.share): the invariants.
+"""Trees of different conversations merged where they share a prefix (onepass.layout.share): the invariants.
 
-Every test here fails on the code before sharing existed (there was no ``onepass.share`` and no
+Every test here fails on the code before sharing existed (there was no ``onepass.layout.share`` and no
 ``PrefixTree.insert_layout``); the properties are the ones docs/design.md promises: each view's
 trained tokens see exactly the view's own tokens before them (no leakage between conversations),
 the loss terms and weights are the per-conversation ones, rows respect ``max_tokens``, a group
@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onepass.geometry import is_tree, root_path
-from onepass.pack import pack_layouts
-from onepass.row_check import check_rows
-from onepass.schedule import parse_schedule, schedule_views, view_weights
-from onepass.share import (
+from onepass.layout.geometry import is_tree, root_path
+from onepass.layout.pack import pack_layouts
+from onepass.layout.row_check import check_rows
+from onepass.layout.schedule import parse_schedule, schedule_views, view_weights
+from onepass.layout.share import (
     SHARE_MIN,
     loss_terms,
     loss_terms_reference,
@@ -29,8 +29,8 @@ from onepass.share import (
     share_and_pack,
     window_order,
 )
-from onepass.tree import IGNORE, PrefixTree, build_layout
-from onepass.view import View
+from onepass.layout.tree import IGNORE, PrefixTree, build_layout
+from onepass.layout.view import View
 
 PREFIX = list(range(1000, 1000 + SHARE_MIN + 6))  # a "system prompt" every conversation of a harness begins with
 

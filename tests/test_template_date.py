@@ -22,14 +22,14 @@ import numpy as np
 import pytest
 import transformers.utils.chat_template_utils as hf_templates
 
-from onepass.data_config import DataConfig
+from onepass.prepare.config import DataConfig
 from onepass.errors import ConfigError
-from onepass.prepare import PrepareConfig, prepare
+from onepass.prepare.pipeline import PrepareConfig, prepare
 from onepass.render import RenderConfig, render_conversation
 from onepass.render.clock import TEMPLATE_DATE, pinned_template, resolve_template_date
 from onepass.render.template import apply_template, render_or_none, template_line
-from onepass.template_report import TOOL_CHAIN_RECORDS, tool_chain_conversations
-from onepass.tree import COLUMNS
+from onepass.render.report import TOOL_CHAIN_RECORDS, tool_chain_conversations
+from onepass.layout.tree import COLUMNS
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
 GPTOSS = (TEMPLATES / "gptoss.jinja").read_text(encoding="utf-8")
@@ -95,9 +95,9 @@ def test_a_pinned_date_gives_the_same_rows_whatever_the_clock_says(gptoss, monke
 
 _UNDER_FAKETIME = """
 import hashlib, json
-from onepass.prepare import PrepareConfig, prepare
-from onepass.template_report import tool_chain_conversations
-from onepass.tokenizer import load_tokenizer
+from onepass.prepare.pipeline import PrepareConfig, prepare
+from onepass.render.report import tool_chain_conversations
+from onepass.render.tokenizer import load_tokenizer
 tok = load_tokenizer("builtin:qwen3", chat_template=TEMPLATE)
 out = {}
 for name, config in (("pinned", PrepareConfig(template_date="2026-11-24")), ("default", PrepareConfig())):

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import onepass.render.views
-from onepass.conversation import parse_record
-from onepass.prepare import PrepareConfig, prepare
+from onepass.conversation.parse import parse_record
+from onepass.prepare.pipeline import PrepareConfig, prepare
 from onepass.render.token_floor import longest_token, token_floor
-from onepass.tree import COLUMNS
+from onepass.layout.tree import COLUMNS
 
 CORPUS = ["hello world, the quick brown fox", "aaaa aaaaaaaa " * 20, "élan 中文 テキスト ñ", "1234567890 " * 10,
           "def f(x):\n    return x\n", "\t\n  \n"]

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 import onepass.render.tools_block as tb
-from onepass.conversation import parse_record
+from onepass.conversation.parse import parse_record
 from onepass.render.template import apply_template
-from onepass.template_messages import template_messages, template_tools
-from onepass.template_report import tool_chain_conversations
+from onepass.render.messages import template_messages, template_tools
+from onepass.render.report import tool_chain_conversations
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_real_templates import CASES, chat_template  # noqa: E402

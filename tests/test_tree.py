@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onepass.pack import best_fit_decreasing, best_fit_reference, pack_layouts
-from onepass.schedule import contiguous_groups, parse_schedule, schedule_views, view_weights
-from onepass.tree import (COLUMNS, IGNORE, PrefixTree, ancestors_reference, build_layout, concat,
+from onepass.layout.pack import best_fit_decreasing, best_fit_reference, pack_layouts
+from onepass.layout.schedule import contiguous_groups, parse_schedule, schedule_views, view_weights
+from onepass.layout.tree import (COLUMNS, IGNORE, PrefixTree, ancestors_reference, build_layout, concat,
                           view_targets)
-from onepass.view import View
+from onepass.layout.view import View
 
 
 def V(tokens, num_prompt, turn=0):
@@ -279,7 +279,7 @@ def test_view_reuses_the_branch_it_continues():
 
 
 def test_rows_round_trip_through_columns_with_the_schema_dtypes():
-    from onepass.tree import COLUMNS, ROW_DISK_DTYPES, ROW_SCHEMA, row_from_columns, rows_to_columns
+    from onepass.layout.tree import COLUMNS, ROW_DISK_DTYPES, ROW_SCHEMA, row_from_columns, rows_to_columns
 
     assert COLUMNS == tuple(ROW_SCHEMA) == tuple(ROW_DISK_DTYPES) == (
         "input_ids", "position_ids", "kv_end", "targets", "weights")

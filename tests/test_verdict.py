@@ -17,7 +17,7 @@ import json
 import pytest
 
 import onepass.rl.verify as rl_verify
-import onepass.verify as verify
+import onepass.verify.check as verify
 from onepass.cli import main
 from onepass.guard.divergence import ROUNDING, TOLERANCE, LayerDiff, judge
 from onepass.rl.rollouts import to_record, trajectories_from_records

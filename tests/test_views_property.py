@@ -14,12 +14,12 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from onepass.conversation import Conversation, Message, ToolCall
-from onepass.geometry import parents
-from onepass.pack import pack_layouts
+from onepass.conversation.parse import Conversation, Message, ToolCall
+from onepass.layout.geometry import parents
+from onepass.layout.pack import pack_layouts
 from onepass.render import render_views
-from onepass.schedule import parse_schedule, schedule_views
-from onepass.tree import IGNORE
+from onepass.layout.schedule import parse_schedule, schedule_views
+from onepass.layout.tree import IGNORE
 
 TOOLS = ({"type": "function", "function": {"name": "calc", "description": "evaluate",
                                            "parameters": {"type": "object",
@@ -67,7 +67,7 @@ def row_pairs(rows, rng):
     """(hash of visible context, its length, target) -> total weight, from the rows alone."""
     pairs: Counter = Counter()
     for row in rows:
-        parent = parents(row.kv_end)  # onepass.geometry; checked against the literal rule below
+        parent = parents(row.kv_end)  # onepass.layout.geometry; checked against the literal rule below
         targets = np.flatnonzero(row.targets != IGNORE)
         check_mask_rule(row, parent, rng.choice(targets, size=min(8, len(targets)), replace=False))
         h = [0] * len(row)

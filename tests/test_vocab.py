@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import V
 
-import onepass.vocab
-from onepass.tree import IGNORE, build_layout
-from onepass.vocab import layout_ids, remap, remap_layout, used_ids
+import onepass.layout.vocab
+from onepass.layout.tree import IGNORE, build_layout
+from onepass.layout.vocab import layout_ids, remap, remap_layout, used_ids
 
 FAST = settings(max_examples=60, deadline=None)
 big_views = st.lists(st.tuples(st.lists(st.sampled_from([3, 70, 151667, 9000, 12]), min_size=1, max_size=8),
@@ -21,7 +21,7 @@ big_views = st.lists(st.tuples(st.lists(st.sampled_from([3, 70, 151667, 9000, 12
 
 
 def test_docstring_example():
-    result = doctest.testmod(onepass.vocab)
+    result = doctest.testmod(onepass.layout.vocab)
     assert result.attempted >= 2 and result.failed == 0
 
 
@@ -29,7 +29,7 @@ def test_docstring_example():
 @given(big_views)
 def test_compacting_commutes_with_the_layout(views):
     """Compact the views then lay them out (verify) == lay out then compact the row (train)."""
-    from onepass.verify import compact_vocab
+    from onepass.verify.check import compact_vocab
 
     compacted, vocab = compact_vocab([views])
     row = build_layout(views)

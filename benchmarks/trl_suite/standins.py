@@ -133,7 +133,7 @@ def build_datasets(out: Path, trl_dir: Path) -> dict[str, str]:
 def build(root: Path, trl_dir: Path) -> dict[str, Any]:
     """Every stand-in under ``root`` (``hub/`` a hub cache, ``datasets/``); returns what was built and what
     could not be (with the first line of why)."""
-    from onepass.tokenizer import load_tokenizer
+    from onepass.render.tokenizer import load_tokenizer
 
     root.mkdir(parents=True, exist_ok=True)
     base = load_tokenizer("builtin:qwen3")

@@ -2,15 +2,15 @@
 
 Subcommands, each with its parser beside its code (``onepass COMMAND --help``)::
 
-    onepass prepare ...      conversations -> one-pass rows            (onepass.prepare_cli)
-    onepass verify ...       one-pass vs N-pass loss and gradients     (onepass.verify_cli; --rollouts: onepass.rl.cli)
-    onepass show ...         one conversation's mask as a PNG          (onepass.show)
+    onepass prepare ...      conversations -> one-pass rows            (onepass.prepare.cli)
+    onepass verify ...       one-pass vs N-pass loss and gradients     (onepass.verify.cli; --rollouts: onepass.rl.cli)
+    onepass show ...         one conversation's mask as a PNG          (onepass.layout.show)
     onepass train ...        fine-tune (YAML config + flags)           (onepass.train.cli)
     onepass data ...         convert-mathchat, sample, augment, stats  (onepass.data.cli)
     onepass bench ...        every schedule timed side by side         (onepass.bench.cli)
-    onepass export ...       a LoRA adapter merged into its base       (onepass.export_cli)
+    onepass export ...       a LoRA adapter merged into its base       (onepass.export.cli)
     onepass eval ...         accuracy per turn, generated turn by turn (onepass.evaluate.cli)
-    onepass templates check  how a chat template splits the data       (onepass.template_report)
+    onepass templates check  how a chat template splits the data       (onepass.render.report)
 
 Why this module is only a registry: a command's flags live beside the code they drive. Each
 module in :data:`COMMANDS` is a parser that imports no torch; its ``add_parser(subparsers)``
@@ -22,7 +22,7 @@ Add a command: write its parser module (torch-free: ``add_parser(subparsers)`` t
 to its runner's name) beside its code, add the module to :data:`COMMANDS` and a line above;
 ``tests/test_cli.py`` checks that its ``--help`` imports no torch.
 
-``--data`` is the same everywhere (:func:`onepass.data.load.resolve_data`). Errors a user can
+``--data`` is the same everywhere (:func:`onepass.conversation.sources.resolve_data`). Errors a user can
 cause (:class:`onepass.errors.OnePassError`) print one line (``onepass: error: ...``) and exit 2;
 set ``ONEPASS_DEBUG=1`` to see the traceback instead. Anything else is a bug and keeps its traceback.
 """
@@ -36,13 +36,17 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as installed_version
 
 import onepass
-from onepass import export_cli, prepare_cli, show, template_report, verify_cli
 from onepass.bench import cli as bench_cli
 from onepass.data import cli as data_cli
 from onepass.errors import run_main
 from onepass.evaluate import cli as eval_cli
+from onepass.export import cli as export_cli
+from onepass.layout import show
 from onepass.lazy import resolve
+from onepass.prepare import cli as prepare_cli
+from onepass.render import report as template_report
 from onepass.train import cli as train_cli
+from onepass.verify import cli as verify_cli
 
 COMMANDS = (prepare_cli, verify_cli, show, train_cli, data_cli, bench_cli, export_cli, eval_cli, template_report)
 """The parser modules, in ``onepass --help`` order: each has ``add_parser(subparsers)``."""

@@ -26,7 +26,7 @@ from pathlib import Path
 from onepass.bench.ratio import speed_ratio
 from onepass.cli import main as cli
 from onepass.errors import run_main
-from onepass.flops import speed_bound
+from onepass.layout.flops import speed_bound
 from onepass.train.cli import setup_logging
 from onepass.train.config import load_config
 from onepass.train.loop import train_steps

@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from onepass.model_config import text_config
+from onepass.model.config import text_config
 
 DEFAULT_CHUNK = 512  # [512, 151936] float32 = 0.3 GB transient; big enough to keep a GPU busy
 # A row's head buffer is min(targets, chunk) x V: a smaller chunk also bounds how much more a row with more

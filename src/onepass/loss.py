@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from onepass.attention.backends import attention_mask_for, forward_kwargs
-from onepass.couplings import check_row_mask
+from onepass.model.couplings import check_row_mask
 from onepass.head import (
     add_logit_stats,
     chunked_lm_head_loss,
@@ -34,9 +34,9 @@ from onepass.head import (
     weighted_ce,
 )
 from onepass.mixers.tree import tree_kwargs
-from onepass.tree import IGNORE, ROW_SCHEMA, Layout
+from onepass.layout.tree import IGNORE, ROW_SCHEMA, Layout
 from onepass.ulysses.comm import SP_KWARG, SequenceShard
-from onepass.view import View
+from onepass.layout.view import View
 
 
 def layouts_to_batch(layouts: Sequence[Layout], *, device: torch.device | str = "cpu",

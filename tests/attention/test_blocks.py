@@ -19,7 +19,7 @@ from onepass.attention.blocks import (
 )
 from onepass.attention.segments import plan_pairs_reference, segment_plan
 from onepass.attention.mask import block_any, block_mask, dense_mask, pad_kv_end, sdpa_mask, tree_block_mask
-from onepass.tree import build_layout, concat
+from onepass.layout.tree import build_layout, concat
 
 from strategies import DOC_EXAMPLE, SCATTERED, V, layout_st, batch_strategy  # noqa: E402
 

@@ -15,7 +15,7 @@ from onepass.attention.segments import segment_plan
 from onepass.attention.cpu import cpu_attention_mask, register
 from onepass.attention.cpu_tiles import CpuAttentionError, tree_attention, tree_attention_reference
 from onepass.attention.mask import dense_mask, pad_kv_end
-from onepass.tree import build_layout, concat
+from onepass.layout.tree import build_layout, concat
 
 from strategies import DOC_EXAMPLE, SCATTERED, V, batch_strategy  # noqa: E402
 
@@ -101,14 +101,14 @@ def test_shape_mismatch_is_refused():
 def conversations(qwen3_tokenizer):
     from onepass.data.mathchat import load_sample
     from onepass.render import render_views
-    from onepass.verify import compact_vocab
+    from onepass.verify.check import compact_vocab
 
     return compact_vocab([render_views(c, qwen3_tokenizer) for c in load_sample(limit=2)])
 
 
 def exact_model(arch, vocab):
-    from onepass.precision import float64_norms
-    from onepass.tiny import tiny_model
+    from onepass.model.precision import float64_norms
+    from onepass.model.tiny import tiny_model
 
     model = tiny_model(arch, vocab, dtype=torch.float64, attn_implementation=register())
     assert float64_norms(model)[0] > 0
@@ -124,7 +124,7 @@ def onepass_cpu_masks(monkeypatch):
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_verify_one_pass_equals_n_pass(conversations, onepass_cpu_masks, arch):
-    from onepass.verify import run_verify
+    from onepass.verify.check import run_verify
 
     views, vocab = conversations
     report = run_verify(views, exact_model(arch, vocab), schedule="one-pass")
@@ -135,8 +135,8 @@ def test_verify_one_pass_equals_n_pass(conversations, onepass_cpu_masks, arch):
 def test_packed_padded_batch_matches_sdpa_model(conversations):
     from onepass.loss import layouts_to_batch
     from onepass.attention.mask import sdpa_mask
-    from onepass.pack import pack_layouts
-    from onepass.schedule import parse_schedule, schedule_views
+    from onepass.layout.pack import pack_layouts
+    from onepass.layout.schedule import parse_schedule, schedule_views
 
     views, vocab = conversations
     layouts = [x for vs in views for x in schedule_views(vs, parse_schedule("one-pass")).layouts]

@@ -28,7 +28,7 @@ from onepass.attention.paper import (
     paper_role_mask,
     paper_turn_ids,
 )
-from onepass.tree import IGNORE, ancestors_reference, build_layout, concat
+from onepass.layout.tree import IGNORE, ancestors_reference, build_layout, concat
 
 from strategies import V, random_views  # noqa: E402
 
@@ -429,8 +429,8 @@ def test_every_flex_forward_asks_for_the_main_kernel(monkeypatch):
 
     from onepass.attention.backends import FLEX_KERNEL_OPTIONS, forward_kwargs
     from onepass.loss import layout_loss, view_loss_reference
-    from onepass.tiny import tiny_model
-    from onepass.view import View
+    from onepass.model.tiny import tiny_model
+    from onepass.layout.view import View
 
     seen = []
 
@@ -455,7 +455,7 @@ def test_flex_in_float64_is_refused_in_one_line_and_never_chosen():
     """flex_attention has no float64 kernel (on the first H100 run Triton failed to compile its template
     for float64: a 100-line traceback from `onepass verify --dtype float64 --attn flex_attention`)."""
     from onepass.attention.backends import BackendError, check_backend, supported_backend
-    from onepass.tiny import tiny_config
+    from onepass.model.tiny import tiny_config
 
     with pytest.raises(BackendError, match="no float64 kernel"):
         check_backend("flex_attention", "cuda", torch.float64)

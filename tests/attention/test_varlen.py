@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from onepass.attention.mask import dense_mask, pad_kv_end, sdpa_mask
 from onepass.attention.varlen import VarlenError, documents, varlen_attention_mask
-from onepass.tree import build_layout, concat
+from onepass.layout.tree import build_layout, concat
 
 from strategies import SCATTERED, random_views  # noqa: E402
 
@@ -81,7 +81,7 @@ def per_document_reference(query, key, value, cu_q, cu_k, max_q, max_k, *, scale
 def _n_pass_batch(vocab: int, seed: int = 0):
     """A [2, L] batch of N-pass packed rows (with padding) of random views, as layouts_to_batch makes it."""
     from onepass.loss import layouts_to_batch
-    from onepass.view import View
+    from onepass.layout.view import View
 
     rng = np.random.default_rng(seed)
     views = [View(tokens=rng.integers(0, vocab, n), num_prompt=n // 3, turn=0) for n in (9, 14, 5, 20, 7)]
@@ -96,7 +96,7 @@ def test_the_transformers_glue_equals_sdpa_with_the_tree_mask(monkeypatch):
 
     from onepass.attention.varlen import register
     from onepass.loss import batch_loss
-    from onepass.tiny import tiny_model
+    from onepass.model.tiny import tiny_model
 
     monkeypatch.setattr(torch_varlen, "varlen_attn", per_document_reference)
     register()
@@ -153,7 +153,7 @@ def test_varlen_kernel_equals_sdpa_with_the_dense_mask_on_cuda(dtype):
 def test_varlen_training_loss_equals_sdpa_on_cuda():
     from onepass.attention.varlen import register
     from onepass.loss import batch_loss
-    from onepass.tiny import tiny_model
+    from onepass.model.tiny import tiny_model
 
     register()
     batch = {k: v.cuda() for k, v in _n_pass_batch(50).items()}
@@ -166,6 +166,6 @@ def test_varlen_training_loss_equals_sdpa_on_cuda():
 
 
 def _view(n: int):
-    from onepass.view import View
+    from onepass.layout.view import View
 
     return View(tokens=np.arange(n) % 7, num_prompt=n // 2, turn=0)

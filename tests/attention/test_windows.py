@@ -26,8 +26,8 @@ from onepass.attention.cpu_tiles import CpuAttentionError, dense_attention, tree
 from onepass.attention.mask import dense_mask, dense_mask_reference, generate_tree_mask_mod, pad_kv_end
 from onepass.attention.mask import block_mask, tree_block_mask
 from onepass.attention.window import window_start
-from onepass.geometry import depths
-from onepass.tree import build_layout, concat
+from onepass.layout.geometry import depths
+from onepass.layout.tree import build_layout, concat
 
 from strategies import V, layout_st  # noqa: E402
 

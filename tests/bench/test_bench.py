@@ -10,10 +10,10 @@ import pytest
 
 from onepass.bench import harness as bench
 from onepass.bench.report import headline, markdown
-from onepass.flops import ModelShape, train_flops, visible_pairs
+from onepass.layout.flops import ModelShape, train_flops, visible_pairs
 from onepass.cli import main
-from onepass.tree import build_layout
-from onepass.view import View
+from onepass.layout.tree import build_layout
+from onepass.layout.view import View
 
 
 def V(tokens, num_prompt):
@@ -146,7 +146,7 @@ def test_shape_and_layers_run_the_cut_model_and_report_the_full_depth(tmp_path, 
 
     The timer is replaced (a real-vocabulary step is minutes of CPU): this checks what is run and reported.
     """
-    from onepass.flops import MODEL_SHAPES
+    from onepass.layout.flops import MODEL_SHAPES
 
     jobs = []
 
@@ -179,10 +179,10 @@ def test_hybrid_arch_times_a_qwen35_and_reports_state_passing(qwen3_tokenizer, o
 
     from onepass.data.mathchat import load_sample
     from onepass.errors import UsageError
-    from onepass.geometry import row_chains
+    from onepass.layout.geometry import row_chains
     from onepass.render import render_views
-    from onepass.tiny import tiny_config
-    from onepass.verify import compact_vocab
+    from onepass.model.tiny import tiny_config
+    from onepass.verify.check import compact_vocab
 
     shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=16, tie_word_embeddings=False)

@@ -15,8 +15,8 @@ from onepass.cli import main  # noqa: E402
 from onepass.data.mathchat import load_sample  # noqa: E402
 from onepass.loss import view_loss_reference  # noqa: E402
 from onepass.render import render_views  # noqa: E402
-from onepass.tiny import tiny_model  # noqa: E402
-from onepass.verify import compact_vocab  # noqa: E402
+from onepass.model.tiny import tiny_model  # noqa: E402
+from onepass.verify.check import compact_vocab  # noqa: E402
 
 
 def test_trl_packed_loss_is_the_n_pass_mean(tmp_path, qwen3_tokenizer):
@@ -128,7 +128,7 @@ def test_the_trl_baseline_sets_checkpointing_without_a_v6_future_warning(tmp_pat
     name warns, and goes in v6): the baseline's own SFTConfig uses the name the installed release takes."""
     import warnings
 
-    from onepass.couplings import checkpointing_on
+    from onepass.model.couplings import checkpointing_on
 
     job = bench_trl.TrlJob(examples=[([1, 2, 3], 1)], vocab=8, shape_kwargs={}, dtype="float32", backend="sdpa",
                            device="cpu", seed=0, repeats=0, threads=1, max_tokens=64, checkpointing=checkpointing)

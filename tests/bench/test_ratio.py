@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from onepass.bench.ratio import SLACK, speed_ratio
-from onepass.flops import speed_bound
+from onepass.layout.flops import speed_bound
 
 
 def test_the_bound_is_the_largest_ratio_of_counted_work_and_never_below_one():

@@ -3,7 +3,7 @@
 Arrow stores a column of objects as one struct type: every record's tool-call ``arguments`` and every
 tool's ``parameters.properties`` get the keys of all the others, filled with null. Read back as they
 are, ``{"city": "Paris"}`` is trained as ``{"city": "Paris", "expr": null}``
-(:func:`onepass.records.without_nulls`). The generated records vary which keys each call and tool has
+(:func:`onepass.conversation.records.without_nulls`). The generated records vary which keys each call and tool has
 (drawn in one fixed order: Arrow keeps one key order per column, see docs/data.md).
 """
 
@@ -17,10 +17,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from onepass.data.load import load_conversations
-from onepass.prepare import prepare
-from onepass.template_messages import template_messages
-from onepass.tree import COLUMNS, rows_to_columns
+from onepass.conversation.sources import load_conversations
+from onepass.prepare.pipeline import prepare
+from onepass.render.messages import template_messages
+from onepass.layout.tree import COLUMNS, rows_to_columns
 
 KEYS = {"city": st.sampled_from(["Paris", "北京", "Zürich"]), "days": st.integers(0, 9),
         "expr": st.sampled_from(["2+2", "x*y"]), "exact": st.booleans()}  # one value type per key

@@ -14,7 +14,7 @@ import pytest
 
 from local_server import FakeOpenAI, conversation
 
-from onepass.conversation import parse_record
+from onepass.conversation.parse import parse_record
 from onepass.data.augment import AugmentError, Cache, augment, plan_turns, write_failure_report
 from onepass.data.chat_client import ChatClient, ClientConfig, parse_json_reply
 

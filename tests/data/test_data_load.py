@@ -10,8 +10,8 @@ import re
 import pytest
 from data_specs import RECORDS, write_prepared, write_record_file, write_spec
 
-from onepass.conversation import ConversationError, parse_record
-from onepass.data.load import (
+from onepass.conversation.parse import ConversationError, parse_record
+from onepass.conversation.sources import (
     data_files,
     iter_conversation_records,
     load_conversations,

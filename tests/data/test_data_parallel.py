@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from onepass.conversation import ConversationError
-from onepass.data.load import load_conversations
+from onepass.conversation.parse import ConversationError
+from onepass.conversation.sources import load_conversations
 from onepass.data.mathchat import sample_path
-from onepass.data.parallel import prepare_parallel
-from onepass.prepare import PrepareConfig, PrepareStats, prepare
-from onepass.tree import COLUMNS
+from onepass.prepare.parallel import prepare_parallel
+from onepass.prepare.pipeline import PrepareConfig, PrepareStats, prepare
+from onepass.layout.tree import COLUMNS
 
 
 def serial(spec, tokenizer, config, *, limit=None):
@@ -69,7 +69,7 @@ def test_workers_take_sigterm_at_its_default_action_while_the_parent_handles_it(
     import signal
     from pathlib import Path
 
-    from onepass.data.parallel import exit_on_sigterm, iter_prepared
+    from onepass.prepare.parallel import exit_on_sigterm, iter_prepared
 
     def catches_sigterm(pid: int) -> bool:
         caught = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
@@ -91,7 +91,7 @@ def test_workers_take_sigterm_at_its_default_action_while_the_parent_handles_it(
 def test_an_early_stop_lets_in_flight_tasks_finish_before_the_workers_are_killed():
     # Pool.terminate kills a worker wherever it is; one killed while writing a result holds the result
     # queue's lock and terminate then hangs forever (1 in a few hundred early stops before this fix).
-    from onepass.data.parallel import _stop
+    from onepass.prepare.parallel import _stop
 
     calls = []
 
@@ -123,7 +123,7 @@ def test_an_early_stop_lets_in_flight_tasks_finish_before_the_workers_are_killed
 
 
 def test_early_stops_of_a_parallel_prepare_return(qwen3_tokenizer):
-    from onepass.data.parallel import iter_prepared
+    from onepass.prepare.parallel import iter_prepared
 
     for _ in range(20):  # each closes the stream with tasks in flight
         trees = iter_prepared("builtin:mathchat", qwen3_tokenizer, PrepareConfig(), PrepareStats(), num_proc=2,
@@ -133,8 +133,8 @@ def test_early_stops_of_a_parallel_prepare_return(qwen3_tokenizer):
 
 
 def _template_units(tokenizer, case, num_proc):
-    from onepass.data.parallel import iter_units
-    from onepass.template_report import tool_chain_conversations
+    from onepass.prepare.parallel import iter_units
+    from onepass.render.report import tool_chain_conversations
 
     config = PrepareConfig(completion_format=case.completion_format, template_kwargs=case.template_kwargs,
                            reasoning=case.reasoning)
@@ -153,12 +153,12 @@ def test_parallel_stats_merge_every_count_on_every_vendored_template(qwen3_token
     import sys
     from pathlib import Path
 
-    import onepass.data.parallel
+    import onepass.prepare.parallel
 
     sys.path.insert(0, str(Path(__file__).parents[1]))
     from test_real_templates import CASES, EOS, chat_template
 
-    monkeypatch.setattr(onepass.data.parallel, "CHUNK", 2)  # the 6 conversations over both workers
+    monkeypatch.setattr(onepass.prepare.parallel, "CHUNK", 2)  # the 6 conversations over both workers
     seen = set()
     for case in CASES:
         before, eos = qwen3_tokenizer.chat_template, qwen3_tokenizer.eos_token

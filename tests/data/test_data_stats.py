@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from onepass.data.load import load_conversations
+from onepass.conversation.sources import load_conversations
 from onepass.data.stats import compute_stats, percentiles, plot_depths
-from onepass.flops import MODEL_SHAPES, ModelShape, TokenCounts, conversation_counts, flops, model_shape
-from onepass.prepare import PrepareConfig, prepare
-from onepass.tree import build_layout
-from onepass.view import View
+from onepass.layout.flops import MODEL_SHAPES, ModelShape, TokenCounts, conversation_counts, flops, model_shape
+from onepass.prepare.pipeline import PrepareConfig, prepare
+from onepass.layout.tree import build_layout
+from onepass.layout.view import View
 
 
 def view(tokens, num_prompt):
@@ -87,7 +87,7 @@ def test_gpu_tiles_by_hand():
     shared prefix in blocks 0 and 1). Attention ratio 9 / 6."""
     from onepass.attention.blocks import block_plan
     from onepass.data.stats import gpu_cost
-    from onepass.flops import causal_tiles, tile_step_flops
+    from onepass.layout.flops import causal_tiles, tile_step_flops
 
     a = view(np.arange(200) + 10, 10)
     b = view(np.concatenate([np.arange(150) + 10, np.arange(150) + 500]), 160)

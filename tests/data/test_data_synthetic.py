@@ -7,7 +7,7 @@ import collections
 import numpy as np
 import pytest
 
-from onepass.conversation import parse_record
+from onepass.conversation.parse import parse_record
 from onepass.data.synthetic import (
     PAPER_SAMPLED_DEPTHS,
     WORDS,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from onepass.conversation import parse_record
+from onepass.conversation.parse import parse_record
 from onepass.data import MathChatError, convert_mathchat, load_sample, sample_path, write_jsonl
 from onepass.data.mathchat import (
     SAMPLE_FILES,

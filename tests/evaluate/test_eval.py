@@ -18,8 +18,8 @@ import pytest
 from local_server import JSONHandler, LocalServer
 
 from onepass.cli import main
-from onepass.conversation import parse_record
-from onepass.data.load import load_conversations
+from onepass.conversation.parse import parse_record
+from onepass.conversation.sources import load_conversations
 from onepass.evaluate.answers import answers_match, extract_answer, normalize_answer
 from onepass.evaluate.generate import OpenAIChatGenerator, OpenAIGenerator
 from onepass.evaluate.report import markdown, summarize
@@ -295,7 +295,7 @@ def test_hf_generator_batches_with_left_padding_like_one_at_a_time(qwen3_tokeniz
     import torch
 
     from onepass.evaluate.generate import HFGenerator
-    from onepass.tiny import tiny_model
+    from onepass.model.tiny import tiny_model
 
     model = tiny_model("qwen3", len(qwen3_tokenizer), dtype=torch.float64, seed=3)
     prompts = [template_prompt(qwen3_tokenizer)(c, 1) for c in load_conversations("builtin:mathchat", limit=3)

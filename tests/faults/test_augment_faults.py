@@ -17,7 +17,7 @@ import pytest
 from fault_helpers import kill9, onepass, wait_for
 from local_server import REFUSAL, FakeOpenAI, conversation
 
-from onepass.conversation import parse_record
+from onepass.conversation.parse import parse_record
 from onepass.data.augment import Cache, augment, plan_turns, write_failure_report
 from onepass.data.chat_client import ChatClient, ClientConfig
 

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from onepass.cli import main
-from onepass.conversation import ConversationError, parse_record
-from onepass.data.load import load_conversations
+from onepass.conversation.parse import ConversationError, parse_record
+from onepass.conversation.sources import load_conversations
 
 GOOD = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
 

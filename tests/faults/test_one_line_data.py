@@ -37,7 +37,7 @@ def test_the_reserved_names_cover_apply_chat_template_s_own_arguments():
 
 
 def test_the_api_refuses_them_too():
-    from onepass.data_config import DataConfig
+    from onepass.prepare.config import DataConfig
     from onepass.errors import OnePassError
 
     with pytest.raises(OnePassError, match="--template-kwarg messages is reserved"):

@@ -20,7 +20,7 @@ import pytest
 from fault_helpers import ENV, alive, dead_pid, descendants, kill9, onepass, wait_for
 
 from onepass.cli import main
-from onepass.prepare import load_rows
+from onepass.prepare.pipeline import load_rows
 
 TINY = ["--data", "builtin:mathchat", "--limit", "2", "--no-progress"]
 
@@ -113,7 +113,8 @@ def test_kill_9_at_a_random_point_of_a_serial_prepare_loses_nothing(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["prepared"]
 
 
-_STREAM = ("import sys\nimport onepass.shards\nonepass.shards.BATCH_ROWS = 2  # rows reach disk from the start\n"
+_STREAM = ("import sys\nimport onepass.prepare.shards\n"
+           "onepass.prepare.shards.BATCH_ROWS = 2  # rows reach disk from the start\n"
            "from onepass.cli import main\nsys.exit(main(sys.argv[1:]))\n")
 
 

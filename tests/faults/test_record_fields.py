@@ -16,8 +16,8 @@ import json
 import pytest
 
 from onepass.cli import main
-from onepass.conversation import ConversationError, parse_record
-from onepass.data.load import load_conversations
+from onepass.conversation.parse import ConversationError, parse_record
+from onepass.conversation.sources import load_conversations
 
 Q = {"role": "user", "content": "2+2?"}
 GOOD = {"messages": [Q, {"role": "assistant", "content": "4"}]}

@@ -15,7 +15,7 @@ lengths, quadratic in the turns of one conversation); benchmarks/render_scaling.
 from __future__ import annotations
 
 import onepass.render.template as template_module
-from onepass.conversation import parse_record
+from onepass.conversation.parse import parse_record
 from onepass.render import render_conversation
 
 # Raises once the conversation is longer than 6 messages, naming its length (as templates that say "message

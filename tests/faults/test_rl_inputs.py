@@ -15,7 +15,7 @@ import torch
 from onepass.rl.layout import layout_rollouts
 from onepass.rl.losses import PolicyLossConfig, policy_loss, policy_loss_reference
 from onepass.rl.rollouts import RolloutError, parse_trajectory, trajectories_from_records
-from onepass.tiny import tiny_model
+from onepass.model.tiny import tiny_model
 
 RECORDS = [{"group": "g", "turns": [{"prompt_ids": [1, 2], "completion_ids": [3, 4, 5], "advantage": 1.0},
                                     {"prompt_ids": [1, 2, 3, 4, 5, 6], "completion_ids": [7], "advantage": 1.0}]},

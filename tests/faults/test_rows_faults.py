@@ -24,8 +24,8 @@ from onepass.train.loop import train
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, qwen3_tokenizer):
     """Rows of 4 MathChat conversations as prepare writes them (one tree per conversation)."""
-    from onepass.data.load import load_conversations
-    from onepass.prepare import PrepareConfig, prepare
+    from onepass.conversation.sources import load_conversations
+    from onepass.prepare.pipeline import PrepareConfig, prepare
 
     convs = load_conversations("builtin:mathchat", strict=False, limit=4).conversations
     rows, _ = prepare(convs, qwen3_tokenizer, PrepareConfig())
@@ -33,7 +33,7 @@ def prepared(tmp_path_factory, qwen3_tokenizer):
 
 
 def _write(tmp_path, rows, name="rows"):
-    from onepass.prepare import PrepareStats, write_dataset
+    from onepass.prepare.pipeline import PrepareStats, write_dataset
 
     return str(write_dataset(rows, PrepareStats(), tmp_path / name))
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from onepass.conversation import parse_record
-from onepass.prepare import PrepareConfig, prepare
+from onepass.conversation.parse import parse_record
+from onepass.prepare.pipeline import PrepareConfig, prepare
 
 
 @pytest.mark.parametrize("num_proc", [1, 2])
@@ -22,8 +22,8 @@ def test_the_reasons_add_up_to_the_views_skipped(qwen3_tokenizer, num_proc, tmp_
     else:
         import json
 
-        from onepass.data.parallel import iter_prepared
-        from onepass.prepare import PrepareStats
+        from onepass.prepare.parallel import iter_prepared
+        from onepass.prepare.pipeline import PrepareStats
 
         data = tmp_path / "long.jsonl"
         data.write_text(json.dumps(record) + "\n" + json.dumps({**record, "id": "long2"}) + "\n")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from onepass.conversation import parse_record
-from onepass.prepare import PrepareConfig, prepare
+from onepass.conversation.parse import parse_record
+from onepass.prepare.pipeline import PrepareConfig, prepare
 from onepass.render import RenderConfig, render_conversation
 
 VENDORED = Path(__file__).parents[1] / "fixtures" / "chat_templates"
@@ -104,7 +104,7 @@ def test_a_template_that_never_reads_tool_calls_gets_no_deepseek_hint(template):
 
 
 def test_a_record_written_back_keeps_its_inline_block(tmp_path):
-    from onepass.data.load import to_record
+    from onepass.conversation.sources import to_record
 
     conv = parse_record(INLINE)
     back = to_record(conv)

@@ -21,11 +21,11 @@ import pytest
 import torch
 from strategies import synthetic_conversations
 
-from onepass.conversation import parse_record
+from onepass.conversation.parse import parse_record
 from onepass.errors import OnePassError
-from onepass.tiny import tiny_model
+from onepass.model.tiny import tiny_model
 from onepass.train.evaluation import eval_loss
-from onepass.tree import COLUMNS, row_from_columns
+from onepass.layout.tree import COLUMNS, row_from_columns
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

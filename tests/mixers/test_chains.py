@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 
-from onepass.geometry import batch_chains, chain_paths, chains_reference, parents, parents_reference, row_chains
+from onepass.layout.geometry import batch_chains, chain_paths, chains_reference, parents, parents_reference, row_chains
 
 from strategies import SCATTERED, batch_strategy
 

@@ -2,7 +2,7 @@
 
 Qwen3.5 and Qwen3-Next (Gated DeltaNet), Nemotron-H, Granite-4-hybrid and Falcon-H1 (Mamba2), LFM2 (short
 convolution): loss and every gradient under one-pass, k-pass:2 and packed rows with padding, against
-the plain per-view forward. Float64 means float64 all the way (:func:`onepass.precision.float64_norms`
+the plain per-view forward. Float64 means float64 all the way (:func:`onepass.model.precision.float64_norms`
 also makes the recurrent kernels' float32 casts float64, and Nemotron-H's ``lm_head(h).float()``,
 :mod:`onepass.mixers.float64`). ``onepass verify --model DIR`` says EQUAL for the saved models.
 """
@@ -18,10 +18,10 @@ import onepass.mixers.tree as tree
 from onepass.cli import main
 from onepass.data.mathchat import load_sample
 from onepass.mixers.float64 import float64_kernels
-from onepass.precision import float64_norms
+from onepass.model.precision import float64_norms
 from onepass.render import render_views
-from onepass.tiny import HYBRID_ARCHS, tiny_model
-from onepass.verify import compact_vocab
+from onepass.model.tiny import HYBRID_ARCHS, tiny_model
+from onepass.verify.check import compact_vocab
 
 from exactness import loss_and_grads, max_rel_diff, n_pass, tree_runs
 

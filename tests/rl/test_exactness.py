@@ -15,7 +15,7 @@ import torch
 
 import onepass.rl.losses as losses
 from onepass.cli import main
-from onepass.precision import float64_norms
+from onepass.model.precision import float64_norms
 from onepass.rl.layout import layout_rollouts
 from onepass.rl.logprobs import token_logprobs, token_logprobs_reference
 from onepass.rl.losses import PolicyLossConfig, policy_loss, policy_loss_reference
@@ -23,8 +23,8 @@ from onepass.rl.rollouts import to_record, trajectories_from_records
 from onepass.rl.synthetic import template_rollouts
 from onepass.rl.verify import compact_rollouts, run_rl_verify
 from onepass.attention.backends import cpu_backend
-from onepass.tiny import tiny_config, tiny_model
-from onepass.verify import max_rel_grad_diff, parameter_grads
+from onepass.model.tiny import tiny_config, tiny_model
+from onepass.verify.check import max_rel_grad_diff, parameter_grads
 
 TOL = 1e-9
 SEED = 2811

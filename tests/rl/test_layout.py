@@ -8,7 +8,7 @@ import pytest
 from onepass.errors import DataError
 from onepass.rl.layout import layout_rollouts
 from onepass.rl.rollouts import trajectories_from_records
-from onepass.tree import ancestors_reference
+from onepass.layout.tree import ancestors_reference
 
 H, A, B, C = 10, 11, 12, 13
 

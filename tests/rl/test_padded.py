@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from onepass.precision import float64_norms
+from onepass.model.precision import float64_norms
 from onepass.rl.logprobs import turn_logprobs_reference
 from onepass.rl.padded import padded_token_logprobs, padded_trajectories
 from onepass.rl.rollouts import trajectories_from_records
 from onepass.rl.synthetic import template_rollouts
 from onepass.rl.verify import compact_rollouts
-from onepass.tiny import tiny_model
-from onepass.verify import max_rel_grad_diff, parameter_grads
+from onepass.model.tiny import tiny_model
+from onepass.verify.check import max_rel_grad_diff, parameter_grads
 
 TOL = 1e-9
 

@@ -1,7 +1,7 @@
 """RL groups whose prompts share a prefix (a system prompt) are scored in one tree per row (float64 exact).
 
 :func:`onepass.rl.layout.layout_rollouts` under a row budget merges the trees of different groups that
-share a prefix (:mod:`onepass.share`); every turn's slot still points at positions whose targets are its
+share a prefix (:mod:`onepass.layout.share`); every turn's slot still points at positions whose targets are its
 completion, and the log-probs, the policy losses (each normalisation) and every gradient equal the
 per-turn forwards. Seed 2812 (used nowhere else in the suite).
 """
@@ -13,15 +13,15 @@ import torch
 
 from onepass.data.synthetic import single_token_words, text_of_length
 from onepass.attention.backends import cpu_backend
-from onepass.precision import float64_norms
+from onepass.model.precision import float64_norms
 from onepass.rl.layout import layout_rollouts
 from onepass.rl.logprobs import token_logprobs, token_logprobs_reference
 from onepass.rl.losses import PolicyLossConfig, policy_loss, policy_loss_reference
 from onepass.rl.rollouts import trajectories_from_records
 from onepass.rl.synthetic import template_rollouts
 from onepass.rl.verify import compact_rollouts
-from onepass.tiny import tiny_config, tiny_model
-from onepass.verify import max_rel_grad_diff, parameter_grads
+from onepass.model.tiny import tiny_config, tiny_model
+from onepass.verify.check import max_rel_grad_diff, parameter_grads
 
 TOL = 1e-9
 SEED = 2812

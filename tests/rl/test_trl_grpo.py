@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from onepass.tiny import tiny_model
+from onepass.model.tiny import tiny_model
 
 trl = pytest.importorskip("trl")
 

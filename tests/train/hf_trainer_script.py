@@ -18,8 +18,8 @@ def main(data: str, out: str, batch: int, vocab: int, fsdp: str = "") -> None:
     from transformers import TrainingArguments
 
     from onepass.train.hf_trainer import OnePassTrainer
-    from onepass.precision import float64_norms
-    from onepass.tiny import tiny_model
+    from onepass.model.precision import float64_norms
+    from onepass.model.tiny import tiny_model
 
     torch.set_num_threads(1)
     model = tiny_model("qwen3", vocab, dtype=torch.float64, attn_implementation="sdpa").train()

@@ -16,11 +16,11 @@ from packaging.version import Version
 from strategies import synthetic_conversations
 from transformers import HfArgumentParser, TrainingArguments
 
-from onepass.conversation import parse_record
+from onepass.conversation.parse import parse_record
 from onepass.errors import DataError, UsageError
 from onepass.train import OnePassConfig
 from onepass.train.hf_trainer import as_rows, conversation_dataset, parse_dataset
-from onepass.tree import COLUMNS
+from onepass.layout.tree import COLUMNS
 
 COMMON = {"report_to": "none", "use_cpu": True}
 
@@ -210,7 +210,7 @@ def test_both_checkpointing_spellings_are_taken_as_trl_takes_them(given, on):
     nothing; only a user's own old spelling warns (transformers' warning, as with TRL)."""
     import warnings
 
-    from onepass.couplings import checkpointing_field, checkpointing_on
+    from onepass.model.couplings import checkpointing_field, checkpointing_on
 
     if "activation_checkpointing" in given and checkpointing_field() != "activation_checkpointing":
         pytest.skip("this transformers has no activation_checkpointing")

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from onepass.conversation import parse_record
+from onepass.conversation.parse import parse_record
 from onepass.train.hf_trainer import OnePassCollator, OnePassTrainer, conversation_dataset, rows_dataset
 from onepass.loss import view_loss_reference
-from onepass.precision import float64_norms
+from onepass.model.precision import float64_norms
 from onepass.render import render_views
-from onepass.tiny import tiny_model
-from onepass.tree import IGNORE, Layout
+from onepass.model.tiny import tiny_model
+from onepass.layout.tree import IGNORE, Layout
 
 from ranks import fsdp_refused, run_ranks
 from strategies import synthetic_conversations
@@ -98,9 +98,9 @@ def test_a_dataset_item_is_one_conversation_and_keeps_every_trained_token(datase
 @pytest.mark.parametrize("weighting", ["token", "turn"])
 def test_compute_loss_is_the_n_pass_mean_over_the_whole_step(tmp_path, convs, qwen3_tokenizer, weighting):
     """Two micro-batches normalised by the weight sum of both = the N-pass weighted mean over all views."""
-    from onepass.schedule import view_weights
-    from onepass.tree import build_layout
-    from onepass.verify import compact_vocab
+    from onepass.layout.schedule import view_weights
+    from onepass.layout.tree import build_layout
+    from onepass.verify.check import compact_vocab
 
     views = [render_views(c, qwen3_tokenizer) for c in convs[:4]]
     views, vocab = compact_vocab(views)

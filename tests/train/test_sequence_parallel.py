@@ -198,7 +198,7 @@ def test_onepass_trainer_asked_for_sequence_parallelism_stops_in_one_line(tmp_pa
     import datasets
     from accelerate.parallelism_config import ParallelismConfig
 
-    from onepass.tiny import tiny_model
+    from onepass.model.tiny import tiny_model
     from onepass.train import OnePassConfig, OnePassTrainer
 
     rows = datasets.Dataset.from_list([{"input_ids": [1, 2, 3], "position_ids": [0, 1, 2], "kv_end": [3, 3, 3],

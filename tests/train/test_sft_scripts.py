@@ -42,7 +42,7 @@ def test_the_scripts_differ_only_in_the_import_and_the_class_names():
 def model_and_data(tmp_path_factory, qwen3_tokenizer):
     """A tiny random Qwen3 saved with the Qwen3 tokenizer, and 4 short reasoning conversations (a
     ``messages`` column) as jsonl."""
-    from onepass.tiny import tiny_model
+    from onepass.model.tiny import tiny_model
 
     root = tmp_path_factory.mktemp("sft")
     model_dir = root / "model"

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from onepass.loss import ForwardView, batch_loss
-from onepass.tiny import tiny_model
+from onepass.model.tiny import tiny_model
 from onepass.train import OnePassConfig
 from onepass.train.hf_data import OnePassCollator, as_rows
-from onepass.tree import COLUMNS
+from onepass.layout.tree import COLUMNS
 
 trl = pytest.importorskip("trl")
 pytestmark = pytest.mark.usefixtures("one_thread")

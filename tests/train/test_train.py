@@ -27,7 +27,7 @@ from onepass.train.data import (
     step_units,
     units_per_step,
 )
-from onepass.tree import Layout
+from onepass.layout.tree import Layout
 
 from strategies import synthetic_conversations  # noqa: E402
 
@@ -51,9 +51,9 @@ def held_out(tmp_path_factory):
 
 @pytest.fixture
 def exact_norms(monkeypatch):
-    """Training models get float64 RMSNorms (transformers upcasts them to float32; see onepass.precision)."""
+    """Training models get float64 RMSNorms (transformers upcasts them to float32; see onepass.model.precision)."""
     import onepass.train.loop as loop  # the run's loop calls load_model by the name it imported
-    from onepass.precision import float64_norms
+    from onepass.model.precision import float64_norms
 
     original = loop.load_model
 
@@ -278,9 +278,9 @@ def test_resume_refuses_different_settings(tmp_path, chats):
 def test_lora_adapter_reloads_and_reproduces_the_eval_loss(tmp_path, chats, held_out, qwen3_tokenizer):
     from peft import PeftModel
 
-    from onepass.conversation import read_conversations
-    from onepass.prepare import PrepareConfig, prepare
-    from onepass.tiny import tiny_model
+    from onepass.conversation.parse import read_conversations
+    from onepass.prepare.pipeline import PrepareConfig, prepare
+    from onepass.model.tiny import tiny_model
 
     result = run(tmp_path, "lora", data=str(chats), eval_data=str(held_out), max_steps=4, finetune="lora",
                  lora_r=4, lora_alpha=8, lora_target_modules=["q_proj", "v_proj"], save_model=True,

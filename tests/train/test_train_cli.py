@@ -168,7 +168,7 @@ def test_a_run_from_the_command_line(tmp_path, capsys, monkeypatch):
 
 
 def _saved_tiny(tmp_path, vocab: int = 512) -> Path:
-    from onepass.tiny import tiny_model
+    from onepass.model.tiny import tiny_model
 
     path = tmp_path / "tiny-model"
     tiny_model("qwen3", vocab).save_pretrained(str(path))

@@ -2,7 +2,7 @@
 
 ``onepass train --pack`` on conversations sorts each optimizer step's conversations by prefix
 (:func:`onepass.train.data.shared_order`, within the step by default: the same conversations per
-step) and merges the trees of a micro-batch's conversations that share one (:mod:`onepass.share`).
+step) and merges the trees of a micro-batch's conversations that share one (:mod:`onepass.layout.share`).
 Each step then covers the same conversations and is divided by the same weight sum, so the losses and
 the final weights are those of the run with ``--no-share-prefix``, with fewer tokens.
 ``OnePassTrainer`` with ``packing`` and ``dataset_num_proc=2`` makes the same shared rows.
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from onepass.data.synthetic import AgentConfig, agent_record
-from onepass.precision import float64_norms
-from onepass.share import loss_terms, same_terms
+from onepass.model.precision import float64_norms
+from onepass.layout.share import loss_terms, same_terms
 from onepass.train import train
 from onepass.train.config import load_config
 from onepass.train import loop
@@ -72,8 +72,8 @@ def test_a_step_keeps_its_units_and_puts_those_sharing_a_prefix_side_by_side():
 
 
 def test_onepass_trainer_packs_shared_rows_on_two_processes(agent_chats, qwen3_tokenizer):
-    from onepass.conversation import parse_record
-    from onepass.data_config import DataConfig
+    from onepass.conversation.parse import parse_record
+    from onepass.prepare.config import DataConfig
     from onepass.train.hf_data import prepare_rows
 
     convs = [parse_record(json.loads(line), source="agent", index=i)
@@ -84,7 +84,7 @@ def test_onepass_trainer_packs_shared_rows_on_two_processes(agent_chats, qwen3_t
     serial = prepare_rows(convs, qwen3_tokenizer, config, packing=True, num_proc=1)
 
     def rows(ds):
-        from onepass.tree import row_from_columns
+        from onepass.layout.tree import row_from_columns
         return [row_from_columns(item) for item in ds]
 
     assert [r.input_ids.tolist() for r in rows(shared.dataset)] == [r.input_ids.tolist() for r in rows(serial.dataset)]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 import onepass.mixers.tree as tree
-from onepass.tiny import tiny_config
+from onepass.model.tiny import tiny_config
 from onepass.ulysses.guard import check_row, check_sequence_parallel
 from onepass.ulysses.model import check_degree
 from onepass.ulysses.plan import SequenceParallelError
-from onepass.geometry import branches, row_chains
+from onepass.layout.geometry import branches, row_chains
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -16,16 +16,16 @@ import onepass.mixers.tree as tree
 from onepass.attention.cpu import register as register_onepass_cpu
 from onepass.data.mathchat import load_sample
 from onepass.loss import layouts_to_batch
-from onepass.pack import pack_layouts
-from onepass.precision import float64_norms
+from onepass.layout.pack import pack_layouts
+from onepass.model.precision import float64_norms
 from onepass.render import render_views
-from onepass.schedule import parse_schedule, schedule_views
-from onepass.tiny import tiny_model
+from onepass.layout.schedule import parse_schedule, schedule_views
+from onepass.model.tiny import tiny_model
 from onepass.ulysses.comm import ThreadGroup, run_ranks
 from onepass.ulysses.guard import loss_and_grads, rel, split_loss_and_grads
 from onepass.ulysses.model import install, is_installed, layer_shapes, uninstall
 from onepass.ulysses.plan import SequenceParallelError, forward_volume, head_split, padded_length, shard_range
-from onepass.verify import compact_vocab
+from onepass.verify.check import compact_vocab
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TOL = 1e-9
@@ -58,7 +58,7 @@ def test_a_row_is_padded_to_equal_contiguous_shards():
 def test_rows_are_padded_as_layouts_to_batch_pads_them():
     """pad_batch (a collated batch to a multiple of the degree) == layouts_to_batch at that length."""
     from onepass.loss import pad_batch
-    from onepass.tree import row_from_columns
+    from onepass.layout.tree import row_from_columns
 
     rows = [row_from_columns({"input_ids": [5, 6, 7], "position_ids": [0, 1, 2], "kv_end": [3, 3, 3],
                               "targets": [6, 7, -100], "weights": [1.0, 1.0, 0.0]}),

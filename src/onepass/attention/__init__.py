@@ -3,7 +3,7 @@
     backends.py   which mask object each HF attention backend takes (the public entry points below)
     mask.py       the dense mask, its numpy reference, FlexAttention's ``mask_mod``
     blocks.py     the block plan (which query x key tiles hold visible pairs) and the BlockMask built from it
-    segments.py   the segment plan: segments (onepass.geometry) tiled for the CPU kernel
+    segments.py   the segment plan: segments (onepass.layout.geometry) tiled for the CPU kernel
     cpu_tiles.py  ``tree_attention``: a segment plan's tiles through the fused CPU flash kernel, and its reference
     cpu.py        ``onepass_cpu``: that kernel as a transformers backend (its mask object, registration)
     varlen.py     ``onepass_varlen``: N-pass rows through torch's flash varlen kernel (the bench's baseline)

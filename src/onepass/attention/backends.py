@@ -44,8 +44,8 @@ from onepass.attention.mask import additive_mask, block_mask, dense_mask
 from onepass.attention.varlen import BACKEND as VARLEN
 from onepass.attention.varlen import varlen_attention_mask
 from onepass.errors import ConfigError
-from onepass.model_config import text_config
-from onepass.private_names import private
+from onepass.model.config import text_config
+from onepass.model.private_names import private
 
 BACKENDS = ("onepass_cpu", "sdpa", "eager", "flex_attention")
 ONE_MASK = ""  # layer_windows' key for a model that takes one mask for every layer

@@ -117,7 +117,8 @@ def onepass_cpu_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
 
 def register() -> str:
     """Make ``attn_implementation="onepass_cpu"`` available to transformers (idempotent). Returns the name.
-    A torch without the CPU flash kernels it runs on is one :class:`~onepass.couplings.CouplingError` line here."""
+    A torch without the CPU flash kernels it runs on is one :class:`~onepass.model.couplings.CouplingError`
+    line here."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 

@@ -62,7 +62,7 @@ import torch
 
 from onepass.attention.mask import dense_mask
 from onepass.attention.segments import SegmentPlan, segment_plan
-from onepass.private_names import private
+from onepass.model.private_names import private
 from onepass.errors import ConfigError
 
 FLASH = "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu"

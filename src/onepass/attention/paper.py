@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onepass.tree import IGNORE
+from onepass.layout.tree import IGNORE
 
 ROLE_PAD, ROLE_HUMAN, ROLE_THINK, ROLE_RESPONSE_IN, ROLE_RESPONSE_OUT = 0, 1, 2, 3, 4
 

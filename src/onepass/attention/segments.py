@@ -9,7 +9,7 @@ for FlexAttention is :mod:`onepass.attention.blocks`.) Same one rule::
 Worked example (the layout of :mod:`onepass.attention.blocks`): ``h h t t r r r r``
 with ``kv_end = 8 8 4 4 8 8 8 8``.
 
-A *segment* (:mod:`onepass.geometry`, where it is told apart from the mixers'
+A *segment* (:mod:`onepass.layout.geometry`, where it is told apart from the mixers'
 *chain*) is a maximal run of consecutive positions in which each node's parent
 is the previous position (p - 1 is the parent of p iff ``kv_end[p - 1] > p``).
 The queries of a segment [s, e) see exactly its own keys causally and the
@@ -49,7 +49,7 @@ import numpy as np
 
 from onepass.attention.blocks import as_kv_end_BL
 from onepass.attention.window import check_window, window_start
-from onepass.geometry import check_tree, segment_starts
+from onepass.layout.geometry import check_tree, segment_starts
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -94,7 +94,7 @@ class SegmentPlan:
     def visible_pairs(self) -> int:
         """Visible (query, key) pairs of the mask (what the tiles compute, up to bucket padding).
 
-        Counted from the segments; equals :func:`onepass.flops.visible_pairs` of ``kv_end``
+        Counted from the segments; equals :func:`onepass.layout.flops.visible_pairs` of ``kv_end``
         (``tests/test_flops.py``).
         """
         n_S = self.seg_stop_S - self.seg_start_S

@@ -7,8 +7,8 @@ is. torch ships that kernel (``torch.nn.attention.varlen.varlen_attn``, FlashAtt
 forward and backward, CUDA only), so no ``flash_attn`` wheel is needed. This module is its glue
 as a transformers attention backend, used by ``onepass bench --backends onepass_varlen`` on CUDA.
 
-It serves rows whose tree never branches (:func:`onepass.geometry.branches` is False): N-pass
-rows, packed or not, and padding. There each segment (:func:`onepass.geometry.segment_starts`) is
+It serves rows whose tree never branches (:func:`onepass.layout.geometry.branches` is False): N-pass
+rows, packed or not, and padding. There each segment (:func:`onepass.layout.geometry.segment_starts`) is
 one document and the tree mask ``k <= q < kv_end[k]`` is causal attention inside it, which is what
 the kernel computes from the documents' cumulative lengths. A row that branches (one-pass trees)
 is refused in one line: a varlen kernel cannot express a tree.
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from onepass.errors import ConfigError
-from onepass.geometry import branches, check_tree, segment_starts
+from onepass.layout.geometry import branches, check_tree, segment_starts
 
 BACKEND = "onepass_varlen"
 _DOCS_ATTR = "onepass_varlen_documents"

@@ -24,7 +24,7 @@ root when q is shallower). Worked example (the tree of
     5  t2    3   7       3      3  (r1': depth 1)
     6  r2    4   7       4      4  (h2: depth 2)
 
-Depths and ancestors are :mod:`onepass.geometry`'s. Numpy only, O(L log L) per row.
+Depths and ancestors are :mod:`onepass.layout.geometry`'s. Numpy only, O(L log L) per row.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from onepass.geometry import ancestor_at, depths
+from onepass.layout.geometry import ancestor_at, depths
 
 
 def check_window(window: Any) -> int:

@@ -4,7 +4,7 @@ Why this module exists: it is the orchestration around ``harness.py`` (workload,
 model, backends, depth groups) and the command line for it. ``--quick`` is
 sized to finish in a few minutes on 2 CPU cores. The workload is any
 ``--data`` spec of conversations, resolved like every other command's
-(:func:`onepass.data.load.resolve_data`); ``--workload mathchat|synthetic`` are
+(:func:`onepass.conversation.sources.resolve_data`); ``--workload mathchat|synthetic`` are
 names for ``builtin:mathchat`` and ``synthetic:mathchat-sync``.
 
     onepass bench --quick --out runs/bench
@@ -27,10 +27,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from onepass.data.load import load_conversations
-from onepass.dtypes import dtype_names
+from onepass.conversation.sources import load_conversations
+from onepass.model.dtypes import dtype_names
 from onepass.errors import DataError
-from onepass.flops import MODEL_SHAPES
+from onepass.layout.flops import MODEL_SHAPES
 
 WORKLOADS = {"mathchat": "builtin:mathchat", "synthetic": "synthetic:mathchat-sync",  # --workload NAME: --data SPEC
              "agent": "synthetic:agent"}

@@ -23,15 +23,15 @@ from onepass.bench import harness as bench
 from onepass.bench import trl as bench_trl
 from onepass.bench.cli import WORKLOADS, load_workload, workload_spec
 from onepass.bench.report import markdown, plots
-from onepass.data.load import conversation_source
-from onepass.dtypes import torch_dtype
+from onepass.conversation.sources import conversation_source
+from onepass.model.dtypes import torch_dtype
 from onepass.errors import UsageError
-from onepass.flops import MODEL_SHAPES, model_kwargs, train_flops
-from onepass.geometry import branches
+from onepass.layout.flops import MODEL_SHAPES, model_kwargs, train_flops
+from onepass.layout.geometry import branches
 from onepass.head import head_mode
 from onepass.render import render_views
-from onepass.tokenizer import load_tokenizer
-from onepass.verify import compact_vocab
+from onepass.render.tokenizer import load_tokenizer
+from onepass.verify.check import compact_vocab
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ the same process. For each setting (a schedule, packed or not) this renders
 the workload's views once, lays them out, and times full training steps
 (forward, backward, optimizer step) over every row, repeated after a warm-up.
 
-FLOP accounting: :func:`onepass.flops.train_flops`, forward + backward = 3 x
+FLOP accounting: :func:`onepass.layout.flops.train_flops`, forward + backward = 3 x
 the forward FLOPs (linear per token, attention per visible pair
 ``sum(kv_end - k)``, LM head per target), the same accounting the ``data
 stats`` ideal speedup uses.
@@ -50,17 +50,17 @@ from onepass.bench.memory import (
 )
 from onepass.attention.varlen import BACKEND as VARLEN, register as register_varlen
 from onepass.bench.ratio import fastest_ratio, speed_ratio
-from onepass.dtypes import torch_dtype
+from onepass.model.dtypes import torch_dtype
 from onepass.errors import UsageError
-from onepass.flops import speed_bound, visible_pairs
+from onepass.layout.flops import speed_bound, visible_pairs
 from onepass.loss import batch_loss, layouts_to_batch
 from onepass.mixers.tree import timing as chain_timing
-from onepass.pack import pack_layouts
-from onepass.schedule import parse_schedule, schedule_views
-from onepass.share import share_rows
-from onepass.tiny import tiny_model
-from onepass.tree import Layout
-from onepass.view import View
+from onepass.layout.pack import pack_layouts
+from onepass.layout.schedule import parse_schedule, schedule_views
+from onepass.layout.share import share_rows
+from onepass.model.tiny import tiny_model
+from onepass.layout.tree import Layout
+from onepass.layout.view import View
 
 SETTINGS: dict[str, tuple[str, bool]] = {
     "n-pass": ("n-pass", False),
@@ -73,11 +73,11 @@ SETTINGS: dict[str, tuple[str, bool]] = {
     "budget-packed": ("budget", True),
     "one-pass-packed-shared": ("one-pass", True),
 }
-# settings whose packed rows share prefixes across conversations (onepass.share), and the setting each is
+# settings whose packed rows share prefixes across conversations (onepass.layout.share), and the setting each is
 # measured against: the same trees packed one per conversation
 SHARED_SETTINGS = {"one-pass-packed-shared": "one-pass-packed"}
 DEPTH_GROUPS = {"G1": (1, 5), "G2": (6, 7), "G3": (8, 16)}
-# --arch: the tiny architectures bench builds at a shape's sizes (onepass.tiny)
+# --arch: the tiny architectures bench builds at a shape's sizes (onepass.model.tiny)
 BENCH_ARCHS = ("qwen3", "qwen3.5")
 
 
@@ -191,7 +191,7 @@ class Job:
 
     rows: list[Layout]
     vocab: int
-    shape_kwargs: dict[str, int]  # config sizes (onepass.flops.model_kwargs)
+    shape_kwargs: dict[str, int]  # config sizes (onepass.layout.flops.model_kwargs)
     dtype: str
     backend: str
     device: str
@@ -392,7 +392,7 @@ def summarise(name: str, backend: str, group: str, rows: Sequence[Layout], timin
 
 
 def work_counts(rows: Sequence[Layout]) -> dict[str, int]:
-    """What an epoch's cost grows with (:func:`onepass.flops.speed_bound`): one step per row here, tokens,
+    """What an epoch's cost grows with (:func:`onepass.layout.flops.speed_bound`): one step per row here, tokens,
     attention pairs as a block-skipping kernel (visible) and as a dense one (the whole row square)
     computes them, and LM-head targets."""
     return {"rows": len(rows), "tokens": sum(len(r) for r in rows),

@@ -2,7 +2,7 @@
 
 Why this module exists: on a shared machine (a laptop, a CI runner, a loaded
 server) a burst of load that lands on one side of a comparison turns a 1.2x
-speedup into 4x. The work of both sides is known (:func:`onepass.flops.speed_bound`:
+speedup into 4x. The work of both sides is known (:func:`onepass.layout.flops.speed_bound`:
 tokens, attention pairs, rows), so a ratio past that bound is not a speedup but
 disturbed timing. Every place onepass prints a speed ratio (``make demo``,
 ``onepass bench`` headlines) goes through :func:`speed_ratio` and
@@ -58,7 +58,7 @@ class SpeedRatio:
     median: float
     fastest: float  # fastest baseline repeat / fastest candidate repeat (may be below the median)
     deviation: float  # relative median absolute deviation of the ratio (0 with one repeat per side)
-    bound: float  # the most the counted work allows (onepass.flops.speed_bound)
+    bound: float  # the most the counted work allows (onepass.layout.flops.speed_bound)
     repeats: int  # timed repeats per side
     paired: bool  # the repeats were interleaved (the same load on both sides)
 

@@ -42,11 +42,11 @@ from typing import Any
 import torch
 
 from onepass.attention.cpu import cpu_attention_mask, register
-from onepass.dtypes import torch_dtype
+from onepass.model.dtypes import torch_dtype
 from onepass.bench.harness import Timing, peak_memory_since, start_peak_memory, sync_device
-from onepass.tiny import tiny_model
-from onepass.couplings import checkpointing_field
-from onepass.view import View
+from onepass.model.tiny import tiny_model
+from onepass.model.couplings import checkpointing_field
+from onepass.layout.view import View
 
 SETTING = "trl-sft-packed"  # TRL's defaults
 TUNED = "trl-sft-packed-tuned"  # checkpointing off, onepass's attention backend where TRL can take it

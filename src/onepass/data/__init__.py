@@ -1,7 +1,8 @@
-"""Data: loading any ``--data`` spec, the bundled sample, synthetic data, the paper's pipeline.
+"""Datasets: the bundled sample, synthetic data, the paper's pipeline (``onepass data ...``).
 
-``load``       any spec (file, dataset directory, hub id, builtin:mathchat, synthetic:NAME), streaming
-``parallel``   prepare as a stream, on one process or many (forked workers), identical to the serial pipeline
+A ``--data`` spec is read by :mod:`onepass.conversation.sources`; prepare's workers are
+:mod:`onepass.prepare.parallel`.
+
 ``mathchat``   MathChat (Liang et al. 2024, Apache-2.0) -> records, and the bundled 300-conversation
                sample (:func:`load_sample`); see ``README.md`` here for attribution
 ``synthetic``  seeded MathChat-shaped conversations with exact token lengths (benchmarks)
@@ -10,10 +11,9 @@
 ``stats``      depths, segment lengths, ideal speedup    (``onepass data stats``)
 ``cli``        the ``onepass data`` subcommands
 
-Heavy modules (``parallel``, ``augment``, ``stats``) are imported only when used.
+Heavy modules (``augment``, ``stats``) are imported only when used.
 """
 
-from onepass.data.load import iter_conversation_records, load_conversations
 from onepass.data.mathchat import (
     MathChatError,
     convert_mathchat,
@@ -22,5 +22,4 @@ from onepass.data.mathchat import (
     write_jsonl,
 )
 
-__all__ = ["MathChatError", "convert_mathchat", "iter_conversation_records", "load_conversations", "load_sample",
-           "sample_path", "write_jsonl"]
+__all__ = ["MathChatError", "convert_mathchat", "load_sample", "sample_path", "write_jsonl"]

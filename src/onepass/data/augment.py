@@ -50,9 +50,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onepass.conversation import Conversation
+from onepass.conversation.parse import Conversation
 from onepass.data.chat_client import ChatClient, FatalRequestError, RequestFailed, scrub
-from onepass.data.load import to_record
+from onepass.conversation.sources import to_record
 from onepass.data.refusal import RefusalCheck
 from onepass.errors import OnePassError, UsageError
 

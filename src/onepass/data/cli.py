@@ -30,14 +30,14 @@ from typing import Any
 from onepass.data import sample as S
 from onepass.data.augment import SYSTEM_PROMPT, augment, write_failure_report
 from onepass.data.chat_client import ChatClient, ClientConfig
-from onepass.data.load import iter_conversations, limit_arg, load_conversations, print_skipped, write_records
+from onepass.conversation.sources import iter_conversations, limit_arg, load_conversations, print_skipped, write_records
 from onepass.data.mathchat import convert_mathchat, write_jsonl
 from onepass.data.refusal import refusal_check
 from onepass.data.stats import compute_stats, depth_histogram, model_shape, plot_depths
 from onepass.data.synthetic import iter_records
 from onepass.errors import UsageError, run_main
-from onepass.prepare_cli import DATA_HELP
-from onepass.tokenizer import load_tokenizer
+from onepass.prepare.cli import DATA_HELP
+from onepass.render.tokenizer import load_tokenizer
 
 
 def _data_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:

@@ -6,7 +6,7 @@ reasoning *and* a final answer, which is what one-pass training needs. Its
 files are not chat records, though: each line holds a GSM8K ``question`` and
 ``answer`` plus a free-text ``A: ... / B: ...`` dialogue (``followup`` or
 ``error_correction``). This module turns each line into one conversation
-that :func:`onepass.conversation.parse_record` accepts, and bundles a small
+that :func:`onepass.conversation.parse.parse_record` accepts, and bundles a small
 converted sample (:func:`load_sample`) so tests and demos have real data.
 
 Worked example (one ``follow_up.jsonl`` line, shortened)::
@@ -47,7 +47,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from onepass.conversation import Conversation, ConversationError, parse_record, read_conversations
+from onepass.conversation.parse import Conversation, ConversationError, parse_record, read_conversations
 from onepass.errors import DataNotFound
 
 DIALOGUE_FIELDS = ("followup", "error_correction")

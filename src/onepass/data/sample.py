@@ -51,8 +51,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onepass.conversation import ConversationError
-from onepass.data.load import iter_conversation_records, write_records
+from onepass.conversation.parse import ConversationError
+from onepass.conversation.sources import iter_conversation_records, write_records
 from onepass.errors import DataError, UsageError
 
 # The original MathChat_sync, conversations per depth (the paper's appendix).

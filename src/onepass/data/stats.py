@@ -7,13 +7,13 @@ reasoning and response segments are (the paper's characteristic length
 that for a tokenizer and turns it into an ideal speedup for a model shape.
 
 The ideal speedup is N-pass FLOPs over one-pass FLOPs of the same views,
-counted by :mod:`onepass.flops` (the same accounting ``onepass bench`` uses):
+counted by :mod:`onepass.layout.flops` (the same accounting ``onepass bench`` uses):
 "ideal" means exactly the attended pairs are computed (a perfect
 block-sparse kernel). Example: one view of 4 tokens and one of 6 sharing a
 3-token prefix -> N-pass 10 tokens, 10 + 21 = 31 pairs; one-pass 7 nodes,
 1+2+3+4 + 4+5+6 = 25 pairs.
 
-Shared prefixes (``shared``, :mod:`onepass.share`): the one-pass trees packed into rows of
+Shared prefixes (``shared``, :mod:`onepass.layout.share`): the one-pass trees packed into rows of
 ``max_tokens`` as ``prepare --pack`` packs them, once with one tree per conversation (today's
 rows) and once with the trees of conversations that share a prefix merged: the tokens the prefixes
 save, and the bound and GPU cost of the shared rows against today's one-pass rows.
@@ -22,7 +22,7 @@ GPU cost model (``gpu_cost``): kernels compute whole 128 x 128 tiles, not pairs.
 One-pass: the non-empty tiles of each conversation's tree row, from the same
 block plan FlexAttention runs (:func:`onepass.attention.blocks.block_plan`).
 N-pass: FA2 varlen computes each view's causal lower triangle of tiles
-(:func:`onepass.flops.causal_tiles`). The predicted ratios assume one tile
+(:func:`onepass.layout.flops.causal_tiles`). The predicted ratios assume one tile
 costs the same in both kernels (FlexAttention is usually somewhat slower per
 tile than FA2, so read them as an upper bound) and count rows unpacked.
 """
@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from onepass.attention.blocks import block_plan
-from onepass.conversation import Conversation
-from onepass.flops import (
+from onepass.conversation.parse import Conversation
+from onepass.layout.flops import (
     TILE,
     ModelShape,
     TokenCounts,
@@ -52,10 +52,10 @@ from onepass.flops import (
     token_ratio,
     visible_pairs,
 )
-from onepass.pack import pack_layouts
+from onepass.layout.pack import pack_layouts
 from onepass.render import RenderConfig, RenderError, render_views
-from onepass.share import share_rows
-from onepass.tree import Layout, build_layout
+from onepass.layout.share import share_rows
+from onepass.layout.tree import Layout, build_layout
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -225,7 +225,7 @@ def _tiles(rows: Sequence[Layout]) -> int:
 def shared_cost(trees: Sequence[Layout], max_tokens: int, shape: ModelShape,
                 counts: TokenCounts | None = None) -> dict[str, Any]:
     """One-pass ``trees`` (one per conversation) packed into rows of ``max_tokens``, without and with
-    shared prefixes (:func:`onepass.share.share_rows`): tokens, FLOP bounds (visible pairs) and the
+    shared prefixes (:func:`onepass.layout.share.share_rows`): tokens, FLOP bounds (visible pairs) and the
     GPU tile cost of both, and the predicted step-time ratio (today's rows / shared rows). Trees longer
     than ``max_tokens`` are left out of both (counted). ``counts``: the N-pass counts, for the bound
     against N-pass."""

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from onepass.conversation import parse_record
+from onepass.conversation.parse import parse_record
 from onepass.errors import UsageError
 
 # The paper's MathChat_sync depth table after capping depth 6 at 30,000 and drawing 8,000
@@ -237,7 +237,7 @@ def generate(num_conversations: int, seed: int = 0, *, depth_table: Mapping[int,
 
 
 def generate_conversations(num_conversations: int, seed: int = 0, **kwargs: Any) -> list:
-    """:func:`generate`, parsed into validated :class:`~onepass.conversation.Conversation` records."""
+    """:func:`generate`, parsed into validated :class:`~onepass.conversation.parse.Conversation` records."""
     return [parse_record(r, source=f"synthetic seed {seed}", index=i)
             for i, r in enumerate(generate(num_conversations, seed, **kwargs))]
 
@@ -247,7 +247,7 @@ def generate_conversations(num_conversations: int, seed: int = 0, **kwargs: Any)
 #
 # Agent and tool-calling data repeat the same system prompt and tools in every conversation (the
 # real tau-bench airline and BFCL sets in ../shared/data/agent/ begin with 3-7k tokens of them),
-# which is where sharing a prefix across conversations (onepass.share) pays; the benchmark needs
+# which is where sharing a prefix across conversations (onepass.layout.share) pays; the benchmark needs
 # that shape at any size. A *harness* is a system prompt and tool schemas (2-4.5k tokens with
 # Qwen3's template); a conversation of harness (i // 2) % harnesses runs 4-20 turns, each a user
 # request, up to one tool call answered by a tool result, then an answer; every assistant message

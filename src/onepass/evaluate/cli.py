@@ -19,8 +19,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from onepass.dtypes import dtype_names
-from onepass.data.load import limit_arg
+from onepass.model.dtypes import dtype_names
+from onepass.conversation.sources import limit_arg
 from onepass.errors import ConfigError, UsageError
 from onepass.evaluate.answers import compile_answer_regex
 from onepass.hub import hub_offline, offline_reason

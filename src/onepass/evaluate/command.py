@@ -2,7 +2,7 @@
 
 Why this module exists: the run loads a model (torch) and its flags must not (``onepass eval --help``),
 so the flags and their checks are :mod:`onepass.evaluate.cli`'s and the run is here; the model is
-loaded by the one loader (:func:`onepass.models.load_causal_lm`).
+loaded by the one loader (:func:`onepass.model.load.load_causal_lm`).
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from typing import Any
 import torch
 
 from onepass.data.augment import Cache
-from onepass.data.load import load_conversations, print_skipped
+from onepass.conversation.sources import load_conversations, print_skipped
 from onepass.errors import UsageError
 from onepass.evaluate import generate as gen
 from onepass.evaluate.cli import check_args
 from onepass.evaluate.report import write_report
 from onepass.evaluate.run import evaluate, template_message_options, template_prompt
 from onepass.key_value import template_kwargs
-from onepass.models import ModelSpec, load_causal_lm
+from onepass.model.load import ModelSpec, load_causal_lm
 from onepass.render.template import check_template_kwargs
-from onepass.tokenizer import load_tokenizer
+from onepass.render.tokenizer import load_tokenizer
 
 
 def make_generator(args: argparse.Namespace, tokenizer: Any) -> tuple[Any, str]:

@@ -68,7 +68,7 @@ class HFGenerator:
     """``model.generate`` on batches of ``batch_size`` prompts (left padded), ``max_new_tokens`` each.
 
     Greedy unless ``do_sample`` (then ``temperature``/``top_p``, seeded by ``seed``). The model is used
-    where it is (its device and dtype): load it with :func:`onepass.models.load_causal_lm` or pass your own.
+    where it is (its device and dtype): load it with :func:`onepass.model.load.load_causal_lm` or pass your own.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_new_tokens: int = 2048, batch_size: int = 8,

@@ -21,7 +21,7 @@ whose reference has none (MathChat's deliberately wrong first answers in
 
 Example with a scripted generator (``reference`` history)::
 
-    >>> from onepass.conversation import parse_record
+    >>> from onepass.conversation.parse import parse_record
     >>> conv = parse_record({"messages": [
     ...     {"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "The answer is 2."},
     ...     {"role": "user", "content": "times 3?"}, {"role": "assistant", "content": "The answer is 6."}]})
@@ -41,13 +41,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onepass.conversation import Conversation, Message, split_inline_reasoning
+from onepass.conversation.parse import Conversation, Message, split_inline_reasoning
 from onepass.errors import UsageError
 from onepass.evaluate.answers import answers_match, compile_answer_regex, extract_answer
 from onepass.evaluate.generate import Generator, MessagesGenerator
 from onepass.render import render_prompt
 from onepass.render.fields import template_fields
-from onepass.template_messages import template_messages
+from onepass.render.messages import template_messages
 
 HISTORY_MODES = ("reference", "model")
 

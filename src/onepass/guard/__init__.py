@@ -10,7 +10,8 @@
 
 from onepass.lazy import package_getattr
 
-# loaded on first use: onepass.verify imports onepass.guard.divergence, and onepass.guard.check imports onepass.verify
+# loaded on first use: onepass.verify.check imports onepass.guard.divergence, and onepass.guard.check imports
+# onepass.verify.check
 __all__ = ["TOLERANCE", "GuardResult", "InexactModelError", "builtin_conversations", "check_exact",
            "check_exact_once", "enforce", "sample_views", "views_for_check"]
 _SAMPLE = ("builtin_conversations", "sample_views", "views_for_check")

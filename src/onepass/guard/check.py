@@ -9,7 +9,7 @@ convolution) mixes in every earlier token of the row. Rather than trust a
 list of known architectures, the guard checks the user's one, also one we have
 never seen: a tiny random twin (:mod:`onepass.guard.twin`: same config class and
 layer types, small sizes, float64, eager MoE experts) runs
-:func:`onepass.verify.run_verify` on two of the user's conversations. When they
+:func:`onepass.verify.check.run_verify` on two of the user's conversations. When they
 differ it names the first layer whose output differs: every layer's output at
 every tree node is compared with a plain forward of the node's path (the
 layer before it agreed, so that layer itself is not exact).
@@ -34,17 +34,17 @@ import torch
 
 from onepass.attention.backends import cpu_backend
 from onepass.attention.cpu import register
-from onepass.private_names import find_private, private
+from onepass.model.private_names import find_private, private
 from onepass.guard import divergence
 from onepass.guard.divergence import LayerDiff, judge, layer_of_parameter, locate, named_layer
 from onepass.errors import ConfigError, debug
-from onepass.view import View
+from onepass.layout.view import View
 from onepass.guard.twin import layer_types as twin_layer_types
 from onepass.guard.twin import tiny_twin
-from onepass.model_config import text_config
-from onepass.couplings import base_model
-from onepass.precision import float64_norms
-from onepass.verify import compact_vocab, run_verify
+from onepass.model.config import text_config
+from onepass.model.couplings import base_model
+from onepass.model.precision import float64_norms
+from onepass.verify.check import compact_vocab, run_verify
 
 TOLERANCE = divergence.TOLERANCE  # relative, float64; exact is ~1e-16 (a gradient may round further: judge)
 CLI_HINT = "train with --schedule n-pass, or pass --allow-inexact to train anyway"
@@ -152,7 +152,7 @@ def check_exact(model_or_config: Any, conversations: Sequence[Sequence[View]], *
     """One-pass vs N-pass on a tiny float64 twin of ``model_or_config`` (a model or its config),
     on ``conversations`` (their views; the vocabulary is compacted here). ``pack``: the trees
     share one row, as in packed training (trees of conversations that share a prefix merged into one,
-    as packing does by default: :mod:`onepass.share`). Never raises for the model: a twin that cannot be
+    as packing does by default: :mod:`onepass.layout.share`). Never raises for the model: a twin that cannot be
     built or run is a failed result with ``error`` set (``ONEPASS_DEBUG=1`` raises instead)."""
     t0 = time.perf_counter()
     config, _, architecture = describe(model_or_config)

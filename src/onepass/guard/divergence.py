@@ -24,13 +24,13 @@ from typing import Any
 import torch
 
 from onepass.attention.backends import attention_mask_for, forward_kwargs
-from onepass.geometry import leaf_paths
+from onepass.layout.geometry import leaf_paths
 from onepass.mixers.tree import tree_kwargs
 from onepass.guard.twin import layer_types
 from onepass.loss import layouts_to_batch
-from onepass.model_config import text_config
-from onepass.schedule import Schedule, schedule_views
-from onepass.view import View
+from onepass.model.config import text_config
+from onepass.layout.schedule import Schedule, schedule_views
+from onepass.layout.view import View
 
 TOLERANCE = 1e-9  # relative, float64
 ROUNDING = 1e-6  # the most a gradient may differ by rounding alone, when every output agrees (see judge)

@@ -3,7 +3,7 @@
 Why this module exists: the guard (:mod:`onepass.guard.check`) proves one-pass exact on a tiny
 twin of the model, on a few of the user's conversations. Those are the conversations the run has
 already read and rendered: ``onepass train`` and ``OnePassTrainer`` offer each conversation's
-rendering to a :class:`ViewSample` as they prepare it (:func:`onepass.prepare.prepare_conversation`),
+rendering to a :class:`ViewSample` as they prepare it (:func:`onepass.prepare.pipeline.prepare_conversation`),
 so nothing is read or rendered twice. The rule: the first ``num`` conversations with two or more
 views (a tree needs two), each cut to its views of at most ``max_view_tokens`` tokens; a conversation
 with a skipped turn is passed over (training counts it); one-view conversations only when there are
@@ -24,8 +24,8 @@ from typing import Any
 
 from onepass.data.mathchat import load_sample
 from onepass.render import RenderConfig, Rendered, render_conversation
-from onepass.tokenizer import load_tokenizer
-from onepass.view import View
+from onepass.render.tokenizer import load_tokenizer
+from onepass.layout.view import View
 
 MAX_VIEW_TOKENS = 2048  # a conversation's later views are left out of the check beyond this
 GUARD_CONVERSATIONS = 32  # the guard looks at the first conversations only

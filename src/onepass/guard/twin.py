@@ -33,7 +33,7 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from onepass.model_config import text_config
+from onepass.model.config import text_config
 
 SMALL_WINDOW = 8
 MAX_PREFIX_LAYERS = 8

@@ -1,4 +1,4 @@
-"""True float64 for the recurrent kernels, for verification (like :mod:`onepass.precision` for norms).
+"""True float64 for the recurrent kernels, for verification (like :mod:`onepass.model.precision` for norms).
 
 Why this module exists: transformers' torch scans cast to float32 whatever the
 model dtype (``x.to(torch.float32)`` in the gated delta rule, ``x.float()`` in
@@ -9,7 +9,7 @@ check equivalence at 1e-9, :func:`float64_kernels` replaces each kernel a
 mixer calls (found in its source, not named here) by a dispatcher: float64 inputs run a copy of the kernel's own source with the
 float32 casts made float64; any other dtype runs the original, unchanged.
 The gated RMSNorms inside the mixers (``*RMSNormGated``, not covered by
-:func:`onepass.precision.float64_norms`) get the same treatment per instance in
+:func:`onepass.model.precision.float64_norms`) get the same treatment per instance in
 a float64 model (:func:`float64_mixers`), and so does a causal LM whose forward
 casts its logits (Nemotron-H's ``self.lm_head(hidden_states).float()``, meant
 to upcast half precision, rounds float64 logits to float32: the loss of both
@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from onepass.couplings import CouplingError, called_kernels, mixer_classes
-from onepass.private_names import private
+from onepass.model.couplings import CouplingError, called_kernels, mixer_classes
+from onepass.model.private_names import private
 
 _PATCHED = "_onepass_float64"
 
@@ -67,7 +67,7 @@ def _casts(fn: Any) -> bool:
 def float64_kernels(classes: Iterable[type]) -> int:
     """Make the kernels the mixer ``classes`` call by name, and that cast to float32 inside, compute
     float64 inputs in float64 (idempotent, process-wide: other dtypes run the original). Found in the
-    installed code (:func:`onepass.couplings.called_kernels`), not from a table of names. Returns how
+    installed code (:func:`onepass.model.couplings.called_kernels`), not from a table of names. Returns how
     many kernels are patched."""
     count = 0
     for cls in classes:
@@ -90,10 +90,10 @@ def float64_kernels(classes: Iterable[type]) -> int:
 
 def float64_mixers(model: torch.nn.Module) -> int:
     """:func:`float64_kernels`, and in a float64 ``model`` the forward of each recurrent mixer, gated
-    RMSNorm (``*RMSNormGated``, not covered by :func:`onepass.precision.float64_norms`), MoE router
+    RMSNorm (``*RMSNormGated``, not covered by :func:`onepass.model.precision.float64_norms`), MoE router
     (``*Router``) and causal LM (``*ForCausalLM``: its logits) that casts to float32, computed in
     float64 instead. Then :func:`check_float64_mixers` makes sure nothing inside a mixer still rounds
-    to float32 (:class:`onepass.couplings.CouplingError` if it does). Returns how many were patched."""
+    to float32 (:class:`onepass.model.couplings.CouplingError` if it does). Returns how many were patched."""
     import types
 
     mixers = mixer_classes(model.modules())
@@ -148,7 +148,7 @@ def float32_inside_mixers(model: torch.nn.Module, num_tokens: int = 6) -> dict[s
 
 
 def check_float64_mixers(model: torch.nn.Module) -> None:
-    """Raise :class:`onepass.couplings.CouplingError` naming each mixer of a float64 ``model`` that
+    """Raise :class:`onepass.model.couplings.CouplingError` naming each mixer of a float64 ``model`` that
     still computes below float64 (a kernel the patches no longer reach): a float64 one-pass vs N-pass
     comparison would then differ for rounding (~1e-7), not for the layout."""
     found = float32_inside_mixers(model)

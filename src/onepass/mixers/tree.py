@@ -2,9 +2,9 @@
 
 Why this module exists: in a one-pass row a recurrent layer that scans the row
 left to right would carry one view's tokens into another's. Here every
-recurrent mixer (found by :func:`onepass.couplings.recurrent_mixer`: a module
+recurrent mixer (found by :func:`onepass.model.couplings.recurrent_mixer`: a module
 whose forward reads conv / recurrent states from its cache argument) runs its *own* forward chain by chain
-(:mod:`onepass.geometry`), given a small cache object that holds the
+(:mod:`onepass.layout.geometry`), given a small cache object that holds the
 parent chain's end states: the conv state (the last inputs of the causal
 convolution, fewer at the start of a path, which the convolution's zero padding
 makes equal) and the recurrent state (SSM / delta-rule matrix). That is the
@@ -49,14 +49,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from onepass.couplings import check_cache_api, recurrent_mixer
-from onepass.geometry import Chain, batch_chains
+from onepass.model.couplings import check_cache_api, recurrent_mixer
+from onepass.layout.geometry import Chain, batch_chains
 from onepass.ulysses.comm import SP_KWARG
 
 PLAN_KWARG = "onepass_chains"
 # The mixers with a float64 equivalence test (tests/mixers/test_hybrids.py), for the docs: which modules
 # are mixers, and which argument takes their cache, is read off the installed code
-# (onepass.couplings.recurrent_mixer), never from this list.
+# (onepass.model.couplings.recurrent_mixer), never from this list.
 TESTED_MIXERS: tuple[str, ...] = (
     "Lfm2ShortConv",  # LFM2: gated short convolution
     "Qwen3NextGatedDeltaNet",  # Qwen3-Next: conv1d front + gated delta rule
@@ -212,7 +212,7 @@ def _root(model: Any) -> torch.nn.Module | None:
 
 def install(model: Any) -> int:
     """Wrap every recurrent mixer of ``model`` (once); returns how many it has. Raises
-    :class:`onepass.couplings.CouplingError` if a mixer calls a cache method the chain state lacks."""
+    :class:`onepass.model.couplings.CouplingError` if a mixer calls a cache method the chain state lacks."""
     root = _root(model)
     if root is None:
         return 0

@@ -49,7 +49,7 @@ from onepass.render.template import render_or_none
 
 TEMPLATE_REASONING_KEYS = ("reasoning_content", "thinking", "reasoning", "tool_plan")
 """The message keys a template may read reasoning from, in the order they are probed (the first one
-rendered wins): every key a record may give reasoning under (:data:`onepass.record_schemas.REASONING_KEYS`,
+rendered wins): every key a record may give reasoning under (:data:`onepass.conversation.schemas.REASONING_KEYS`,
 a reading concern) plus ``tool_plan``, which only Command R7B's ``tool_use`` template reads."""
 ARGUMENT_KINDS = ("dict", "json")
 TOOL_ID_KINDS = ("given", "functions")  # the record's ids, or Kimi-K2's functions.NAME:IDX
@@ -78,7 +78,7 @@ class TemplateFields:
 
     @property
     def message_options(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`onepass.template_messages.template_messages`."""
+        """Keyword arguments of :func:`onepass.render.messages.template_messages`."""
         return {"arguments_json": self.arguments_json, "verbatim_arguments": self.string_arguments,
                 "reasoning_key": self.reasoning_key, "developer": self.developer, "tool_ids": self.tool_ids,
                 "inline_reasoning": not self.reads_reasoning}

@@ -6,7 +6,7 @@ model's own format cannot be read from it; the user names it instead (``deepseek
 the model writes around the fields come from the format: the turn's tool calls and end of turn are
 read off the template in this position (:func:`completion_fields`), so they are the template's bytes.
 
-    >>> from onepass.conversation import Message
+    >>> from onepass.conversation.parse import Message
     >>> format_completion(COMPLETION_FORMATS["deepseek-r1"], Message(role="assistant", content="4",
     ...                   reasoning="2+2"), "<eos>")
     '2+2\\n</think>\\n\\n4<eos>'
@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from onepass.conversation import Message
+from onepass.conversation.parse import Message
 from onepass.render.derived import CONTENT, REASONING, probe_turn
 from onepass.render.errors import RenderError
 from onepass.render.template import Render

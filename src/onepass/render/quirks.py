@@ -39,14 +39,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from onepass.conversation import Conversation, Message, ToolCall
+from onepass.conversation.parse import Conversation, Message, ToolCall
 from onepass.render.derived import CONTENT
 from onepass.render.errors import RenderError, UnopenedReasoning
 from onepass.render.fields import TemplateFields, template_fields
 from onepass.render.template import prober
 from onepass.render.views import RenderConfig, render_conversation, render_prompt
-from onepass.template_messages import template_messages
-from onepass.view import View
+from onepass.render.messages import template_messages
+from onepass.layout.view import View
 
 THINKING = {"thinking": True}  # DeepSeek-V3.1's switch to thinking (other templates ignore it)
 Probe = Callable[[Any], bool]  # a tokenizer (with its chat template) -> does the template show the quirk?
@@ -289,7 +289,7 @@ QUIRKS: tuple[Quirk, ...] = (
                "concatenate str (not \"dict\")`",
           detected_by="TemplateFields.arguments: a probe call rendered with dict, then JSON-string arguments",
           handled_by="arguments go over as a JSON string (the record's own string when it gave one)",
-          where="onepass.template_messages.tool_call_dict", probe=lambda tok: _fields(tok).arguments == "json",
+          where="onepass.render.messages.tool_call_dict", probe=lambda tok: _fields(tok).arguments == "json",
           templates=("deepseekv3", "deepseekv3_1"),
           proved_by="tests/test_render.py::"
                     "test_tool_call_arguments_go_as_a_json_string_to_a_template_that_concatenates_them"),
@@ -299,7 +299,7 @@ QUIRKS: tuple[Quirk, ...] = (
           detected_by="TemplateFields.string_arguments: a JSON-string probe call rendered faithfully",
           handled_by="the record's own string goes over byte for byte, never re-serialised (else parsed, counted "
                      "in tool_arguments_parsed)",
-          where="onepass.template_messages.tool_call_dict", probe=lambda tok: _fields(tok).string_arguments,
+          where="onepass.render.messages.tool_call_dict", probe=lambda tok: _fields(tok).string_arguments,
           templates=("deepseekv3", "deepseekv3_1", "kimi_k2_thinking", "qwen3", "qwen3_instruct_2507"),
           proved_by="tests/test_record_schemas.py::"
                     "test_a_json_string_argument_is_trained_byte_for_byte_where_the_template_renders_strings[qwen3]"),
@@ -308,7 +308,7 @@ QUIRKS: tuple[Quirk, ...] = (
           detected_by="TemplateFields.tool_ids: the tool's name is rendered only with a functions.NAME:IDX id",
           handled_by="ids go over as `functions.get_weather:0` (IDX counts every call, as vLLM's Kimi-K2 parser "
                      "does), results follow their call",
-          where="onepass.template_messages.functions_ids", probe=lambda tok: _fields(tok).tool_ids == "functions",
+          where="onepass.render.messages.functions_ids", probe=lambda tok: _fields(tok).tool_ids == "functions",
           templates=("kimi_k2_thinking",),
           proved_by="tests/test_real_templates.py::"
                     "test_the_probe_hands_fields_over_as_the_template_reads_them[kimi_k2_thinking]"),
@@ -337,7 +337,7 @@ QUIRKS: tuple[Quirk, ...] = (
                "Qwen3 would drop it silently",
           detected_by="TemplateFields.developer: a probe developer message rendered",
           handled_by="a record's developer prompt goes over as `developer` here, as `system` elsewhere",
-          where="onepass.template_messages.template_messages", probe=lambda tok: _fields(tok).developer,
+          where="onepass.render.messages.template_messages", probe=lambda tok: _fields(tok).developer,
           templates=("gptoss", "kimi_k2_thinking", "lfm2_2_5", "nemotron_3_nano", "nemotron_3_super",
                      "nemotron_3_ultra", "seed_oss"),
           proved_by="tests/test_generation_format.py::"
@@ -351,7 +351,7 @@ QUIRKS: tuple[Quirk, ...] = (
           handled_by="a content the record gave with a leading `<think>` block goes over as given (its reasoning "
                      "is then trained where the template renders it; counted: `leading <think> block kept in the "
                      "content`); reasoning given in a field is still never rendered (a skip, `--reasoning drop`)",
-          where="onepass.template_messages.message_dict", probe=lambda tok: not _fields(tok).reads_reasoning,
+          where="onepass.render.messages.message_dict", probe=lambda tok: not _fields(tok).reads_reasoning,
           templates=("cohere2", "cohere2_tool_use", "deepseek_r1_distill", "deepseekv3", "deepseekv3_1",
                      "qwen3_instruct_2507", "qwq_32b"),
           proved_by="tests/faults/test_template_faults.py::"

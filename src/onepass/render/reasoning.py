@@ -32,9 +32,9 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from onepass.conversation import Conversation
+from onepass.conversation.parse import Conversation
 from onepass.render.template import Render
-from onepass.template_messages import template_messages
+from onepass.render.messages import template_messages
 
 REASONING_CHOICES = ("keep", "drop")
 """``--reasoning``: ``keep`` (default: a turn whose reasoning the template does not render is a counted

@@ -25,13 +25,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from onepass.conversation import Conversation, Message
+from onepass.conversation.parse import Conversation, Message
 from onepass.render.derived import derive_completion
 from onepass.render.errors import ReasoningNotRendered, RenderError, UnopenedReasoning
 from onepass.render.fields import TemplateFields
 from onepass.render.formats import completion_fields, format_completion, unopened_close
 from onepass.render.template import Render, prober, render_turn
-from onepass.template_messages import template_messages
+from onepass.render.messages import template_messages
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

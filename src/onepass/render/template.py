@@ -22,12 +22,12 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from onepass.conversation import Conversation
+from onepass.conversation.parse import Conversation
 from onepass.errors import UsageError
 from onepass.render.clock import PINNED_LINES, TEMPLATE_DATE, check_pinnable, pinned_template, reads_clock
 from onepass.render.errors import RenderError, TemplateRaised
 from onepass.render.tools_block import render_with, tools_block
-from onepass.template_messages import template_tools
+from onepass.render.messages import template_tools
 
 RESERVED_KWARGS = {
     **dict.fromkeys(("conversation", "messages", "tools", "documents"), "onepass passes the record's"),

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from onepass.conversation import Conversation
+from onepass.conversation.parse import Conversation
 from onepass.errors import UsageError
 from onepass.render.clock import TEMPLATE_DATE
 from onepass.render.encode import encode_texts, split_between
@@ -59,8 +59,8 @@ from onepass.render.reasoning import REASONING_CHOICES, unrendered_history_reaso
 from onepass.render.sources import GIVEN_FORMAT, TEMPLATE_SOURCES, CompletionSource, Declined, Turn
 from onepass.render.template import check_template_kwargs, render_turn
 from onepass.render.token_floor import token_floor
-from onepass.template_messages import template_messages
-from onepass.view import Provenance, Unmeasured, View
+from onepass.render.messages import template_messages
+from onepass.layout.view import Provenance, Unmeasured, View
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,7 +94,7 @@ class _Text:
     provenance: Provenance = Provenance()
 
     def flagged(self, flag: str | None) -> _Text:
-        """These texts with the :class:`~onepass.view.Provenance` flag ``flag`` set (None: as they are)."""
+        """These texts with the :class:`~onepass.layout.view.Provenance` flag ``flag`` set (None: as they are)."""
         if flag is None:
             return self
         return dataclasses.replace(self, provenance=dataclasses.replace(self.provenance, **{flag: True}))
@@ -120,10 +120,10 @@ def _complete(turn: Turn, sources: Sequence[CompletionSource]) -> _Text:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Retry:
     """A second try of a turn skipped with error ``on``, with the reasoning of messages ``drop`` left out
-    (no retry where it finds none), counted on the view as its :class:`~onepass.view.Provenance` flag
+    (no retry where it finds none), counted on the view as its :class:`~onepass.layout.view.Provenance` flag
     ``flag``. When the retry fails too, the error reported is the first one (``report_first``) or the retry's.
 
-    Add a retry: a row of :data:`RETRIES`, and its flag a field of :class:`~onepass.view.Provenance`."""
+    Add a retry: a row of :data:`RETRIES`, and its flag a field of :class:`~onepass.layout.view.Provenance`."""
 
     name: str
     on: type[RenderError]
@@ -273,7 +273,7 @@ def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig
     """Every view of ``conv`` that renders; a turn that does not is skipped on its own, with its
     error, and the conversation's other views are kept (a view depends on its own turn only).
     With ``max_tokens``, a view whose token floor is over it is not tokenized: it comes back as an
-    :class:`~onepass.view.Unmeasured` in its place (:mod:`onepass.render.token_floor`)."""
+    :class:`~onepass.layout.view.Unmeasured` in its place (:mod:`onepass.render.token_floor`)."""
     texts: list[tuple[int, _Text]] = []
     skipped: list[tuple[int, RenderError]] = []
     unmeasured: dict[int, Unmeasured] = {}

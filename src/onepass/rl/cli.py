@@ -1,4 +1,4 @@
-"""``onepass verify --rollouts FILE``: the RL check's command-line side (its flags: onepass.verify_cli).
+"""``onepass verify --rollouts FILE``: the RL check's command-line side (its flags: onepass.verify.cli).
 
 Why this module exists: ``verify`` takes conversations or RL rollouts; the rollout path
 reads token ids, not text, so it needs no tokenizer, and reports per-token log-prob
@@ -13,13 +13,13 @@ import json
 
 from onepass.rl.rollouts import check_vocab, read_rollouts
 from onepass.rl.verify import compact_rollouts, run_rl_verify
-from onepass.verify import tolerance, verify_model
-from onepass.verify_cli import verify_limit
+from onepass.verify.check import tolerance, verify_model
+from onepass.verify.cli import verify_limit
 
 
 def verify_rollouts(args: argparse.Namespace) -> int:
-    """The model is loaded as ``onepass verify`` loads it (:func:`onepass.verify.verify_model`). ``args.limit``
-    (>= 1, given by the user or verify's default: :func:`onepass.verify_cli.verify_limit`) caps the
+    """The model is loaded as ``onepass verify`` loads it (:func:`onepass.verify.check.verify_model`). ``args.limit``
+    (>= 1, given by the user or verify's default: :func:`onepass.verify.cli.verify_limit`) caps the
     trajectories checked."""
     tol = tolerance(args)
     limit_given = verify_limit(args)

@@ -32,7 +32,7 @@ import torch
 from onepass.rl.layout import layout_rollouts
 from onepass.rl.losses import PolicyLossConfig, policy_loss
 from onepass.rl.rollouts import trajectories_from_records
-from onepass.tiny import tiny_model
+from onepass.model.tiny import tiny_model
 
 BOS, USER, ASSISTANT, THINK, END_THINK, EOS = range(6)
 DIGIT0 = 6  # digits 0..9 are ids 6..15

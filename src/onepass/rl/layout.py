@@ -4,9 +4,9 @@ Why this module exists: a GRPO group is G trajectories of T turns, each turn a
 separate forward today (the template drops earlier reasoning, so turn k+1 is not
 an extension of turn k). Every turn is a view (``prompt_ids`` context,
 ``completion_ids`` scored), so the SFT layout applies unchanged: the views of a
-group go into one :class:`onepass.tree.PrefixTree` (the group's shared prompt
+group go into one :class:`onepass.layout.tree.PrefixTree` (the group's shared prompt
 stored once, each trajectory's history shared by its turns), the tree is laid
-out depth-first, and trees are packed into rows (:mod:`onepass.pack`). Two
+out depth-first, and trees are packed into rows (:mod:`onepass.layout.pack`). Two
 trajectories that sampled the same first tokens share those nodes too: a node
 holds one target, and equal ancestors + equal target = equal log-prob.
 
@@ -33,12 +33,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from onepass.errors import DataError
-from onepass.pack import best_fit_decreasing
+from onepass.layout.pack import best_fit_decreasing
 from onepass.rl.rollouts import Trajectory
-from onepass.schedule import Schedule, schedule_views
-from onepass.share import share_and_pack
-from onepass.tree import Layout, PrefixTree, concat
-from onepass.view import View
+from onepass.layout.schedule import Schedule, schedule_views
+from onepass.layout.share import share_and_pack
+from onepass.layout.tree import Layout, PrefixTree, concat
+from onepass.layout.view import View
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -96,12 +96,12 @@ def layout_rollouts(trajectories: Sequence[Trajectory], *, max_tokens: int | Non
     """The rows scoring ``trajectories``: one tree per group, split and packed under ``max_tokens``.
 
     ``max_tokens``: a group whose tree is larger is split into trees that fit, turns kept
-    whole and in order (the ``budget`` schedule of :mod:`onepass.schedule`), and trees are
+    whole and in order (the ``budget`` schedule of :mod:`onepass.layout.schedule`), and trees are
     packed best-fit into rows of at most ``max_tokens``; unset, one row per group. A turn
     longer than ``max_tokens`` on its own is an error (RL drops no tokens). ``per_turn``:
     one tree and one row per turn (the baseline the benchmark compares to). ``share_prefix``
     (with ``max_tokens``): trees of different groups whose prompts share a prefix (a system prompt
-    and tools) are merged into one tree per row (:mod:`onepass.share`); the trees of one group are
+    and tools) are merged into one tree per row (:mod:`onepass.layout.share`); the trees of one group are
     not merged with each other (they were split to fit).
     """
     trajectories = tuple(trajectories)

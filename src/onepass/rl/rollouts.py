@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from onepass.errors import DataError
-from onepass.records import iter_records
+from onepass.conversation.records import iter_records
 
 TURN_KEYS = frozenset({"prompt_ids", "completion_ids", "advantage", "advantages", "logprobs", "mask"})
 

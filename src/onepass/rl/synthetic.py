@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from onepass.conversation import parse_record
+from onepass.conversation.parse import parse_record
 from onepass.data.synthetic import single_token_words, text_of_length
 from onepass.render import RenderConfig, render_views
 

@@ -27,8 +27,8 @@ from onepass.rl.layout import layout_rollouts, turn_view
 from onepass.rl.logprobs import token_logprobs, token_logprobs_reference
 from onepass.rl.losses import PolicyLossConfig, policy_loss, policy_loss_reference
 from onepass.rl.rollouts import RolloutError, Trajectory
-from onepass.verify import parameter_grads
-from onepass.vocab import remap, used_ids
+from onepass.verify.check import parameter_grads
+from onepass.layout.vocab import remap, used_ids
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,7 +58,7 @@ class RLVerifyReport:
 
 
 def compact_rollouts(trajectories: Sequence[Trajectory]) -> tuple[list[Trajectory], int]:
-    """Token ids renumbered to 0..V-1 (the ids that occur; :mod:`onepass.vocab`), for a tiny random model."""
+    """Token ids renumbered to 0..V-1 (the ids that occur; :mod:`onepass.layout.vocab`), for a tiny random model."""
     used = used_ids(a for traj in trajectories for t in traj.turns for a in (t.prompt_ids, t.completion_ids))
     out = [replace(traj, turns=tuple(replace(t, prompt_ids=remap(t.prompt_ids, used),
                                              completion_ids=remap(t.completion_ids, used)) for t in traj.turns))

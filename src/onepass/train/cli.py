@@ -3,7 +3,7 @@
 Why this module exists: the training command has many options; keeping its
 parser here keeps ``cli.py`` small. The flags are generated from the fields of
 :class:`~onepass.train.config.TrainConfig` (type, default, help and group from
-the field; the data settings by :func:`onepass.data_config.add_data_arguments`,
+the field; the data settings by :func:`onepass.prepare.config.add_data_arguments`,
 the function that makes ``onepass prepare``'s), so every flag overrides the config
 key of the same name (dashes for underscores) and the YAML and the command line
 cannot drift apart. The names
@@ -31,7 +31,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from onepass.data_config import DATA_KEYS, add_data_arguments, data_flag_values
+from onepass.prepare.config import DATA_KEYS, add_data_arguments, data_flag_values
 from onepass.errors import run_main
 from onepass.key_value import key_value_arg
 from onepass.lazy import resolve
@@ -165,7 +165,7 @@ _NOT_CONFIG = ("config", "resume", "resume_anyway", "command", "func")
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The config keys the flags set (None: not given); the data settings read by
-    :func:`onepass.data_config.data_flag_values`, as ``onepass prepare`` reads them."""
+    :func:`onepass.prepare.config.data_flag_values`, as ``onepass prepare`` reads them."""
     values = {k: v for k, v in vars(args).items() if k not in (*_NOT_CONFIG, *DATA_KEYS) and v is not None}
     if "tiny_config" in values:
         values["tiny_config"] = dict(values["tiny_config"])

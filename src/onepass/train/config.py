@@ -20,7 +20,7 @@ The short names of earlier releases (``lr``, ``batch_size``, ``grad_accum``,
 naming the new key. The fields are the one source of truth: ``onepass train``'s
 flags are generated from them (:mod:`onepass.train.cli`). The data settings
 (``schedule``, ``max_tokens``, ``pack``, ``weighting``, ``completion_format``,
-``reasoning``, ``template_kwargs``) are one :class:`~onepass.data_config.DataConfig`,
+``reasoning``, ``template_kwargs``) are one :class:`~onepass.prepare.config.DataConfig`,
 ``data_config``, the one ``onepass prepare`` uses; in a YAML file (and in
 :meth:`TrainConfig.to_dict`) they are top-level keys like the others.
 
@@ -43,11 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onepass.data_config import DATA_KEYS, DataConfig, data_config_hints
-from onepass.dtypes import dtype_names
+from onepass.prepare.config import DATA_KEYS, DataConfig, data_config_hints
+from onepass.model.dtypes import dtype_names
 from onepass.errors import ConfigError
 from onepass.files import atomic_write_text
-from onepass.tiny import TINY_ARCHS
+from onepass.model.tiny import TINY_ARCHS
 from onepass.train.hyperparams import check_hyperparameters, epochs_counted
 
 FINETUNES = ("full", "lora", "qlora")

@@ -7,7 +7,7 @@ N-pass count of trained tokens). So the order is defined over *units*, not
 rows: a unit is one conversation (raw data: all the trees its schedule made)
 or one prepared row (a folder written by ``onepass prepare``, where
 conversations are no longer known); which one a ``--data`` spec is, is decided
-by :func:`onepass.data.load.resolve_data`, as for every other command. An
+by :func:`onepass.conversation.sources.resolve_data`, as for every other command. An
 epoch is a seeded shuffle of the units; a step takes the next
 ``batch_size * grad_accum * world`` of them; slot ``s = micro * world + rank``
 takes ``batch_size`` units; the rows of a slot are its units' trees, packed
@@ -37,21 +37,21 @@ from typing import Any
 
 import numpy as np
 
-from onepass.data.load import ROWS, DataSource, load_conversations
-from onepass.data.parallel import iter_units
+from onepass.conversation.sources import ROWS, DataSource, load_conversations
+from onepass.prepare.parallel import iter_units
 from onepass.errors import DataError
-from onepass.flops import token_ratio
+from onepass.layout.flops import token_ratio
 from onepass.guard.sample import ViewSample
-from onepass.pack import pack_layouts
-from onepass.data_config import DataConfig
-from onepass.prepare import PrepareStats, load_rows
-from onepass.row_check import check_rows
-from onepass.share import Key, prefix_key, share_rows
+from onepass.layout.pack import pack_layouts
+from onepass.prepare.config import DataConfig
+from onepass.prepare.pipeline import PrepareStats, load_rows
+from onepass.layout.row_check import check_rows
+from onepass.layout.share import Key, prefix_key, share_rows
 from onepass.train.config import TrainConfig, TrainConfigError
-from onepass.tree import COLUMNS as ROW_COLUMNS
-from onepass.tree import Layout, row_from_columns
-from onepass.view import View
-from onepass.vocab import layout_ids, remap_layout, used_ids
+from onepass.layout.tree import COLUMNS as ROW_COLUMNS
+from onepass.layout.tree import Layout, row_from_columns
+from onepass.layout.view import View
+from onepass.layout.vocab import layout_ids, remap_layout, used_ids
 
 Unit = list[Layout]
 
@@ -65,7 +65,7 @@ class TrainData:
     source: str
     stats: dict[str, Any]
     guard_views: list[list[View]] = field(default_factory=list)  # conversations: the exactness guard's sample
-    # sharing prefixes (onepass.share; conversations, packed): each unit's prefix key, for the order of a step
+    # sharing prefixes (onepass.layout.share; conversations, packed): each unit's prefix key, for the order of a step
     keys: list[Key | None] | None = None
 
     @property
@@ -91,8 +91,8 @@ def conversation_units(conversations: Sequence[Any], tokenizer: Any, config: Dat
                        sample: ViewSample | None = None) -> tuple[list[Unit], PrepareStats]:
     """One unit per conversation that keeps at least one view: the trees ``config.schedule`` makes.
 
-    Runs :func:`onepass.prepare.prepare_conversation` one conversation at a time (on ``num_proc``
-    forked workers when > 1, :func:`onepass.data.parallel.iter_units`) so each tree keeps its
+    Runs :func:`onepass.prepare.pipeline.prepare_conversation` one conversation at a time (on ``num_proc``
+    forked workers when > 1, :func:`onepass.prepare.parallel.iter_units`) so each tree keeps its
     conversation; the running totals of ``stats`` add up, the whole-set ones are set at the end.
     ``sample`` is offered each conversation's rendering (the exactness guard's views).
     """
@@ -110,9 +110,10 @@ def conversation_units(conversations: Sequence[Any], tokenizer: Any, config: Dat
 
 def load_train_data(source: DataSource, config: TrainConfig, tokenizer: Any | None, *, progress: bool = False,
                     log: Any = _LOG.info) -> TrainData:
-    """Units of ``source`` (a ``--data`` spec resolved once, by the run: :func:`onepass.data.load.resolve_data`):
-    prepared rows (one unit per row) or conversations (one unit per conversation, each read and rendered
-    once; the exactness guard's views are taken from them, :attr:`TrainData.guard_views`)."""
+    """Units of ``source`` (a ``--data`` spec resolved once, by the run:
+    :func:`onepass.conversation.sources.resolve_data`): prepared rows (one unit per row) or conversations
+    (one unit per conversation, each read and rendered once; the exactness guard's views are taken from
+    them, :attr:`TrainData.guard_views`)."""
     spec = source.spec
     if source.kind == ROWS:
         assert source.path is not None
@@ -157,7 +158,7 @@ def load_train_data(source: DataSource, config: TrainConfig, tokenizer: Any | No
 
 
 def unit_keys(units: Sequence[Unit]) -> list[Key | None]:
-    """The prefix key of each unit's first tree (:func:`onepass.share.prefix_key`): what the order of a
+    """The prefix key of each unit's first tree (:func:`onepass.layout.share.prefix_key`): what the order of a
     step sorts by, so that conversations sharing a prefix land in one micro-batch."""
     return [prefix_key(u[0]) for u in units]
 
@@ -299,7 +300,7 @@ def micro_batch_rows(data: TrainData, indices: Sequence[int], *, pack: bool, max
                      ) -> list[Layout]:
     """The rows of one micro-batch: its units' trees, packed into rows of ``max_tokens`` if ``pack``;
     with :attr:`TrainData.keys` (sharing prefixes), trees of units that share a prefix merged first
-    (:func:`onepass.share.share_rows`: the same loss terms, the prefix computed once per row)."""
+    (:func:`onepass.layout.share.share_rows`: the same loss terms, the prefix computed once per row)."""
     layouts = [x for i in indices for x in data.units[int(i)]]
     if pack and layouts:
         assert max_tokens is not None

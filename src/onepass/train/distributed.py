@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from onepass.private_names import private
+from onepass.model.private_names import private
 from onepass.train.config import TrainConfigError
 
 MODES = ("single", "ddp", "fsdp", "deepspeed")

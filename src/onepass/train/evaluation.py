@@ -25,7 +25,7 @@ from onepass.train.checkpoint import is_sharded
 from onepass.train.config import TrainConfig
 from onepass.train.data import TrainData, eval_passes
 from onepass.train.sequence_parallel import data_parallel
-from onepass.tree import Layout
+from onepass.layout.tree import Layout
 from onepass.ulysses.comm import SequenceShard
 
 

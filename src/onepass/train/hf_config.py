@@ -28,7 +28,7 @@ conversation, split into several trees where it is longer than ``max_length``),
 chat template that reads the clock renders; None: today, resolved when the config is built and shown in
 ``to_dict()``), ``allow_inexact``; ``max_tokens`` is an alias of ``max_length``. They stay flat
 fields (an ``SFTConfig`` drop-in, read by ``HfArgumentParser``) and are built
-once into a :class:`~onepass.data_config.DataConfig` (:attr:`OnePassConfig.data_config`,
+once into a :class:`~onepass.prepare.config.DataConfig` (:attr:`OnePassConfig.data_config`,
 the schedule parsed there), which is all the data preparation reads; their
 help texts and checks are DataConfig's.
 
@@ -49,7 +49,7 @@ from typing import Any
 
 from transformers import TrainingArguments
 
-from onepass.data_config import DataConfig, data_field_help
+from onepass.prepare.config import DataConfig, data_field_help
 from onepass.render.clock import resolve_template_date
 from onepass.train.config import TrainConfigError
 from onepass.train.hyperparams import check_hyperparameters, epochs_counted
@@ -297,7 +297,7 @@ class OnePassConfig(TrainingArguments):
 
     @property
     def data_config(self) -> DataConfig:
-        """The data settings as one :class:`~onepass.data_config.DataConfig` (``max_tokens`` is ``max_length``;
+        """The data settings as one :class:`~onepass.prepare.config.DataConfig` (``max_tokens`` is ``max_length``;
         ``pack`` False: ``packing`` packs the trees of several conversations, :mod:`onepass.train.hf_data`).
         Built, and the schedule parsed, once; again only after one of the fields was set to another value."""
         values = self._data_values()

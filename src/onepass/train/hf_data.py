@@ -18,7 +18,7 @@ packing it is one row of at most ``max_length`` tokens (TRL: the same).
     packing=False  items [c0] [c1] [c2]            3 items, batch size counts conversations
     packing=True   rows  [c1] [c2 c0]              2 rows of <= 1024 tokens, batch size counts rows
 
-The settings are one :class:`~onepass.data_config.DataConfig` (``OnePassConfig.data_config``), read
+The settings are one :class:`~onepass.prepare.config.DataConfig` (``OnePassConfig.data_config``), read
 here and nowhere else. What the exactness guard checks on (the schedule, some of the conversations,
 the tokenizer, the render settings) comes back with the rows as :class:`GuardInputs`, which the
 trainer hands to the guard (``OnePassTrainer.check_exactness``); rows given as they are have none.
@@ -35,24 +35,24 @@ from typing import Any
 
 import torch
 
-from onepass.conversation import Conversation
-from onepass.data.load import RawRecord, parse_records
-from onepass.data_config import DataConfig
+from onepass.conversation.parse import Conversation
+from onepass.conversation.sources import RawRecord, parse_records
+from onepass.prepare.config import DataConfig
 from onepass.errors import DataError, UsageError
 from onepass.guard.sample import GUARD_CONVERSATIONS, ViewSample
 from onepass.loss import layouts_to_batch
-from onepass.pack import pack_layouts
-from onepass.prepare import PrepareStats, count_rows, count_shared, load_rows
-from onepass.records import without_nulls
+from onepass.layout.pack import pack_layouts
+from onepass.prepare.pipeline import PrepareStats, count_rows, count_shared, load_rows
+from onepass.conversation.records import without_nulls
 from onepass.render import RenderConfig
-from onepass.schedule import Schedule
-from onepass.share import share_and_pack
+from onepass.layout.schedule import Schedule
+from onepass.layout.share import share_and_pack
 from onepass.train import sft_rows
 from onepass.train.data import conversation_units
 from onepass.train.hf_config import OnePassConfig
 from onepass.train.sft_rows import SftSettings
-from onepass.tree import COLUMNS, Layout, concat, row_from_columns, rows_to_columns
-from onepass.view import View
+from onepass.layout.tree import COLUMNS, Layout, concat, row_from_columns, rows_to_columns
+from onepass.layout.view import View
 
 log = logging.getLogger("onepass")
 
@@ -102,7 +102,7 @@ def conversation_dataset(conversations: Iterable[Conversation], tokenizer: Any, 
 
     ``data_config`` gives the settings as one record instead of ``schedule``, ``max_tokens``,
     ``weighting`` and ``render``. Conversations whose views are all skipped (template errors, over
-    ``max_tokens``) are left out, counted in the returned :class:`~onepass.prepare.PrepareStats`
+    ``max_tokens``) are left out, counted in the returned :class:`~onepass.prepare.pipeline.PrepareStats`
     (``return_stats=True``) and logged as a warning with the first reason. ``num_proc`` processes
     render them.
     """
@@ -154,7 +154,7 @@ def prepare_rows(conversations: Iterable[Conversation], tokenizer: Any, data_con
         assert max_tokens is not None
         packed = data_config.replace(pack=True)
         trees = [tree for unit in units for tree in unit]
-        if packed.shares:  # trees of conversations that share a prefix: one tree per row (onepass.share)
+        if packed.shares:  # trees of conversations that share a prefix: one tree per row (onepass.layout.share)
             shared = share_and_pack(trees, [u for u, unit in enumerate(units) for _ in unit], max_tokens,
                                     window=packed.share_window)
             rows = shared.rows
@@ -178,7 +178,7 @@ def _columns(ds: Any) -> list[str]:
 def parse_dataset(ds: Any, *, source: str, formatting_func: Callable[[dict], Any] | None = None,
                   text_field: str = "text") -> list[Conversation]:
     """The conversations of a ``datasets.Dataset`` / ``IterableDataset`` (or a list of records), in any
-    shape :func:`onepass.conversation.parse_record` reads (the column is detected), each record first
+    shape :func:`onepass.conversation.parse.parse_record` reads (the column is detected), each record first
     passed through ``formatting_func`` when given. A record that is not a conversation is a counted
     skip, logged with the first reason; none left is a :class:`DataError`."""
     rows: Iterable[Any] = ds if isinstance(ds, (list, tuple)) else (without_nulls(r) for r in ds)  # Arrow's nulls

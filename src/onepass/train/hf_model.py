@@ -14,8 +14,8 @@ from typing import Any
 
 from onepass.attention.backends import default_backend
 from onepass.errors import UsageError
-from onepass.models import ModelSpec, load_causal_lm
-from onepass.tokenizer import auto_tokenizer, read_template
+from onepass.model.load import ModelSpec, load_causal_lm
+from onepass.render.tokenizer import auto_tokenizer, read_template
 from onepass.train.hf_config import OnePassConfig
 
 _SPEC_KEYS = ("dtype", "quantization_config", "trust_remote_code", "device_map", "attn_implementation")
@@ -25,7 +25,7 @@ def load_model(model: str, args: OnePassConfig, quantization_config: Any = None)
     """``model`` loaded with ``args.model_init_kwargs`` as TRL loads it (``dtype`` float32 unless given,
     ``trust_remote_code``, ``quantization_config``, no device map when distributed or on CPU, else
     ``"auto"``), with a tree-mask attention backend unless one is named; by the one loader
-    (:func:`onepass.models.load_causal_lm`)."""
+    (:func:`onepass.model.load.load_causal_lm`)."""
     kwargs = dict(args.model_init_kwargs or {})
     if quantization_config is not None:
         if kwargs.get("quantization_config") is not None:

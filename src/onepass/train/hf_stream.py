@@ -6,7 +6,7 @@ they are (a dataset of the five row columns, or a stream of them) trained unchec
 made a NaN model with its loss logged 0.0. :func:`trainer_rows` is the one way in: a stream goes
 through :func:`stream_rows` (rendered a batch at a time, when the Trainer reads it), anything else
 through :func:`onepass.train.hf_data.as_rows`; then :func:`check_dataset_rows` checks every row as
-``onepass train`` checks a prepared folder (:func:`onepass.row_check.check_rows`), all of them
+``onepass train`` checks a prepared folder (:func:`onepass.layout.row_check.check_rows`), all of them
 before training, or, for a stream, each item as it is read.
 
     trainer_rows(IterableDataset of conversations)   -> rows rendered 256 conversations at a time
@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from onepass.conversation import Conversation
-from onepass.data.load import RawRecord, parse_records
+from onepass.conversation.parse import Conversation
+from onepass.conversation.sources import RawRecord, parse_records
 from onepass.errors import UsageError
-from onepass.pack import pack_layouts
-from onepass.records import without_nulls
-from onepass.row_check import check_rows
+from onepass.layout.pack import pack_layouts
+from onepass.conversation.records import without_nulls
+from onepass.layout.row_check import check_rows
 from onepass.train.data import conversation_units
 from onepass.train.hf_config import OnePassConfig
 from onepass.train.hf_data import (
@@ -39,7 +39,7 @@ from onepass.train.hf_data import (
     as_rows,
     parse_dataset,
 )
-from onepass.tree import COLUMNS, Layout, concat, row_from_columns, rows_to_columns
+from onepass.layout.tree import COLUMNS, Layout, concat, row_from_columns, rows_to_columns
 
 log = logging.getLogger("onepass")
 
@@ -150,8 +150,8 @@ def dataset_rows(ds: Any, batch_size: int = 256) -> Iterator[Layout]:
 
 def check_dataset_rows(ds: Any, *, source: str, vocab_size: int | None) -> Any:
     """The rows a trainer is given, checked as ``onepass train`` checks a prepared folder
-    (:func:`onepass.row_check.check_rows`: ids within ``vocab_size``, finite non-negative weights only on
-    targets, some weight > 0, ``kv_end`` the tree of ``position_ids``): one :class:`~onepass.row_check.RowError`
+    (:func:`onepass.layout.row_check.check_rows`: ids within ``vocab_size``, finite non-negative weights only on
+    targets, some weight > 0, ``kv_end`` the tree of ``position_ids``): one :class:`~onepass.layout.row_check.RowError`
     line naming the row, before training. Returns the dataset to train on: a stream comes back mapped
     so that each item is checked as it is read (there is no "before" for an endless stream; a row with no
     weight is then allowed, a step with none trains nothing)."""

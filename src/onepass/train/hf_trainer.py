@@ -56,17 +56,17 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from onepass.attention.backends import check_backend, model_backend, attention_mask_for
-from onepass.conversation import Conversation
-from onepass.couplings import check_row_mask, checkpointing_on
+from onepass.conversation.parse import Conversation
+from onepass.model.couplings import check_row_mask, checkpointing_on
 from onepass.errors import UsageError
-from onepass.geometry import branches
+from onepass.layout.geometry import branches
 from onepass.guard.check import check_exact_once, enforce
 from onepass.guard.sample import views_for_check
 from onepass.head import add_logit_stats, weighted_ce
 from onepass.loss import ForwardView, batch_dft_loss, batch_loss, dft_sum, row_losses
 from onepass.mixers.tree import tree_kwargs
-from onepass.private_names import private
-from onepass.row_check import model_vocab
+from onepass.model.private_names import private
+from onepass.layout.row_check import model_vocab
 from onepass.train import sft_checks
 from onepass.train.config import TrainConfigError
 from onepass.train.hf_config import OnePassConfig, warn_once
@@ -79,14 +79,14 @@ from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: t
     prepared_dataset,
     rows_dataset,
 )
-from onepass.couplings import base_model, is_peft, loaded_from
+from onepass.model.couplings import base_model, is_peft, loaded_from
 from onepass.train.checkpoint import NonFiniteWeightsError, non_finite_weights
 from onepass.train.distributed import asked_mode, check_fsdp_accelerate, honour_request
 from onepass.train.sequence_parallel import accelerate_sp_size
 from onepass.train.hf_model import chat_template_of, load_model, load_tokenizer, set_special_tokens
 from onepass.train.hf_stream import check_dataset_rows, is_stream, trainer_rows
 from onepass.train.report import plot_losses
-from onepass.tree import COLUMNS, IGNORE
+from onepass.layout.tree import COLUMNS, IGNORE
 
 log = logging.getLogger("onepass")
 
@@ -108,7 +108,8 @@ def as_onepass_config(args: Any, model: Any) -> OnePassConfig:
 
 TRAINER_PRIVATES = ("transformers.Trainer._set_signature_columns_if_needed",
                     "transformers.Trainer._get_num_items_in_batch", "transformers.Trainer._prepare_inputs")
-"""Trainer's private methods :class:`OnePassTrainer` overrides or calls (:data:`onepass.private_names.PRIVATE_NAMES`)."""
+"""Trainer's private methods :class:`OnePassTrainer` overrides or calls
+(:data:`onepass.model.private_names.PRIVATE_NAMES`)."""
 
 
 class OnePassTrainer(Trainer):
@@ -512,7 +513,7 @@ def _check_finite(model: Any) -> None:
 
 
 def _shares_no_prefix(dataset: Any, batch: int = 1024) -> bool:
-    """No tree node of any row has two children (:func:`onepass.geometry.branches`): every view in the
+    """No tree node of any row has two children (:func:`onepass.layout.geometry.branches`): every view in the
     rows is its own sequence (N-pass rows, one or several per row), so the one-pass rule is not in play.
     False for a dataset without a ``kv_end`` column (not rows: the guard decides)."""
     if is_stream(dataset) or "kv_end" not in (getattr(dataset, "column_names", None) or ()):

@@ -39,12 +39,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from onepass.couplings import check_row_mask
-from onepass.data.load import CONVERSATIONS, DataSource, resolve_data
+from onepass.model.couplings import check_row_mask
+from onepass.conversation.sources import CONVERSATIONS, DataSource, resolve_data
 from onepass.files import atomic_dir, check_writable, output_lock, write_failure
-from onepass.private_names import private
+from onepass.model.private_names import private
 from onepass.errors import OnePassError
-from onepass.row_check import check_ids
+from onepass.layout.row_check import check_ids
 from onepass.train import distributed
 from onepass.train.checkpoint import (
     CheckpointWriteError,

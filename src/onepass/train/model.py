@@ -26,12 +26,12 @@ import torch
 
 from onepass.attention.backends import check_backend, default_backend
 from onepass.attention.cpu import register
-from onepass.dtypes import torch_dtype
+from onepass.model.dtypes import torch_dtype
 from onepass.guard.check import check_exact_once, enforce
 from onepass.guard.sample import views_for_check
-from onepass.models import ModelSpec, load_causal_lm, load_model_config
-from onepass.tiny import tiny_config
-from onepass.tokenizer import load_tokenizer
+from onepass.model.load import ModelSpec, load_causal_lm, load_model_config
+from onepass.model.tiny import tiny_config
+from onepass.render.tokenizer import load_tokenizer
 from onepass.train.config import QLORA_ON_CPU, TrainConfig, TrainConfigError
 from onepass.train.data import TrainData
 from onepass.ulysses.guard import check_sequence_parallel as check_twin
@@ -169,7 +169,7 @@ def check_sequence_parallel(config: TrainConfig, *, attention: str, log: Any = _
 
 def load_model(config: TrainConfig, *, device: torch.device, attention: str, vocab_size: int | None = None
                ) -> Any:
-    """The model to train, loaded by the one loader (:func:`onepass.models.load_causal_lm`), on ``device``, in
+    """The model to train, loaded by the one loader (:func:`onepass.model.load.load_causal_lm`), on ``device``, in
     train mode, with adapters when asked."""
     check_backend(attention, device, torch_dtype(config.dtype))  # flex_attention has no float64 kernel: before loading
     qlora = config.finetune == "qlora"

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from onepass.couplings import base_model, is_peft
+from onepass.model.couplings import base_model, is_peft
 from onepass.train import sft_rows
 
 log = logging.getLogger("onepass")

@@ -37,7 +37,7 @@ import numpy as np
 
 from onepass.render.clock import TEMPLATE_DATE
 from onepass.render.template import apply_template
-from onepass.tree import IGNORE, Layout, concat
+from onepass.layout.tree import IGNORE, Layout, concat
 
 TEXT, PROMPT_COMPLETION, PRETOKENIZED, MESSAGES = "text", "prompt_completion", "pretokenized", "messages"
 MASK_COLUMNS = ("assistant_masks", "completion_mask")

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from onepass.errors import OnePassError
-from onepass.flops import visible_pairs
+from onepass.layout.flops import visible_pairs
 from onepass.loss import ForwardView, batch_loss, layouts_to_batch
 from onepass.train.checkpoint import is_sharded
 from onepass.train.config import TrainConfig

@@ -28,11 +28,11 @@ import torch
 from onepass.guard.check import build_twin, describe
 from onepass.guard.divergence import decoder_layers
 from onepass.loss import batch_loss, layouts_to_batch, pad_batch
-from onepass.tree import Layout, build_layout
+from onepass.layout.tree import Layout, build_layout
 from onepass.ulysses.comm import SequenceShard, run_ranks
 from onepass.ulysses.model import install, model_heads, uninstall
 from onepass.ulysses.plan import SequenceParallelError, head_split
-from onepass.view import View
+from onepass.layout.view import View
 
 TOLERANCE = 1e-9  # relative, float64 (exact is ~1e-15)
 

@@ -5,7 +5,7 @@ and the model's attention must go through the wrapper of :mod:`onepass.ulysses.a
 rest of the run (a gradient checkpoint's recomputation included), whatever wraps the model later
 (peft, DDP, FSDP). Both happen once, here, on the loaded model:
 
-    >>> from onepass.tiny import tiny_model                                  # doctest: +SKIP
+    >>> from onepass.model.tiny import tiny_model                                  # doctest: +SKIP
     >>> model = tiny_model("qwen3", 100, attn_implementation="onepass_cpu")   # doctest: +SKIP
     >>> install(model, 2); model.config._attn_implementation                  # doctest: +SKIP
     'onepass_sp:onepass_cpu'
@@ -20,11 +20,11 @@ from __future__ import annotations
 from typing import Any
 
 from onepass.attention.backends import SP_PREFIX, model_backend
-from onepass.couplings import recurrent_mixer
+from onepass.model.couplings import recurrent_mixer
 from onepass.guard.divergence import decoder_layers
-from onepass.model_config import text_config
+from onepass.model.config import text_config
 from onepass.ulysses.attention import register
-from onepass.private_names import private
+from onepass.model.private_names import private
 from onepass.ulysses.plan import HeadSplit, LayerShapes, SequenceParallelError, head_split
 
 

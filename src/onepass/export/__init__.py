@@ -1,0 +1,1 @@
+"""``onepass export``: a LoRA adapter merged into its base model (``merge``), its parser (``cli``, no torch)."""

@@ -1,0 +1,233 @@
+"""The data settings: how conversations become training trees, one record for every entry point.
+
+Why this module exists: ``onepass prepare``, ``onepass train``, ``OnePassTrainer``, ``verify`` and
+``show`` all turn conversations into views and trees with the same settings (schedule, token
+budget, packing, weighting, completion format, reasoning, template variables, the date the template
+renders). They are defined
+once here: each field carries its ``help`` and ``choices`` in its metadata (as TRL's configs do),
+the defaults are the fields', the checks are :meth:`DataConfig.__post_init__`'s (one line each, a
+:class:`~onepass.errors.ConfigError`), and the schedule string is parsed once, into
+:attr:`DataConfig.schedule_spec`, which everything downstream reads. ``PrepareConfig`` is this
+record; ``template_date`` (default: today) is resolved to a concrete ``YYYY-MM-DD`` here, when the record is
+built, once per run (:func:`onepass.render.clock.resolve_template_date`), and carried from then on, so a run
+renders one date and records which. ``TrainConfig`` holds one (``data_config``); ``OnePassConfig`` builds one from its flat
+SFTConfig-style fields. The command-line flags of every subcommand are generated from the fields by
+:func:`add_data_arguments` and read back by :func:`data_flag_values` / :func:`data_config_from_args`.
+
+Add a data setting: one field of :class:`DataConfig`, its ``help`` (and ``choices``) in the metadata and
+its check in ``__post_init__``. The flags of ``prepare``, ``train``, ``verify`` and ``show``, the YAML key
+of ``onepass train`` and ``TrainConfig.to_dict`` follow from the field (``tests/test_data_config.py``
+checks one flag per field); ``OnePassConfig`` keeps SFTConfig's flat fields, so add it there too
+(a field and a key of ``OnePassConfig._data_values``).
+
+    >>> cfg = DataConfig(schedule="k-pass:2", max_tokens=4096, reasoning="drop")
+    >>> cfg.schedule_spec, cfg.render.reasoning
+    (Schedule(kind='k-pass', k=2), 'drop')
+    >>> DataConfig(pack=True)
+    Traceback (most recent call last):
+    ...
+    onepass.errors.ConfigError: pack needs a row budget: set max_tokens (--max-tokens)
+
+No torch here: this is pure data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from onepass.errors import ConfigError
+from onepass.key_value import key_value_arg, parse_key_value
+from onepass.render import COMPLETION_FORMATS, RenderConfig
+from onepass.render.clock import resolve_template_date
+from onepass.render.reasoning import REASONING_CHOICES, REASONING_HELP
+from onepass.layout.schedule import WEIGHTINGS, Schedule, parse_schedule
+
+
+def _meta(help: str, *, choices: tuple[str, ...] | None = None, flags: tuple[str, ...] = (),
+          metavar: str | None = None) -> dict[str, Any]:
+    """A field's ``--help`` line, allowed values and extra flag names (:func:`add_data_arguments`)."""
+    return {"help": help, "choices": choices, "flags": flags, "metavar": metavar}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """How conversations become trees and rows (see the module doc). ``schedule`` may be given as a
+    :class:`~onepass.layout.schedule.Schedule` already parsed (then it is not parsed again)."""
+
+    schedule: str | Schedule = field(default="one-pass", metadata=_meta(
+        "one-pass | n-pass | k-pass:K | budget", metavar="SCHEDULE"))
+    max_tokens: int | None = field(default=None, metadata=_meta("tree / row token budget", metavar="N"))
+    pack: bool = field(default=False, metadata=_meta("pack trees into rows of <= max_tokens"))
+    share_prefix: bool = field(default=True, metadata=_meta(
+        "with --pack: trees of different conversations that share a token prefix (a system prompt, tools) "
+        "become one tree per row, the same loss; --no-share-prefix packs one tree per conversation "
+        "(n-pass never shares: it is the baseline)"))
+    share_window: int | None = field(default=None, metadata=_meta(
+        "share prefixes only among this many consecutive conversations of the data order (default: all of "
+        "prepare's and OnePassTrainer's packed rows, one optimizer step's in onepass train)", metavar="N"))
+    weighting: str = field(default="token", metadata=_meta("token | turn | conversation",
+                                                           choices=WEIGHTINGS))
+    completion_format: str | None = field(default=None, metadata=_meta(
+        "build completions from a format instead of the template: " + ", ".join(COMPLETION_FORMATS)
+        + " or a format string", metavar="FORMAT"))
+    reasoning: str = field(default="keep", metadata=_meta(REASONING_HELP, choices=REASONING_CHOICES))
+    template_kwargs: dict[str, Any] = field(default_factory=dict, metadata=_meta(
+        "extra chat template variable, e.g. enable_thinking=true (repeatable)", flags=("--template-kwarg",),
+        metavar="KEY=VALUE"))
+    template_date: str | None = field(default=None, metadata=_meta(
+        "the date a chat template that reads the clock renders (gpt-oss' \"Current date\"), YYYY-MM-DD "
+        "(default: today, recorded in stats.json and the run's config)", metavar="YYYY-MM-DD"))
+    schedule_spec: Schedule = field(init=False, repr=False, compare=False)
+    """The parsed ``schedule``: what every consumer reads (the string is parsed here, once)."""
+    render: RenderConfig = field(init=False, repr=False, compare=False)
+    """The rendering part (template variables, completion format, reasoning) as the renderer takes it."""
+
+    def __post_init__(self) -> None:
+        spec = self.schedule
+        if isinstance(spec, Schedule):
+            object.__setattr__(self, "schedule", str(spec))
+        elif not isinstance(spec, str):
+            raise ConfigError(f"schedule must be a string, got {spec!r}")
+        else:
+            try:
+                spec = parse_schedule(spec)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        object.__setattr__(self, "schedule_spec", spec)
+        for name in ("weighting", "reasoning"):
+            allowed = _FIELDS[name].metadata["choices"]
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"unknown {name} {getattr(self, name)!r}; use one of {', '.join(allowed)}")
+        if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
+                                            or self.max_tokens < 2):
+            raise ConfigError(f"max_tokens must be an integer >= 2 (or unset), got {self.max_tokens!r}")
+        if self.pack and self.max_tokens is None:
+            raise ConfigError("pack needs a row budget: set max_tokens (--max-tokens)")
+        if not isinstance(self.share_prefix, bool):
+            raise ConfigError(f"share_prefix must be true or false, got {self.share_prefix!r}")
+        if self.share_window is not None and (isinstance(self.share_window, bool) or not isinstance(
+                self.share_window, int) or self.share_window < 1):
+            raise ConfigError(f"share_window must be an integer >= 1 (or unset), got {self.share_window!r}")
+        if not isinstance(self.template_kwargs, Mapping):
+            raise ConfigError(f"template_kwargs must be a mapping, got {self.template_kwargs!r}")
+        for key in self.template_kwargs:  # a reserved name: RenderConfig's one check (render.template.RESERVED_KWARGS)
+            if not isinstance(key, str):
+                raise ConfigError(f"template_kwargs: {key!r} is not a name; template_kwargs are extra template "
+                                  "variables, e.g. enable_thinking=false")
+        object.__setattr__(self, "template_date", resolve_template_date(self.template_date))
+        object.__setattr__(self, "render", RenderConfig(template_kwargs=dict(self.template_kwargs),
+                                                        completion_format=self.completion_format,
+                                                        reasoning=self.reasoning, template_date=self.template_date))
+
+    @property
+    def shares(self) -> bool:
+        """Do packed rows merge the trees of conversations that share a prefix (:mod:`onepass.layout.share`)?
+        With packing and ``share_prefix``, under every schedule but ``n-pass`` (the baseline shares nothing)."""
+        return self.pack and self.share_prefix and self.schedule_spec.kind != "n-pass"
+
+    def replace(self, **changes: Any) -> DataConfig:
+        """A copy with ``changes``; the parsed schedule is carried over, not parsed again."""
+        changes.setdefault("schedule", self.schedule_spec)
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as plain values (the keys of a YAML config)."""
+        return {name: dict(v) if isinstance(v := getattr(self, name), Mapping) else v for name in DATA_KEYS}
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(DataConfig) if f.init}
+DATA_KEYS: tuple[str, ...] = tuple(_FIELDS)
+"""The settings' names: config keys, and (dashes for underscores) flag names."""
+RENDER_KEYS = ("completion_format", "reasoning", "template_kwargs", "template_date")
+"""The settings that say how a view is rendered (:attr:`DataConfig.render`): what ``verify``, ``show`` and
+``templates check`` take besides the schedule."""
+
+
+def data_field_help(name: str) -> dict[str, Any]:
+    """Field metadata of setting ``name`` for a config that spells the settings flat (``OnePassConfig``):
+    ``help`` and ``choices`` as ``HfArgumentParser`` reads them."""
+    meta = _FIELDS[name].metadata
+    return {"help": meta["help"], **({"choices": list(meta["choices"])} if meta["choices"] else {})}
+
+
+def data_config_hints() -> dict[str, Any]:
+    """Each setting's type (for reading YAML values)."""
+    hints = typing.get_type_hints(DataConfig)
+    return {name: hints[name] for name in DATA_KEYS}
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line: flags generated from the fields, read back into a DataConfig
+
+
+def _bool_arg(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _schedule_arg(text: str) -> Schedule:
+    try:
+        return parse_schedule(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_data_arguments(parser: Any, *, names: Collection[str] = DATA_KEYS, overrides: bool = False) -> None:
+    """One flag per field named in ``names``: ``--max-tokens`` (and HF's spelling ``--max_tokens``, not listed
+    in ``--help``, and the field's extra names), with the field's help, default and choices.
+
+    Every flag's value is None unless given (:func:`data_flag_values` keeps the given ones). Without
+    ``overrides`` (``prepare``, ``verify``, ``show``) a bad value is refused while parsing (choices, the
+    schedule parsed to a :class:`Schedule` there, once); with ``overrides`` (``train``, whose flags
+    override a YAML file) values are checked with the rest of the config, in one line.
+    """
+    for name in names:
+        f = _FIELDS[name]
+        meta = f.metadata
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+        shown = "" if default in (None, {}) or f.type in ("bool", bool) or "(default" in meta["help"] \
+            else f" (default: {default})"
+        kwargs: dict[str, Any] = dict(dest=name, default=None)
+        if name in ("pack", "share_prefix"):
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif name == "template_kwargs":
+            kwargs.update(action="append", type=key_value_arg if overrides else str, metavar=meta["metavar"])
+        else:
+            kwargs["metavar"] = meta["metavar"]
+            if name in ("max_tokens", "share_window"):
+                kwargs["type"] = int
+            elif name == "schedule" and not overrides:
+                kwargs["type"] = _schedule_arg
+            if meta["choices"] and not overrides:
+                kwargs.update(choices=meta["choices"], metavar=None)
+        if "_" in name:  # HF's own spelling (--max_tokens) too, not listed in --help; a flag as HF has it
+            hidden = dict(kwargs, action="store", nargs="?", const=True, type=_bool_arg) \
+                if kwargs.get("action") is argparse.BooleanOptionalAction else kwargs  # (--share_prefix false)
+            parser.add_argument("--" + name, **{**hidden, "help": argparse.SUPPRESS})
+        parser.add_argument("--" + name.replace("_", "-"), *meta["flags"], help=meta["help"] + shown, **kwargs)
+
+
+def data_flag_values(args: argparse.Namespace, *, names: Collection[str] = DATA_KEYS) -> dict[str, Any]:
+    """The data settings given on the command line (None: not given), as config values."""
+    out: dict[str, Any] = {}
+    for name in names:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if name == "template_kwargs":
+            value = dict(v if isinstance(v, tuple) else parse_key_value(v) for v in value)
+        out[name] = value
+    return out
+
+
+def data_config_from_args(args: argparse.Namespace, *, names: Collection[str] = DATA_KEYS) -> DataConfig:
+    """The :class:`DataConfig` of the flags :func:`add_data_arguments` added (the fields' defaults for the rest)."""
+    return DataConfig(**data_flag_values(args, names=names))

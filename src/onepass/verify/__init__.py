@@ -1,0 +1,5 @@
+"""``onepass verify``: one-pass vs N-pass loss and gradients on the same conversations.
+
+``check``  the measurement (:func:`~onepass.verify.check.run_verify`) and ``onepass verify --data``'s run
+``cli``    its parser (no torch): conversations, or ``--rollouts`` (:mod:`onepass.rl.cli`)
+"""
