@@ -92,6 +92,28 @@ def batch_loss(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | 
     return chunked_lm_head_loss(out, head, targets_T, weights_T, mode=mode, stats=stats)
 
 
+def row_losses(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | None = None,
+               stats: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """:func:`batch_loss` per row (``[B]``, summing to it): one forward, the LM head row by row.
+
+    For a mean over rows that must count each row once, whatever the batches (an evaluation whose
+    processes pad their last batch with rows counted already: the pairs (row loss, row weight) are
+    gathered and the duplicates dropped by the row)."""
+    mode = head_mode(lm_head)
+    out, head, targets_T, weights_T = forward_at_targets(model, batch, lm_head=mode)
+    ends = torch.cumsum((batch["targets"] != IGNORE).sum(dim=1), 0).tolist()  # targets are kept row-major
+    parts = []
+    for start, end in zip([0, *ends[:-1]], ends):
+        if head is None:
+            if stats is not None:
+                add_logit_stats(stats, out[start:end], targets_T[start:end].long(), weights_T[start:end])
+            parts.append(weighted_ce(out[start:end], targets_T[start:end], weights_T[start:end]))
+        else:
+            parts.append(chunked_lm_head_loss(out[start:end], head, targets_T[start:end], weights_T[start:end],
+                                              mode=mode, stats=stats))
+    return torch.stack(parts) if parts else out.new_zeros(0)
+
+
 def batch_dft_loss(model: Any, batch: Mapping[str, torch.Tensor], *,
                    stats: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """Weighted-sum Dynamic Fine-Tuning loss of a batch of rows (TRL's ``loss_type='dft'``): each target's

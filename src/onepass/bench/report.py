@@ -130,6 +130,8 @@ def speed_check(setting: dict[str, Any], baseline: str = "n_pass_packed") -> Spe
     """The setting's checked speed ratio vs ``baseline`` (``n_pass_packed``, same backend, or
     ``flash_n_pass_packed``, torch's flash varlen kernel), as ``summary.json`` holds it (None: not measured)."""
     d = setting.get(f"speed_ratio_vs_{baseline}")
+    if d and "fastest" not in d and "best" in d:  # a summary written before the field was named for what it is
+        d = {**d, "fastest": d["best"]}
     return SpeedRatio(**{f.name: d[f.name] for f in fields(SpeedRatio)}) if d else None
 
 

@@ -46,6 +46,7 @@ from transformers import TrainingArguments
 
 from onepass.data_config import DataConfig, data_field_help
 from onepass.render.clock import resolve_template_date
+from onepass.train.hyperparams import check_hyperparameters, epochs_counted
 
 log = logging.getLogger("onepass")
 
@@ -139,6 +140,14 @@ def _bf16_supported(args: TrainingArguments) -> bool:
     return bool(args.use_cpu or is_torch_bf16_gpu_available() or is_torch_xla_available())
 
 
+def check_ranges(args: TrainingArguments) -> None:
+    """The hyper-parameters in range (:mod:`onepass.train.hyperparams`, the table ``onepass train`` reads);
+    ``num_train_epochs`` only where it counts (no ``max_steps``), as the Trainer reads it."""
+    from onepass.train.config import TrainConfigError
+
+    check_hyperparameters(args, names=epochs_counted(args.max_steps <= 0), error=TrainConfigError)
+
+
 def _h(text: str) -> dict[str, Any]:
     return {"help": text}
 
@@ -225,6 +234,7 @@ class OnePassConfig(TrainingArguments):
         if getattr(self, "activation_checkpointing", False) is None and self.gradient_checkpointing:
             self.activation_checkpointing = True  # TRL's default, under transformers' new name (no FutureWarning)
         super().__post_init__()
+        check_ranges(self)
         if self.max_tokens is not None:
             if self.max_length not in (None, 1024, self.max_tokens):
                 raise ValueError(f"max_length={self.max_length} and max_tokens={self.max_tokens} disagree; "

@@ -58,8 +58,9 @@ from transformers import Trainer, TrainingArguments
 from onepass.attention.backends import check_backend, model_backend
 from onepass.conversation import Conversation
 from onepass.couplings import check_row_mask, checkpointing_on
-from onepass.loss import ForwardView, batch_dft_loss, batch_loss
+from onepass.loss import ForwardView, batch_dft_loss, batch_loss, row_losses
 from onepass.private_names import private
+from onepass.row_check import model_vocab
 from onepass.train import sft_checks
 from onepass.train.config import TrainConfigError
 from onepass.train.hf_config import OnePassConfig, warn_once
@@ -74,6 +75,7 @@ from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: t
 )
 from onepass.train.hf_model import base_model, chat_template_of, is_peft, load_model, load_tokenizer, loaded_from, \
     set_special_tokens
+from onepass.train.hf_stream import check_dataset_rows, is_stream, trainer_rows
 from onepass.tree import COLUMNS
 
 log = logging.getLogger("onepass")
@@ -192,16 +194,18 @@ class OnePassTrainer(Trainer):
 
         if args.dataset_prepared and formatting_func is not None:
             warn_once("formatting_func", "formatting_func is ignored: dataset_kwargs skip_prepare_dataset=True")
-        train = as_rows(train_dataset, processing_class, args, source="train_dataset", formatting_func=formatting_func)
+        vocab = model_vocab(model)  # every row is checked against it as `onepass train` checks a prepared folder
+        train = trainer_rows(train_dataset, processing_class, args, source="train_dataset", vocab_size=vocab,
+                             formatting_func=formatting_func)
         train_dataset = train.dataset
         eval_packing = args.packing if args.eval_packing is None else args.eval_packing
         if isinstance(eval_dataset, Mapping):
-            eval_dataset = {k: as_rows(v, processing_class, args, source=f"eval_dataset[{k!r}]",
-                                       packing=eval_packing, formatting_func=formatting_func).dataset
+            eval_dataset = {k: trainer_rows(v, processing_class, args, source=f"eval_dataset[{k!r}]", vocab_size=vocab,
+                                            packing=eval_packing, formatting_func=formatting_func).dataset
                             for k, v in eval_dataset.items()}
         else:
-            eval_dataset = as_rows(eval_dataset, processing_class, args, source="eval_dataset", packing=eval_packing,
-                                   formatting_func=formatting_func).dataset
+            eval_dataset = trainer_rows(eval_dataset, processing_class, args, source="eval_dataset", vocab_size=vocab,
+                                        packing=eval_packing, formatting_func=formatting_func).dataset
         if data_collator is None:
             data_collator = OnePassCollator(padding_free=sft_checks.padding_free(args),
                                             pad_to_multiple_of=args.pad_to_multiple_of)
@@ -224,6 +228,7 @@ class OnePassTrainer(Trainer):
         # compute_loss divides by the step's weight sum itself: no extra division by grad-accum steps
         self.model_accepts_loss_kwargs = True
         self._metric_sums: dict[str, dict[str, torch.Tensor]] = {"train": {}, "eval": {}}
+        self._eval_pairs: list[torch.Tensor] | None = None  # (row loss, row weight) of the evaluation running
         self._total_train_tokens = 0
         # what TRL's callbacks and scripts read: no load-balancing loss is added (see router_aux_loss_coef)
         self.aux_loss_enabled = False
@@ -292,6 +297,7 @@ class OnePassTrainer(Trainer):
             self.check_exactness()
         result = super().train(*args, **kwargs)
         self.plot_loss()
+        _check_finite(self.accelerator.unwrap_model(self.model))
         return result
 
     def plot_loss(self) -> Any:
@@ -361,6 +367,11 @@ class OnePassTrainer(Trainer):
             total = self._prompt_learning_loss(model, inputs, stats)
         elif self.args.loss_type == "dft":
             total = batch_dft_loss(view, inputs, stats=stats)
+        elif mode == "eval" and self._eval_pairs is not None:  # inside evaluate(): each row's sums, counted once
+            per_row = row_losses(view, inputs, stats=stats)
+            total = per_row.sum()
+            pairs = torch.stack([per_row.detach().double(), inputs["weights"].sum(dim=1).double()], dim=1)
+            self._eval_pairs.append(self.accelerator.gather_for_metrics(pairs))  # a padded last batch: dropped
         else:
             total = batch_loss(view, inputs, stats=stats)
         sums = self._metric_sums[mode]
@@ -374,9 +385,30 @@ class OnePassTrainer(Trainer):
         if num_items_in_batch is None:  # evaluation: this batch's own mean
             loss = total / inputs["weights"].sum().clamp_min(1e-12).to(total.dtype)
         else:
-            # DDP / DeepSpeed average gradients over processes: undo that, the normaliser is global
-            loss = total * (self.accelerator.num_processes / num_items_in_batch.to(total.dtype))
+            # DDP / DeepSpeed average gradients over processes: undo that, the normaliser is global. A step
+            # with no target weight trains nothing (as `onepass train`): 0 / 0 would make every gradient NaN
+            weight = num_items_in_batch.to(total.dtype)
+            loss = total * torch.where(weight > 0, self.accelerator.num_processes / weight.clamp_min(1e-30),
+                                       torch.zeros_like(weight))
         return (loss, {"loss": loss}) if return_outputs else loss
+
+    def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
+                        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> Any:
+        """``Trainer.evaluation_loop`` whose loss is the weighted mean the docs promise: the summed weighted
+        cross entropy of every row over the sum of their weights, whatever the eval batch size (HF averages
+        the batches' means, the last partial batch counted as a full one: batch size 8 and 1 gave 3.99068 and
+        3.98775), each row counted once over processes; a non-finite loss is reported, not dropped."""
+        self._eval_pairs = []
+        try:
+            output = super().evaluation_loop(dataloader, description, prediction_loss_only=prediction_loss_only,
+                                             ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
+            pairs = self._eval_pairs
+        finally:
+            self._eval_pairs = None
+        if pairs:
+            loss_sum, weight = torch.cat([p.to(pairs[0].device) for p in pairs]).sum(dim=0).tolist()
+            output.metrics[f"{metric_key_prefix}_loss"] = loss_sum / weight if weight > 0 else float("nan")
+        return output
 
     def prediction_step(self, model: Any, inputs: dict[str, Any], prediction_loss_only: bool,
                         ignore_keys: list[str] | None = None) -> tuple[torch.Tensor | None, Any, Any]:
@@ -396,12 +428,15 @@ class OnePassTrainer(Trainer):
         """``Trainer.evaluate``; a dataset given here is prepared as ``train_dataset`` was (any of TRL's types,
         or conversations; a mapping of them), as TRL's ``evaluate`` does. A string names an eval dataset
         given at init."""
-        if eval_dataset is not None and not isinstance(eval_dataset, str) and not self.args.dataset_prepared:
+        if eval_dataset is not None and not isinstance(eval_dataset, str):
             packing = self.args.packing if self.args.eval_packing is None else self.args.eval_packing
 
-            def prepared(ds: Any, source: str) -> Any:
-                return as_rows(ds, self.processing_class, self.args, source=source, packing=packing,
-                               formatting_func=self._formatting_func).dataset
+            def prepared(ds: Any, source: str) -> Any:  # and checked, as every dataset of rows the trainer is given
+                vocab = model_vocab(self.accelerator.unwrap_model(self.model))
+                if self.args.dataset_prepared:
+                    return check_dataset_rows(ds, source=source, vocab_size=vocab)
+                return trainer_rows(ds, self.processing_class, self.args, source=source, vocab_size=vocab,
+                                    packing=packing, formatting_func=self._formatting_func).dataset
 
             if isinstance(eval_dataset, Mapping):
                 eval_dataset = {k: prepared(v, f"eval_dataset[{k!r}]") for k, v in eval_dataset.items()}
@@ -473,14 +508,26 @@ def _labels_of(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
     return labels
 
 
+def _check_finite(model: Any) -> None:
+    """The trained weights hold no NaN or infinite value, else one line: the Trainer steps on with a NaN
+    gradient and logs the loss without it (``logging_nan_inf_filter``), so a diverged run looked finished."""
+    from onepass.train.checkpoint import NonFiniteWeightsError, non_finite_weights
+
+    bad = non_finite_weights(model)
+    if bad:
+        raise NonFiniteWeightsError(f"training ended with NaN or infinite weights ({bad[0]}): a step's loss or gradient "
+                                    "was not finite; lower the learning rate (or check the data and dtype) and train "
+                                    "again from the last finite checkpoint")
+
+
 def _shares_no_prefix(dataset: Any, batch: int = 1024) -> bool:
     """No tree node of any row has two children (:func:`onepass.geometry.branches`): every view in the
     rows is its own sequence (N-pass rows, one or several per row), so the one-pass rule is not in play.
     False for a dataset without a ``kv_end`` column (not rows: the guard decides)."""
     from onepass.geometry import branches
 
-    if "kv_end" not in getattr(dataset, "column_names", ()):
-        return False
+    if is_stream(dataset) or "kv_end" not in (getattr(dataset, "column_names", None) or ()):
+        return False  # a stream is not read ahead: the guard decides
     for start in range(0, len(dataset), batch):
         if any(branches(kv_end) for kv_end in dataset[start:start + batch]["kv_end"]):
             return False

@@ -42,6 +42,7 @@ from onepass.flops import visible_pairs
 from onepass.loss import ForwardView, batch_loss
 from onepass.train.config import TrainConfig
 from onepass.train.data import TrainData, collate, step_passes, step_units, units_per_step
+from onepass.train.hyperparams import clip_norm
 from onepass.train.sequence_parallel import data_parallel
 from onepass.ulysses.comm import SequenceShard
 
@@ -93,7 +94,8 @@ class Stepper:
                                           sum(visible_pairs(r) for r in rows)], dtype=torch.float64, device=device)
         with stops_held() as self.held:  # a stop inside the update waits for it (deliver_held): whole steps only
             self.updating = True
-            grad_norm = acc.clip_grad_norm_(self.params, config.max_grad_norm or float("inf"))
+            clip = clip_norm(config.max_grad_norm)  # None: no clipping (the norm is still measured)
+            grad_norm = acc.clip_grad_norm_(self.params, float("inf") if clip is None else clip)
             if not (math.isfinite(float(grad_norm)) and math.isfinite(float(sums[0]))):
                 self.optimizer.zero_grad(set_to_none=True)  # the weights are still those of the last good step
                 self.updating = False
