@@ -38,6 +38,7 @@ from onepass.errors import ConfigError
 from onepass.key_value import key_value_arg, parse_key_value
 from onepass.render import COMPLETION_FORMATS, RenderConfig
 from onepass.render.clock import resolve_template_date
+from onepass.render.template import check_template_kwargs
 from onepass.render.reasoning import REASONING_CHOICES, REASONING_HELP
 from onepass.schedule import WEIGHTINGS, Schedule, parse_schedule
 
@@ -110,11 +111,10 @@ class DataConfig:
         if not isinstance(self.template_kwargs, Mapping):
             raise ConfigError(f"template_kwargs must be a mapping, got {self.template_kwargs!r}")
         for key in self.template_kwargs:
-            if not isinstance(key, str) or key in RESERVED_TEMPLATE_KWARGS:
-                why = ("is not a name" if not isinstance(key, str) else
-                       "is set by onepass on every call (an argument of apply_chat_template itself)")
-                raise ConfigError(f"template_kwargs: {key!r} {why}; template_kwargs are extra template variables, "
-                                  "e.g. enable_thinking=false")
+            if not isinstance(key, str):
+                raise ConfigError(f"template_kwargs: {key!r} is not a name; template_kwargs are extra template "
+                                  "variables, e.g. enable_thinking=false")
+        check_template_kwargs(self.template_kwargs)
         object.__setattr__(self, "template_date", resolve_template_date(self.template_date))
         object.__setattr__(self, "render", RenderConfig(template_kwargs=dict(self.template_kwargs),
                                                         completion_format=self.completion_format,
@@ -135,14 +135,6 @@ class DataConfig:
         """The settings as plain values (the keys of a YAML config)."""
         return {name: dict(v) if isinstance(v := getattr(self, name), Mapping) else v for name in DATA_KEYS}
 
-
-RESERVED_TEMPLATE_KWARGS = frozenset({
-    "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
-    "return_assistant_tokens_mask", "tokenizer_kwargs"})
-"""apply_chat_template's own arguments and the variables onepass passes on every call: a template kwarg of that
-name raised a raw ``TypeError`` mid-render ("got multiple values for keyword argument 'messages'") or, for
-``add_generation_prompt``, silently changed how every prompt was rendered."""
 
 _FIELDS = {f.name: f for f in dataclasses.fields(DataConfig) if f.init}
 DATA_KEYS: tuple[str, ...] = tuple(_FIELDS)
