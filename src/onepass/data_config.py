@@ -14,6 +14,12 @@ renders one date and records which. ``TrainConfig`` holds one (``data_config``);
 SFTConfig-style fields. The command-line flags of every subcommand are generated from the fields by
 :func:`add_data_arguments` and read back by :func:`data_flag_values` / :func:`data_config_from_args`.
 
+Add a data setting: one field of :class:`DataConfig`, its ``help`` (and ``choices``) in the metadata and
+its check in ``__post_init__``. The flags of ``prepare``, ``train``, ``verify`` and ``show``, the YAML key
+of ``onepass train`` and ``TrainConfig.to_dict`` follow from the field (``tests/test_data_config.py``
+checks one flag per field); ``OnePassConfig`` keeps SFTConfig's flat fields, so add it there too
+(a field and a key of ``OnePassConfig._data_values``).
+
     >>> cfg = DataConfig(schedule="k-pass:2", max_tokens=4096, reasoning="drop")
     >>> cfg.schedule_spec, cfg.render.reasoning
     (Schedule(kind='k-pass', k=2), 'drop')
@@ -38,7 +44,6 @@ from onepass.errors import ConfigError
 from onepass.key_value import key_value_arg, parse_key_value
 from onepass.render import COMPLETION_FORMATS, RenderConfig
 from onepass.render.clock import resolve_template_date
-from onepass.render.template import check_template_kwargs
 from onepass.render.reasoning import REASONING_CHOICES, REASONING_HELP
 from onepass.schedule import WEIGHTINGS, Schedule, parse_schedule
 
@@ -110,11 +115,10 @@ class DataConfig:
             raise ConfigError(f"share_window must be an integer >= 1 (or unset), got {self.share_window!r}")
         if not isinstance(self.template_kwargs, Mapping):
             raise ConfigError(f"template_kwargs must be a mapping, got {self.template_kwargs!r}")
-        for key in self.template_kwargs:
+        for key in self.template_kwargs:  # a reserved name: RenderConfig's one check (render.template.RESERVED_KWARGS)
             if not isinstance(key, str):
                 raise ConfigError(f"template_kwargs: {key!r} is not a name; template_kwargs are extra template "
                                   "variables, e.g. enable_thinking=false")
-        check_template_kwargs(self.template_kwargs)
         object.__setattr__(self, "template_date", resolve_template_date(self.template_date))
         object.__setattr__(self, "render", RenderConfig(template_kwargs=dict(self.template_kwargs),
                                                         completion_format=self.completion_format,
