@@ -118,7 +118,7 @@ def view_targets(view: View) -> np.ndarray:
 
 class PrefixTree:
     """A trie of views. Insert views (or laid-out trees: :meth:`insert_layout`, how trees of several
-    conversations become one, :mod:`onepass.share`), then :meth:`layout` flattens it depth-first.
+    conversations become one, :mod:`onepass.layout.share`), then :meth:`layout` flattens it depth-first.
 
     Node ids grow with insertion, and the nodes a view's insertion adds are a chain of consecutive ids
     (a *segment*: once a view leaves the tree, the rest of it is new; a laid-out tree adds one segment
