@@ -239,7 +239,10 @@ def train_steps(config: TrainConfig, *, resume: str | bool | None = None, log: C
 
 def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str], None] | None,
            resume_anyway: bool) -> Generator[dict[str, Any], None, TrainResult]:
-    """A run as its steps, in order; each is one function below."""
+    """A run as its steps, in order, each a function below: the machine checked, the output folder opened, the
+    processes started, the data loaded (once) and the exactness guard run, the run folder written, the rows
+    checked, the model built, a checkpoint resumed, the report started; then the optimizer steps (each
+    yielded), the end (final eval, checkpoint, model) and the summary."""
     config, device, attention = _check_machine(config)  # everything that can fail on this machine fails here
     sources = [resolve_data(s) if s is not None else None for s in (config.data, config.eval_data)]  # once per run
     log = log or logging.getLogger("onepass").info
@@ -288,14 +291,14 @@ def _open_output(config: TrainConfig, resume: str | bool | None, *, anyway: bool
     out = Path(config.output_dir)
     if int(os.environ.get("RANK", "0")) == 0:  # a read-only folder is one line now, not once the model is loaded
         check_writable(out)
-        for line in clean_leftovers(out):
+        for line in clean_leftovers(out):  # what a killed save or pruning left
             log(line)
     ckpt = find_checkpoint(out, resume) if resume else None
-    replaced = [] if resume else check_new_run(out, overwrite=config.overwrite_output_dir)
+    replaced = [] if resume else check_new_run(out, overwrite=config.overwrite_output_dir)  # never mix two runs
     saved = read_state(ckpt) if ckpt is not None else None
     if saved is not None:
         check_compatible(saved["config"], config, ckpt, anyway=anyway, say=log)
-    run_id = saved.get("run_id") if saved is not None else uuid.uuid4().hex[:12]
+    run_id = saved.get("run_id") if saved is not None else uuid.uuid4().hex[:12]  # pruning: this run's
     return _Prior(out=out, ckpt=ckpt, saved=saved, replaced=replaced, run_id=run_id)
 
 
@@ -319,11 +322,11 @@ def _start_processes(config: TrainConfig, device: torch.device, prior: _Prior, *
     accelerator = make_accelerator(config, device, make_trackers(config.report_to, prior.out, initial=initial))
     device, world, main = accelerator.device, accelerator.num_processes, accelerator.is_main_process
     say: Callable[[str], None] = log if main else (lambda _msg: None)
-    shard = sequence_mesh(accelerator, config.sp_size)
+    shard = sequence_mesh(accelerator, config.sp_size)  # None unless sp_size > 1
     if prior.saved is not None:
         check_resumed_run(prior.saved, prior.ckpt, world=world, anyway=anyway, say=say)
     parallel = describe(accelerator, sp_size=config.sp_size)
-    say(parallel.line())
+    say(parallel.line())  # the first line: what runs, not what was asked for
     return _Processes(accelerator=accelerator, device=device, world=world, main=main, say=say, shard=shard,
                       parallel=parallel)
 
