@@ -55,7 +55,10 @@ class Unmeasured:
     """A view known to be over ``max_tokens`` without tokenizing it: it has at least ``at_least`` tokens
     (:func:`onepass.render.token_floor.token_floor` of its ``chars`` characters). It carries the flags of
     the :class:`View` it stands for, so the counts are those of the tokenized view; the schedule skips it
-    as it skips a view over the budget, with the floor in place of the length it never learnt."""
+    as it skips a view over the budget, with the floor in place of the length it never learnt.
+
+    ``rendered=False``: the template was not even called for it (:mod:`onepass.render.preskip`): the floor
+    is of the messages' text it must hold (``chars`` characters), and its flags are unknown (False)."""
 
     turn: int
     at_least: int
@@ -65,6 +68,7 @@ class Unmeasured:
     reasoning_dropped: bool = False
     history_reasoning_dropped: bool = False
     first_message: int = 0
+    rendered: bool = True
 
     @property
     def at(self) -> str:
@@ -73,6 +77,9 @@ class Unmeasured:
 
 def over_budget(view: View | Unmeasured, max_tokens: int) -> str:
     """The skip message of a view longer than ``max_tokens`` on its own."""
+    if isinstance(view, Unmeasured) and not view.rendered:
+        return (f"{view.at}: view of at least {view.at_least} tokens (not rendered: the {view.chars} characters of "
+                f"its messages it must hold) is longer than max_tokens={max_tokens}")
     if isinstance(view, Unmeasured):
         return (f"{view.at}: view of at least {view.at_least} tokens ({view.chars} characters, not tokenized) "
                 f"is longer than max_tokens={max_tokens}")
