@@ -39,29 +39,54 @@ test: setup
 test-fast: setup   # everything but the two whole-benchmark runs (marked slow)
 	$(PY) -m pytest -q $(PYTEST_PAR) -m "not slow"
 
-# The newest releases of every dependency (torch stays the CPU build), in their own venv, whole suite.
-test-latest:
-	rm -rf .venv-latest && $(PYTHON) -m venv .venv-latest
-	.venv-latest/bin/python -m pip install --quiet --upgrade pip
-	.venv-latest/bin/python -m pip install --quiet "$(TORCH_PIN)"
-	.venv-latest/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -e ".[test]"
-	@.venv-latest/bin/python -m pip list 2>/dev/null | grep -iE "^(torch|transformers|peft|accelerate|datasets|trl|tokenizers) "
-	.venv-latest/bin/python -m pytest -q $(PYTEST_PAR)
+# A pip cap a machine may set for every venv (a global constraint file, e.g. torch<=2.14.1) is lifted for the
+# test-min/test-latest venvs only, by pointing PIP_CONSTRAINT at an empty file (an empty PIP_CONSTRAINT= does
+# not lift it); no system file is touched. The PyPI torch is a CUDA build (it runs on CPU): a multi-GB
+# download the first time, from pip's cache after.
+NO_CAP = PIP_CONSTRAINT=$(CURDIR)/$(1)/no-constraints.txt $(1)/bin/python -m pip
 
-# After `make test-latest` passed: record what it ran as the lock CI installs.
+# The next releases, before they ship: the newest torch (TORCH_LATEST), the newest release of every
+# dependency, then pre-releases (pip --pre) of the libraries onepass couples to (LATEST_PRE; empty: none),
+# then source folders where given (TRANSFORMERS_SRC=path PEFT_SRC= ACCELERATE_SRC= TRL_SRC=: a checkout, a
+# wheel or any pip requirement). Prints the private names the installed releases lack, then runs SUITES
+# (default: the whole suite). CI does not run it. Example:
+#   TRANSFORMERS_SRC=~/src/transformers make test-latest SUITES="tests/test_couplings.py tests/mixers"
+TORCH_LATEST ?= torch
+LATEST_PRE ?= transformers peft accelerate trl
+SUITES ?=
+test-latest:
+	rm -rf .venv-latest && $(PYTHON) -m venv .venv-latest && : > .venv-latest/no-constraints.txt
+	$(call NO_CAP,.venv-latest) install --quiet --upgrade pip
+	$(call NO_CAP,.venv-latest) install --quiet --upgrade "$(TORCH_LATEST)"
+	$(call NO_CAP,.venv-latest) install --quiet --upgrade --upgrade-strategy eager -e ".[test]"
+	$(if $(strip $(LATEST_PRE)),$(call NO_CAP,.venv-latest) install --quiet --upgrade --pre $(LATEST_PRE))
+	@for src in $(TRANSFORMERS_SRC) $(PEFT_SRC) $(ACCELERATE_SRC) $(TRL_SRC); do \
+	  echo "installing $$src"; $(call NO_CAP,.venv-latest) install --quiet "$$src" || exit 1; done
+	@.venv-latest/bin/python -m pip list 2>/dev/null | grep -iE "^(torch|transformers|peft|accelerate|datasets|trl|tokenizers) "
+	@.venv-latest/bin/python -c "from onepass.private_names import missing_private_names as m; \
+	  print('private names missing:', ', '.join(m()) or 'none')"
+	.venv-latest/bin/python -m pytest -q $(PYTEST_PAR) $(SUITES)
+
+# After `make test-latest` passed on releases (LATEST_PRE= and no *_SRC): record what it ran as the lock
+# CI installs. Pre-releases and source installs are refused: they are not what a user gets from pip.
 lock:
 	@test -x .venv-latest/bin/python || { echo "make lock: run make test-latest first"; exit 1; }
+	@! .venv-latest/bin/python -m pip freeze --exclude-editable 2>/dev/null | grep -iE "(a|b|rc|dev)[0-9]*$$| @ " \
+	  || { echo "make lock: .venv-latest holds the pre-releases or source installs above; run" \
+	       "make test-latest LATEST_PRE= (no *_SRC) first"; exit 1; }
 	{ sed -n '/^#/p' $(LOCK); .venv-latest/bin/python -m pip freeze --exclude-editable 2>/dev/null \
 	  | grep -viE "^(torch|onepass)[=@ ]"; } > $(LOCK).new && mv $(LOCK).new $(LOCK)
 
-# The oldest releases pyproject.toml allows (constraints-min.txt), on the suites that touch them.
+# The oldest releases pyproject.toml allows (constraints-min.txt; torch: TORCH_MIN, the floor), on the
+# suites that touch them.
+TORCH_MIN ?= torch==2.11.0
 MIN_SUITES ?= tests/test_architectures.py tests/mixers tests/test_couplings.py tests/test_guard.py \
 	tests/test_head.py tests/train tests/test_real_templates.py tests/data tests/bench/test_bench_trl.py
 test-min:
-	rm -rf .venv-min && $(PYTHON) -m venv .venv-min
-	.venv-min/bin/python -m pip install --quiet --upgrade pip
-	.venv-min/bin/python -m pip install --quiet "$(TORCH_PIN)"
-	.venv-min/bin/python -m pip install --quiet -c constraints-min.txt -e ".[test]"
+	rm -rf .venv-min && $(PYTHON) -m venv .venv-min && : > .venv-min/no-constraints.txt
+	$(call NO_CAP,.venv-min) install --quiet --upgrade pip
+	$(call NO_CAP,.venv-min) install --quiet "$(TORCH_MIN)"
+	$(call NO_CAP,.venv-min) install --quiet -c constraints-min.txt -e ".[test]"
 	@.venv-min/bin/python -m pip list 2>/dev/null | grep -iE "^(torch|transformers|peft|accelerate|datasets|trl|numpy) "
 	.venv-min/bin/python -m pytest -q $(PYTEST_PAR) $(MIN_SUITES)
 

@@ -1,4 +1,4 @@
-"""The couplings to transformers internals hold on the installed releases, and fail loudly when they do not.
+"""The couplings to other libraries' internals hold on the installed releases, and fail loudly when they do not.
 
 Each registered hybrid's mixer is found from its installed code with the cache argument its forward
 really takes (5.23: ``cache_params`` / ``past_key_values``; 5.24: ``cache``) and calls only cache methods
@@ -9,14 +9,20 @@ float64 kernels that stop applying are caught by the probe instead of a 1e-7 "DI
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import os
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 import torch
 
 import onepass.mixers.float64 as f64
 import onepass.mixers.tree as tree
 from onepass.couplings import COUPLINGS, CouplingError, mixer_classes, recurrent_mixer, upcast_kept_parameters
+from onepass.private_names import PRIVATE_NAMES, find_private, missing_private_names, private
 from onepass.geometry import Chain
 from onepass.tiny import HYBRID_ARCHS, tiny_model
 
@@ -123,3 +129,189 @@ def test_every_coupling_says_what_it_relies_on_where_and_when_checked():
     assert len({c.name for c in COUPLINGS}) == len(COUPLINGS)
     for c in COUPLINGS:
         assert c.relies_on and c.detected_by and c.fails_as and c.where.startswith("onepass.") and c.checked
+
+
+# ---------------------------------------------------------------------------------------------
+# private names of other libraries (issue 33): each found in the installed code, or one line
+
+
+@pytest.mark.parametrize("label", sorted(PRIVATE_NAMES))
+def test_every_private_name_onepass_uses_is_in_the_installed_releases(label):
+    assert find_private(label) is not None, f"{label}: missing in the installed release (see couplings.py)"
+    assert PRIVATE_NAMES[label].coupling in {c.name for c in COUPLINGS}
+
+
+@pytest.mark.parametrize("label", sorted(PRIVATE_NAMES))
+def test_a_private_name_a_release_lacks_is_one_line_naming_release_and_remedy(label, monkeypatch):
+    def gone():
+        raise AttributeError(label)
+
+    monkeypatch.setitem(PRIVATE_NAMES, label, dataclasses.replace(PRIVATE_NAMES[label], find=gone))
+    with pytest.raises(CouplingError) as err:
+        private(label)
+    p = PRIVATE_NAMES[label]
+    line = str(err.value)
+    assert "\n" not in line and label in line and line.startswith(f"{p.package} ") and p.instead in line
+    assert label in missing_private_names()
+
+
+_NO_CPU_FLASH = """
+import torch
+real = torch.ops.aten
+class Aten:  # a torch release without the private CPU flash ops
+    def __getattr__(self, name):
+        if "flash_attention_for_cpu" in name:
+            raise AttributeError(name)
+        return getattr(real, name)
+torch.ops.aten = Aten()
+import onepass.attention.backends, onepass.attention.cpu_tiles, onepass.train.loop, onepass.verify  # no error at import
+from onepass.attention.cpu import register
+try:
+    register()
+except Exception as e:
+    print(type(e).__name__, "|", e)
+"""
+
+
+def test_a_torch_without_the_cpu_flash_ops_imports_and_refuses_onepass_cpu_in_one_line():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([sys.executable, "-c", _NO_CPU_FLASH], env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    name, line = result.stdout.strip().splitlines()[-1].split(" | ")
+    assert name == "CouplingError" and "_scaled_dot_product_flash_attention_for_cpu" in line
+    assert "use --attn sdpa" in line
+
+
+class _CallsNothing:
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        return None
+
+
+class _ReturnsTwo:
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        return None, None
+
+    def compute_loss(self, model, inputs):
+        logps, entropies = self._get_per_token_logps_and_entropies(model, inputs)
+        return logps
+
+
+@pytest.mark.parametrize("fake, why", [(_CallsNothing, "no longer calls"), (_ReturnsTwo, "returns")])
+def test_a_grpo_override_that_would_stop_applying_is_one_line(fake, why, monkeypatch):
+    """TRL renaming the log-prob method, or changing what it returns, must not leave our override unused."""
+    import trl
+
+    from onepass.rl.trl_grpo import GRPO_LOGPS, onepass_grpo_trainer
+
+    monkeypatch.setattr(trl, "GRPOTrainer", fake)
+    assert find_private(GRPO_LOGPS) is None
+    with pytest.raises(CouplingError, match="trl .* has no trl.GRPOTrainer._get_per_token_logps_and_entropies"):
+        onepass_grpo_trainer(16)
+    with pytest.raises(LookupError, match=why):
+        PRIVATE_NAMES[GRPO_LOGPS].find()
+
+
+def test_onepass_trainer_checks_the_trainer_privates_before_anything_else(monkeypatch):
+    from onepass.train.hf_trainer import TRAINER_PRIVATES, OnePassTrainer
+
+    label = TRAINER_PRIVATES[0]
+
+    def gone():
+        raise AttributeError(label)
+
+    monkeypatch.setitem(PRIVATE_NAMES, label, dataclasses.replace(PRIVATE_NAMES[label], find=gone))
+    with pytest.raises(CouplingError, match=label):
+        OnePassTrainer(model=None)
+
+
+def test_a_mixer_reading_states_through_the_old_cache_api_is_one_line_at_load():
+    """transformers 5.17's mixers read ``cache_params.layers[i].conv_states`` and ``has_previous_state``: before,
+    detection found no mixer there and the recurrent layers would have run over the whole row (the guard then
+    refused); now it is one line at model load naming what the class reads."""
+    class OldApi(torch.nn.Module):
+        layer_idx = 0
+
+        def forward(self, hidden_states, cache_params=None):
+            if cache_params is not None and cache_params.has_previous_state(self.layer_idx):
+                return hidden_states + cache_params.layers[self.layer_idx].conv_states[0]
+            return hidden_states
+
+    with pytest.raises(CouplingError, match=r"OldApi .* reads its recurrent states as cache_params\.conv_states, "
+                                            r"cache_params\.has_previous_state .*transformers>=5\.23") as err:
+        tree.install(OldApi())
+    assert "\n" not in str(err.value)
+
+
+def _old_slicing_qwen3():
+    """Qwen3ForCausalLM as transformers 5.17 wrote its head: ``hidden_states[:, logits_to_keep, :]`` (one set of
+    positions for every row; a [B, L] mask raises inside the forward)."""
+    from transformers import Qwen3ForCausalLM
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    class OldSlicing(Qwen3ForCausalLM):
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, logits_to_keep=0, **kwargs):
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+            slice_indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+            return CausalLMOutputWithPast(logits=self.lm_head(out.last_hidden_state[:, slice_indices, :]))
+
+    model = tiny_model("qwen3", 32, dtype=torch.float64)
+    old = OldSlicing(model.config).to(torch.float64)
+    old.load_state_dict(model.state_dict())
+    return model, old
+
+
+def test_a_causal_lm_without_row_masks_is_one_line_before_a_multi_row_forward():
+    """The 5.17 failure: a batch of two rows crashed inside the model with a 50-line IndexError after the guard
+    (one row) passed. Detection reads the installed forward; a single row still runs (1-D positions)."""
+    from onepass.couplings import causal_lm_class, check_row_mask, takes_row_mask
+    from onepass.loss import batch_loss, layouts_to_batch
+    from onepass.tree import Layout
+
+    model, old = _old_slicing_qwen3()
+    assert takes_row_mask(causal_lm_class(model)) and not takes_row_mask(causal_lm_class(old))
+    ids = np.array([1, 2, 3, 4, 5])
+    row = Layout(input_ids=ids, position_ids=np.arange(5), kv_end=np.full(5, 5), targets=np.array([2, 3, 4, 5, -100]),
+                 weights=np.array([1.0, 1, 1, 1, 0]))
+    one, two = layouts_to_batch([row]), layouts_to_batch([row, row])
+    torch.testing.assert_close(batch_loss(old, one), batch_loss(model, one))
+    with pytest.raises(CouplingError, match=r"OldSlicing .* not one mask per row: batches of several one-pass "
+                                            r"rows \(2 here\) need transformers>=5\.23") as err:
+        batch_loss(old, two)
+    assert "\n" not in str(err.value)
+    check_row_mask(old, 1)  # one row: nothing to refuse
+    torch.testing.assert_close(batch_loss(model, two), 2 * batch_loss(model, one))
+
+
+def test_onepass_trainer_refuses_a_model_without_row_masks_at_load_for_batches_of_rows(tmp_path):
+    from onepass.train import OnePassConfig
+    from onepass.train.hf_trainer import OnePassTrainer
+
+    import datasets
+
+    _, old = _old_slicing_qwen3()
+    args = OnePassConfig(str(tmp_path), per_device_train_batch_size=2, report_to="none", use_cpu=True)
+    data = datasets.Dataset.from_list([{"messages": [{"role": "user", "content": "q"},
+                                                     {"role": "assistant", "content": "a"}]}])
+    with pytest.raises(CouplingError, match="not one mask per row"):
+        OnePassTrainer(model=old, args=args, train_dataset=data)
+
+
+def test_onepass_train_refuses_a_model_without_row_masks_at_load_only_where_a_forward_batches_rows(tmp_path,
+                                                                                                 monkeypatch):
+    """As on transformers 5.17: a batch of 2 rows is refused before the first step (the model is loaded, no step
+    taken); one conversation per step under the one-pass schedule is one row per forward and trains."""
+    import onepass.couplings as couplings
+    from onepass.train.config import load_config
+    from onepass.train.loop import train
+
+    monkeypatch.setattr(couplings, "takes_row_mask", lambda cls: False)
+
+    def config(name, **values):
+        return load_config(None, dict(tiny="qwen3", data="builtin:mathchat", limit=2, max_steps=1, progress=False,
+                                      save_model=False, output_dir=str(tmp_path / name), **values))
+
+    with pytest.raises(CouplingError, match=r"not one mask per row: batches of several one-pass rows \(2 here\)"):
+        train(config("two", per_device_train_batch_size=2), log=lambda _m: None)
+    assert not (tmp_path / "two" / "checkpoints").exists()
+    assert train(config("one", per_device_train_batch_size=1), log=lambda _m: None).steps == 1

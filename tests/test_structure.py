@@ -16,7 +16,8 @@ PURE = ("onepass.conversation", "onepass.render", "onepass.view", "onepass.tree"
         "onepass.model_config", "onepass.shards", "onepass.render.derived", "onepass.render.fields",
         "onepass.render.encode", "onepass.render.quirks", "onepass.rl.rollouts", "onepass.rl.layout",
         "onepass.rl.synthetic", "onepass.data_config", "onepass.geometry",
-        "onepass.template_messages", "onepass.ulysses.plan")
+        "onepass.template_messages", "onepass.ulysses.plan", "onepass.share", "onepass.render.tools_block",
+        "onepass.data.synthetic")
 
 
 def module_name(path: Path) -> str:

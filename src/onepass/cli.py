@@ -62,6 +62,7 @@ a typical session:
 
 
 VERIFY_KEYS = ("schedule", "weighting", *RENDER_KEYS)
+VERIFY_ROW_KEYS = ("pack", "share_prefix")  # verify --data: packed rows of --max-tokens (one row when unset)
 SHOW_KEYS = ("schedule", *RENDER_KEYS)
 
 
@@ -112,13 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "default 8 (each view is a forward of its own)")
     p.add_argument("--rollouts", help="RL rollouts (.jsonl, token ids; see docs/rl.md) instead of --data: "
                                       "per-token log-probs and policy-loss gradients vs per-turn forwards")
-    p.add_argument("--max-tokens", type=int, help="--rollouts: row token budget (groups split and packed)")
+    p.add_argument("--max-tokens", type=int, help="row token budget: --rollouts (groups split and packed), "
+                                                  "--pack (the conversations' trees packed; one row when unset)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", help="a local model directory or hub id")
     src.add_argument("--tiny", default="qwen3",
                      help="random tiny model of this architecture (default qwen3; see onepass.tiny.TINY_ARCHS)")
     p.add_argument("--dtype", choices=DTYPES, default="float64")
-    add_data_arguments(p, names=VERIFY_KEYS)
+    add_data_arguments(p, names=VERIFY_KEYS + VERIFY_ROW_KEYS)
     p.add_argument("--attn", default="auto", choices=("auto", "onepass_cpu", "sdpa", "eager", "flex_attention"),
                    help="attention backend (auto: one the model supports exactly on --device; flex_attention: "
                         "CUDA only)")
@@ -182,7 +184,7 @@ def _prepare(args: argparse.Namespace) -> int:
     tokenizer = _tokenizer(args)  # a template that does not compile: one line before data is read
     stats = PrepareStats()
     trees = iter_prepared(args.data, tokenizer, config, stats, num_proc=args.num_proc, limit=args.limit,
-                          strict=args.strict, progress=not args.no_progress)
+                          strict=args.strict, progress=not args.no_progress, units=True)
     out = write_prepared(trees, stats, config, args.out)  # streams: rows are written as they are made
     invalid = stats.skipped[:stats.skipped_by_reason.get(INVALID, 0)]  # listed first
     for line in invalid[:5]:
@@ -272,6 +274,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from onepass.verify import compact_vocab, run_verify
 
     config: DataConfig = data_config_from_args(args, names=VERIFY_KEYS)
+    pack, share = bool(args.pack), args.share_prefix is not False
+    if args.max_tokens is not None and args.max_tokens < 2:
+        raise UsageError(f"--max-tokens must be >= 2, got {args.max_tokens}")
     given = verify_limit(args)
     report = _read(args)
     tokenizer = _tokenizer(args)
@@ -280,7 +285,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if not args.model:
         views, vocab = compact_vocab(views)
     model, label, backend = verify_model(args, vocab)
-    result = run_verify(views, model, schedule=config.schedule_spec, weighting=config.weighting)
+    result = run_verify(views, model, schedule=config.schedule_spec, weighting=config.weighting,
+                        max_tokens=args.max_tokens, pack=pack, share=share)
     tol = args.tolerance if args.tolerance is not None else _default_tolerance(args.dtype)
     verdict = judge(result.rel_loss_diff, result.max_rel_grad_diff, tolerance=tol,
                     where=lambda: locate(model, views, worst_parameter=result.worst_parameter, tolerance=tol))
@@ -288,7 +294,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     print(f"model: {label}, {args.dtype}, attention {backend}, device {next(model.parameters()).device}")
     print(f"{result.num_conversations} conversations, {result.num_views} views: "
           f"N-pass {result.n_pass_tokens} tokens vs {result.schedule} {result.one_pass_tokens} tokens "
-          f"in {result.num_trees} trees")
+          f"in {result.num_trees} trees"
+          + (f", packed in {result.num_rows} rows of {result.row_tokens} tokens"
+             + (" (prefixes shared across conversations)" if result.shared else "") if result.packed else ""))
     print(f"loss N-pass {result.loss_n_pass:.12g}  {result.schedule} {result.loss_one_pass:.12g}  "
           f"rel diff {result.rel_loss_diff:.3g}  max rel grad diff {result.max_rel_grad_diff:.3g}  "
           f"-> {verdict.word} within {tol:g}")

@@ -14,7 +14,15 @@ with N-pass on a tiny twin whatever this module concluded.
 
 :data:`COUPLINGS` lists each coupling, what it relies on and where it lives;
 ``tests/test_couplings.py`` checks each against the installed releases (and
-``make test-latest`` against the newest ones).
+``make test-latest`` against the newest ones). Every private name of torch,
+transformers, trl and accelerate that onepass reads, calls or overrides is a row of
+:data:`onepass.private_names.PRIVATE_NAMES`, found in the installed code before use. Besides
+the recurrent mixers (below): whether a causal LM takes one ``logits_to_keep`` mask per row
+(:func:`check_row_mask`: transformers 5.17 does not), and which name a release gives
+activation checkpointing (:func:`checkpointing_field`). Add a coupling: a row of
+:data:`COUPLINGS` (what, detected how, fails how, where, checked on which releases), the
+detection here (or a row of ``PRIVATE_NAMES``), its call at model load, and a test that plays
+the release that breaks it.
 
 Example: a recurrent mixer is a module whose forward reads conv or recurrent
 states from one of its arguments; that argument is its cache argument
@@ -94,8 +102,57 @@ COUPLINGS: tuple[Coupling, ...] = (
              where="onepass.attention.cpu.register", checked="transformers 5.0-5.24"),
     Coupling(name="chat template compiler",
              relies_on="transformers.utils.chat_template_utils._compile_jinja_template (private)",
-             detected_by="import", fails_as="ImportError at template load",
-             where="onepass.tokenizer", checked="transformers 5.0-5.24"),
+             detected_by="attribute lookup (PRIVATE_NAMES)", fails_as="CouplingError at template load",
+             where="onepass.tokenizer", checked="transformers 5.17-5.24"),
+    Coupling(name="torch CPU flash kernels",
+             relies_on="torch.ops.aten._scaled_dot_product_flash_attention_for_cpu and its _backward (private ops)",
+             detected_by="op lookup when onepass_cpu is registered, never at import (PRIVATE_NAMES)",
+             fails_as="CouplingError when onepass_cpu is chosen, saying to use sdpa",
+             where="onepass.attention.cpu_tiles, onepass.attention.cpu.register", checked="torch 2.11-2.15"),
+    Coupling(name="causal-LM class of a config",
+             relies_on="AutoModelForCausalLM._model_mapping[type(config)] (private)",
+             detected_by="attribute lookup (PRIVATE_NAMES)", fails_as="CouplingError where a class is looked up",
+             where="onepass.attention.backends, onepass.guard.check", checked="transformers 5.17-5.24"),
+    Coupling(name="guard twin construction",
+             relies_on="PreTrainedModel._from_config, PreTrainedConfig._attn_implementation / "
+                       "_experts_implementation (private)",
+             detected_by="attribute lookup (PRIVATE_NAMES)",
+             fails_as="_from_config missing: the public AutoModelForCausalLM.from_config; _experts_implementation "
+                      "missing: nothing set (eager experts); _attn_implementation missing: CouplingError",
+             where="onepass.guard.check, onepass.guard.twin, onepass.tiny, onepass.ulysses.model",
+             checked="transformers 5.17-5.24"),
+    Coupling(name="Trainer overrides",
+             relies_on="Trainer._set_signature_columns_if_needed / _get_num_items_in_batch (overridden), "
+                       "_prepare_inputs (called): private methods",
+             detected_by="each defined on Trainer and called by Trainer's own source (an override of a method "
+                         "no longer called would silently stop applying)",
+             fails_as="CouplingError when OnePassTrainer is built", where="onepass.train.hf_trainer",
+             checked="transformers 5.17-5.24"),
+    Coupling(name="TRL GRPO log-probs",
+             relies_on="GRPOTrainer._get_per_token_logps_and_entropies (private, overridden)",
+             detected_by="defined on GRPOTrainer, called by its source, every call site unpacking 3 values",
+             fails_as="CouplingError when the OnePassGRPOTrainer class is made",
+             where="onepass.rl.trl_grpo", checked="trl 1.16"),
+    Coupling(name="logits_to_keep row mask",
+             relies_on="the causal LM's forward takes logits_to_keep as a [B, L] boolean mask (slice_logits_to_keep, "
+                       "5.23 on); 5.17 slices hidden_states[:, logits_to_keep, :] (one set of positions for all rows)",
+             detected_by="the function the forward hands logits_to_keep to, probed on a 2 x 3 mask",
+             fails_as="CouplingError at model load where batches of several rows can occur, and before any "
+                      "multi-row forward (never the traceback from inside the model)",
+             where="onepass.couplings.check_row_mask, onepass.loss, onepass.train.loop, onepass.train.hf_trainer",
+             checked="transformers 5.17 (refused), 5.23, 5.24"),
+    Coupling(name="activation checkpointing name",
+             relies_on="TrainingArguments.activation_checkpointing (5.24 on; gradient_checkpointing, its deprecated "
+                       "alias, warns a FutureWarning and goes in v6); PreTrainedModel.activation_checkpointing_enable",
+             detected_by="the TrainingArguments dataclass fields / the model's methods",
+             fails_as="the old name on a release without the new one, never a FutureWarning from onepass's own calls",
+             where="onepass.couplings.checkpointing_field, onepass.bench.trl, onepass.train.hf_trainer, "
+                   "onepass.train.model", checked="transformers 5.17-5.24"),
+    Coupling(name="accelerate config check",
+             relies_on="accelerate.commands.launch.launch_command_parser()._actions (argparse's private list)",
+             detected_by="the parser's actions, one of them num_processes",
+             fails_as="CouplingError when an accelerate config file is checked",
+             where="onepass.train.distributed", checked="accelerate 1.4-1.15"),
     Coupling(name="accelerate FSDP on CPU ranks",
              relies_on="AcceleratorState / PartialState._shared_state['distributed_type', 'fsdp_plugin'] (private)",
              detected_by="the launcher's FSDP request read from accelerate's environment variables",
@@ -126,8 +183,94 @@ COUPLINGS: tuple[Coupling, ...] = (
              checked="accelerate 1.0-1.15"),
 )
 
+
+
+# ---------------------------------------------------------------------------------------------
+# a batch of rows: one logits_to_keep mask per row
+
+
+def causal_lm_class(model: Any) -> type:
+    """The class of the causal LM inside ``model``'s wrappers (peft, DDP/DeepSpeed, torch.compile, the loss's
+    ``ForwardView``): the first whose forward takes ``logits_to_keep``."""
+    seen: set[int] = set()
+    while id(model) not in seen:
+        seen.add(id(model))
+        forward = getattr(type(model), "forward", None)
+        try:
+            if forward is not None and "logits_to_keep" in inspect.signature(forward).parameters:
+                return type(model)
+        except (TypeError, ValueError):
+            pass
+        base = getattr(model, "get_base_model", None)
+        inner = base() if callable(base) else next(
+            (getattr(model, a) for a in ("_wrapped", "module", "_orig_mod") if getattr(model, a, None) is not None),
+            model)
+        model = inner
+    return type(model)
+
+
+@functools.lru_cache(maxsize=None)
+def takes_row_mask(cls: type) -> bool:
+    """Whether ``cls.forward`` takes ``logits_to_keep`` as a [B, L] boolean mask (one per row, the kept positions
+    flattened), as a batch of one-pass rows needs. Read off the installed code: the forward hands
+    ``logits_to_keep`` to a function of its module (``slice_logits_to_keep``, 5.23 on), which is probed on a
+    2 x 3 mask. transformers 5.17 indexes ``hidden_states[:, logits_to_keep, :]`` itself: one set of positions
+    for every row."""
+    import torch
+
+    forward = inspect.unwrap(getattr(cls, "forward", None) or (lambda: None))
+    names = set(re.findall(r"(?<![.\w])(\w+)\(", source_of(forward)))
+    scope = getattr(forward, "__globals__", {})
+    mask_BL = torch.tensor([[True, False, True], [False, True, False]])
+    for name in sorted(n for n in names if "logits_to_keep" in n):
+        fn = scope.get(name)
+        try:
+            if callable(fn) and tuple(fn(torch.zeros(2, 3, 1), mask_BL).shape) == (3, 1):
+                return True
+        except Exception:  # noqa: BLE001 - a slicer that cannot take a mask
+            continue
+    return False
+
+
+def check_row_mask(model: Any, rows: int) -> None:
+    """One :class:`CouplingError` line when ``model`` would get a batch of ``rows`` > 1 one-pass rows and its
+    causal LM cannot take one ``logits_to_keep`` mask per row (it would crash inside the forward)."""
+    if rows <= 1:
+        return
+    cls = causal_lm_class(model)
+    if not takes_row_mask(cls):
+        raise CouplingError(
+            f"{cls.__name__} ({_version(cls)}) takes logits_to_keep as a count or as positions shared by every "
+            f"row, not one mask per row: batches of several one-pass rows ({rows} here) need transformers>=5.23 "
+            "(or one row per forward: per_device_train_batch_size 1 and the one-pass schedule)")
+
+
+# ---------------------------------------------------------------------------------------------
+# names a release renames: the one the installed code takes
+
+
+def checkpointing_field() -> str:
+    """The ``TrainingArguments`` field that turns activation checkpointing on, as the installed transformers
+    names it: ``activation_checkpointing`` (5.24 on; ``gradient_checkpointing`` is its deprecated alias, a
+    ``FutureWarning`` on every use, removed in v6), else ``gradient_checkpointing``."""
+    from transformers import TrainingArguments
+
+    fields = getattr(TrainingArguments, "__dataclass_fields__", {})
+    return "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+
+
+def checkpointing_on(args: Any) -> bool:
+    """Whether training arguments ``args`` (any spelling given) turn activation checkpointing on, read without
+    the deprecated name where the release has the new one."""
+    value = getattr(args, checkpointing_field(), None)
+    return bool(value if value is not None else getattr(args, "gradient_checkpointing", False))
+
+
 # the cache methods a mixer reads states with: their presence makes a module a recurrent mixer
 STATE_READS = frozenset({"get_conv_state", "get_recurrent_state"})
+# how mixers of older releases (5.17) read states instead: cache.layers[i].conv_states, cache.has_previous_state(...)
+_OLD_STATE_READS = re.compile(r"\b(\w+)\.(?:layers\[[^\]]*\]\.)?(conv_states|recurrent_states|ssm_states|"
+                              r"has_previous_state)\b")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -139,7 +282,8 @@ class MixerCoupling:
     cache_methods: frozenset[str]  # every method the class calls on it
 
 
-def _source(obj: Any) -> str:
+def source_of(obj: Any) -> str:
+    """``obj``'s source text ("" where there is none: a builtin, a C extension)."""
     try:
         return inspect.getsource(obj)
     except (OSError, TypeError):
@@ -168,13 +312,19 @@ def recurrent_mixer(cls: type) -> MixerCoupling | None:
     forward = getattr(cls, "forward", None)
     if forward is None:
         return None
-    source = _source(cls)
-    if not any(f".{read}(" in source for read in STATE_READS):
-        return None
+    source = source_of(cls)
     try:
         params = inspect.signature(inspect.unwrap(forward)).parameters
     except (TypeError, ValueError):
         params = {}
+    if not any(f".{read}(" in source for read in STATE_READS):
+        old = sorted({f"{arg}.{what}" for arg, what in _OLD_STATE_READS.findall(source) if arg in params})
+        if old:  # a mixer, but one reading its states where a chain state cannot hand them over
+            raise CouplingError(
+                f"{cls.__name__} ({_version(cls)}) reads its recurrent states as {', '.join(old)} (the cache API "
+                f"of transformers before 5.23), not through {' / '.join(sorted(STATE_READS))}: onepass cannot run "
+                f"its recurrent layers chain by chain on a tree; use transformers>=5.23")
+        return None
     for name in params:
         methods = frozenset(re.findall(rf"\b{re.escape(name)}\.(\w+)\(", source))
         if methods & STATE_READS:
@@ -215,7 +365,7 @@ def called_kernels(cls: type, *, wanted: Callable[[Any], bool]) -> dict[str, Any
     forward = getattr(cls, "forward", None)
     if module is None or forward is None:
         return {}
-    names = set(re.findall(r"(?<![.\w])(\w+)\(", _source(inspect.unwrap(forward))))
+    names = set(re.findall(r"(?<![.\w])(\w+)\(", source_of(inspect.unwrap(forward))))
     found = {n: getattr(module, n, None) for n in sorted(names)}
     return {n: f for n, f in found.items() if inspect.isfunction(inspect.unwrap(f)) and wanted(f)}
 

@@ -57,6 +57,13 @@ class DataConfig:
         "one-pass | n-pass | k-pass:K | budget", metavar="SCHEDULE"))
     max_tokens: int | None = field(default=None, metadata=_meta("tree / row token budget", metavar="N"))
     pack: bool = field(default=False, metadata=_meta("pack trees into rows of <= max_tokens"))
+    share_prefix: bool = field(default=True, metadata=_meta(
+        "with --pack: trees of different conversations that share a token prefix (a system prompt, tools) "
+        "become one tree per row, the same loss; --no-share-prefix packs one tree per conversation "
+        "(n-pass never shares: it is the baseline)"))
+    share_window: int | None = field(default=None, metadata=_meta(
+        "share prefixes only among this many consecutive conversations of the data order (default: all of "
+        "prepare's and OnePassTrainer's packed rows, one optimizer step's in onepass train)", metavar="N"))
     weighting: str = field(default="token", metadata=_meta("token | turn | conversation",
                                                            choices=WEIGHTINGS))
     completion_format: str | None = field(default=None, metadata=_meta(
@@ -95,12 +102,29 @@ class DataConfig:
             raise ConfigError(f"max_tokens must be an integer >= 2 (or unset), got {self.max_tokens!r}")
         if self.pack and self.max_tokens is None:
             raise ConfigError("pack needs a row budget: set max_tokens (--max-tokens)")
+        if not isinstance(self.share_prefix, bool):
+            raise ConfigError(f"share_prefix must be true or false, got {self.share_prefix!r}")
+        if self.share_window is not None and (isinstance(self.share_window, bool) or not isinstance(
+                self.share_window, int) or self.share_window < 1):
+            raise ConfigError(f"share_window must be an integer >= 1 (or unset), got {self.share_window!r}")
         if not isinstance(self.template_kwargs, Mapping):
             raise ConfigError(f"template_kwargs must be a mapping, got {self.template_kwargs!r}")
+        for key in self.template_kwargs:
+            if not isinstance(key, str) or key in RESERVED_TEMPLATE_KWARGS:
+                why = ("is not a name" if not isinstance(key, str) else
+                       "is set by onepass on every call (an argument of apply_chat_template itself)")
+                raise ConfigError(f"template_kwargs: {key!r} {why}; template_kwargs are extra template variables, "
+                                  "e.g. enable_thinking=false")
         object.__setattr__(self, "template_date", resolve_template_date(self.template_date))
         object.__setattr__(self, "render", RenderConfig(template_kwargs=dict(self.template_kwargs),
                                                         completion_format=self.completion_format,
                                                         reasoning=self.reasoning, template_date=self.template_date))
+
+    @property
+    def shares(self) -> bool:
+        """Do packed rows merge the trees of conversations that share a prefix (:mod:`onepass.share`)?
+        With packing and ``share_prefix``, under every schedule but ``n-pass`` (the baseline shares nothing)."""
+        return self.pack and self.share_prefix and self.schedule_spec.kind != "n-pass"
 
     def replace(self, **changes: Any) -> DataConfig:
         """A copy with ``changes``; the parsed schedule is carried over, not parsed again."""
@@ -111,6 +135,14 @@ class DataConfig:
         """The settings as plain values (the keys of a YAML config)."""
         return {name: dict(v) if isinstance(v := getattr(self, name), Mapping) else v for name in DATA_KEYS}
 
+
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs"})
+"""apply_chat_template's own arguments and the variables onepass passes on every call: a template kwarg of that
+name raised a raw ``TypeError`` mid-render ("got multiple values for keyword argument 'messages'") or, for
+``add_generation_prompt``, silently changed how every prompt was rendered."""
 
 _FIELDS = {f.name: f for f in dataclasses.fields(DataConfig) if f.init}
 DATA_KEYS: tuple[str, ...] = tuple(_FIELDS)
@@ -137,6 +169,14 @@ def data_config_hints() -> dict[str, Any]:
 # the command line: flags generated from the fields, read back into a DataConfig
 
 
+def _bool_arg(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def _schedule_arg(text: str) -> Schedule:
     try:
         return parse_schedule(text)
@@ -160,20 +200,22 @@ def add_data_arguments(parser: Any, *, names: Collection[str] = DATA_KEYS, overr
         shown = "" if default in (None, {}) or f.type in ("bool", bool) or "(default" in meta["help"] \
             else f" (default: {default})"
         kwargs: dict[str, Any] = dict(dest=name, default=None)
-        if name == "pack":
+        if name in ("pack", "share_prefix"):
             kwargs["action"] = argparse.BooleanOptionalAction
         elif name == "template_kwargs":
             kwargs.update(action="append", type=key_value_arg if overrides else str, metavar=meta["metavar"])
         else:
             kwargs["metavar"] = meta["metavar"]
-            if name == "max_tokens":
+            if name in ("max_tokens", "share_window"):
                 kwargs["type"] = int
             elif name == "schedule" and not overrides:
                 kwargs["type"] = _schedule_arg
             if meta["choices"] and not overrides:
                 kwargs.update(choices=meta["choices"], metavar=None)
-        if "_" in name:  # HF's own spelling (--max_tokens) too, not listed in --help
-            parser.add_argument("--" + name, **{**kwargs, "help": argparse.SUPPRESS})
+        if "_" in name:  # HF's own spelling (--max_tokens) too, not listed in --help; a flag as HF has it
+            hidden = dict(kwargs, action="store", nargs="?", const=True, type=_bool_arg) \
+                if kwargs.get("action") is argparse.BooleanOptionalAction else kwargs  # (--share_prefix false)
+            parser.add_argument("--" + name, **{**hidden, "help": argparse.SUPPRESS})
         parser.add_argument("--" + name.replace("_", "-"), *meta["flags"], help=meta["help"] + shown, **kwargs)
 
 

@@ -217,6 +217,25 @@ def check_output_dir(path: str | Path, *, overwrite: bool = False, flag: str = "
     return path
 
 
+def check_writable(path: str | Path, *, flag: str = "--output-dir") -> Path:
+    """``path`` is a folder a file can be written in, or can be made one: one :class:`UsageError` line
+    before any work otherwise (a read-only file system or folder, a file in the way). Nothing is created:
+    the probe is written in ``path`` or in its nearest existing parent, and removed."""
+    path = Path(path)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(20, "a file is in the way", str(existing))
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".onepass-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write there ({e.strerror or e}); choose another {flag}") from None
+    return path
+
+
 @contextmanager
 def atomic_dir(path: str | Path, *, replace: bool = True) -> Iterator[Path]:
     """An empty temporary directory beside ``path`` to write into, published as ``path``
@@ -232,6 +251,24 @@ def atomic_dir(path: str | Path, *, replace: bool = True) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     publish_dir(tmp, path, replace=replace)
+
+
+def write_failure(error: BaseException) -> str | None:
+    """Why writing a file failed, in a few words, when ``error`` is a failed write; else None.
+
+    A full disk reaches us three ways: an ``OSError`` (ENOSPC) from Python's own writes; a
+    ``RuntimeError`` from ``torch.save`` ("[enforce fail at inline_container.cc] unexpected pos",
+    with the ``OSError`` of the file object it wrote through as its context); a ``SafetensorError``
+    whose message holds the I/O error ("No space left on device (os error 28)").
+    """
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen.strerror or str(seen)
+        seen = seen.__cause__ or seen.__context__
+    if type(error).__name__ == "SafetensorError" and ("I/O error" in str(error) or "os error" in str(error)):
+        return str(error).split("I/O error: ")[-1].splitlines()[0]
+    return None
 
 
 def cache_dir() -> Path:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from onepass.attention.backends import attention_mask_for, forward_kwargs
+from onepass.couplings import check_row_mask
 from onepass.head import (
     add_logit_stats,
     chunked_lm_head_loss,
@@ -89,6 +90,48 @@ def batch_loss(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | 
             add_logit_stats(stats, out, targets_T.long(), weights_T)
         return weighted_ce(out, targets_T, weights_T)
     return chunked_lm_head_loss(out, head, targets_T, weights_T, mode=mode, stats=stats)
+
+
+def row_losses(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | None = None,
+               stats: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """:func:`batch_loss` per row (``[B]``, summing to it): one forward, the LM head row by row.
+
+    For a mean over rows that must count each row once, whatever the batches (an evaluation whose
+    processes pad their last batch with rows counted already: the pairs (row loss, row weight) are
+    gathered and the duplicates dropped by the row)."""
+    mode = head_mode(lm_head)
+    out, head, targets_T, weights_T = forward_at_targets(model, batch, lm_head=mode)
+    ends = torch.cumsum((batch["targets"] != IGNORE).sum(dim=1), 0).tolist()  # targets are kept row-major
+    parts = []
+    for start, end in zip([0, *ends[:-1]], ends):
+        if head is None:
+            if stats is not None:
+                add_logit_stats(stats, out[start:end], targets_T[start:end].long(), weights_T[start:end])
+            parts.append(weighted_ce(out[start:end], targets_T[start:end], weights_T[start:end]))
+        else:
+            parts.append(chunked_lm_head_loss(out[start:end], head, targets_T[start:end], weights_T[start:end],
+                                              mode=mode, stats=stats))
+    return torch.stack(parts) if parts else out.new_zeros(0)
+
+
+def batch_dft_loss(model: Any, batch: Mapping[str, torch.Tensor], *,
+                   stats: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """Weighted-sum Dynamic Fine-Tuning loss of a batch of rows (TRL's ``loss_type='dft'``): each target's
+    cross entropy times its own probability, detached. Exact on a tree: views that share a target share
+    its context, so its probability, and their weights add as their N-pass terms would. Logits are formed
+    at the targets only (the plain head)."""
+    logits_TV, _, targets_T, weights_T = forward_at_targets(model, batch, lm_head="plain")
+    if stats is not None:
+        add_logit_stats(stats, logits_TV, targets_T.long(), weights_T)
+    return dft_sum(logits_TV, targets_T, weights_T)
+
+
+def dft_sum(logits_TV: torch.Tensor, targets_T: torch.Tensor, weights_T: torch.Tensor) -> torch.Tensor:
+    """Sum of ``-log p * p.detach() * weight`` over the targets (half-precision logits upcast to float32)."""
+    if logits_TV.dtype in (torch.float16, torch.bfloat16):
+        logits_TV = logits_TV.float()
+    logp_T = torch.log_softmax(logits_TV, dim=-1).gather(1, targets_T.long()[:, None])[:, 0]
+    return (-logp_T * logp_T.exp().detach() * weights_T.to(logp_T.dtype)).sum()
 
 
 def forward_at_targets(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | None = None,
@@ -165,6 +208,7 @@ def _forward_kept(model: Any, batch: Mapping[str, torch.Tensor], shard: Sequence
     if targets_BL.shape[0] == 1:
         keep = keep_BL[0].nonzero().squeeze(1)  # 1-D indices: supported by every transformers 5.x
     else:
+        check_row_mask(model, targets_BL.shape[0])  # a release without row masks: one line, not a traceback
         keep = keep_BL  # 2-D bool: logits come back flattened to [T, V]
     out = model(input_ids=held["input_ids"], position_ids=held["position_ids"],
                 attention_mask=mask, logits_to_keep=keep, use_cache=False, **forward_kwargs(model), **extra)

@@ -22,7 +22,7 @@ so a crash never leaves a half-written dataset behind; a marker file
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from onepass.pack import pack_layouts
 from onepass.record_schemas import INLINE_KEPT
 from onepass.render import render_conversation
 from onepass.schedule import schedule_views
+from onepass.share import prefix_key, share_and_pack, share_trees
 from onepass.tree import COLUMNS, ROW_DISK_DTYPES, Layout, count_nodes, row_from_columns, rows_to_columns
 
 
@@ -85,6 +86,7 @@ class PrepareStats:
     padding_fraction: float = 0.0
     skipped: list[str] = field(default_factory=list)  # one line per skip: where and why
     skipped_by_reason: dict[str, int] = field(default_factory=dict)
+    shared: dict[str, Any] | None = None  # packing with shared prefixes (onepass.share): see SharedStats; else absent
 
     def skip(self, reason: str, message: str, count: int = 1) -> None:
         """Count a skip of ``count`` views (or one record) under ``reason``. Invalid records are listed
@@ -97,11 +99,14 @@ class PrepareStats:
         self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + count
 
     def configure(self, config: PrepareConfig) -> PrepareStats:
-        """Record what the counts are of (schedule, weighting, budget, packing, the template's date)."""
+        """Record what the counts are of (schedule, weighting, budget, packing, the template's date, shared
+        prefixes)."""
         self.schedule, self.weighting = str(config.schedule_spec), config.weighting
         self.max_tokens, self.packed = config.max_tokens, config.pack
         self.completion_format, self.reasoning = config.completion_format, config.reasoning
         self.template_date = config.template_date
+        if config.shares and self.shared is None:
+            self.shared = asdict(SharedStats(window=config.share_window))
         return self
 
     def add(self, counts: dict[str, int], skips: Iterable[tuple[str, str, int]]) -> None:
@@ -116,7 +121,10 @@ class PrepareStats:
             self.skip(reason, message, count)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if out["shared"] is None:  # rows made without sharing: stats.json as before sharing existed
+            del out["shared"]
+        return out
 
     def summary(self) -> str:
         lines = [
@@ -146,6 +154,13 @@ class PrepareStats:
         if self.boundary_merge_views:
             lines.append(f"{self.boundary_merge_views} views tokenize differently when prompt and "
                          "completion are joined (a BPE merge across the boundary); trained as at inference")
+        if self.shared is not None:
+            sh = self.shared
+            lines.append(f"shared prefixes: {sh['trees_shared']} of {self.trees} trees merged into {sh['groups']} "
+                         f"trees across conversations, {sh['shared_prefix_tokens']:,} tokens fewer "
+                         f"({sh['tokens_unshared']:,} -> {self.row_tokens:,}); N-pass / row tokens "
+                         f"{sh['row_token_ratio']:.2f}x" + (f"; window {sh['window']} conversations" if sh["window"]
+                                                             else ""))
         if self.skipped:
             lines.append(f"SKIPPED {self.skip_summary()}")
         return "\n".join(lines)
@@ -156,6 +171,18 @@ class PrepareStats:
             return ""
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.skipped_by_reason.items()))
         return f"{sum(self.skipped_by_reason.values())} ({reasons}); first: {self.skipped[0]}"
+
+
+@dataclass(kw_only=True)
+class SharedStats:
+    """``stats.json``'s ``shared`` section, written when packing shares prefixes (:mod:`onepass.share`)."""
+
+    window: int | None = None  # --share-window: conversations (in input order) sharing may span; None: all
+    groups: int = 0  # trees made of two or more conversations' trees
+    trees_shared: int = 0  # trees (of the schedule) merged with another conversation's
+    tokens_unshared: int = 0  # tokens of the schedule's trees: the row tokens without sharing
+    shared_prefix_tokens: int = 0  # tokens_unshared - row tokens: each computed once per row instead
+    row_token_ratio: float = 0.0  # N-pass tokens / row tokens
 
 
 def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: PrepareConfig | None = None,
@@ -169,15 +196,15 @@ def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: Prepa
     """
     config = config if config is not None else PrepareConfig()
     stats = (stats or PrepareStats()).configure(config)
-    layouts: list[Layout] = []
+    units: list[list[Layout]] = []
     items: Iterable[Conversation] = conversations
     if progress:
         from tqdm.auto import tqdm
 
         items = tqdm(conversations, total=total, desc="prepare", unit="conv")
     for conv in items:
-        layouts.extend(prepare_conversation(conv, tokenizer, config, stats, strict=strict))
-    return finalize(layouts, stats, config)
+        units.append(prepare_conversation(conv, tokenizer, config, stats, strict=strict))
+    return finalize(units, stats, config)
 
 
 def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConfig, stats: PrepareStats, *,
@@ -222,22 +249,57 @@ def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConf
     return scheduled.layouts
 
 
-def finalize(layouts: list[Layout], stats: PrepareStats, config: PrepareConfig
+def units_of(items: Iterable[Layout | Sequence[Layout]]) -> Iterator[tuple[int, Layout]]:
+    """``(conversation, tree)`` of each tree: ``items`` are each conversation's trees (a list), or trees
+    (each then its own conversation, as :func:`onepass.data.parallel.iter_prepared` yields them by default)."""
+    unit = 0
+    for item in items:
+        trees = [item] if isinstance(item, Layout) else item
+        for tree in trees:
+            yield unit, tree
+        unit += bool(trees)  # conversations numbered among those with trees, however they come
+
+
+def finalize(units: Sequence[Layout | Sequence[Layout]], stats: PrepareStats, config: PrepareConfig
              ) -> tuple[list[Layout], PrepareStats]:
-    """After the per-conversation loop: pack, count rows and padding, the token ratio."""
-    rows = pack_layouts(layouts, config.max_tokens) if config.pack else layouts
+    """After the per-conversation loop over ``units`` (each conversation's trees; a bare tree is its own):
+    pack (sharing prefixes across conversations when ``config.shares``), count rows and padding, the
+    token ratio."""
+    pairs = list(units_of(units))
+    layouts = [tree for _, tree in pairs]
+    if config.shares:
+        assert config.max_tokens is not None
+        shared = share_and_pack(layouts, [u for u, _ in pairs], config.max_tokens, window=config.share_window)
+        rows = shared.rows
+        count_shared(stats, config, layouts, [m for m in shared.groups if len(m) > 1])
+    else:
+        rows = pack_layouts(layouts, config.max_tokens) if config.pack else layouts
     count_rows(stats, config, num_trees=len(layouts), num_rows=len(rows), row_tokens=sum(len(r) for r in rows))
     return rows, stats
 
 
+def count_shared(stats: PrepareStats, config: PrepareConfig, trees: Sequence[Layout] | Sequence[int],
+                 groups: Sequence[Sequence[int]]) -> None:
+    """The ``shared`` counts of trees merged into ``groups`` (each two or more tree indices); ``trees``:
+    the trees or their lengths. The token counts are completed by :func:`count_rows`."""
+    if stats.shared is None:
+        stats.shared = asdict(SharedStats(window=config.share_window))
+    stats.shared["groups"] = len(groups)
+    stats.shared["trees_shared"] = sum(len(g) for g in groups)
+    stats.shared["tokens_unshared"] = sum(x if isinstance(x, int) else len(x) for x in trees)
+
+
 def count_rows(stats: PrepareStats, config: PrepareConfig, *, num_trees: int, num_rows: int,
                row_tokens: int) -> PrepareStats:
-    """The counts known once every row is made: trees, rows, padding, the token ratio."""
+    """The counts known once every row is made: trees, rows, padding, the token ratio, tokens shared."""
     stats.trees, stats.rows, stats.row_tokens = num_trees, num_rows, row_tokens
     if config.pack and config.max_tokens:
         stats.padding_tokens = stats.rows * config.max_tokens - stats.row_tokens
         stats.padding_fraction = stats.padding_tokens / max(1, stats.rows * config.max_tokens)
     stats.token_ratio = token_ratio(stats.n_pass_tokens, stats.one_pass_tokens)
+    if stats.shared is not None:
+        stats.shared["shared_prefix_tokens"] = stats.shared["tokens_unshared"] - row_tokens
+        stats.shared["row_token_ratio"] = token_ratio(stats.n_pass_tokens, row_tokens)
     return stats
 
 
@@ -266,16 +328,18 @@ class _NothingToWrite(Exception):
     pass
 
 
-def write_prepared(trees: Iterable[Layout], stats: PrepareStats, config: PrepareConfig,
+def write_prepared(trees: Iterable[Layout | Sequence[Layout]], stats: PrepareStats, config: PrepareConfig,
                    out_dir: str | Path) -> Path | None:
-    """Stream ``trees`` (unpacked, in order) into the prepared dataset ``out_dir``; what ``prepare`` then
-    ``write_dataset`` write, in memory that does not grow with the data (:mod:`onepass.shards`).
+    """Stream ``trees`` (unpacked, in order: trees, or each conversation's list of trees, see
+    :func:`units_of`) into the prepared dataset ``out_dir``; what ``prepare`` then ``write_dataset``
+    write, in memory that does not grow with the data (:mod:`onepass.shards`).
 
     Rows are written as trees arrive; with packing the trees wait in a spool file and only their
-    lengths in memory, then are packed exactly as :func:`onepass.pack.pack_layouts` packs them.
-    ``stats`` is completed (:func:`count_rows`) and written beside the rows. Published atomically
-    when complete (:func:`onepass.files.atomic_dir`); when there is no row nothing is published
-    (an earlier output stays) and None is returned.
+    lengths (and, sharing prefixes, a key of 11 integers: :func:`onepass.share.prefix_key`) in memory,
+    then are merged and packed exactly as :func:`finalize` does (:func:`onepass.share.share_and_pack`,
+    :func:`onepass.pack.pack_layouts`). ``stats`` is completed (:func:`count_rows`) and written beside
+    the rows. Published atomically when complete (:func:`onepass.files.atomic_dir`); when there is no
+    row nothing is published (an earlier output stays) and None is returned.
     """
     from onepass.pack import best_fit_decreasing
     from onepass.shards import RowWriter, TreeSpool
@@ -289,13 +353,29 @@ def write_prepared(trees: Iterable[Layout], stats: PrepareStats, config: Prepare
                 if config.pack:
                     assert config.max_tokens is not None
                     with TreeSpool(tmp / ".trees.spool") as spool:
-                        for tree in trees:
+                        keys, units = [], []
+                        for unit, tree in units_of(trees):
                             spool.append(tree)
+                            if config.shares:
+                                keys.append(prefix_key(tree))
+                                units.append(unit)
                         num_trees = len(spool.lengths)
-                        for b in best_fit_decreasing(spool.lengths, config.max_tokens):
-                            rows.write(concat([spool.read(i) for i in b]))
+                        if config.shares:
+                            with TreeSpool(tmp / ".shared.spool") as merged:
+                                groups = []
+                                for m in share_trees(keys, units, spool.read, config.max_tokens,
+                                                     window=config.share_window):
+                                    merged.append(m.layout)
+                                    if len(m.members) > 1:
+                                        groups.append(m.members)
+                                count_shared(stats, config, spool.lengths, groups)
+                                for b in best_fit_decreasing(merged.lengths, config.max_tokens):
+                                    rows.write(concat([merged.read(i) for i in b]))
+                        else:
+                            for b in best_fit_decreasing(spool.lengths, config.max_tokens):
+                                rows.write(concat([spool.read(i) for i in b]))
                 else:
-                    for tree in trees:
+                    for _, tree in units_of(trees):
                         rows.write(tree)
                         num_trees += 1
                 if not rows.num_rows:

@@ -28,13 +28,17 @@ compare it with. No torch here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from onepass.errors import DataError
 from onepass.geometry import depths, tree_breaks
 from onepass.tree import COLUMNS, IGNORE, Layout
+
+
+PREPARE_AGAIN = "prepare the data again with `onepass prepare`"  # what to do about a bad prepared row
 
 
 class RowError(DataError):
@@ -72,30 +76,44 @@ def row_problem(row: Layout, vocab_size: int | None = None) -> str | None:
     return None
 
 
-def check_rows(rows: Sequence[Layout], *, vocab_size: int | None = None, source: str = "rows",
-               chunk_tokens: int = 1 << 20) -> None:
-    """Raise :class:`RowError` naming the first bad row (0-based, in file order) and column; else None.
+def check_rows(rows: Iterable[Layout], *, vocab_size: int | None = None, source: str = "rows",
+               chunk_tokens: int = 1 << 20, require_weight: bool = True, start: int = 0,
+               hint: str = PREPARE_AGAIN) -> int:
+    """Raise :class:`RowError` naming the first bad row (0-based, in order) and column; else the number of rows.
 
-    ``vocab_size``: the model's (ids must be below it); None checks only that ids are >= 0. Rows are
-    checked ``chunk_tokens`` tokens at a time (a row longer than that alone), so memory stays bounded.
+    ``rows``: any iterable (a list, or rows read one batch at a time from a dataset: they are checked
+    ``chunk_tokens`` tokens at a time, a row longer than that alone, so memory stays bounded).
+    ``vocab_size``: the model's (ids must be below it); None checks only that ids are >= 0.
+    ``require_weight``: some row must have a positive weight (else training learns nothing); off for
+    rows that are scored, not trained on their weights (RL). ``start``: the number of the first row;
+    ``hint``: what to do, said after the problem.
     """
-    if not rows:
-        return
-    lengths = np.array([[len(getattr(r, c)) for c in COLUMNS] for r in rows], dtype=np.int64)
-    bad = np.flatnonzero((lengths != lengths[:, :1]).any(axis=1) | (lengths[:, 0] == 0))
-    if len(bad):
-        _raise(rows, int(bad[0]), vocab_size, source)
-    ends = np.cumsum(lengths[:, 0])
-    first, positive = 0, False
-    while first < len(rows):
-        last = max(first + 1, int(np.searchsorted(ends, (ends[first - 1] if first else 0) + chunk_tokens, "right")))
-        bad_row, any_weight = _first_bad(rows[first:last], vocab_size)
+    first, positive = start, False
+    for chunk in _chunks(rows, chunk_tokens):
+        lengths = np.array([[len(getattr(r, c)) for c in COLUMNS] for r in chunk], dtype=np.int64)
+        bad = np.flatnonzero((lengths != lengths[:, :1]).any(axis=1) | (lengths[:, 0] == 0))
+        bad_row, any_weight = (int(bad[0]), False) if len(bad) else _first_bad(chunk, vocab_size)
         if bad_row is not None:
-            _raise(rows, first + bad_row, vocab_size, source)
+            _raise(chunk[bad_row], first + bad_row, vocab_size, source, hint)
         positive |= any_weight
-        first = last
-    if not positive:
+        first += len(chunk)
+    if first > start and require_weight and not positive:
         raise RowError(f"{source}: no row has a positive weight, so training would learn nothing")
+    return first - start
+
+
+def _chunks(rows: Iterable[Layout], chunk_tokens: int) -> Iterator[list[Layout]]:
+    """Consecutive rows of about ``chunk_tokens`` tokens together (a longer row alone)."""
+    chunk: list[Layout] = []
+    tokens = 0
+    for row in rows:
+        chunk.append(row)
+        tokens += len(row.input_ids)
+        if tokens >= chunk_tokens:
+            yield chunk
+            chunk, tokens = [], 0
+    if chunk:
+        yield chunk
 
 
 def _first_bad(rows: Sequence[Layout], vocab_size: int | None) -> tuple[int | None, bool]:
@@ -128,13 +146,22 @@ def check_ids(rows: Sequence[Layout], vocab_size: int, *, source: str = "rows") 
     top = np.array([max(int(r.input_ids.max()), int(r.targets.max())) for r in rows], dtype=np.int64)
     bad = np.flatnonzero(top >= vocab_size)
     if len(bad):
-        _raise(rows, int(bad[0]), vocab_size, source)
+        _raise(rows[int(bad[0])], int(bad[0]), vocab_size, source, PREPARE_AGAIN)
 
 
-def _raise(rows: Sequence[Layout], i: int, vocab_size: int | None, source: str) -> None:
-    problem = row_problem(rows[i], vocab_size)
+def model_vocab(model: Any) -> int | None:
+    """How many ids ``model`` embeds (its input embedding's rows): the bound every row's ids are checked
+    against; None for a model without an input embedding."""
+    try:
+        return int(model.get_input_embeddings().num_embeddings)
+    except (AttributeError, NotImplementedError, TypeError):
+        return None
+
+
+def _raise(row: Layout, i: int, vocab_size: int | None, source: str, hint: str) -> None:
+    problem = row_problem(row, vocab_size)
     assert problem is not None, f"check_rows and row_problem disagree on row {i}"
-    raise RowError(f"{source}: row {i}, {problem}; prepare the data again with `onepass prepare`")
+    raise RowError(f"{source}: row {i}, {problem}; {hint}")
 
 
-__all__ = ["RowError", "check_ids", "check_rows", "row_problem"]
+__all__ = ["RowError", "check_ids", "check_rows", "model_vocab", "row_problem"]

@@ -90,7 +90,23 @@ def tiny_config(arch: str, vocab_size: int, **overrides: Any) -> Any:
     if "layers_block_type" in kwargs:  # nemotron-h: the layer count is the pattern's length
         kwargs.pop("num_hidden_layers")
     kwargs.update(overrides)
-    return getattr(tf, class_name)(**kwargs)
+    config = getattr(tf, class_name)(**kwargs)
+    _check_overrides(config, overrides, arch)
+    return config
+
+
+def _check_overrides(config: Any, overrides: dict[str, Any], arch: str) -> None:
+    """Every override is a setting of the architecture's config: transformers keeps an unknown key as a
+    plain attribute, so a misspelled ``hidden_sizes=64`` trained the default model without a word."""
+    import difflib
+    import inspect
+
+    known = set(type(config)().to_dict()) | set(inspect.signature(type(config).__init__).parameters)
+    unknown = sorted(k for k in overrides if k not in known)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+        raise UsageError(f"tiny_config: {unknown[0]!r} is not a setting of {type(config).__name__} ({arch})"
+                         + (f"; did you mean {close[0]!r}?" if close else ""))
 
 
 def tiny_model(arch: str, vocab_size: int, *, dtype: torch.dtype = torch.float32, seed: int = 0,

@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from onepass.private_names import private
 from onepass.errors import ConfigError
 from onepass.files import atomic_dir, cache_dir
 from onepass.hub import hub_offline, offline_reason
@@ -60,10 +61,10 @@ def check_template(template: str, name: str) -> None:
     template's line, raised before any data is read (a template that raises for one conversation
     is a counted skip instead: :mod:`onepass.render`)."""
     from jinja2.exceptions import TemplateSyntaxError
-    from transformers.utils.chat_template_utils import _compile_jinja_template
 
+    compile_template = private("transformers.utils.chat_template_utils._compile_jinja_template")
     try:
-        _compile_jinja_template(template)
+        compile_template(template)
     except TemplateSyntaxError as e:
         raise TokenizerError(f"the chat template of {name} does not compile: line {e.lineno}: {e.message}"
                              ) from None

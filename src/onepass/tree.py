@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from onepass.geometry import row_chains
 from onepass.view import View
 
 IGNORE = -100  # the target of a position that trains nothing
@@ -133,6 +134,8 @@ class PrefixTree:
         self.roots: dict[int, list[int]] = {}
         self.num_views = 0
         self._segments: list[tuple[int, int, int]] = []  # (first node, parent node or -1, depth of first)
+        self._starts: list[int] = []  # first node of each segment, ascending (segments are runs of ids)
+        self._branched: list[int] = []  # nodes inside a segment that got a children dict, ascending
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -153,22 +156,11 @@ class PrefixTree:
                 found = node if found is None else found
         return found
 
-    @staticmethod
-    def _walk(view: View) -> list[tuple[int, int, int | None]]:
-        tokens = view.tokens.tolist()
-        targets = view_targets(view).tolist()
-        nexts: list[int | None] = tokens[1:] + [None]
-        return list(zip(tokens, targets, nexts))
-
     def count_new(self, view: View) -> int:
         """How many nodes inserting ``view`` would add (the tree is unchanged)."""
-        siblings = self.roots
-        for i, (token, target, following) in enumerate(self._walk(view)):
-            node = self._match(siblings, token, target, following)
-            if node is None:
-                return len(view.tokens) - i
-            siblings = self._kids(node)
-        return 0
+        targets = view_targets(view)
+        return self._descend(view.tokens.tolist(), targets.tolist(), _trained(targets), 0, len(view.tokens), -1,
+                             commit=False)
 
     def insert(self, view: View, weight: float = 1.0) -> int:
         """Add ``view``; its trained targets get ``weight`` each. Returns the nodes added."""
@@ -178,55 +170,142 @@ class PrefixTree:
 
     def insert_path(self, view: View, weight: float = 1.0) -> list[int]:
         """Add ``view``; returns the node id of each of its positions (root first)."""
-        tokens = view.tokens.tolist()
-        targets = view_targets(view).tolist()
-        tree_tokens, tree_targets, children = self.tokens, self.targets, self.children
-        n, siblings, parent, path = len(tokens), self.roots, -1, []
-        for i in range(n):
+        targets = view_targets(view)
+        ids = np.empty(len(view.tokens), dtype=np.int64)
+        self._descend(view.tokens.tolist(), targets.tolist(), _trained(targets), 0, len(ids), -1, weights=float(weight),
+                      ids=ids)
+        self.num_views += 1
+        return ids.tolist()
+
+    def insert_layout(self, layout: Layout) -> np.ndarray:
+        """Merge a laid-out tree (or forest: any valid row) into this tree; the node id of each row position.
+
+        A row node joins the existing node with the same path of tokens from the root and a target that
+        does not conflict (as a view's token does in :meth:`insert_path`), its target and weight added;
+        once a branch of the row finds no such node, it and everything below it are new. The loss of
+        the tree then holds every term of the row's, on the same context: this is how trees of several
+        conversations that share a prefix become one (:mod:`onepass.share`)."""
+        n = len(layout)
+        ids = np.empty(n, dtype=np.int64)
+        tokens, targets = layout.input_ids.tolist(), layout.targets.tolist()
+        weights, depth = layout.weights.tolist(), layout.position_ids.tolist()
+        trained = _trained(layout.targets)
+        chains = row_chains(layout.kv_end)
+        grown = [False] * len(chains)  # the chain left the tree: every chain below it is new
+        for c, chain in enumerate(chains):
+            a, b = chain.start, chain.end
+            parent = int(ids[chains[chain.parent].end - 1]) if chain.parent >= 0 else -1
+            if chain.parent >= 0 and grown[chain.parent]:
+                ids[a:b] = self._add_chain(tokens[a:b], targets[a:b], weights[a:b], self._kids(parent), parent,
+                                           depth=depth[a])
+                grown[c] = True
+            else:
+                grown[c] = self._descend(tokens, targets, trained, a, b, parent, weights=weights, ids=ids,
+                                         depth=depth) > 0
+        return ids
+
+    def _descend(self, tokens: list[int], targets: list[int], trained: list[int], i: int, end: int, node: int, *,
+                 weights: float | list[float] = 1.0, ids: np.ndarray | None = None, depth: Sequence[int] | None = None,
+                 commit: bool = True) -> int:
+        """Walk ``tokens[i:end]`` (each the child of the one before; the first a child of ``node``, -1: a
+        root) down the tree, matching nodes while they match; the rest becomes one new chain. Returns the
+        number of new nodes. ``weights``: each trained target's (one for all, or per position);
+        ``trained``: the positions whose target is not IGNORE, ascending; ``depth``: of each position
+        (default: its index); ``commit=False`` only counts (:meth:`count_new`).
+
+        Inside a chain (a node whose one child is the next id) the matching runs over the whole run at
+        once (:meth:`_run`); elsewhere node by node (:meth:`_match`): the same choices either way.
+        """
+        tree_targets = self.targets
+        while i < end:
+            if node >= 0 and self.children[node] is None:  # inside a chain: compare the run of ids at once
+                m = min(self._run_end(node) - node, end - i)
+                k = self._run(node + 1, tokens, targets, trained, i, m)
+                if k:
+                    if commit:
+                        self._train(node + 1, i, k, targets, weights, trained)
+                        ids[i:i + k] = np.arange(node + 1, node + 1 + k)
+                    node, i = node + k, i + k
+                    continue
+                siblings = self._kids(node) if commit else {self.tokens[node + 1]: [node + 1]}
+            else:
+                siblings = self.roots if node < 0 else self._kids(node)
             token, target = tokens[i], targets[i]
-            node = None
-            if siblings is None:  # the parent is inside a chain: its one child is parent + 1 (hot loop)
-                t = tree_targets[parent + 1]
-                if tree_tokens[parent + 1] == token and (t == IGNORE or target == IGNORE or t == target):
-                    node = parent + 1
-            elif (nodes := siblings.get(token)) is not None:
+            nodes = siblings.get(token)
+            match = None
+            if nodes is not None:
                 if len(nodes) == 1:  # what _match decides for a single candidate, inlined (hot loop)
                     t = tree_targets[nodes[0]]
                     if t == IGNORE or target == IGNORE or t == target:
-                        node = nodes[0]
+                        match = nodes[0]
                 else:
-                    node = self._match(siblings, token, target, tokens[i + 1] if i + 1 < n else None)
-            if node is None:  # the view leaves the tree here: the rest is one new chain
-                siblings = self.roots if parent < 0 else self._kids(parent)
-                path.extend(self._add_chain(tokens[i:], targets[i:], weight, siblings, parent, depth=i))
-                break
-            if target != IGNORE:
-                tree_targets[node] = target
-                self.weights[node] += weight
-            siblings, parent = children[node], node
-            path.append(node)
-        self.num_views += 1
-        return path
+                    match = self._match(siblings, token, target, tokens[i + 1] if i + 1 < end else None)
+            if match is None:  # the walk leaves the tree here: the rest is one new chain
+                if commit:
+                    w = weights[i:end] if isinstance(weights, list) else weights
+                    ids[i:end] = self._add_chain(tokens[i:end], targets[i:end], w, siblings, node,
+                                                 depth=i if depth is None else depth[i])
+                return end - i
+            if commit:
+                self._train(match, i, 1, targets, weights, trained)
+                ids[i] = match
+            node, i = match, i + 1
+        return 0
+
+    def _run_end(self, node: int) -> int:
+        """The last node of the run of ids that starts at ``node`` (inside a chain) and in which each node's
+        only child is the next id: the next node with a children dict (a branch, or its segment's end)."""
+        j = bisect.bisect_right(self._starts, node)
+        last = (self._starts[j] if j < len(self._starts) else len(self.tokens)) - 1
+        k = bisect.bisect_left(self._branched, node)
+        return min(last, self._branched[k]) if k < len(self._branched) else last
+
+    def _run(self, first: int, tokens: list[int], targets: list[int], trained: list[int], i: int, m: int) -> int:
+        """How many of nodes ``first, first + 1, ...`` (at most ``m``) hold ``tokens[i:]`` with targets that
+        do not conflict. Where no position of the run is trained, the tokens alone decide (a list compare)."""
+        j = bisect.bisect_left(trained, i)
+        plain = j == len(trained) or trained[j] >= i + m
+        if plain and self.tokens[first:first + m] == tokens[i:i + m]:
+            return m
+        ok = np.asarray(self.tokens[first:first + m]) == np.asarray(tokens[i:i + m])
+        if not plain:
+            have, want = np.asarray(self.targets[first:first + m]), np.asarray(targets[i:i + m])
+            ok &= (have == IGNORE) | (want == IGNORE) | (have == want)
+        return m if ok.all() else int(np.argmin(ok))
+
+    def _train(self, first: int, i: int, k: int, targets: list[int], weights: float | list[float],
+               trained: list[int]) -> None:
+        """Nodes ``first .. first + k - 1`` hold positions ``i .. i + k - 1``: their trained targets and weights."""
+        for j in range(bisect.bisect_left(trained, i), bisect.bisect_left(trained, i + k)):
+            p = trained[j]
+            node = first + p - i
+            self.targets[node] = targets[p]
+            self.weights[node] += weights[p] if isinstance(weights, list) else weights
 
     def _kids(self, node: int) -> dict[int, list[int]]:
         """The children of ``node`` by token; a node inside a chain gets its dict only when asked."""
         kids = self.children[node]
         if kids is None:
             kids = self.children[node] = {self.tokens[node + 1]: [node + 1]}
+            bisect.insort(self._branched, node)
         return kids
 
-    def _add_chain(self, tokens: list[int], targets: list[int], weight: float, siblings: dict[int, list[int]],
-                   parent: int, *, depth: int) -> range:
+    def _add_chain(self, tokens: list[int], targets: list[int], weights: float | list[float],
+                   siblings: dict[int, list[int]], parent: int, *, depth: int) -> range:
         """New nodes for ``tokens``, each the only child of the one before; the first joins ``siblings``."""
         first = len(self.tokens)
         ids = range(first, first + len(tokens))
         self.tokens.extend(tokens)
         self.targets.extend(targets)
-        self.weights.extend([0.0 if t == IGNORE else weight for t in targets])
+        if isinstance(weights, list):
+            self.weights.extend([0.0 if t == IGNORE else w for t, w in zip(targets, weights)])
+        else:
+            self.weights.extend([0.0 if t == IGNORE else weights for t in targets])
         self.children.extend([None] * (len(tokens) - 1))  # inside the chain: the child is the next id
         self.children.append({})
         siblings.setdefault(tokens[0], []).append(first)
         self._segments.append((first, parent, depth))
+        self._starts.append(first)
         return ids
 
     def _preorder(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -298,12 +377,19 @@ class PrefixTree:
 
     def layout(self) -> Layout:
         """Depth-first flattening (see :meth:`dfs_order`)."""
+        return self.layout_and_rank()[0]
+
+    def layout_and_rank(self) -> tuple[Layout, np.ndarray]:
+        """:meth:`layout`, and the row position of every node id (what :meth:`insert_path` and
+        :meth:`insert_layout` return are node ids)."""
         order, depth, end = self._preorder()
         tokens = np.asarray(self.tokens, dtype=np.int64)
         targets = np.asarray(self.targets, dtype=np.int64)
         weights = np.asarray(self.weights, dtype=np.float64)
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
         return Layout(input_ids=tokens[order], position_ids=depth, kv_end=end,
-                      targets=targets[order], weights=weights[order])
+                      targets=targets[order], weights=weights[order]), rank
 
     def subtree_sizes_reference(self) -> list[int]:
         """Nodes in each node's subtree, itself included, node by node (a child's id exceeds its parent's)."""
@@ -344,6 +430,11 @@ class PrefixTree:
         weights = np.asarray(self.weights, dtype=np.float64)
         return Layout(input_ids=tokens[order], position_ids=depth, kv_end=end,
                       targets=targets[order], weights=weights[order])
+
+
+def _trained(targets: np.ndarray) -> list[int]:
+    """The positions whose target is not IGNORE, ascending."""
+    return np.flatnonzero(np.asarray(targets) != IGNORE).tolist()
 
 
 def _ordered(siblings: dict[int, list[int]]) -> list[int]:

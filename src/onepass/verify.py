@@ -26,6 +26,7 @@ from onepass.guard.divergence import max_rel_grad_diff
 from onepass.loss import layout_loss, view_loss_reference
 from onepass.pack import pack_layouts
 from onepass.schedule import Schedule, parse_schedule, schedule_views, view_weights
+from onepass.share import share_rows
 from onepass.view import View
 from onepass.vocab import remap, used_ids
 
@@ -47,6 +48,9 @@ class VerifyReport:
     dtype: str
     worst_parameter: str = ""  # the parameter with the largest relative gradient difference
     packed: bool = False  # the trees of all conversations were packed into shared rows
+    shared: bool = False  # ... and trees of conversations that share a prefix merged into one (onepass.share)
+    num_rows: int = 0
+    row_tokens: int = 0  # tokens of the rows run (the trees', less the prefixes shared)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,11 +71,13 @@ def parameter_grads(model: Any) -> dict[str, torch.Tensor]:
 
 def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
                schedule: Schedule | str = "one-pass", weighting: str = "token",
-               max_tokens: int | None = None, pack: bool = False) -> VerifyReport:
+               max_tokens: int | None = None, pack: bool = False, share: bool = False) -> VerifyReport:
     """Loss and gradients of N-pass vs ``schedule`` on the same views and model.
 
     ``pack``: the trees of all conversations are packed into rows of at most ``max_tokens``
-    (one row when it is None), so documents share rows as in packed training.
+    (one row when it is None), so documents share rows as in packed training; ``share`` (with
+    ``pack``, under any schedule but n-pass): trees of conversations that share a token prefix are
+    merged into one tree per row (:mod:`onepass.share`), as ``prepare --pack`` does by default.
     """
     if isinstance(schedule, str):
         schedule = parse_schedule(schedule)
@@ -91,13 +97,19 @@ def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
 
     model.zero_grad(set_to_none=True)
     loss_1 = 0.0
-    trees = []
-    for views in conversations:
+    trees, units = [], []
+    for c, views in enumerate(conversations):
         scheduled = schedule_views(views, schedule, weighting=weighting, max_tokens=max_tokens)
         if scheduled.skipped:
             raise DataError("verify needs every view trained; skipped: " + "; ".join(scheduled.skipped))
         trees.extend(scheduled.layouts)
-    rows = pack_layouts(trees, max_tokens or sum(len(x) for x in trees)) if pack else trees
+        units.extend([c] * len(scheduled.layouts))
+    budget = max_tokens or sum(len(x) for x in trees)
+    shared = pack and share and schedule.kind != "n-pass"
+    if shared:
+        rows = share_rows(trees, units, budget)
+    else:
+        rows = pack_layouts(trees, budget) if pack else trees
     for layout in rows:
         loss = layout_loss(model, layout)
         loss.backward()
@@ -113,4 +125,5 @@ def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
         max_rel_grad_diff=rel_grad, num_conversations=len(conversations), num_views=num_views,
         num_trees=len(trees), n_pass_tokens=n_tokens, one_pass_tokens=sum(len(x) for x in trees),
         schedule=str(schedule), weighting=weighting, dtype=str(next(model.parameters()).dtype),
-        worst_parameter=worst, packed=pack)
+        worst_parameter=worst, packed=pack, shared=shared, num_rows=len(rows),
+        row_tokens=sum(len(x) for x in rows))

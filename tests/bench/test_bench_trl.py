@@ -120,3 +120,20 @@ def test_tuned_trl_trains_the_same_loss_on_onepass_cpu(tmp_path, qwen3_tokenizer
     assert len(plans) == shape["num_hidden_layers"]  # onepass_cpu ran its tree path (sdpa never builds a plan)
     assert abs(losses["sdpa"][0] - losses["onepass_cpu"][0]) <= 1e-10 * losses["sdpa"][0]
     torch.testing.assert_close(losses["onepass_cpu"][1], losses["sdpa"][1], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_the_trl_baseline_sets_checkpointing_without_a_v6_future_warning(tmp_path, checkpointing):
+    """transformers 5.24 renamed TrainingArguments.gradient_checkpointing to activation_checkpointing (the old
+    name warns, and goes in v6): the baseline's own SFTConfig uses the name the installed release takes."""
+    import warnings
+
+    from onepass.couplings import checkpointing_on
+
+    job = bench_trl.TrlJob(examples=[([1, 2, 3], 1)], vocab=8, shape_kwargs={}, dtype="float32", backend="sdpa",
+                           device="cpu", seed=0, repeats=0, threads=1, max_tokens=64, checkpointing=checkpointing)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = bench_trl.sft_config(job, str(tmp_path))
+    assert not [w for w in caught if "removed in v6" in str(w.message)], [str(w.message) for w in caught]
+    assert checkpointing_on(config) is checkpointing and config.gradient_checkpointing is checkpointing

@@ -151,7 +151,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_leaves_no_half_checkpoint(t
     real = torch.save
 
     def full(obj, f, *a, **kw):
-        if str(f).endswith("scheduler.pt"):
+        if str(getattr(f, "name", f)).endswith("scheduler.pt"):  # a path, or the file object it is written through
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(obj, f, *a, **kw)
 

@@ -34,8 +34,10 @@ def test_a_stop_signal_mid_train_keeps_a_checkpoint(tmp_path, sig):
                    "--save-steps", "1000", "--logging-steps", "1", "--no-progress", "--no-save-model",
                    "--output-dir", str(out), preexec_fn=_default_sigint)
 
-    def steps():
+    def steps():  # the steps logged so far: metrics.jsonl while the run goes (metrics.json's history before it)
         try:
+            if (out / "metrics.jsonl").is_file():
+                return sum(1 for line in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in line)
             return len(json.loads((out / "metrics.json").read_text()).get("history", []))
         except (OSError, ValueError):
             return 0

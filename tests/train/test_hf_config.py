@@ -20,6 +20,7 @@ from onepass.conversation import parse_record
 from onepass.errors import DataError, UsageError
 from onepass.train import OnePassConfig
 from onepass.train.hf_trainer import as_rows, conversation_dataset, parse_dataset
+from onepass.tree import COLUMNS
 
 COMMON = {"report_to": "none", "use_cpu": True}
 
@@ -117,14 +118,16 @@ def test_docs_table_has_a_row_for_every_sft_field_and_each_difference_with_its_r
 
 
 def test_values_onepass_does_otherwise_warn_once_each(caplog, fresh_warnings):
-    lines = {"assistant_only_loss": "assistant turns only", "truncation_mode": "never truncates",
-             "packing_strategy": "packing with 'bfd'", "router_aux_loss_coef": "load-balancing loss is not added"}
+    lines = {"truncation_mode": "a conversation over max_length is split into trees",
+             "packing_strategy": "conversation trees are never cut",
+             "router_aux_loss_coef": "load-balancing loss is not added"}
     with caplog.at_level(logging.INFO, logger="onepass"):
         OnePassConfig("o", **COMMON)  # the defaults are what we do: nothing to say
         assert "onepass:" not in caplog.text
         for _ in range(2):
-            OnePassConfig("o", completion_only_loss=False, truncation_mode="keep_end", packing=True,
-                          packing_strategy="wrapped", router_aux_loss_coef=0.01, **COMMON)
+            with pytest.warns(FutureWarning, match="keep_end"):  # TRL's deprecation, as TRL says it
+                OnePassConfig("o", completion_only_loss=False, truncation_mode="keep_end", packing=True,
+                              packing_strategy="wrapped", router_aux_loss_coef=0.01, **COMMON)
     warnings_ = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings_) == len(lines), caplog.text  # once each, not once per config
     for text in lines.values():
@@ -139,9 +142,13 @@ def test_sft_defaults_and_aliases():
     assert OnePassConfig("o", max_length=None, **COMMON).max_tokens is None  # no budget: one tree each
     with pytest.raises(ValueError, match="max_tokens is an alias of max_length"):
         OnePassConfig("o", max_length=512, max_tokens=256, **COMMON)
-    with pytest.raises(ValueError, match="loss_type='dft' is not implemented"):
-        OnePassConfig("o", loss_type="dft", **COMMON)
-    assert OnePassConfig("o", loss_type="chunked_nll", **COMMON).loss_type == "nll"
+    assert OnePassConfig("o", loss_type="dft", **COMMON).loss_type == "dft"
+    with pytest.warns(FutureWarning, match="chunked_nll"):
+        assert OnePassConfig("o", loss_type="chunked_nll", **COMMON).loss_type == "nll"
+    with pytest.raises(ValueError, match="Invalid `loss_type` mse passed. Supported values are 'nll' and 'dft'"):
+        OnePassConfig("o", loss_type="mse", **COMMON)
+    with pytest.warns(FutureWarning, match="renamed to `bfd_split`"):
+        assert OnePassConfig("o", packing_strategy="bfd-requeue", **COMMON).packing_strategy == "bfd_split"
     assert OnePassConfig("o", pad_to_multiple_of="64", **COMMON).pad_to_multiple_of == 64
     (parsed,) = HfArgumentParser(OnePassConfig).parse_args_into_dataclasses(
         ["--output_dir", "o", "--eos_token", "<|im_end|>", "--packing", "--dataset_kwargs",
@@ -176,7 +183,8 @@ def test_a_dataset_of_conversations_becomes_one_row_per_conversation(qwen3_token
     ds = datasets.Dataset.from_list(records)
     for given in (ds, ds.to_iterable_dataset()):
         rows = as_rows(given, qwen3_tokenizer, args, source="train_dataset")
-        assert rows.dataset.to_dict() == expected.to_dict() and str(rows.guard.schedule) == "n-pass"
+        assert rows.dataset.select_columns(list(COLUMNS)).to_dict() == expected.to_dict()
+        assert str(rows.guard.schedule) == "n-pass" and "labels" in rows.dataset.column_names
         assert len(rows.guard.conversations) == 3 and rows.guard.tokenizer is qwen3_tokenizer
     passed = as_rows(expected, qwen3_tokenizer, args, source="x")  # prepared rows pass through, nothing to guard
     assert passed.dataset is expected and passed.guard is None
@@ -191,3 +199,25 @@ def test_records_that_are_not_conversations_are_counted_skips(caplog):
     assert "skipped 1 of 3 records of train_dataset" in caplog.text
     with pytest.raises(DataError, match="train_dataset has no conversations; first skip"):
         parse_dataset(records[2:], source="train_dataset")
+
+
+@pytest.mark.parametrize("given, on", [({}, True), ({"activation_checkpointing": False}, False),
+                                       ({"gradient_checkpointing": False}, False),
+                                       ({"activation_checkpointing": True, "gradient_checkpointing": False}, True)])
+def test_both_checkpointing_spellings_are_taken_as_trl_takes_them(given, on):
+    """TRL's SFTConfig defaults gradient_checkpointing=True, the name transformers 5.24 deprecated for
+    activation_checkpointing (a FutureWarning, removed in v6). OnePassConfig takes either; its default warns
+    nothing; only a user's own old spelling warns (transformers' warning, as with TRL)."""
+    import warnings
+
+    from onepass.couplings import checkpointing_field, checkpointing_on
+
+    if "activation_checkpointing" in given and checkpointing_field() != "activation_checkpointing":
+        pytest.skip("this transformers has no activation_checkpointing")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        args = OnePassConfig("o", **given, **COMMON)
+    v6 = [str(w.message) for w in caught if "removed in v6" in str(w.message)]
+    old_name_alone = "gradient_checkpointing" in given and "activation_checkpointing" not in given
+    assert bool(v6) == (old_name_alone and checkpointing_field() == "activation_checkpointing"), v6
+    assert checkpointing_on(args) is on and args.gradient_checkpointing is on

@@ -46,6 +46,7 @@ from onepass.attention.varlen import BACKEND as VARLEN
 from onepass.attention.varlen import varlen_attention_mask
 from onepass.errors import ConfigError
 from onepass.model_config import text_config
+from onepass.private_names import private
 
 BACKENDS = ("onepass_cpu", "sdpa", "eager", "flex_attention")
 ONE_MASK = ""  # layer_windows' key for a model that takes one mask for every layer
@@ -139,10 +140,8 @@ def supported_backend(model_or_config: Any, device: torch.device | str, dtype: t
 
 
 def _causal_lm_class(config: Any) -> Any:
-    from transformers import AutoModelForCausalLM
-
     try:
-        return AutoModelForCausalLM._model_mapping[type(config)]
+        return private("transformers.AutoModelForCausalLM._model_mapping")[type(config)]
     except (KeyError, ValueError):
         return None
 

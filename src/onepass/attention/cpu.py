@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from onepass.attention.cpu_tiles import CpuAttentionError, dense_attention, tree_attention
+from onepass.attention.cpu_tiles import CpuAttentionError, dense_attention, flash_kernels, tree_attention
 from onepass.attention.segments import SegmentPlan, segment_plan
 
 BACKEND = "onepass_cpu"
@@ -116,10 +116,12 @@ def onepass_cpu_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
 
 
 def register() -> str:
-    """Make ``attn_implementation="onepass_cpu"`` available to transformers (idempotent). Returns the name."""
+    """Make ``attn_implementation="onepass_cpu"`` available to transformers (idempotent). Returns the name.
+    A torch without the CPU flash kernels it runs on is one :class:`~onepass.couplings.CouplingError` line here."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+    flash_kernels()
     AttentionInterface.register(BACKEND, onepass_cpu_attention)
     # masks transformers builds itself (None / 2-D padding) are the sdpa ones; ours is 4-D and passes through
     AttentionMaskInterface.register(BACKEND, sdpa_mask)

@@ -61,10 +61,26 @@ import numpy as np
 import torch
 
 from onepass.attention.segments import SegmentPlan, segment_plan
+from onepass.private_names import private
 from onepass.errors import ConfigError
 
-_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-_flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+FLASH = "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu"
+FLASH_BACKWARD = FLASH + "_backward"
+
+
+@functools.cache
+def flash_kernels() -> tuple[Any, Any]:
+    """torch's private fused CPU flash attention ops, forward and backward, looked up when first used (never at
+    import: a torch release that drops them fails in one line where ``onepass_cpu`` is chosen, not at import)."""
+    return private(FLASH), private(FLASH_BACKWARD)
+
+
+def _flash(*args: Any, **kwargs: Any) -> Any:
+    return flash_kernels()[0](*args, **kwargs)
+
+
+def _flash_backward(*args: Any, **kwargs: Any) -> Any:
+    return flash_kernels()[1](*args, **kwargs)
 
 
 class CpuAttentionError(ConfigError):

@@ -34,7 +34,8 @@ from onepass.errors import DataError, UsageError
 from onepass.geometry import branches
 from onepass.flops import MODEL_SHAPES, model_kwargs, train_flops
 
-WORKLOADS = {"mathchat": "builtin:mathchat", "synthetic": "synthetic:mathchat-sync"}  # --workload NAME: --data SPEC
+WORKLOADS = {"mathchat": "builtin:mathchat", "synthetic": "synthetic:mathchat-sync",  # --workload NAME: --data SPEC
+             "agent": "synthetic:agent"}
 
 
 def add_parser(sub: Any) -> None:
@@ -60,9 +61,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--layers", type=int, default=None,
                    help="cut the shape to N layers so a CPU run fits in minutes (FLOPs are counted for the model "
                         "run; the full depth's are reported beside them, labelled)")
-    p.add_argument("--full-vocab", action="store_true",
-                   help="keep the tokenizer's whole vocabulary (default for every shape but tiny: the real "
-                        "model's; tiny compacts it to the ids that occur)")
+    vocab_group = p.add_mutually_exclusive_group()
+    vocab_group.add_argument("--full-vocab", action="store_true",
+                             help="keep the tokenizer's whole vocabulary (default for every shape but tiny: the real "
+                                  "model's; tiny compacts it to the ids that occur)")
+    vocab_group.add_argument("--compact-vocab", action="store_true",
+                             help="compact a real shape's vocabulary too, to the ids that occur: the LM head (the "
+                                  "same work in every setting) no longer dominates a CPU run of a cut model")
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--backends", default=None,
@@ -70,7 +75,7 @@ def add_parser(sub: Any) -> None:
                         "CUDA; onepass_varlen: N-pass rows through torch's flash varlen kernel, the FA2-class "
                         "baseline, CUDA)")
     p.add_argument("--settings", default=None, help="comma-separated settings (default: all)")
-    p.add_argument("--max-tokens", type=int, default=None, help="row budget (default 4096)")
+    p.add_argument("--max-tokens", type=int, default=None, help="row budget (default 4096; 16384 for --workload agent)")
     p.add_argument("--repeats", type=int, default=None, help="timed epochs per setting (default 2 quick, 5 full)")
     p.add_argument("--depth-groups", action="store_true", help="also time G1/G2/G3 separately")
     p.add_argument("--interleave", action="store_true",
@@ -153,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--conversations must be >= 1, got {args.conversations}")
     n = args.conversations or (24 if args.quick else 300)
     repeats = args.repeats or (2 if args.quick else 5)
-    max_tokens = args.max_tokens or 4096
+    max_tokens = args.max_tokens or (16384 if spec == WORKLOADS["agent"] else 4096)  # agent trees: 3-9k tokens
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -163,8 +168,8 @@ def run(args: argparse.Namespace) -> int:
     tok = load_tokenizer(args.tokenizer)
     views = [render_views(c, tok) for c in convs]
     full = MODEL_SHAPES[args.model_shape]
-    vocab = max(len(tok), full.vocab)  # a real shape keeps its padded vocabulary (Qwen3: 151,936)
-    if not args.full_vocab and full.vocab == 0:
+    vocab = max(len(tok), full.vocab)  # a real shape keeps its padded vocabulary (Qwen3: 151,936) unless compacted
+    if args.compact_vocab or (not args.full_vocab and full.vocab == 0):
         views, vocab = compact_vocab(views)
     depth = [len(v) for v in views]
     full = dataclasses.replace(full, vocab=vocab)
@@ -193,12 +198,21 @@ def run(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     ideal = {group: train_flops(rows_of(group, "n-pass"), shape)
              / train_flops(rows_of(group, "one-pass"), shape) for group in groups}
+    # sharing prefixes across conversations: the FLOP bound against the one-pass packed rows it merges
+    shared_settings = [s for s in settings if s in bench.SHARED_SETTINGS]
+    ideal_shared = {group: train_flops(rows_of(group, bench.SHARED_SETTINGS[s]), shape)
+                    / train_flops(rows_of(group, s), shape) for group in groups for s in shared_settings[:1]}
     planned: list[tuple[str, str, str, list[Any], int]] = []  # backend, group, setting, rows, conversations
     for backend in backends:
         for group, members in groups.items():
-            names = settings if group == "all" else ["n-pass-packed", "one-pass-packed"]
+            names = settings if group == "all" else ["n-pass-packed", "one-pass-packed", *shared_settings]
             for setting in names:  # not `name`: that is the workload's, written to the summary
                 rows = rows_of(group, setting)
+                if setting in bench.SHARED_SETTINGS and not args.settings and sum(map(len, rows)) == sum(
+                        map(len, rows_of(group, bench.SHARED_SETTINGS[setting]))):
+                    print(f"{backend:>12} {group:>3} {setting:>16}: no prefix shared across conversations (the rows "
+                          f"are {bench.SHARED_SETTINGS[setting]}'s): not timed", flush=True)
+                    continue
                 if backend == "onepass_varlen" and any(branches(r.kv_end) for r in rows):
                     print(f"onepass_varlen {group} {setting}: skipped, its rows are trees that branch (a varlen "
                           "kernel serves N-pass rows only)", flush=True)
@@ -250,14 +264,14 @@ def run(args: argparse.Namespace) -> int:
               f"{r['tokens_per_s']:9,.0f} tok/s  peak {(r['peak_memory_bytes'] or 0) / 2**20:7.0f} MiB "
               f"(TRL SFTTrainer, packing bfd, completion-only loss, checkpointing {'off' if tuned else 'on'})",
               flush=True)
-    bench.add_ratios(results, ideal)
+    bench.add_ratios(results, ideal, ideal_shared)
     summary = {
         **env, "workload": {"name": name, "data": spec, "conversations": len(convs), "views": sum(depth),
                             "seed": args.seed, "model_shape": args.model_shape, "arch": args.arch, "vocab": vocab,
                             "layers": shape.num_layers, "full_layers": full.num_layers, "lm_head": head_mode(),
                             "dtype": str(dtype).replace("torch.", ""), "max_tokens": max_tokens,
                             "repeats": repeats, "depth_histogram": {d: depth.count(d) for d in sorted(set(depth))}},
-        "ideal_speedup": ideal, "matmul_peak_flops": peak, "settings": results,
+        "ideal_speedup": ideal, "ideal_speedup_shared": ideal_shared, "matmul_peak_flops": peak, "settings": results,
         "command": "onepass " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("onepass") else None,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -53,6 +53,7 @@ from onepass.flops import speed_bound, visible_pairs
 from onepass.loss import batch_loss, layouts_to_batch
 from onepass.pack import pack_layouts
 from onepass.schedule import parse_schedule, schedule_views
+from onepass.share import share_rows
 from onepass.tree import Layout
 from onepass.view import View
 
@@ -65,7 +66,11 @@ SETTINGS: dict[str, tuple[str, bool]] = {
     "k-pass-4-packed": ("k-pass:4", True),
     "k-pass-6-packed": ("k-pass:6", True),
     "budget-packed": ("budget", True),
+    "one-pass-packed-shared": ("one-pass", True),
 }
+# settings whose packed rows share prefixes across conversations (onepass.share), and the setting each is
+# measured against: the same trees packed one per conversation
+SHARED_SETTINGS = {"one-pass-packed-shared": "one-pass-packed"}
 DEPTH_GROUPS = {"G1": (1, 5), "G2": (6, 7), "G3": (8, 16)}
 # --arch: the tiny architectures bench builds at a shape's sizes (onepass.tiny)
 BENCH_ARCHS = ("qwen3", "qwen3.5")
@@ -150,11 +155,15 @@ def layout_setting(views: Sequence[Sequence[View]], setting: str, max_tokens: in
     schedule_name, packed = SETTINGS[setting]
     schedule = parse_schedule(schedule_name)
     trees: list[Layout] = []
-    for conv_views in views:
+    units: list[int] = []
+    for c, conv_views in enumerate(views):
         out = schedule_views(conv_views, schedule, max_tokens=max_tokens)
         if out.skipped:
             raise UsageError(f"{setting}: {out.skipped[0]}; raise --max-tokens or drop that conversation")
         trees.extend(out.layouts)
+        units.extend([c] * len(out.layouts))
+    if setting in SHARED_SETTINGS:
+        return share_rows(trees, units, max_tokens)
     return pack_layouts(trees, max_tokens) if packed else trees
 
 
@@ -398,11 +407,14 @@ def _fraction(seconds: float | None, of: float) -> float | None:
     return seconds / of if seconds is not None and of else None
 
 
-def add_ratios(settings: list[dict[str, Any]], ideal: dict[str, float]) -> None:
+def add_ratios(settings: list[dict[str, Any]], ideal: dict[str, float],
+               ideal_shared: dict[str, float] | None = None) -> None:
     """Speed and memory vs N-pass packed (same backend and depth group), and for one-pass
     settings the fraction of the ideal bound reached against N-pass *with the same packing*;
     where ``onepass_varlen`` timed N-pass packed, every setting's speed and memory against it too
-    (the FA2-class baseline, same depth group)."""
+    (the FA2-class baseline, same depth group); for the settings that share prefixes across
+    conversations (:data:`SHARED_SETTINGS`) the same against the one-pass packed rows they are made
+    of (``ideal_shared``: that setting's FLOP bound per group)."""
     by_key = {(s["backend"], s["depth_group"], s["setting"]): s for s in settings}
     trl = next((s for s in settings if s["setting"] == "trl-sft-packed"), None)  # TRL's defaults
     tuned = next((s for s in settings if s["setting"] == "trl-sft-packed-tuned"), None)  # its fastest honest config
@@ -430,6 +442,9 @@ def add_ratios(settings: list[dict[str, Any]], ideal: dict[str, float]) -> None:
             mem, bmem = s.get(key), b.get(key) if b else None
             s[ratio] = mem / bmem if mem and bmem else None
         s["fraction_of_ideal"] = s["best_epoch_fraction_of_ideal"] = None
+        if s["setting"] in SHARED_SETTINGS:
+            _add_shared_ratios(s, by_key.get((s["backend"], s["depth_group"], SHARED_SETTINGS[s["setting"]])),
+                               (ideal_shared or {}).get(s["depth_group"]))
         if s["setting"] in ("one-pass", "one-pass-packed"):
             same = by_key.get((s["backend"], s["depth_group"], s["setting"].replace("one-pass", "n-pass")))
             bound = ideal.get(s["depth_group"])
@@ -437,6 +452,26 @@ def add_ratios(settings: list[dict[str, Any]], ideal: dict[str, float]) -> None:
                 s["fraction_of_ideal"] = s["conversations_per_s"] / same["conversations_per_s"] / bound
                 best = _best_epoch_ratio(same, s)
                 s["best_epoch_fraction_of_ideal"] = best / bound if best else None
+
+
+def _add_shared_ratios(s: dict[str, Any], base: dict[str, Any] | None, bound: float | None) -> None:
+    """A shared-prefix setting against the one-pass packed rows it merges (same backend and group):
+    speed (median and fastest epochs), the fraction of its FLOP bound, tensor memory."""
+    keys = ("speedup_vs_one_pass_packed", "best_epoch_speedup_vs_one_pass_packed", "fraction_of_shared_bound",
+            "best_epoch_fraction_of_shared_bound", "tensor_memory_vs_one_pass_packed", "shared_bound",
+            "speed_ratio_vs_one_pass_packed")
+    s.update(dict.fromkeys(keys))
+    if base is None:
+        return
+    s["speedup_vs_one_pass_packed"] = s["conversations_per_s"] / base["conversations_per_s"]
+    s["best_epoch_speedup_vs_one_pass_packed"] = best = _best_epoch_ratio(base, s)
+    s["speed_ratio_vs_one_pass_packed"] = checked_ratio(base, s)
+    if bound:
+        s["shared_bound"] = bound
+        s["fraction_of_shared_bound"] = s["speedup_vs_one_pass_packed"] / bound
+        s["best_epoch_fraction_of_shared_bound"] = best / bound if best else None
+    if s.get("peak_tensor_bytes") and base.get("peak_tensor_bytes"):
+        s["tensor_memory_vs_one_pass_packed"] = s["peak_tensor_bytes"] / base["peak_tensor_bytes"]
 
 
 def _best_epoch_ratio(base: dict[str, Any] | None, s: dict[str, Any]) -> float | None:

@@ -13,22 +13,29 @@ work, several repeats each):
 
 - ``median``: the median of the per-pair ratios when the repeats were
   interleaved (``paired``), else the ratio of the medians;
-- ``best``: fastest baseline repeat over fastest candidate repeat (load only
+- ``fastest``: fastest baseline repeat over fastest candidate repeat (load only
   ever slows a repeat down, so the fastest ones carry the least of it: timeit's
-  reasoning);
+  reasoning); not "the best ratio": it may be below the median;
 - ``deviation``: how much the ratio itself varies: the median absolute
   deviation of the per-pair ratios over their median (paired), else the two
   sides' relative deviations added (a burst in one repeat barely moves it, as
   it barely moves the median);
 - a ratio is *past the bound* when it exceeds ``bound * (1 + deviation + SLACK)``
   (``SLACK``: the bound assumes a token or a pair costs the same in both runs,
-  which holds to a few percent, not exactly).
+  which holds to a few percent, not exactly);
+- the timing is *disturbed* when the median is past the bound, or when the two
+  estimates (median, fastest) disagree by more than twice the spread: load that
+  came and went (issue 37: median 1.43x, fastest repeats 0.44x, ±25%).
 
-The trustworthy figure is the median when it is within the bound, else the best
-ratio when that is, else none (the timing only says "at most the bound").
+The trustworthy figure is the median when the timing is not disturbed; else the
+fastest repeats' ratio when only the median is past the bound (most baseline
+repeats slowed) and that ratio is within it; else none (the timing only says "at
+most the bound"). The sentence (:meth:`SpeedRatio.describe`) says "within the
+bound" only of a median at or below it; a median above the bound but inside the
+spread is "N% above the bound, inside the spread: at most the bound".
 
     >>> r = speed_ratio([10.0, 10.2, 30.0], [8.0, 8.1, 8.0], bound=1.3, paired=True)
-    >>> round(r.median, 2), round(r.best, 2), r.disturbed, round(r.trustworthy, 2)
+    >>> round(r.median, 2), round(r.fastest, 2), r.disturbed, round(r.trustworthy, 2)
     (1.26, 1.25, False, 1.26)
     >>> r = speed_ratio([30.0, 31.0, 10.0], [8.0, 8.0, 8.0], bound=1.3, paired=True)
     >>> r.disturbed, round(r.trustworthy, 2)
@@ -49,7 +56,7 @@ class SpeedRatio:
     """How much faster the candidate ran than the baseline, and whether that is physically possible."""
 
     median: float
-    best: float
+    fastest: float  # fastest baseline repeat / fastest candidate repeat (may be below the median)
     deviation: float  # relative median absolute deviation of the ratio (0 with one repeat per side)
     bound: float  # the most the counted work allows (onepass.flops.speed_bound)
     repeats: int  # timed repeats per side
@@ -61,27 +68,49 @@ class SpeedRatio:
         return self.bound * (1.0 + self.deviation + SLACK)
 
     @property
-    def disturbed(self) -> bool:
+    def past_bound(self) -> bool:
         """The median is past the bound by more than the ratio's measured deviation: not a speedup."""
         return self.median > self.limit
 
     @property
+    def consistent(self) -> bool:
+        """The fastest repeats' ratio agrees with the median within twice the spread (a minimum of a few
+        repeats is noisier than their median); load that came and went breaks this."""
+        band = 1.0 + 2.0 * (self.deviation + SLACK)
+        return self.median / band <= self.fastest <= self.median * band
+
+    @property
+    def disturbed(self) -> bool:
+        """The median is past the bound, or the two estimates disagree: not a measurement of the speed."""
+        return self.past_bound or not self.consistent
+
+    @property
     def trustworthy(self) -> float | None:
-        """The median when within the bound, else the best ratio when that is, else None."""
-        if self.median <= self.limit:
+        """The median when the timing is not disturbed; the fastest repeats' ratio when only the median is
+        past the bound and that ratio is within it; else None."""
+        if not self.disturbed:
             return self.median
-        return self.best if self.best <= self.limit else None
+        if self.past_bound and self.fastest <= self.limit:
+            return self.fastest
+        return None
 
     def describe(self, candidate: str = "one-pass", baseline: str = "N-pass") -> str:
-        """One line: the figure, its bound, and 'disturbed timing' where it is past it."""
+        """One line: the figure, its bound, and 'disturbed timing' where it is not a measurement."""
         how = "interleaved" if self.paired else "one after the other"
         spread = f"±{self.deviation:.0%} over {self.repeats} {how} repeats"
         if not self.disturbed:
-            best = f"best {self.best:.2f}x" + (" (past the bound: disturbed)" if self.best > self.limit else "")
-            return (f"{candidate}: {self.median:.2f}x the speed of {baseline} (median; {best}; "
-                    f"{spread}), within the FLOP/token bound of {self.bound:.2f}x")
-        head = (f"{candidate} vs {baseline}: timing disturbed (median {self.median:.2f}x, past the FLOP/token "
-                f"bound of {self.bound:.2f}x by more than its {spread}; something else was using the machine)")
+            where = (f"within the FLOP/token bound of {self.bound:.2f}x" if self.median <= self.bound else
+                     f"{self.median / self.bound - 1:.0%} above the FLOP/token bound of {self.bound:.2f}x, inside the "
+                     f"measurement spread: at most {self.bound:.2f}x")
+            return (f"{candidate}: {self.median:.2f}x the speed of {baseline} (median; fastest repeats "
+                    f"{self.fastest:.2f}x; {spread}), {where}")
+        if self.past_bound:
+            head = (f"{candidate} vs {baseline}: timing disturbed (median {self.median:.2f}x, past the FLOP/token "
+                    f"bound of {self.bound:.2f}x by more than its {spread}; something else was using the machine)")
+        else:
+            head = (f"{candidate} vs {baseline}: timing disturbed (median {self.median:.2f}x, fastest repeats "
+                    f"{self.fastest:.2f}x: they disagree by more than twice the ratio's spread, {spread}; something "
+                    "else was using the machine)")
         if self.trustworthy is not None:
             return head + f"; the trustworthy figure is the fastest repeats' {self.trustworthy:.2f}x"
         return head + f"; no trustworthy figure: at most {self.bound:.2f}x (rerun on an idle machine)"
@@ -100,7 +129,7 @@ def relative_deviation(values: Sequence[float]) -> float:
 
 
 def fastest_ratio(baseline_seconds: Sequence[float], seconds: Sequence[float]) -> float:
-    """The baseline's fastest repeat over the candidate's fastest (:attr:`SpeedRatio.best`).
+    """The baseline's fastest repeat over the candidate's fastest (:attr:`SpeedRatio.fastest`).
 
     >>> fastest_ratio([10.0, 8.0], [5.0, 4.0])
     2.0
@@ -125,5 +154,5 @@ def speed_ratio(baseline_seconds: Sequence[float], seconds: Sequence[float], *, 
     else:
         median = statistics.median(baseline_seconds) / statistics.median(seconds)
         deviation = relative_deviation(baseline_seconds) + relative_deviation(seconds)
-    return SpeedRatio(median=median, best=fastest_ratio(baseline_seconds, seconds), deviation=deviation, bound=bound,
+    return SpeedRatio(median=median, fastest=fastest_ratio(baseline_seconds, seconds), deviation=deviation, bound=bound,
                       repeats=min(len(baseline_seconds), len(seconds)), paired=paired)

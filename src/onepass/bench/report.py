@@ -51,7 +51,7 @@ def markdown(summary: dict[str, Any]) -> str:
             _fmt(s["memory_vs_n_pass_packed"], ".2f", "x"), paper.get("memory", "-"),
             _fmt(s["fraction_of_ideal"], ".0%"), _fmt(s["useful_flop_utilisation"], ".0%"),
             _fmt(s["epoch_seconds_spread"], ".1%") + " |"]))
-    lines += ["", *headline(summary)]
+    lines += ["", *headline(summary), *shared_headline(summary)]
     return "\n".join(lines) + "\n"
 
 
@@ -100,10 +100,38 @@ def headline(summary: dict[str, Any]) -> list[str]:
     return out
 
 
+def shared_headline(summary: dict[str, Any]) -> list[str]:
+    """One line per backend and depth group: prefixes shared across conversations against the one-pass
+    packed rows they merge (one tree per conversation), and the FLOP bound of that."""
+    out = []
+    for s in summary["settings"]:
+        if s.get("speedup_vs_one_pass_packed") is None:
+            continue
+        checked = speed_check(s, "one_pass_packed")
+        what = f"shared prefixes vs one-pass packed ({s['backend']}, {s['depth_group']})"
+        if checked is not None and checked.disturbed:
+            line = "- " + checked.describe("shared prefixes", f"one-pass packed ({s['backend']}, {s['depth_group']})")
+        else:
+            line = (f"- {what}: {s['speedup_vs_one_pass_packed']:.2f}x"
+                    + (f" (fastest epochs {s['best_epoch_speedup_vs_one_pass_packed']:.2f}x)"
+                       if s.get("best_epoch_speedup_vs_one_pass_packed") else "")
+                    + (f", {s['fraction_of_shared_bound']:.0%} of its FLOP bound {s['shared_bound']:.2f}x"
+                       + (f" (fastest: {s['best_epoch_fraction_of_shared_bound']:.0%})"
+                          if s.get("best_epoch_fraction_of_shared_bound") else "") if s.get("shared_bound") else ""))
+        if s.get("tensor_memory_vs_one_pass_packed"):
+            line += f"; peak tensors {s['tensor_memory_vs_one_pass_packed']:.2f}x"
+        line += (f"; {s['tokens']:,} tokens in {s['rows']} rows; vs N-pass packed "
+                 f"{_fmt(s['speedup_vs_n_pass_packed'], '.2f', 'x')}")
+        out.append(line)
+    return out
+
+
 def speed_check(setting: dict[str, Any], baseline: str = "n_pass_packed") -> SpeedRatio | None:
     """The setting's checked speed ratio vs ``baseline`` (``n_pass_packed``, same backend, or
     ``flash_n_pass_packed``, torch's flash varlen kernel), as ``summary.json`` holds it (None: not measured)."""
     d = setting.get(f"speed_ratio_vs_{baseline}")
+    if d and "fastest" not in d and "best" in d:  # a summary written before the field was named for what it is
+        d = {**d, "fastest": d["best"]}
     return SpeedRatio(**{f.name: d[f.name] for f in fields(SpeedRatio)}) if d else None
 
 
@@ -170,6 +198,10 @@ def plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
     ax.legend()
     out.append(_save(fig, out_dir / "k_pass.png"))
 
+    shared = [s for s in summary["settings"] if s.get("speedup_vs_one_pass_packed") is not None]
+    if shared:
+        out.append(_shared_plot(summary, shared, out_dir))
+
     groups = [s for s in summary["settings"] if s["depth_group"] != "all" and s["setting"] == "one-pass-packed"]
     if groups:
         fig = Figure(figsize=(6, 4))
@@ -186,3 +218,26 @@ def plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.legend()
         out.append(_save(fig, out_dir / "depth_groups.png"))
     return out
+
+
+def _shared_plot(summary: dict[str, Any], shared: list[dict[str, Any]], out_dir: Path) -> Path:
+    """Shared prefixes against one-pass packed, per backend and depth group: median and fastest-epoch
+    speedups beside the FLOP bound, and peak tensor memory."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
+    labels = [f"{s['backend']}\n{s['depth_group']}" for s in shared]
+    x = range(len(shared))
+    ax.bar([i - 0.2 for i in x], [s["speedup_vs_one_pass_packed"] for s in shared], 0.2, label="median epochs")
+    ax.bar(list(x), [s.get("best_epoch_speedup_vs_one_pass_packed") or 0 for s in shared], 0.2,
+           label="fastest epochs")
+    ax.bar([i + 0.2 for i in x], [s.get("tensor_memory_vs_one_pass_packed") or 0 for s in shared], 0.2,
+           label="peak tensor memory", color="#9e9e9e")
+    ax.plot(list(x), [s.get("shared_bound") or 0 for s in shared], "k_", ms=40, label="FLOP bound")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(list(x), labels)
+    ax.set_ylabel("vs one-pass packed (one tree per conversation)")
+    ax.set_title(f"{summary['workload']['name']}: prefixes shared across conversations, same row budget")
+    ax.legend(fontsize=8)
+    return _save(fig, out_dir / "shared.png")

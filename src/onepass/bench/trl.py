@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from onepass.bench.harness import Timing, peak_memory_since, start_peak_memory, sync_device
+from onepass.couplings import checkpointing_field
 from onepass.view import View
 
 SETTING = "trl-sft-packed"  # TRL's defaults
@@ -123,7 +124,7 @@ def _packed_mask_hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 def make_trainer(job: TrlJob, out_dir: str, callbacks: list[Any] | None = None) -> Any:
     """An ``SFTTrainer`` over the job's views: packed with BFD, loss on completions only."""
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
     from onepass.tiny import tiny_model
 
@@ -135,17 +136,24 @@ def make_trainer(job: TrlJob, out_dir: str, callbacks: list[Any] | None = None) 
                        attn_implementation=job.backend, device=job.device, **job.shape_kwargs).train()
     if job.backend == "onepass_cpu":
         model.register_forward_pre_hook(_packed_mask_hook, with_kwargs=True)
-    config = SFTConfig(
+    return SFTTrainer(model=model, args=sft_config(job, out_dir), train_dataset=_dataset(job.examples),
+                      processing_class=_tokenizer(), callbacks=callbacks or [])
+
+
+def sft_config(job: TrlJob, out_dir: str) -> Any:
+    """TRL's ``SFTConfig`` for ``job``: packed with BFD, loss on completions, one row per step. Activation
+    checkpointing goes under the name the installed transformers takes (no v6 ``FutureWarning``)."""
+    from trl import SFTConfig
+
+    return SFTConfig(
         output_dir=out_dir, packing=True, packing_strategy="bfd", max_length=job.max_tokens,
         completion_only_loss=True, per_device_train_batch_size=1, gradient_accumulation_steps=1,
         num_train_epochs=1 + job.repeats, learning_rate=job.lr, lr_scheduler_type="constant",
         optim="adamw_torch_fused", logging_strategy="no", save_strategy="no", report_to=[], seed=job.seed,
         use_cpu=job.device == "cpu", disable_tqdm=True, dataloader_num_workers=0,
         bf16=job.dtype == "bfloat16", dataset_num_proc=None,
-        gradient_checkpointing=job.checkpointing,  # TRL's default True: activation checkpointing
+        **{checkpointing_field(): job.checkpointing},  # TRL's default True: activation checkpointing
     )
-    return SFTTrainer(model=model, args=config, train_dataset=_dataset(job.examples),
-                      processing_class=_tokenizer(), callbacks=callbacks or [])
 
 
 def time_trl(job: TrlJob) -> Timing:

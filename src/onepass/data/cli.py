@@ -115,6 +115,10 @@ def add_parsers(data_parser: argparse.ArgumentParser) -> None:
     t.add_argument("--chat-template", help="a .jinja file or builtin:NAME replacing the tokenizer's template")
     t.add_argument("--model-shape", "--model", dest="model_shape", default="qwen3-8b",
                    help="qwen3-0.6b|1.7b|4b|8b or a config.json path (FLOPs and the GPU tile cost model)")
+    t.add_argument("--max-tokens", type=int, default=32768,
+                   help="row budget of the shared-prefix figures: one-pass trees packed into rows of N, one tree "
+                        "per conversation vs prefixes shared across conversations (default 32768)")
+    t.add_argument("--no-share-prefix", action="store_true", help="leave the shared-prefix figures out")
     t.add_argument("--before", help="data before sampling (depths only), for the --plot comparison")
     t.add_argument("--plot", help="PNG of the depth distribution (before vs after with --before)")
     t.add_argument("--out", help="write the statistics as JSON")
@@ -125,7 +129,8 @@ def add_parsers(data_parser: argparse.ArgumentParser) -> None:
     g.add_argument("--out", required=True)
     g.add_argument("--num", type=int, default=1000)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--workload", default="mathchat-sync", help="mathchat-sync | mathchat-sync-long")
+    g.add_argument("--workload", default="mathchat-sync",
+                   help="mathchat-sync | mathchat-sync-long | agent (harnesses sharing a system prompt and tools)")
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
@@ -221,8 +226,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
         from onepass.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer, chat_template=args.chat_template)
+    if args.max_tokens < 2:
+        raise UsageError(f"--max-tokens must be >= 2, got {args.max_tokens}")
     stats = compute_stats(report.conversations, tokenizer, shape=shape,
-                          progress=not args.no_progress, total=len(report.conversations))
+                          progress=not args.no_progress, total=len(report.conversations),
+                          max_tokens=None if args.no_share_prefix else args.max_tokens)
     stats.skipped = report.skipped + stats.skipped
     _print_skipped(stats.skipped, "records or conversations")
     print(stats.summary())
@@ -246,11 +254,11 @@ def cmd_synthetic(args: argparse.Namespace) -> int:
     import itertools
 
     from onepass.data.load import write_records
-    from onepass.data.synthetic import iter_generate, workload
+    from onepass.data.synthetic import iter_records
 
     if args.num < 0:
         raise UsageError(f"--num must be >= 0, got {args.num}")
-    n = write_records(itertools.islice(iter_generate(args.seed, workload(args.workload)), args.num), args.out)
+    n = write_records(itertools.islice(iter_records(args.workload, args.seed), args.num), args.out)
     print(f"wrote {n} synthetic conversations ({args.workload}, seed {args.seed}) to {args.out}")
     return 0
 

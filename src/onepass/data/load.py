@@ -223,11 +223,11 @@ def resolve_data(spec: str | Path, *, split: str | None = None) -> DataSource:
         return DataSource(spec=text, kind=CONVERSATIONS, form="builtin", path=sample_path(),
                           description="builtin:mathchat (the bundled MathChat sample)")
     if text.startswith("synthetic:"):
-        from onepass.data.synthetic import WORKLOADS
+        from onepass.data.synthetic import workload_names
 
         name = text.split(":", 1)[1]
-        if name not in WORKLOADS:
-            raise DataNotFound(f"unknown synthetic workload {name!r}; have {', '.join(WORKLOADS)}")
+        if name not in workload_names():
+            raise DataNotFound(f"unknown synthetic workload {name!r}; have {', '.join(workload_names())}")
         return DataSource(spec=text, kind=CONVERSATIONS, form="synthetic",
                           description=f"{text} (seeded synthetic conversations)")
     if text.startswith("builtin:"):

@@ -202,8 +202,11 @@ def _chunks(items: Iterable[Conversation], size: int) -> Iterator[list[Conversat
 
 def iter_prepared(spec: str | Path, tokenizer: Any, config: PrepareConfig, stats: PrepareStats, *,
                   num_proc: int = 1, chat_template: str | None = None, split: str | None = None,
-                  limit: int | None = None, strict: bool = False, progress: bool = False) -> Iterator[Layout]:
-    """The trees (unpacked) of ``spec``'s conversations in input order, counted into ``stats``.
+                  limit: int | None = None, strict: bool = False, progress: bool = False,
+                  units: bool = False) -> Iterator[Any]:
+    """The trees (unpacked) of ``spec``'s conversations in input order, counted into ``stats``; with
+    ``units``, each conversation's list of trees (what sharing prefixes across conversations needs:
+    :func:`onepass.prepare.write_prepared`).
 
     ``tokenizer`` is a loaded tokenizer (inherited by forked workers) or a spec (loaded once per
     process). Memory holds at most ``num_proc * WINDOW * CHUNK`` conversations and their trees.
@@ -212,7 +215,11 @@ def iter_prepared(spec: str | Path, tokenizer: Any, config: PrepareConfig, stats
     convs: Iterable[Conversation] = _conversations(spec, stats, split=split, limit=limit, strict=strict)
     for trees in iter_units(convs, tokenizer, config, stats, num_proc=num_proc, chat_template=chat_template,
                             strict=strict, progress=progress, total=limit):
-        yield from trees
+        if units:
+            if trees:
+                yield trees
+        else:
+            yield from trees
 
 
 def iter_units(convs: Iterable[Conversation], tokenizer: Any, config: PrepareConfig, stats: PrepareStats, *,
@@ -282,6 +289,6 @@ def prepare_parallel(spec: str | Path, tokenizer: Any, config: PrepareConfig | N
     processes, in memory (for a dataset that fits; ``onepass prepare`` streams to disk instead)."""
     config = config if config is not None else PrepareConfig()  # today's date resolved here, once for every worker
     stats = PrepareStats()
-    trees = list(iter_prepared(spec, tokenizer, config, stats, num_proc=num_proc, chat_template=chat_template,
-                               split=split, limit=limit, strict=strict, progress=progress))
-    return finalize(trees, stats, config)
+    units = list(iter_prepared(spec, tokenizer, config, stats, num_proc=num_proc, chat_template=chat_template,
+                               split=split, limit=limit, strict=strict, progress=progress, units=True))
+    return finalize(units, stats, config)

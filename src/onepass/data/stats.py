@@ -13,6 +13,11 @@ block-sparse kernel). Example: one view of 4 tokens and one of 6 sharing a
 3-token prefix -> N-pass 10 tokens, 10 + 21 = 31 pairs; one-pass 7 nodes,
 1+2+3+4 + 4+5+6 = 25 pairs.
 
+Shared prefixes (``shared``, :mod:`onepass.share`): the one-pass trees packed into rows of
+``max_tokens`` as ``prepare --pack`` packs them, once with one tree per conversation (today's
+rows) and once with the trees of conversations that share a prefix merged: the tokens the prefixes
+save, and the bound and GPU cost of the shared rows against today's one-pass rows.
+
 GPU cost model (``gpu_cost``): kernels compute whole 128 x 128 tiles, not pairs.
 One-pass: the non-empty tiles of each conversation's tree row, from the same
 block plan FlexAttention runs (:func:`onepass.attention.blocks.block_plan`).
@@ -25,7 +30,7 @@ tile than FA2, so read them as an upper bound) and count rows unpacked.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,9 +45,13 @@ from onepass.flops import (
     causal_tiles,
     conversation_counts,
     flops,
+    forward_flops,
     model_shape,
     tile_step_flops,
+    token_ratio,
+    visible_pairs,
 )
+from onepass.tree import Layout
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -91,6 +100,7 @@ class DataStats:
     ideal_speedup: float = 0.0
     attention_speedup: float = 0.0  # attention pairs alone
     gpu_cost: dict[str, Any] = field(default_factory=dict)  # 128x128 tiles: FlexAttention vs FA2 varlen
+    shared: dict[str, Any] = field(default_factory=dict)  # packed rows, prefixes shared vs one tree per conversation
     skipped: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -117,6 +127,20 @@ class DataStats:
             lines.append(f"GPU cost ({g['tile']}x{g['tile']} tiles): FlexAttention one-pass {g['one_pass_tiles']:,} "
                          f"vs FA2 varlen N-pass {g['n_pass_tiles']:,}; predicted attention "
                          f"{g['attention_ratio']:.2f}x, step {g['step_ratio']:.2f}x (equal cost per tile)")
+        if self.shared:
+            sh, g = self.shared, self.shared["gpu_cost"]
+            lines.append(f"shared prefixes, rows of {sh['max_tokens']:,}: {sh['one_pass_row_tokens']:,} tokens in "
+                         f"{sh['one_pass_rows']} rows with one tree per conversation -> {sh['shared_row_tokens']:,} "
+                         f"in {sh['shared_rows']} ({sh['shared_prefix_tokens']:,} shared-prefix tokens computed "
+                         f"once per row; token ratio {sh['token_ratio']:.2f}x)")
+            vs_n = f"vs N-pass {sh['ideal_speedup_vs_n_pass']:.2f}x, " if sh["ideal_speedup_vs_n_pass"] else ""
+            lines.append(f"  bound vs one-pass rows {sh['ideal_speedup']:.2f}x ({vs_n}"
+                         f"attention alone {sh['attention_speedup']:.2f}x); GPU cost ({g['tile']}x{g['tile']} tiles) "
+                         f"{g['one_pass_tiles']:,} -> {g['shared_tiles']:,}: predicted attention "
+                         f"{g['attention_ratio']:.2f}x, step {g['step_ratio']:.2f}x")
+            if sh["trees_over_max_tokens"]:
+                lines.append(f"  {sh['trees_over_max_tokens']} one-pass trees are longer than {sh['max_tokens']:,} "
+                             "tokens: left out of both (prepare skips them, or splits them with --schedule budget)")
         if self.skipped:
             lines.append(f"SKIPPED {len(self.skipped)}; first: {self.skipped[0]}")
         return "\n".join(lines)
@@ -128,11 +152,12 @@ def depth_histogram(conversations: Iterable[Conversation]) -> dict[int, int]:
 
 def compute_stats(conversations: Iterable[Conversation], tokenizer: Any = None, *,
                   shape: ModelShape | str = "qwen3-8b", render: Any = None, progress: bool = False,
-                  total: int | None = None) -> DataStats:
+                  total: int | None = None, max_tokens: int | None = 32768) -> DataStats:
     """Statistics of ``conversations``. Without a ``tokenizer``: depths only.
 
     A conversation the template cannot render is counted in ``skipped`` (its segments and
-    depth still count; its tokens do not).
+    depth still count; its tokens do not). ``max_tokens``: the row budget of the shared-prefix
+    figures (:func:`shared_cost`); None leaves them out.
     """
     from onepass.attention.blocks import block_plan
     from onepass.render import RenderConfig, RenderError, render_views
@@ -144,6 +169,7 @@ def compute_stats(conversations: Iterable[Conversation], tokenizer: Any = None, 
     lengths: dict[str, list[int]] = {}
     counts = TokenCounts()
     tiles = {"one_pass": 0, "n_pass": 0}
+    trees: list[Layout] = []  # one per conversation: the shared-prefix rows are made of them
     items: Iterable[Conversation] = conversations
     if progress:
         from tqdm.auto import tqdm
@@ -173,6 +199,8 @@ def compute_stats(conversations: Iterable[Conversation], tokenizer: Any = None, 
             plan = block_plan(layout.kv_end, TILE)
             tiles["one_pass"] += plan.num_partial + plan.num_full
             tiles["n_pass"] += sum(causal_tiles(len(v)) for v in views)
+            if max_tokens is not None:
+                trees.append(layout)
     stats.depths = dict(sorted(depths.items()))
     if tokenizer is None:
         return stats
@@ -185,7 +213,54 @@ def compute_stats(conversations: Iterable[Conversation], tokenizer: Any = None, 
     stats.ideal_speedup = stats.flops_n_pass / stats.flops_one_pass if stats.flops_one_pass else 0.0
     stats.attention_speedup = counts.n_pass_pairs / counts.one_pass_pairs if counts.one_pass_pairs else 0.0
     stats.gpu_cost = gpu_cost(counts, tiles["n_pass"], tiles["one_pass"], shape)
+    if max_tokens is not None and trees:
+        stats.shared = shared_cost(trees, max_tokens, shape, counts)
     return stats
+
+
+def _tiles(rows: Sequence[Layout]) -> int:
+    from onepass.attention.blocks import block_plan
+
+    return sum(int(plan.num_partial + plan.num_full) for plan in (block_plan(r.kv_end, TILE) for r in rows))
+
+
+def shared_cost(trees: Sequence[Layout], max_tokens: int, shape: ModelShape,
+                counts: TokenCounts | None = None) -> dict[str, Any]:
+    """One-pass ``trees`` (one per conversation) packed into rows of ``max_tokens``, without and with
+    shared prefixes (:func:`onepass.share.share_rows`): tokens, FLOP bounds (visible pairs) and the
+    GPU tile cost of both, and the predicted step-time ratio (today's rows / shared rows). Trees longer
+    than ``max_tokens`` are left out of both (counted). ``counts``: the N-pass counts, for the bound
+    against N-pass."""
+    from onepass.pack import pack_layouts
+    from onepass.share import share_rows
+
+    fits = [t for t in trees if len(t) <= max_tokens]
+    today = pack_layouts(fits, max_tokens)
+    shared = share_rows(fits, None, max_tokens)
+
+    def totals(rows: Sequence[Layout]) -> dict[str, int]:
+        return {"tokens": sum(len(r) for r in rows), "pairs": sum(visible_pairs(r) for r in rows),
+                "targets": sum(r.num_targets for r in rows)}
+
+    a, b = totals(today), totals(shared)
+    one_flops, shared_flops = forward_flops(shape, **a), forward_flops(shape, **b)
+    tiles_a, tiles_b = _tiles(today), _tiles(shared)
+    step_a = tile_step_flops(shape, tokens=a["tokens"], tiles=tiles_a, targets=a["targets"])
+    step_b = tile_step_flops(shape, tokens=b["tokens"], tiles=tiles_b, targets=b["targets"])
+    n_flops = flops(counts, shape)[0] if counts is not None and len(fits) == len(trees) else None
+    return {
+        "max_tokens": max_tokens, "trees": len(fits), "trees_over_max_tokens": len(trees) - len(fits),
+        "one_pass_rows": len(today), "one_pass_row_tokens": a["tokens"],
+        "shared_rows": len(shared), "shared_row_tokens": b["tokens"],
+        "shared_prefix_tokens": a["tokens"] - b["tokens"], "token_ratio": token_ratio(a["tokens"], b["tokens"]),
+        "ideal_speedup": one_flops / shared_flops if shared_flops else 0.0,
+        "ideal_speedup_vs_n_pass": n_flops / shared_flops if n_flops and shared_flops else 0.0,
+        "attention_speedup": a["pairs"] / b["pairs"] if b["pairs"] else 0.0,
+        "gpu_cost": {"tile": TILE, "one_pass_tiles": tiles_a, "shared_tiles": tiles_b,
+                     "attention_ratio": tiles_a / tiles_b if tiles_b else 0.0,
+                     "step_ratio": step_a / step_b if step_b else 0.0,
+                     "assumes": "equal cost per tile; both packed best-fit decreasing into rows of max_tokens"},
+    }
 
 
 def gpu_cost(counts: TokenCounts, n_pass_tiles: int, one_pass_tiles: int, shape: ModelShape) -> dict[str, Any]:

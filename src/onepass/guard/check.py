@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from onepass.private_names import find_private, private
 from onepass.guard import divergence
 from onepass.guard.divergence import LayerDiff, judge, layer_of_parameter, locate, named_layer
 from onepass.errors import ConfigError, DataError, debug
@@ -105,10 +106,8 @@ def _unwrap(model_or_config: Any) -> Any:
 
 
 def _auto_class(config: Any) -> Any | None:
-    from transformers import AutoModelForCausalLM
-
     try:
-        return AutoModelForCausalLM._model_mapping[type(config)]
+        return private("transformers.AutoModelForCausalLM._model_mapping")[type(config)]
     except (KeyError, ValueError):
         return None
 
@@ -145,14 +144,13 @@ def build_twin(model_or_config: Any, vocab_size: int, *, backend: str | None = N
         from onepass.attention.cpu import register
 
         register()
+    private("transformers.PreTrainedConfig._attn_implementation")
     twin._attn_implementation = backend
-    try:
-        twin._experts_implementation = "eager"  # grouped_mm has no float64 kernel
-    except AttributeError:
-        pass
+    if find_private("transformers.PreTrainedConfig._experts_implementation") is not None:
+        twin._experts_implementation = "eager"  # grouped_mm has no float64 kernel (a release without it: eager)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if cls is not None and hasattr(cls, "_from_config"):
+        if cls is not None and find_private("transformers.PreTrainedModel._from_config") is not None:
             model = cls._from_config(twin, dtype=torch.float64, attn_implementation=backend)
         else:
             model = AutoModelForCausalLM.from_config(twin, dtype=torch.float64, attn_implementation=backend)
@@ -168,7 +166,8 @@ def check_exact(model_or_config: Any, conversations: Sequence[Sequence[View]], *
                 backend: str | None = None, seed: int = 0, tolerance: float = TOLERANCE) -> GuardResult:
     """One-pass vs N-pass on a tiny float64 twin of ``model_or_config`` (a model or its config),
     on ``conversations`` (their views; the vocabulary is compacted here). ``pack``: the trees
-    share one row, as in packed training. Never raises for the model: a twin that cannot be
+    share one row, as in packed training (trees of conversations that share a prefix merged into one,
+    as packing does by default: :mod:`onepass.share`). Never raises for the model: a twin that cannot be
     built or run is a failed result with ``error`` set (``ONEPASS_DEBUG=1`` raises instead)."""
     from onepass.verify import compact_vocab, run_verify
 
@@ -184,7 +183,7 @@ def check_exact(model_or_config: Any, conversations: Sequence[Sequence[View]], *
         with torch.random.fork_rng(devices=[]):
             model = build_twin(model_or_config, vocab, backend=backend, seed=seed)
             chosen = str(model.config._attn_implementation)
-            report = run_verify(views, model, schedule="one-pass", pack=pack)
+            report = run_verify(views, model, schedule="one-pass", pack=pack, share=pack)
             verdict = judge(report.rel_loss_diff, report.max_rel_grad_diff, tolerance=tolerance,  # NaN: not equal
                             where=lambda: locate(model, views, worst_parameter=report.worst_parameter,
                                                  tolerance=tolerance))

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from onepass.couplings import CouplingError, called_kernels, mixer_classes
+from onepass.private_names import private
 
 _PATCHED = "_onepass_float64"
 
@@ -116,7 +117,7 @@ def float64_mixers(model: torch.nn.Module) -> int:
 def float32_inside_mixers(model: torch.nn.Module, num_tokens: int = 6) -> dict[str, set[str]]:
     """The ops that return a tensor below float64 inside each recurrent mixer, on a short float64
     forward of ``model`` (mixer class name -> op names; empty when float64 is float64 all the way)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+    TorchDispatchMode = private("torch.utils._python_dispatch.TorchDispatchMode")  # noqa: N806 - a class
 
     inside: list[str] = []
     found: dict[str, set[str]] = {}

@@ -5,7 +5,9 @@ prompt from scratch encodes the shared history again and again (N-pass text is a
 one-pass text) and dominated ``prepare``. A HF fast tokenizer first splits the text at its added
 tokens (``<|im_start|>``, ``<think>``, ...) and encodes each piece between them on its own: no BPE
 merge ever crosses an added token. So a text's ids are the concatenation of its pieces' ids, and a
-piece that repeats across views (a user message, an old assistant turn) is encoded once.
+piece that repeats across views (a user message, an old assistant turn) is encoded once; a long piece
+(a system prompt with tool schemas, which agent data repeats in every conversation) is kept for the
+next conversations too (the last :data:`LONG_PIECES` of at least :data:`LONG_PIECE` characters).
 
     "<|im_start|>user\\nq<|im_end|>\\n<|im_start|>assistant\\n"
     -> "<|im_start|>" | "user\\nq" | "<|im_end|>" | "\\n" | "<|im_start|>" | "assistant\\n"
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import re
 import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -91,11 +94,39 @@ def split_pieces(pattern: re.Pattern[str], text: str) -> list[str]:
     return [p for p in pattern.split(text) if p]
 
 
+LONG_PIECE = 2048  # characters: a piece this long (a system prompt, tool schemas) is kept across calls
+LONG_PIECES = 64  # ... the last this many of them, per tokenizer
+_long: weakref.WeakKeyDictionary[Any, tuple[Any, OrderedDict[str, list[int]]]] = weakref.WeakKeyDictionary()
+
+
+def _long_pieces(tokenizer: Any) -> OrderedDict[str, list[int]] | None:
+    """The ids of the long pieces this tokenizer encoded lately (least recently used first), or None."""
+    try:
+        key = _fingerprint(tokenizer)
+        cached = _long.get(tokenizer)
+        if cached is None or cached[0] != key:
+            cached = (key, OrderedDict())
+            _long[tokenizer] = cached
+    except (AttributeError, TypeError):
+        return None
+    return cached[1]
+
+
 def _encode_by_pieces(tokenizer: Any, pattern: re.Pattern[str], texts: Sequence[str]) -> list[list[int]]:
     split = [split_pieces(pattern, t) for t in texts]
     cache: dict[str, list[int]] = dict.fromkeys(p for pieces in split for p in pieces)  # type: ignore[arg-type]
-    distinct = list(cache)
+    kept = _long_pieces(tokenizer)  # a system prompt and tools every conversation repeats: encoded once
+    known = {p: kept[p] for p in cache if len(p) >= LONG_PIECE and p in kept} if kept is not None else {}
+    distinct = [p for p in cache if p not in known]
     cache.update(zip(distinct, encode_plain(tokenizer, distinct)))
+    cache.update(known)
+    if kept is not None:
+        for p in cache:
+            if len(p) >= LONG_PIECE:
+                kept[p] = cache[p]
+                kept.move_to_end(p)
+        while len(kept) > LONG_PIECES:
+            kept.popitem(last=False)
     out = []
     for pieces in split:
         ids: list[int] = []

@@ -26,6 +26,7 @@ from onepass.conversation import Conversation
 from onepass.errors import UsageError
 from onepass.render.clock import PINNED_LINES, TEMPLATE_DATE, check_pinnable, pinned_template, reads_clock
 from onepass.render.errors import RenderError, TemplateRaised
+from onepass.render.tools_block import render_with, tools_block
 from onepass.template_messages import template_tools
 
 RESERVED_KWARGS = {
@@ -63,23 +64,36 @@ Render = Callable[[list[dict[str, Any]], bool], "str | None"]
 
 
 def apply_template(tokenizer: Any, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None,
-                   kwargs: Mapping[str, Any]) -> Any:
+                   kwargs: Mapping[str, Any], tokenize: bool = False) -> Any:
     """The tokenizer's chat template on ``messages`` as text (``kwargs``: ``add_generation_prompt``, the
     template kwargs and the pinned date, :data:`~onepass.render.clock.TEMPLATE_DATE`). Raises what the
-    template raises; may return a non-str (batched input)."""
+    template raises; may return a non-str (batched input). ``tokenize``: the tokenized dict instead
+    (``input_ids``, and ``assistant_masks`` when ``kwargs`` ask for them: TRL's rows,
+    :mod:`onepass.train.sft_rows`). Text is rendered with the tools once per distinct value where the
+    template allows it (:mod:`onepass.render.tools_block`)."""
     kwargs = dict(kwargs)
+    out = {"tokenize": True, "return_dict": True} if tokenize else {"tokenize": False}
     date = kwargs.pop(TEMPLATE_DATE, None)
-    template = _template_text(tokenizer, kwargs.get("chat_template"), tools) if date is not None else None
-    if template is None or not reads_clock(template):
-        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
-    check_pinnable(template)
-    kwargs.pop("chat_template", None)
-    try:
-        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                             chat_template=pinned_template(template, date), **kwargs)
-    except Exception as e:
-        e.onepass_pinned_lines = PINNED_LINES  # type: ignore[attr-defined]  # template_line: the template's own
-        raise
+    template = _template_text(tokenizer, kwargs.get("chat_template"), tools) if date is not None or tools else None
+    pinned = date is not None and template is not None and reads_clock(template)
+    if pinned:
+        check_pinnable(template)
+        template = pinned_template(template, date)
+        kwargs["chat_template"] = template
+
+    def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Any:
+        try:
+            return tokenizer.apply_chat_template(messages, tools=tools, **out, **kwargs)
+        except Exception as e:
+            if pinned:
+                e.onepass_pinned_lines = PINNED_LINES  # type: ignore[attr-defined]  # template_line: the template's own
+            raise
+
+    if tools and not tokenize:
+        block = tools_block(tokenizer, template, tools, render)
+        if block is not None:
+            return render_with(block, messages, tools, render)
+    return render(messages, tools)
 
 
 def _template_text(tokenizer: Any, name: str | None, tools: list[dict[str, Any]] | None) -> str | None:

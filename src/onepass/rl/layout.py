@@ -36,6 +36,7 @@ from onepass.errors import DataError
 from onepass.pack import best_fit_decreasing
 from onepass.rl.rollouts import Trajectory
 from onepass.schedule import Schedule, schedule_views
+from onepass.share import share_and_pack
 from onepass.tree import Layout, PrefixTree, concat
 from onepass.view import View
 
@@ -91,18 +92,22 @@ def _groups(trajectories: Sequence[Trajectory]) -> list[list[int]]:
 
 
 def layout_rollouts(trajectories: Sequence[Trajectory], *, max_tokens: int | None = None,
-                    per_turn: bool = False) -> RolloutBatch:
+                    per_turn: bool = False, share_prefix: bool = True) -> RolloutBatch:
     """The rows scoring ``trajectories``: one tree per group, split and packed under ``max_tokens``.
 
     ``max_tokens``: a group whose tree is larger is split into trees that fit, turns kept
     whole and in order (the ``budget`` schedule of :mod:`onepass.schedule`), and trees are
     packed best-fit into rows of at most ``max_tokens``; unset, one row per group. A turn
     longer than ``max_tokens`` on its own is an error (RL drops no tokens). ``per_turn``:
-    one tree and one row per turn (the baseline the benchmark compares to).
+    one tree and one row per turn (the baseline the benchmark compares to). ``share_prefix``
+    (with ``max_tokens``): trees of different groups whose prompts share a prefix (a system prompt
+    and tools) are merged into one tree per row (:mod:`onepass.share`); the trees of one group are
+    not merged with each other (they were split to fit).
     """
     trajectories = tuple(trajectories)
     trees: list[tuple[Layout, list[tuple[int, int, np.ndarray]]]] = []  # layout, (traj, turn, tree positions)
-    for members in _groups(trajectories):
+    group_of: list[int] = []  # the group of each tree
+    for g, members in enumerate(_groups(trajectories)):
         keys = [(i, k) for i in members for k in range(len(trajectories[i].turns))]
         views = [turn_view(trajectories[i], k) for i, k in keys]
         if per_turn:
@@ -116,13 +121,22 @@ def layout_rollouts(trajectories: Sequence[Trajectory], *, max_tokens: int | Non
             groups = scheduled.groups
         for group in groups:
             trees.append(_tree([views[j] for j in group], [keys[j] for j in group]))
+            group_of.append(g)
 
+    slots: list[list[TurnSlot | None]] = [[None] * len(t.turns) for t in trajectories]
+    if share_prefix and max_tokens is not None and not per_turn:
+        shared = share_and_pack([layout for layout, _ in trees], group_of, max_tokens)
+        for (_, turns), (r, where) in zip(trees, shared.where):
+            for i, k, positions in turns:
+                slots[i][k] = TurnSlot(row=r, positions=where[positions])
+                assert np.array_equal(shared.rows[r].targets[where[positions]], trajectories[i].turns[k].completion_ids)
+        return RolloutBatch(trajectories=trajectories, rows=tuple(shared.rows),
+                            slots=tuple(tuple(s) for s in slots), num_trees=len(trees))  # type: ignore[arg-type]
     lengths = [len(layout) for layout, _ in trees]
     if max_tokens is None or per_turn:
         bins = [[j] for j in range(len(trees))]
     else:
         bins = best_fit_decreasing(lengths, max_tokens)
-    slots: list[list[TurnSlot | None]] = [[None] * len(t.turns) for t in trajectories]
     rows = []
     for r, members in enumerate(bins):
         offset = 0

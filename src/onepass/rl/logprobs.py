@@ -30,6 +30,7 @@ from onepass.head import chunked_token_logprobs, logprobs_from_logits
 from onepass.loss import forward_at_targets, layouts_to_batch, pad_batch
 from onepass.rl.layout import RolloutBatch
 from onepass.rl.rollouts import Trajectory
+from onepass.row_check import check_rows, model_vocab
 from onepass.tree import IGNORE
 from onepass.ulysses.comm import SequenceShard
 
@@ -64,8 +65,14 @@ def row_logprobs(model: Any, batch: RolloutBatch, row: int, *, entropy: bool = F
 
     ``shard``: the row split over a sequence-parallel group (:mod:`onepass.ulysses`); each rank scores its
     shard's targets and every rank gets them all back (an all-gather), so the turns come out whole.
+
+    The row is checked first, as every row that reaches a model is (:func:`onepass.row_check.check_rows`:
+    ids within the model's vocabulary, ``kv_end`` the tree of ``position_ids``): one line naming the row,
+    not a raw ``IndexError`` (or a device-side assert on CUDA) deep in the forward.
     """
     layout = batch.rows[row]
+    check_rows([layout], vocab_size=model_vocab(model), source="rollout batch", require_weight=False, start=row,
+               hint="the rollouts' token ids must be ids of this model's vocabulary")
     rows = layouts_to_batch([layout], device=_device(model))
     out, head, targets_T, _ = forward_at_targets(model, rows, lm_head=lm_head, shard=shard)
     if head is None:

@@ -33,8 +33,10 @@ def _group_advantages(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def template_rollouts(tokenizer: Any, *, num_groups: int, group_size: int, seed: int, max_turns: int = 3,
-                      template_kwargs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Rollout records (see :mod:`onepass.rl.rollouts`) whose turns the tokenizer's template rendered."""
+                      template_kwargs: dict[str, Any] | None = None, system: str | None = None
+                      ) -> list[dict[str, Any]]:
+    """Rollout records (see :mod:`onepass.rl.rollouts`) whose turns the tokenizer's template rendered;
+    ``system``: a system prompt every group's conversations begin with (groups then share a prefix)."""
     from onepass.conversation import parse_record
     from onepass.data.synthetic import single_token_words, text_of_length
     from onepass.render import RenderConfig, render_views
@@ -56,7 +58,8 @@ def template_rollouts(tokenizer: Any, *, num_groups: int, group_size: int, seed:
                 messages += [{"role": "user", "content": users[k]},
                              {"role": "assistant", "content": text_of_length(int(rng.integers(1, 8)), rng, words),
                               "reasoning_content": reasoning}]
-            conv = parse_record({"messages": messages}, source=f"template rollouts seed {seed}",
+            head = [{"role": "system", "content": system}] if system is not None else []
+            conv = parse_record({"messages": head + messages}, source=f"template rollouts seed {seed}",
                                 index=len(records))
             turns = []
             for view in render_views(conv, tokenizer, config):

@@ -18,12 +18,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from onepass.private_names import private
 from onepass.rl.padded import padded_token_logprobs
+
+GRPO_LOGPS = "trl.GRPOTrainer._get_per_token_logps_and_entropies"
 
 
 def onepass_grpo_trainer(onepass_max_tokens: int | None = None) -> type:
-    """A ``trl.GRPOTrainer`` subclass whose per-token log-probs come from one-pass rows (TRL imported here)."""
+    """A ``trl.GRPOTrainer`` subclass whose per-token log-probs come from one-pass rows (TRL imported here). A trl
+    whose GRPOTrainer no longer defines, calls or unpacks the overridden method as this one does is one
+    :class:`~onepass.couplings.CouplingError` line here (the override would otherwise silently stop applying)."""
     from trl import GRPOTrainer
+
+    private(GRPO_LOGPS)
 
     class OnePassGRPOTrainer(GRPOTrainer):
         max_tokens = onepass_max_tokens

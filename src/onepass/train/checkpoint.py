@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pickle
 import random
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -38,7 +40,7 @@ import numpy as np
 import torch
 
 from onepass.errors import OnePassError
-from onepass.files import publish_dir, temp_sibling
+from onepass.files import publish_dir, temp_sibling, write_failure
 from onepass.train.config import (
     DEPRECATED_KEYS,
     PATH_KEYS,
@@ -52,6 +54,32 @@ PREFIX = "step-"
 
 class CheckpointWriteError(OnePassError):
     """A checkpoint that could not be written (a full disk): nothing half-written is left."""
+
+
+class NonFiniteWeightsError(OnePassError):
+    """Weights with NaN or infinite values: never written as a checkpoint or a final model."""
+
+
+def non_finite_weights(model: Any) -> list[str]:
+    """The trainable parameters of ``model`` holding NaN or infinite values (this process's part of a sharded one)."""
+    bad = []
+    for name, p in model.named_parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p  # a DTensor shard (FSDP2): this process's part
+        if p.requires_grad and local.is_floating_point() and local.numel() and not bool(torch.isfinite(local).all()):
+            bad.append(name)
+    return bad
+
+
+def check_finite_weights(accelerator: Any, model: Any, *, step: int) -> None:
+    """Every trainable weight finite on every process (a collective), else :class:`NonFiniteWeightsError`
+    naming the first bad one: a checkpoint is "the last good step" only if its weights can train on."""
+    bad = non_finite_weights(accelerator.unwrap_model(model))
+    count = accelerator.reduce(torch.tensor([len(bad)], device=accelerator.device), reduction="sum")
+    if int(count.item()):
+        raise NonFiniteWeightsError(f"the weights after step {step} hold NaN or infinite values"
+                                    + (f" ({bad[0]}{' and others' if len(bad) > 1 else ''})" if bad else "")
+                                    + ": nothing is saved from them; resume from the last checkpoint with a lower "
+                                    "learning_rate (or check the data and dtype)")
 
 
 def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
@@ -87,9 +115,49 @@ def read_state(path: Path) -> dict[str, Any]:
         state = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TrainConfigError(f"checkpoint {path} is damaged: state.json cannot be read ({e})") from None
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int) or isinstance(state["step"], bool) \
+            or not isinstance(state.get("config"), dict) or not _records(state.get("history", []), "loss") \
+            or not _records(state.get("evals", []), "eval_loss"):
         raise TrainConfigError(f"checkpoint {path} is damaged: state.json is not a checkpoint state")
+    step, history, total = state["step"], state.get("history"), state.get("total_steps")
+    if step < 0 or (isinstance(history, list) and (len(history) != step or any(
+            r["step"] != i for i, r in enumerate(history, 1)))) or (isinstance(total, int) and step > total):
+        raise TrainConfigError(f"checkpoint {path} is damaged: state.json says step {step}, but it holds "
+                               f"{len(history) if isinstance(history, list) else 'no'} steps of history"
+                               + (f" of a run of {total} steps" if isinstance(total, int) else "")
+                               + "; resume from another checkpoint")
     return state
+
+
+def _records(values: Any, key: str) -> bool:
+    """A list of step records (``{"step": int, key: number, ...}``), as the loop writes them."""
+    return isinstance(values, list) and all(
+        isinstance(r, dict) and isinstance(r.get("step"), int) and isinstance(r.get(key), (int, float))
+        for r in values)
+
+
+def check_resumed_run(state: dict[str, Any], path: Path, *, world: int, anyway: bool,
+                      say: Callable[[str], None]) -> None:
+    """What :func:`check_compatible` cannot see in the config: the number of processes. A step takes
+    ``batch x grad_accum x world`` units, so on another world size every later step takes other
+    conversations: some twice, some never."""
+    saved_world = state.get("world_size")
+    if isinstance(saved_world, int) and saved_world != world:
+        what = (f"world_size was {saved_world}, now {world} (a step takes per_device_train_batch_size x "
+                "gradient_accumulation_steps x processes conversations: on another number of processes the steps "
+                "after the checkpoint would train some conversations twice and skip others)")
+        if not anyway:
+            raise TrainConfigError(f"cannot resume from {path} with different settings: {what}; resume on "
+                                   f"{saved_world} process(es) (--resume-anyway to continue regardless)")
+        say(f"warning: --resume-anyway: resuming {path} although {what}")
+
+
+def check_resume_step(state: dict[str, Any], path: Path, *, total: int) -> None:
+    """A checkpoint past this run's last step (``max_steps`` lowered) is refused: the run would "finish" with
+    the checkpoint's weights and its step count, having trained nothing."""
+    if state["step"] > total:
+        raise TrainConfigError(f"checkpoint {path} is at step {state['step']}, past this run's {total} steps: raise "
+                               "max_steps (or num_train_epochs) to train on from it")
 
 
 # settings the optimizer's param groups and the scheduler's base rates save with their state: on resume they
@@ -160,7 +228,7 @@ def check_new_run(output_dir: str | Path, *, overwrite: bool) -> list[Path]:
     Returns what the new run replaces (its ``checkpoints/`` is removed by the caller, on one process).
     """
     out = Path(output_dir)
-    used = [p for p in (out / "checkpoints", out / "metrics.json", out / "train_config.yaml")
+    used = [p for p in (out / "checkpoints", out / "metrics.json", out / "metrics.jsonl", out / "train_config.yaml")
             if p.is_file() or (p.is_dir() and any(p.iterdir()))]
     if used and not overwrite:
         raise TrainConfigError(f"{out} holds another run ({', '.join(p.name for p in used)}): pass --resume to "
@@ -172,9 +240,44 @@ def prune_checkpoints(output_dir: str | Path, keep: int, run_id: str | None) -> 
     """Remove this run's checkpoints but the latest ``keep``; another run's are never touched."""
     mine = [p for p in list_checkpoints(output_dir) if _run_id(p) == run_id]
     drop = mine[:-keep] if keep > 0 else mine
-    for old in drop:
-        shutil.rmtree(old, ignore_errors=True)
+    for old in drop:  # renamed first: a kill while its files go leaves a hidden leftover, never a half checkpoint
+        aside = old.with_name(f".{old.name}{PRUNING}")
+        os.replace(old, aside)
+        shutil.rmtree(aside, ignore_errors=True)
     return drop
+
+
+PRUNING, WRITING = ".pruning", ".tmp"  # .step-N.pruning: being removed; .step-N.tmp: being written
+_LEFTOVER = re.compile(rf"\.(?P<name>{PREFIX}\d+)(?P<kind>\.pruning|\.tmp|\.old-\d+)")
+
+
+def clean_leftovers(output_dir: str | Path) -> list[str]:
+    """Before a run writes checkpoints (the output folder is locked: no other run of this machine writes
+    it): remove what an interrupted save or pruning left (``.step-N.tmp``, ``.step-N.pruning``, an
+    interrupted replace); name a ``step-N`` folder without ``state.json`` (not a checkpoint: left in place).
+    Returns one line per thing done or found."""
+    from onepass.files import recover_dir
+
+    root = Path(output_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    lines = []
+    for p in sorted(root.iterdir()):
+        found = _LEFTOVER.fullmatch(p.name)
+        if found is None:
+            continue
+        if found["kind"] in (PRUNING, WRITING):
+            shutil.rmtree(p, ignore_errors=True)
+            lines.append(f"removed {p} (left by an interrupted checkpoint "
+                         f"{'removal' if found['kind'] == PRUNING else 'save'})")
+        else:  # .step-N.old-PID: a replace of step-N interrupted (onepass.files.publish_dir)
+            lines.extend(recover_dir(root / found["name"]))
+    for p in sorted(root.iterdir()):
+        if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit() and \
+                not (p / "state.json").is_file():
+            lines.append(f"note: {p} has no state.json (a save or a removal by an older onepass was "
+                         "interrupted): it is not a checkpoint and is left in place; remove it if it is not yours")
+    return lines
 
 
 def _run_id(path: Path) -> str | None:
@@ -192,16 +295,27 @@ def is_sharded(accelerator: Any) -> bool:
 
 def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, *, output_dir: str | Path,
                     step: int, state: dict[str, Any], keep: int | None) -> Path:
-    """Write the checkpoint of ``step`` on every process (collective); returns its directory."""
+    """Write the checkpoint of ``step`` on every process (collective); returns its directory. Weights that
+    are not finite are never written (:class:`NonFiniteWeightsError`)."""
+    check_finite_weights(accelerator, model, step=step)
     final = checkpoint_dir(output_dir, step)
     tmp = temp_sibling(final, per_process=False)  # every rank writes into it
     try:
         return _save(accelerator, model, optimizer, scheduler, output_dir=output_dir, step=step, state=state,
                      keep=keep, final=final, tmp=tmp)
-    except OSError as e:  # a full disk, a quota: the previous checkpoint stays the latest
+    except Exception as e:  # a full disk, a quota: the previous checkpoint stays the latest
+        reason = write_failure(e)
+        if reason is None:
+            raise
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointWriteError(f"cannot write checkpoint {final} ({e.strerror or e}); the previous "
+        raise CheckpointWriteError(f"cannot write checkpoint {final} ({reason}); the previous "
                                    "checkpoint is kept: free space and --resume") from None
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    """``torch.save`` through a Python file object, so a failed write carries its ``OSError``."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
 
 
 def _save(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, *, output_dir: str | Path, step: int,
@@ -219,10 +333,10 @@ def _save(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, *, outpu
     elif accelerator.is_main_process:
         weights = {n: t.contiguous() for n, t in trainable_state(accelerator.unwrap_model(model)).items()}
         save_file(weights, str(tmp / "trainable.safetensors"))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        _torch_save(optimizer.state_dict(), tmp / "optimizer.pt")
     if accelerator.is_main_process:
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(_rng_state(), tmp / f"rng-rank{accelerator.process_index}.pt")
+        _torch_save(scheduler.state_dict(), tmp / "scheduler.pt")
+    _torch_save(_rng_state(), tmp / f"rng-rank{accelerator.process_index}.pt")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=1) + "\n", encoding="utf-8")

@@ -45,6 +45,7 @@ from typing import Any
 
 from onepass.data_config import DATA_KEYS, DataConfig, data_config_hints
 from onepass.errors import ConfigError
+from onepass.train.hyperparams import check_hyperparameters, epochs_counted
 
 FINETUNES = ("full", "lora", "qlora")
 OPTIMIZERS = ("adamw", "sgd", "adamw_8bit", "paged_adamw_8bit")
@@ -126,7 +127,8 @@ class TrainConfig:
     per_device_train_batch_size: int = _f(1, "conversations (or prepared rows) per micro-batch per process",
                                           "optimisation")
     gradient_accumulation_steps: int = _f(1, "micro-batches per optimizer step", "optimisation")
-    max_grad_norm: float | None = _f(1.0, "gradient clipping norm", "optimisation")
+    max_grad_norm: float | None = _f(1.0, "gradient clipping norm (0, negative or none: no clipping, as in "
+                                     "transformers)", "optimisation")
     # numerics and hardware
     dtype: str = _f("float32", "weights: float32 (default) | bfloat16 | float64", "numerics and hardware")
     mixed_precision: str = _f("no", "no (default) | bf16 (autocast the forward pass)", "numerics and hardware")
@@ -212,14 +214,9 @@ def _validate(c: TrainConfig) -> None:
         value = getattr(c, name)
         if value is not None and value < 1:
             _fail(f"{name} must be >= 1 (or unset), got {value}")
-    if c.learning_rate <= 0:
-        _fail(f"learning_rate must be > 0, got {c.learning_rate}")
-    if c.num_train_epochs <= 0:
-        _fail(f"num_train_epochs must be > 0, got {c.num_train_epochs}")
-    if not 0 <= c.warmup_ratio < 1 or c.warmup_steps < 0:
-        _fail("warmup_ratio must be in [0, 1) and warmup_steps >= 0")
-    if not 0 <= c.lora_dropout < 1:
-        _fail(f"lora_dropout must be in [0, 1), got {c.lora_dropout}")
+    check_hyperparameters(c, names=epochs_counted(c.max_steps is None), error=TrainConfigError)  # OnePassConfig's too
+    if c.eval_steps is not None and c.eval_data is None:  # else no eval would ever run, without a word
+        _fail("eval_steps needs eval_data (the held-out data to evaluate): set eval_data, or drop eval_steps")
     if c.finetune == "qlora" and c.tiny is not None:
         _fail("qlora loads a saved model in 4 bits: save the tiny model and pass its directory as model")
     if c.finetune == "qlora" and c.dtype == "float64":
@@ -381,9 +378,15 @@ def load_config(path: str | Path | None, overrides: Mapping[str, Any] | None = N
 
 
 def write_yaml(config: TrainConfig, path: str | Path) -> None:
+    """The config as YAML (atomically); a failed write (a full disk) is one :class:`TrainConfigError` line."""
     import yaml
 
-    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
+    from onepass.files import atomic_write_text
+
+    try:
+        atomic_write_text(path, yaml.safe_dump(config.to_dict(), sort_keys=False))
+    except OSError as e:
+        _fail(f"cannot write {path} ({e.strerror or e}): free space or choose another output_dir")
 
 
 # Settings that must match for --resume to continue the same run (the rest may change,

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from onepass.private_names import private
 from onepass.train.config import TrainConfigError
 
 MODES = ("single", "ddp", "fsdp", "deepspeed")
@@ -168,13 +169,12 @@ def check_accelerate_config(path: str | Path) -> Any:
     launcher would export, so a bad value fails here too.
     """
     from accelerate.commands.config.config_args import load_config_from_file
-    from accelerate.commands.launch import launch_command_parser
 
     try:
         cluster = load_config_from_file(str(path))
     except (ValueError, TypeError) as e:
         raise TrainConfigError(f"{path}: {e}") from None
-    known = {a.dest for a in launch_command_parser()._actions}
+    known = {a.dest for a in private("accelerate launch_command_parser()._actions")}
     for name, section in vars(cluster).items():
         if not isinstance(section, dict):
             continue
@@ -261,7 +261,6 @@ def _kind(accelerator: Any) -> str:
 
 def _fsdp_on_cpu(accelerator: Any, mixed_precision: str, plugin_args: Mapping[str, Any] | None = None) -> None:
     """accelerate's FSDP state on CPU ranks (gloo): what ``AcceleratorState`` does for GPUs, done here."""
-    from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
     plugin = FullyShardedDataParallelPlugin(**(plugin_args or {}))  # else from the launcher's FSDP_* variables
@@ -270,9 +269,10 @@ def _fsdp_on_cpu(accelerator: Any, mixed_precision: str, plugin_args: Mapping[st
                                f"fsdp_version: {plugin.fsdp_version}: set fsdp_version: 2")
     if mixed_precision != "no":
         plugin.set_mixed_precision(mixed_precision)
-    AcceleratorState._shared_state["fsdp_plugin"] = plugin
-    AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
-    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    accelerator_state = private("accelerate.state.AcceleratorState._shared_state")
+    accelerator_state["fsdp_plugin"] = plugin
+    accelerator_state["distributed_type"] = DistributedType.FSDP
+    private("accelerate.state.PartialState._shared_state")["distributed_type"] = DistributedType.FSDP
 
 
 def accelerate_predates_fsdp(version: str | None = None) -> bool:

@@ -7,7 +7,13 @@ rows), a chat template edited behind the same path, a tokenizer updated on disk.
 ``state.json`` keeps a digest of each, and resuming with a different one is refused naming the key
 (``--resume-anyway`` is the deliberate case):
 
-    {"data": "sha256:9f2c...", "eval_data": null, "tokenizer": "sha256:41d0...", "template_date": null}
+    {"data": "sha256:9f2c...", "eval_data": null, "tokenizer": "sha256:41d0...", "template_date": null,
+     "rows": "blake2b:77e1...", "eval_rows": null}
+
+``rows`` (and ``eval_rows``) is the digest of the rows as the run loaded them
+(:func:`onepass.train.data.units_digest`, added by the loop): it also changes when the same data and
+tokenizer render otherwise (another onepass or transformers version), and the processes of a run compare
+it before their first step.
 
 Digests are of content, never of a path, so the same data given by a relative or an absolute path
 is the same run. ``template_date`` is the date the chat template renders (``--template-date``, default: the
@@ -27,7 +33,7 @@ from onepass.render.clock import reads_clock
 from onepass.train.config import TrainConfig, TrainConfigError
 
 # what a run writes into a folder (training into the data folder must not change the data's digest)
-_RUN_OUTPUTS = frozenset({"checkpoints", "final", "metrics.json", "train_config.yaml", "loss.png"})
+_RUN_OUTPUTS = frozenset({"checkpoints", "final", "metrics.json", "metrics.jsonl", "train_config.yaml", "loss.png"})
 _CHUNK = 1 << 20
 
 
@@ -85,6 +91,10 @@ def run_fingerprint(config: TrainConfig, tokenizer: Any | None, *, renders: bool
             "template_date": rendered_date(config, tokenizer, renders=renders)}
 
 
+_CHANGED = {"tokenizer": "vocabulary or chat template", "rows": "the rows made of it: rendering or tokenization",
+            "eval_rows": "the rows made of it: rendering or tokenization"}
+
+
 def check_fingerprint(saved: dict[str, Any] | None, now: dict[str, str | None], path: Path, *, anyway: bool,
                       say: Callable[[str], None]) -> None:
     """Refuse to resume from ``path`` when a digest differs (naming the key); ``anyway``: say so and go on.
@@ -107,7 +117,7 @@ def _changed(key: str, saved: Any, now: Any) -> str:
     if key == "template_date":
         hint = f"; pass --template-date {saved} to render as before" if saved is not None else ""
         return f"template_date (the chat template renders {now}, the checkpoint's run {saved}{hint})"
-    return f"{key} ({'content' if key != 'tokenizer' else 'vocabulary or chat template'} changed)"
+    return f"{key} ({_CHANGED.get(key, 'content')} changed)"
 
 
 __all__ = ["check_fingerprint", "data_digest", "rendered_date", "run_fingerprint", "tokenizer_digest"]

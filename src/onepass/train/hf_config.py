@@ -12,8 +12,10 @@ Where onepass does something else than TRL, the reason is written here once:
 :data:`DEFAULT_DIFFERENCES` (a default we changed) and :data:`SFT_FIELDS` (what
 each TRL field does here); ``docs/train.md`` shows both as a table (tested). A
 value onepass cannot honour is accepted and logs one WARNING line, once per
-process, saying what is done instead; a value that would change the objective
-without saying so (``loss_type='dft'``) is refused in one line.
+process, saying what is done instead. The checks ``SFTConfig.__post_init__`` makes
+(``loss_type``, the deprecated ``chunked_nll``, ``pad_token``, ``keep_end``, ``bfd-requeue``) are made
+here with messages that say the same; the ones ``SFTTrainer.__init__`` makes are in
+:mod:`onepass.train.hf_trainer`.
 
 The one-pass settings: ``schedule`` (default ``budget``: one tree per
 conversation, split into several trees where it is longer than ``max_length``),
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +46,7 @@ from transformers import TrainingArguments
 
 from onepass.data_config import DataConfig, data_field_help
 from onepass.render.clock import resolve_template_date
+from onepass.train.hyperparams import check_hyperparameters, epochs_counted
 
 log = logging.getLogger("onepass")
 
@@ -52,7 +56,9 @@ log = logging.getLogger("onepass")
 SFT_FIELDS: dict[str, str] = {
     "learning_rate": "as TRL (2e-5)",
     "logging_steps": "as TRL (10)",
-    "gradient_checkpointing": "as TRL (on); PEFT models get enable_input_require_grads as in TRL",
+    "gradient_checkpointing": "as TRL (on); PEFT models get enable_input_require_grads as in TRL; "
+                              "activation_checkpointing (transformers' new name) is taken too, and the default "
+                              "raises no v6 FutureWarning",
     "bf16": "as TRL (on unless fp16), except on a machine without bf16 support: off, with a warning "
             "(TRL stops there)",
     "lr_scheduler_kwargs": "as TRL",
@@ -64,26 +70,33 @@ SFT_FIELDS: dict[str, str] = {
                             "other than 0 logs a warning",
     "chat_template_path": "as TRL: a .jinja/.j2 file, or a tokenizer folder or hub id whose template is copied "
                           "(onepass also takes builtin:NAME); saved with every checkpoint",
-    "dataset_text_field": "a plain-text column has no turns: a dataset with only this column is refused "
-                          "(one-pass trains conversations)",
-    "dataset_kwargs": "as TRL: skip_prepare_dataset=True takes datasets of one-pass rows as they are",
+    "dataset_text_field": "as TRL: a text record is language modeling (EOS appended, every token trained), one "
+                          "plain causal row",
+    "dataset_kwargs": "as TRL: skip_prepare_dataset=True takes tokenized rows (input_ids, labels) or one-pass "
+                      "rows as they are",
     "dataset_num_proc": "as TRL: that many processes render the conversations (with a progress bar)",
     "eos_token": "as TRL: set on the tokenizer and the model's config and generation config; the chat "
                  "template decides what ends a turn",
-    "max_length": "the tree budget: a conversation longer than this is split into several trees (schedule "
-                  "budget), a single turn longer than this is a counted skip; TRL truncates instead",
-    "truncation_mode": "onepass never truncates; keep_end logs a warning",
+    "max_length": "as TRL for text, prompt-completion and tokenized rows (truncated, fully masked ones dropped); "
+                  "for conversations the tree budget: one longer than this is split into several trees (schedule "
+                  "budget), a single turn longer than this is a counted skip (truncating a tree is not N-pass's "
+                  "truncation)",
+    "truncation_mode": "as TRL for TRL's rows (keep_end deprecated, with TRL's warning); trees are never cut",
     "shuffle_dataset": "as TRL: the conversations are shuffled with seed before rendering",
     "packing": "as TRL: trees of several conversations packed into rows of max_length tokens (best-fit "
                "decreasing); a step is then per_device_train_batch_size rows, as in TRL",
-    "packing_strategy": "bfd and bfd_split as TRL's bfd (trees are split by the schedule, never cut); "
-                        "wrapped (cuts sequences) packs with bfd, with a warning",
-    "padding_free": "as TRL: a micro-batch is one row (its rows concatenated), any attention backend",
+    "packing_strategy": "as TRL for TRL's rows (bfd truncates, bfd_split splits, wrapped cuts one stream); "
+                        "trees are packed whole (bfd; wrapped would cut them, a warning says so)",
+    "padding_free": "as TRL: a micro-batch is one row (its rows concatenated), any attention backend; as TRL, "
+                    "refused without packing while max_length is set",
     "pad_to_multiple_of": "as TRL: rows are padded to a multiple of it",
     "eval_packing": "as TRL: packing for the eval datasets (None: packing)",
-    "completion_only_loss": "onepass trains the assistant turns only: False logs a warning",
-    "assistant_only_loss": "True by default (see the differences); False logs a warning",
-    "loss_type": "nll as TRL; dft is refused (not implemented for the one-pass loss)",
+    "completion_only_loss": "as TRL for prompt-completion rows (None: the completion only); conversations "
+                            "train their assistant turns",
+    "assistant_only_loss": "None by default (see the differences); True: TRL's assistant masks on prompt-completion "
+                           "rows; False: conversations as TRL renders them, one sequence, every token trained",
+    "loss_type": "as TRL: nll, or dft (each target's cross entropy times its detached probability; exact on a "
+                 "tree, since views sharing a target share its probability)",
     "activation_offloading": "as TRL: saved activations go to CPU memory (torch.autograd.graph.save_on_cpu)",
     "pad_token": "as TRL: set on the tokenizer and the model config (onepass pads with its own untrained "
                  "positions)",
@@ -91,8 +104,9 @@ SFT_FIELDS: dict[str, str] = {
 
 # Defaults that differ from SFTConfig's, each with its reason.
 DEFAULT_DIFFERENCES: dict[str, str] = {
-    "assistant_only_loss": "True (TRL: False): the one-pass loss is the per-turn N-pass loss, which trains the "
-                           "assistant turns only; TRL's default trains the prompts too",
+    "assistant_only_loss": "None (TRL: False): a conversation trains its assistant turns, each turn in the context "
+                           "the model sees at that turn (the per-turn N-pass loss, in one pass); TRL's False trains "
+                           "one rendering of the conversation, prompts included (set False for that)",
 }
 
 _WARNED: set[str] = set()
@@ -124,6 +138,14 @@ def _bf16_supported(args: TrainingArguments) -> bool:
     from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
 
     return bool(args.use_cpu or is_torch_bf16_gpu_available() or is_torch_xla_available())
+
+
+def check_ranges(args: TrainingArguments) -> None:
+    """The hyper-parameters in range (:mod:`onepass.train.hyperparams`, the table ``onepass train`` reads);
+    ``num_train_epochs`` only where it counts (no ``max_steps``), as the Trainer reads it."""
+    from onepass.train.config import TrainConfigError
+
+    check_hyperparameters(args, names=epochs_counted(args.max_steps <= 0), error=TrainConfigError)
 
 
 def _h(text: str) -> dict[str, Any]:
@@ -177,10 +199,12 @@ class OnePassConfig(TrainingArguments):
     eval_packing: bool | None = field(default=None, metadata=_h("pack the eval datasets (None: packing)"))
     # SFTConfig: the loss
     completion_only_loss: bool | None = field(
-        default=None, metadata=_h("accepted; one-pass always trains on the assistant turns only"))
-    assistant_only_loss: bool = field(
-        default=True, metadata=_h("accepted; one-pass always trains on the assistant turns only"))
-    loss_type: str = field(default="nll", metadata={"help": "nll (dft is not implemented for one-pass)",
+        default=None, metadata=_h("prompt-completion rows: train the completion only (None: True, as TRL)"))
+    assistant_only_loss: bool | None = field(
+        default=None, metadata=_h("None: conversations train their assistant turns one-pass; True: also TRL's "
+                                  "assistant masks on prompt-completion rows; False: conversations as one "
+                                  "sequence, every token trained (TRL's default)"))
+    loss_type: str = field(default="nll", metadata={"help": "nll, or dft (Dynamic Fine-Tuning)",
                                                     "choices": ["nll", "dft", "chunked_nll"]})
     activation_offloading: bool = field(default=False, metadata=_h("keep saved activations in CPU memory"))
     pad_token: str | None = field(default=None, metadata=_h("deprecated in TRL; the tokenizer's pad token"))
@@ -195,6 +219,8 @@ class OnePassConfig(TrainingArguments):
     template_kwargs: dict | str | None = field(
         default=None, metadata=_h("extra chat template variables, e.g. {\"enable_thinking\": false}"))
     reasoning: str = field(default="keep", metadata=data_field_help("reasoning"))
+    share_prefix: bool = field(default=True, metadata=data_field_help("share_prefix"))  # with packing
+    share_window: int | None = field(default=None, metadata=data_field_help("share_window"))
     template_date: str | None = field(default=None, metadata=data_field_help("template_date"))
     allow_inexact: bool = field(
         default=False, metadata=_h("train even when the exactness guard finds one-pass != N-pass"))
@@ -208,6 +234,7 @@ class OnePassConfig(TrainingArguments):
         if getattr(self, "activation_checkpointing", False) is None and self.gradient_checkpointing:
             self.activation_checkpointing = True  # TRL's default, under transformers' new name (no FutureWarning)
         super().__post_init__()
+        check_ranges(self)
         if self.max_tokens is not None:
             if self.max_length not in (None, 1024, self.max_tokens):
                 raise ValueError(f"max_length={self.max_length} and max_tokens={self.max_tokens} disagree; "
@@ -222,23 +249,32 @@ class OnePassConfig(TrainingArguments):
             text = self.pad_to_multiple_of.lower()
             self.pad_to_multiple_of = None if text in ("auto", "none", "null") else int(text)
         if self.loss_type == "chunked_nll":
+            warnings.warn("`loss_type='chunked_nll'` is deprecated (as in TRL); use `loss_type='nll'`, which "
+                          "computes the loss the same way", FutureWarning, stacklevel=3)
             self.loss_type = "nll"
-        if self.loss_type != "nll":
-            raise ValueError(f"loss_type={self.loss_type!r} is not implemented for the one-pass loss; use 'nll'")
+        if self.loss_type not in ("nll", "dft"):
+            raise ValueError(f"Invalid `loss_type` {self.loss_type} passed. Supported values are 'nll' and 'dft'.")
+        if self.pad_token is not None:
+            warnings.warn("`pad_token` is deprecated (as in TRL). Set `tokenizer.pad_token` directly and pass it as "
+                          "`processing_class` to the trainer instead.", FutureWarning, stacklevel=3)
+        if self.packing_strategy == "bfd-requeue":
+            warnings.warn("The `bfd-requeue` packing strategy has been renamed to `bfd_split` (as in TRL).",
+                          FutureWarning, stacklevel=3)
+            self.packing_strategy = "bfd_split"
         self.data_config  # built (and checked) now: a bad schedule or weighting is one line here
         self._warn_unhonoured()
 
     def _warn_unhonoured(self) -> None:
         """One WARNING line, once, for each value onepass does not do as TRL would."""
-        if self.completion_only_loss is False or not self.assistant_only_loss:
-            warn_once("assistant_only_loss", "completion_only_loss/assistant_only_loss=False: one-pass trains on the "
-                                             "assistant turns only (the loss of N-pass SFT); prompts are never trained")
         if self.truncation_mode == "keep_end":
-            warn_once("truncation_mode", "truncation_mode='keep_end': onepass never truncates; a conversation over "
-                                         "max_length is split into trees, a turn over it is a counted skip")
+            warnings.warn("The `'keep_end'` truncation mode is deprecated (as in TRL); use "
+                          "`truncation_mode='keep_start'` (the default)", FutureWarning, stacklevel=3)
+            warn_once("truncation_mode", "truncation_mode='keep_end' truncates TRL's rows (text, prompt-completion, "
+                                         "tokenized); a conversation over max_length is split into trees, a turn "
+                                         "over it is a counted skip")
         if self.packing_strategy == "wrapped" and (self.packing or self.eval_packing):
-            warn_once("packing_strategy", "packing_strategy='wrapped' cuts sequences, which would cut trees: "
-                                          "packing with 'bfd' (best-fit decreasing) instead")
+            warn_once("packing_strategy", "packing_strategy='wrapped' cuts TRL's rows as TRL does; conversation trees "
+                                          "are never cut: they are packed whole (best-fit decreasing)")
         if self.router_aux_loss_coef:
             warn_once("router_aux_loss_coef", f"router_aux_loss_coef={self.router_aux_loss_coef}: the MoE "
                                               "load-balancing loss is not added (over a tree's tokens it is not "
@@ -252,7 +288,8 @@ class OnePassConfig(TrainingArguments):
     def _data_values(self) -> dict[str, Any]:
         return {"schedule": self.schedule, "max_tokens": self.max_length, "weighting": self.weighting,
                 "completion_format": self.completion_format, "reasoning": self.reasoning,
-                "template_kwargs": dict(self.template_kwargs or {}), "template_date": self.template_date}
+                "template_kwargs": dict(self.template_kwargs or {}), "template_date": self.template_date,
+                "share_prefix": self.share_prefix, "share_window": self.share_window}
 
     @property
     def data_config(self) -> DataConfig:

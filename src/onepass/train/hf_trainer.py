@@ -13,7 +13,10 @@ TRL's own ``trl/scripts/sft.py`` so renamed). It keeps what the Trainer does
 and changes only what one-pass needs:
 
 - the datasets are prepared by :mod:`onepass.train.hf_data` (one item per
-  conversation, or packed rows of ``max_length`` tokens with ``packing``);
+  conversation, or packed rows of ``max_length`` tokens with ``packing``); every
+  other type SFTTrainer takes (text, prompt-completion, tokenized rows) is TRL's
+  row, a plain causal sequence (:mod:`onepass.train.sft_rows`), so its loss is TRL's;
+- SFTTrainer's argument checks are made (:mod:`onepass.train.sft_checks`);
 - the collator stacks rows and pads them with self-only, untrained positions;
 - ``compute_loss`` builds the tree mask from ``kv_end`` for the model's
   attention backend, passes ``position_ids``, asks for logits only at targets
@@ -54,7 +57,11 @@ from transformers import Trainer, TrainingArguments
 
 from onepass.attention.backends import check_backend, model_backend
 from onepass.conversation import Conversation
-from onepass.loss import ForwardView, batch_loss
+from onepass.couplings import check_row_mask, checkpointing_on
+from onepass.loss import ForwardView, batch_dft_loss, batch_loss, row_losses
+from onepass.private_names import private
+from onepass.row_check import model_vocab
+from onepass.train import sft_checks
 from onepass.train.config import TrainConfigError
 from onepass.train.hf_config import OnePassConfig, warn_once
 from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: their documented import path)
@@ -68,6 +75,7 @@ from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: t
 )
 from onepass.train.hf_model import base_model, chat_template_of, is_peft, load_model, load_tokenizer, loaded_from, \
     set_special_tokens
+from onepass.train.hf_stream import check_dataset_rows, is_stream, trainer_rows
 from onepass.tree import COLUMNS
 
 log = logging.getLogger("onepass")
@@ -88,17 +96,23 @@ def as_onepass_config(args: Any, model: Any) -> OnePassConfig:
     raise TypeError(f"args must be a OnePassConfig or TrainingArguments, got {type(args).__name__}")
 
 
+TRAINER_PRIVATES = ("transformers.Trainer._set_signature_columns_if_needed",
+                    "transformers.Trainer._get_num_items_in_batch", "transformers.Trainer._prepare_inputs")
+"""Trainer's private methods :class:`OnePassTrainer` overrides or calls (:data:`onepass.private_names.PRIVATE_NAMES`)."""
+
+
 class OnePassTrainer(Trainer):
     """``transformers.Trainer`` whose loss is the one-pass loss, normalised as N-pass (see module doc).
 
     Takes every keyword of TRL's ``SFTTrainer``, in its order: ``model`` (a model, a PeftModel, or a hub id /
     folder loaded with ``args.model_init_kwargs`` and ``quantization_config``), ``args``
     (:class:`~onepass.train.hf_config.OnePassConfig`, or a ``TrainingArguments`` turned into one),
-    ``data_collator``, ``train_dataset`` / ``eval_dataset`` (conversations in any shape onepass reads,
-    or one-pass rows), ``processing_class`` (the tokenizer; default: the model's, as TRL finds it),
-    ``compute_metrics``, ``callbacks``, ``optimizers``, ``optimizer_cls_and_kwargs``, ``peft_config``,
-    ``formatting_func`` (a record -> its messages). ``compute_loss_func`` is refused (the loss is one-pass's)
-    and ``preprocess_logits_for_metrics`` never called (logits exist only at the targets, in chunks).
+    ``data_collator``, ``train_dataset`` / ``eval_dataset`` (any dataset type SFTTrainer takes, mixed
+    record by record, or one-pass rows), ``processing_class`` (the tokenizer; default: the model's, as TRL
+    finds it), ``compute_metrics`` and ``preprocess_logits_for_metrics`` (evaluation then runs one more
+    forward pass for every position's logits, as TRL's), ``callbacks``, ``optimizers``,
+    ``optimizer_cls_and_kwargs``, ``peft_config``, ``formatting_func`` (a record -> text, as TRL, or its
+    messages). ``compute_loss_func`` is refused (the loss is one-pass's; TRL deprecates it too).
     """
 
     def __init__(self, model: Any = None, args: Any = None, data_collator: Any = None, train_dataset: Any = None,
@@ -118,13 +132,14 @@ class OnePassTrainer(Trainer):
 
         from onepass.errors import UsageError
 
+        for label in TRAINER_PRIVATES:  # Trainer's private methods overridden or called here: one line if gone
+            private(label)
+
         if compute_loss_func is not None:
             raise UsageError("compute_loss_func: OnePassTrainer's loss is the one-pass loss (logits exist only at "
                              "the targets); subclass it and override compute_loss to change it")
-        if preprocess_logits_for_metrics is not None:
-            warn_once("preprocess_logits_for_metrics", "preprocess_logits_for_metrics is never called: "
-                                                       "logits exist only at the targets, in chunks")
         args = as_onepass_config(args, model)
+        sample = sft_checks.check_train_dataset(train_dataset, args)
         set_seed(args.seed)  # before the model: a peft adapter is initialised at random
         if isinstance(model, str):
             model_id = model
@@ -133,16 +148,23 @@ class OnePassTrainer(Trainer):
             model_id = loaded_from(model)
             if quantization_config is not None:
                 warn_once("quantization_config", "quantization_config is ignored: the model is already loaded")
+            if args.model_init_kwargs is not None:
+                warn_once("model_init_kwargs", "model_init_kwargs are ignored: the model is already loaded")
+        rows = 1 if args.padding_free else max(args.per_device_train_batch_size, args.per_device_eval_batch_size)
+        check_row_mask(model, rows)  # one line now, not a traceback inside the model at the first step
         if processing_class is None and model_id:
             try:
                 processing_class = load_tokenizer(model_id, args)
             except OSError as e:  # a model built from a config: fine for datasets of rows
                 log.info("onepass: no tokenizer at %s (%s); datasets of conversations need processing_class",
                          model_id, str(e).splitlines()[0])
+        sft_checks.check_processing_class(processing_class)
         if processing_class is not None and args.chat_template_path is not None:
             processing_class.chat_template = chat_template_of(args.chat_template_path, args)
         if processing_class is not None:
             set_special_tokens(processing_class, model, args)
+        sft_checks.check_vision(sample, processing_class)
+        sft_checks.check_peft_config(peft_config)
         if peft_config is not None:
             from peft import get_peft_model
 
@@ -150,12 +172,16 @@ class OnePassTrainer(Trainer):
                 raise UsageError("a PeftModel and a peft_config were both given: merge and unload the adapter "
                                  "first, or drop peft_config to continue training the adapter")
             model = get_peft_model(model, peft_config)
-        if is_peft(model) and args.gradient_checkpointing:
+        if is_peft(model) and checkpointing_on(args):
             model.enable_input_require_grads()  # as TRL: else no gradient reaches checkpointed LoRA layers
         if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
             for name, param in model.named_parameters():  # QLoRA adapters in bf16, as TRL (not DoRA magnitudes)
                 if param.requires_grad and "lora_magnitude_vector" not in name:
                     param.data = param.data.to(torch.bfloat16)
+        sft_checks.check_data_settings(args, sample, data_collator=data_collator, formatting_func=formatting_func)
+        if processing_class is not None and getattr(processing_class, "pad_token", 1) is None:
+            processing_class.pad_token = processing_class.eos_token  # as TRL: the pad token defaults to EOS
+        sft_checks.check_model(model, args)
         if args.use_liger_kernel:
             args.liger_kernel_config = {**(args.liger_kernel_config or {}), "fused_linear_cross_entropy": False}
         text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -163,26 +189,32 @@ class OnePassTrainer(Trainer):
             warn_once("moe_aux_loss", f"{type(base_model(model)).__name__} has a load-balancing loss "
                                       "(router_aux_loss_coef): onepass does not add it (TRL does); training on the "
                                       "cross entropy alone")
+        if hasattr(text, "output_router_logits"):
+            text.output_router_logits = False  # the router logits would feed the loss onepass does not add
 
         if args.dataset_prepared and formatting_func is not None:
             warn_once("formatting_func", "formatting_func is ignored: dataset_kwargs skip_prepare_dataset=True")
-        train = as_rows(train_dataset, processing_class, args, source="train_dataset", formatting_func=formatting_func)
+        vocab = model_vocab(model)  # every row is checked against it as `onepass train` checks a prepared folder
+        train = trainer_rows(train_dataset, processing_class, args, source="train_dataset", vocab_size=vocab,
+                             formatting_func=formatting_func)
         train_dataset = train.dataset
         eval_packing = args.packing if args.eval_packing is None else args.eval_packing
         if isinstance(eval_dataset, Mapping):
-            eval_dataset = {k: as_rows(v, processing_class, args, source=f"eval_dataset[{k!r}]",
-                                       packing=eval_packing, formatting_func=formatting_func).dataset
+            eval_dataset = {k: trainer_rows(v, processing_class, args, source=f"eval_dataset[{k!r}]", vocab_size=vocab,
+                                            packing=eval_packing, formatting_func=formatting_func).dataset
                             for k, v in eval_dataset.items()}
         else:
-            eval_dataset = as_rows(eval_dataset, processing_class, args, source="eval_dataset", packing=eval_packing,
-                                   formatting_func=formatting_func).dataset
+            eval_dataset = trainer_rows(eval_dataset, processing_class, args, source="eval_dataset", vocab_size=vocab,
+                                        packing=eval_packing, formatting_func=formatting_func).dataset
         if data_collator is None:
-            data_collator = OnePassCollator(padding_free=args.padding_free,
+            data_collator = OnePassCollator(padding_free=sft_checks.padding_free(args),
                                             pad_to_multiple_of=args.pad_to_multiple_of)
+        self._formatting_func = formatting_func
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class,
                          compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers,
-                         optimizer_cls_and_kwargs=optimizer_cls_and_kwargs)
+                         optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
+                         preprocess_logits_for_metrics=preprocess_logits_for_metrics)
         self.allow_inexact = args.allow_inexact if allow_inexact is None else allow_inexact
         self.exactness_conversations = exactness_conversations
         self.guard_inputs: GuardInputs | None = train.guard  # None: the rows were given as they are
@@ -196,7 +228,18 @@ class OnePassTrainer(Trainer):
         # compute_loss divides by the step's weight sum itself: no extra division by grad-accum steps
         self.model_accepts_loss_kwargs = True
         self._metric_sums: dict[str, dict[str, torch.Tensor]] = {"train": {}, "eval": {}}
+        self._eval_pairs: list[torch.Tensor] | None = None  # (row loss, row weight) of the evaluation running
         self._total_train_tokens = 0
+        # what TRL's callbacks and scripts read: no load-balancing loss is added (see router_aux_loss_coef)
+        self.aux_loss_enabled = False
+        self.router_aux_loss_coef = 0.0
+        self.padding_free = sft_checks.padding_free(self.args)
+        self.completion_only_loss = sft_checks.completion_only_loss(self.args, sample)
+        self.prompt_learning = sft_checks.is_prompt_learning(self.model)
+        if hasattr(self.model, "add_model_tags"):
+            self.model.add_model_tags(self._tag_names)
+
+    _tag_names = ["trl", "sft", "onepass"]  # TRL's model-card tags, and ours
 
     def create_accelerator_and_postprocess(self) -> None:
         """HF's accelerator, running the parallelism the launcher asked for: FSDP on CPU ranks too
@@ -254,6 +297,7 @@ class OnePassTrainer(Trainer):
             self.check_exactness()
         result = super().train(*args, **kwargs)
         self.plot_loss()
+        _check_finite(self.accelerator.unwrap_model(self.model))
         return result
 
     def plot_loss(self) -> Any:
@@ -319,7 +363,17 @@ class OnePassTrainer(Trainer):
         view = ForwardView(model, self.accelerator.unwrap_model(model))
         mode = "train" if model.training else "eval"
         stats: dict[str, torch.Tensor] = {}
-        total = batch_loss(view, inputs, stats=stats)
+        if self.prompt_learning:
+            total = self._prompt_learning_loss(model, inputs, stats)
+        elif self.args.loss_type == "dft":
+            total = batch_dft_loss(view, inputs, stats=stats)
+        elif mode == "eval" and self._eval_pairs is not None:  # inside evaluate(): each row's sums, counted once
+            per_row = row_losses(view, inputs, stats=stats)
+            total = per_row.sum()
+            pairs = torch.stack([per_row.detach().double(), inputs["weights"].sum(dim=1).double()], dim=1)
+            self._eval_pairs.append(self.accelerator.gather_for_metrics(pairs))  # a padded last batch: dropped
+        else:
+            total = batch_loss(view, inputs, stats=stats)
         sums = self._metric_sums[mode]
         for key, value in stats.items():
             sums[key] = sums[key] + value.detach() if key in sums else value.detach()
@@ -331,17 +385,139 @@ class OnePassTrainer(Trainer):
         if num_items_in_batch is None:  # evaluation: this batch's own mean
             loss = total / inputs["weights"].sum().clamp_min(1e-12).to(total.dtype)
         else:
-            # DDP / DeepSpeed average gradients over processes: undo that, the normaliser is global
-            loss = total * (self.accelerator.num_processes / num_items_in_batch.to(total.dtype))
+            # DDP / DeepSpeed average gradients over processes: undo that, the normaliser is global. A step
+            # with no target weight trains nothing (as `onepass train`): 0 / 0 would make every gradient NaN
+            weight = num_items_in_batch.to(total.dtype)
+            loss = total * torch.where(weight > 0, self.accelerator.num_processes / weight.clamp_min(1e-30),
+                                       torch.zeros_like(weight))
         return (loss, {"loss": loss}) if return_outputs else loss
 
+    def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
+                        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> Any:
+        """``Trainer.evaluation_loop`` whose loss is the weighted mean the docs promise: the summed weighted
+        cross entropy of every row over the sum of their weights, whatever the eval batch size (HF averages
+        the batches' means, the last partial batch counted as a full one: batch size 8 and 1 gave 3.99068 and
+        3.98775), each row counted once over processes; a non-finite loss is reported, not dropped."""
+        self._eval_pairs = []
+        try:
+            output = super().evaluation_loop(dataloader, description, prediction_loss_only=prediction_loss_only,
+                                             ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
+            pairs = self._eval_pairs
+        finally:
+            self._eval_pairs = None
+        if pairs:
+            loss_sum, weight = torch.cat([p.to(pairs[0].device) for p in pairs]).sum(dim=0).tolist()
+            output.metrics[f"{metric_key_prefix}_loss"] = loss_sum / weight if weight > 0 else float("nan")
+        return output
+
     def prediction_step(self, model: Any, inputs: dict[str, Any], prediction_loss_only: bool,
-                        ignore_keys: list[str] | None = None) -> tuple[torch.Tensor | None, None, None]:
-        """Evaluation returns the loss only (logits exist only at targets)."""
+                        ignore_keys: list[str] | None = None) -> tuple[torch.Tensor | None, Any, Any]:
+        """The loss; when ``compute_metrics`` asks for predictions, also the logits of every position (one
+        more forward pass, with the row's mask: TRL's extra forward pass) and the ``labels`` view of the rows
+        (``labels[p]`` the token position ``p - 1`` trains, else -100, as TRL's labels)."""
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
-        return loss.detach(), None, None
+            if prediction_loss_only:
+                return loss.detach(), None, None
+            logits = self._full_logits(model, inputs)
+        return loss.detach(), logits, _labels_of(inputs)
+
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: list[str] | None = None,
+                 metric_key_prefix: str = "eval") -> dict[str, float]:
+        """``Trainer.evaluate``; a dataset given here is prepared as ``train_dataset`` was (any of TRL's types,
+        or conversations; a mapping of them), as TRL's ``evaluate`` does. A string names an eval dataset
+        given at init."""
+        if eval_dataset is not None and not isinstance(eval_dataset, str):
+            packing = self.args.packing if self.args.eval_packing is None else self.args.eval_packing
+
+            def prepared(ds: Any, source: str) -> Any:  # and checked, as every dataset of rows the trainer is given
+                vocab = model_vocab(self.accelerator.unwrap_model(self.model))
+                if self.args.dataset_prepared:
+                    return check_dataset_rows(ds, source=source, vocab_size=vocab)
+                return trainer_rows(ds, self.processing_class, self.args, source=source, vocab_size=vocab,
+                                    packing=packing, formatting_func=self._formatting_func).dataset
+
+            if isinstance(eval_dataset, Mapping):
+                eval_dataset = {k: prepared(v, f"eval_dataset[{k!r}]") for k, v in eval_dataset.items()}
+            else:
+                eval_dataset = prepared(eval_dataset, "eval_dataset")
+        return super().evaluate(eval_dataset=eval_dataset, ignore_keys=ignore_keys,
+                                metric_key_prefix=metric_key_prefix)
+
+    def _full_logits(self, model: Any, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """``[B, L, V]`` logits of every position of the rows, each position seeing what the tree lets it see."""
+        from onepass.attention.backends import attention_mask_for
+        from onepass.mixers.tree import tree_kwargs
+
+        if self.prompt_learning:
+            length = inputs["input_ids"].shape[1]
+            out = model(input_ids=inputs["input_ids"], attention_mask=_causal_rows_mask(inputs), use_cache=False)
+            return out.logits[:, -length:]
+        view = ForwardView(model, self.accelerator.unwrap_model(model))
+        mask = attention_mask_for(view, inputs["kv_end"], position_ids_BL=inputs["position_ids"])
+        return model(input_ids=inputs["input_ids"], position_ids=inputs["position_ids"], attention_mask=mask,
+                     use_cache=False, **tree_kwargs(view, inputs["kv_end"])).logits
+
+    def _prompt_learning_loss(self, model: Any, inputs: Mapping[str, torch.Tensor],
+                              stats: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The loss through a PEFT prompt-learning model (prompt tuning, prefix tuning, p-tuning), which puts
+        virtual tokens before the sequence and ignores position ids: exact, as TRL's, for rows that are each
+        one causal sequence (TRL's rows, or a conversation whose views are prefixes of each other); a row
+        holding a tree or several documents is one line."""
+        from onepass.head import add_logit_stats, weighted_ce
+        from onepass.loss import dft_sum
+        from onepass.tree import IGNORE
+
+        length = inputs["input_ids"].shape[1]
+        logits = model(input_ids=inputs["input_ids"], attention_mask=_causal_rows_mask(inputs),
+                       use_cache=False).logits[:, -length:]
+        keep = inputs["targets"] != IGNORE
+        logits_TV, targets_T, weights_T = logits[keep], inputs["targets"][keep], inputs["weights"][keep]
+        add_logit_stats(stats, logits_TV, targets_T, weights_T)
+        if self.args.loss_type == "dft":
+            return dft_sum(logits_TV, targets_T, weights_T)
+        return weighted_ce(logits_TV, targets_T, weights_T)
+
+
+def _causal_rows_mask(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The ``[B, L]`` padding mask of rows that are each one causal sequence (positions 0..n-1, every key
+    seen to the row's end); anything else is one line (a prompt-learning model cannot take a tree mask)."""
+    from onepass.errors import UsageError
+
+    ids = inputs["input_ids"]
+    length = ids.shape[1]
+    steps = torch.arange(length, device=ids.device)[None]
+    n = inputs["kv_end"][:, :1]  # a causal row's first key is seen to the row's end
+    real = steps < n
+    causal = ((inputs["kv_end"] == n) | ~real).all() and ((inputs["position_ids"] == steps) | ~real).all()
+    if not bool(causal):
+        raise UsageError("a PEFT prompt-learning model (prompt tuning, prefix tuning, p-tuning) puts virtual tokens "
+                         "before one causal sequence and drops position ids: a row holding a tree or several "
+                         "documents (a conversation whose views differ, packing, padding_free) cannot go through it; "
+                         "use LoRA, or assistant_only_loss=False and no packing for one sequence per conversation")
+    return real.long()
+
+
+def _labels_of(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The ``labels`` view of collated rows (:func:`onepass.train.sft_rows.labels_view`, in torch)."""
+    ids, pos, targets = inputs["input_ids"], inputs["position_ids"], inputs["targets"]
+    labels = torch.full_like(ids, -100)
+    nxt = (pos[:, 1:] == pos[:, :-1] + 1) & (targets[:, :-1] == ids[:, 1:])
+    labels[:, 1:] = torch.where(nxt, ids[:, 1:], torch.full_like(ids[:, 1:], -100))
+    return labels
+
+
+def _check_finite(model: Any) -> None:
+    """The trained weights hold no NaN or infinite value, else one line: the Trainer steps on with a NaN
+    gradient and logs the loss without it (``logging_nan_inf_filter``), so a diverged run looked finished."""
+    from onepass.train.checkpoint import NonFiniteWeightsError, non_finite_weights
+
+    bad = non_finite_weights(model)
+    if bad:
+        raise NonFiniteWeightsError(f"training ended with NaN or infinite weights ({bad[0]}): a step's loss or gradient "
+                                    "was not finite; lower the learning rate (or check the data and dtype) and train "
+                                    "again from the last finite checkpoint")
 
 
 def _shares_no_prefix(dataset: Any, batch: int = 1024) -> bool:
@@ -350,8 +526,8 @@ def _shares_no_prefix(dataset: Any, batch: int = 1024) -> bool:
     False for a dataset without a ``kv_end`` column (not rows: the guard decides)."""
     from onepass.geometry import branches
 
-    if "kv_end" not in getattr(dataset, "column_names", ()):
-        return False
+    if is_stream(dataset) or "kv_end" not in (getattr(dataset, "column_names", None) or ()):
+        return False  # a stream is not read ahead: the guard decides
     for start in range(0, len(dataset), batch):
         if any(branches(kv_end) for kv_end in dataset[start:start + batch]["kv_end"]):
             return False

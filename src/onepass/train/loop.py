@@ -38,8 +38,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from onepass.couplings import check_row_mask
+from onepass.private_names import private
 from onepass.train.config import TrainConfig, TrainConfigError, write_yaml
-from onepass.train.data import TrainData, check_data, compact_vocab, load_train_data, total_steps
+from onepass.errors import OnePassError
+from onepass.train.data import (
+    TrainData,
+    check_data,
+    check_same_units,
+    compact_vocab,
+    load_train_data,
+    rows_setting,
+    total_steps,
+    units_digest,
+)
 from onepass.train.evaluation import evaluate
 from onepass.train.fingerprint import check_fingerprint, run_fingerprint
 from onepass.train.step import NonFiniteError, Stepper, deliver
@@ -82,12 +94,10 @@ class TrainResult:
 
 def make_accelerator(config: TrainConfig, device: torch.device, log_with: Sequence[Any] = ()) -> Any:
     """The run's ``Accelerator``; ``log_with``: its trackers (:func:`onepass.train.report.make_trackers`)."""
-    from accelerate.state import AcceleratorState
-
     from onepass.train import distributed
 
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        AcceleratorState._reset_state(True)  # a second train() in one process may change precision
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:  # a second train() in one process may change precision
+        private("accelerate.state.AcceleratorState._reset_state")(True)
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)
     tracking = dict(log_with=list(log_with), project_dir=str(config.output_dir)) if log_with else {}
@@ -130,6 +140,16 @@ def _load_data(config: TrainConfig, *, main: bool, say: Callable[[str], None]) -
 _MAX_VOCAB = 1 << 21  # more ids than any released tokenizer has (the largest are ~260k)
 
 
+def _most_rows(config: TrainConfig, data: TrainData) -> int:
+    """The most rows one forward can batch (:func:`onepass.train.data.forward_groups`): a micro-batch's trees,
+    at most ``max_batch_tokens // shortest row`` of them under a token budget."""
+    rows = config.per_device_train_batch_size * max((len(unit) for unit in data.units), default=1)
+    if config.max_batch_tokens:
+        shortest = min((len(x) for unit in data.units for x in unit), default=1)
+        rows = min(rows, max(1, config.max_batch_tokens // max(1, shortest)))
+    return rows
+
+
 def _check_ids(model: Any, *datas: TrainData | None) -> None:
     """Prepared rows hold only ids the model embeds (else a raw ``IndexError`` deep in the forward)."""
     from onepass.row_check import check_ids
@@ -138,6 +158,24 @@ def _check_ids(model: Any, *datas: TrainData | None) -> None:
     for d in datas:
         if d is not None and d.kind == "row":
             check_ids([x for u in d.units for x in u], vocab, source=f"prepared dataset {d.source}")
+
+
+def _save_final(model: Any, loaded: _Loaded, path: Path, *, step: int, state_dict: Any) -> Path:
+    """``save_final`` into ``path`` as a whole or not at all (a full disk leaves no half model folder)."""
+    from onepass.files import atomic_dir, write_failure
+    from onepass.train.checkpoint import CheckpointWriteError
+    from onepass.train.model import save_final
+
+    try:
+        with atomic_dir(path) as tmp:
+            save_final(model, loaded.tokenizer, tmp, used_ids=loaded.used_ids, state_dict=state_dict)
+    except Exception as e:
+        reason = write_failure(e)
+        if reason is None:
+            raise
+        raise CheckpointWriteError(f"cannot write the final model to {path} ({reason}); the checkpoint of step {step} "
+                                   "is complete: free space and --resume to write it") from None
+    return path
 
 
 def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callable[[str], None] | None = None,
@@ -176,9 +214,13 @@ def train_steps(config: TrainConfig, *, resume: str | bool | None = None, log: C
 
 def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str], None] | None,
            resume_anyway: bool) -> Generator[dict[str, Any], None, TrainResult]:
+    from onepass.files import check_writable
     from onepass.train.checkpoint import (
         check_compatible,
         check_new_run,
+        check_resume_step,
+        check_resumed_run,
+        clean_leftovers,
         find_checkpoint,
         is_sharded,
         load_checkpoint,
@@ -195,7 +237,6 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         make_scheduler,
         resolve_attention,
         resolve_device,
-        save_final,
     )
     from onepass.train.distributed import describe
     from onepass.train.sequence_parallel import data_parallel, sequence_mesh, sequence_parallel_size
@@ -209,18 +250,26 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         if spec is not None:
             check_data(spec)
     out = Path(config.output_dir)
+    log = log or logging.getLogger("onepass").info
+    first = int(os.environ.get("RANK", "0")) == 0
+    if first:  # a read-only folder is one line now, not a traceback once the data and the model are loaded
+        check_writable(out)
+        for line in clean_leftovers(out):  # locked (train_steps): what a killed save or pruning left
+            log(line)
     ckpt = find_checkpoint(out, resume) if resume else None
     replaced = [] if resume else check_new_run(out, overwrite=config.overwrite_output_dir)  # never mix two runs
-    if ckpt is not None:
-        check_compatible(read_state(ckpt)["config"], config, ckpt, anyway=resume_anyway, say=log)
-    run_id = read_state(ckpt).get("run_id") if ckpt is not None else uuid.uuid4().hex[:12]  # pruning: this run's
+    saved = read_state(ckpt) if ckpt is not None else None
+    if saved is not None:
+        check_compatible(saved["config"], config, ckpt, anyway=resume_anyway, say=log)
+    run_id = saved.get("run_id") if saved is not None else uuid.uuid4().hex[:12]  # pruning: this run's
 
-    log = log or logging.getLogger("onepass").info
-    initial = read_state(ckpt)["step"] if ckpt is not None else 0
+    initial = saved["step"] if saved is not None else 0
     accelerator = make_accelerator(config, device, make_trackers(config.report_to, out, initial=initial))
     device, world, main = accelerator.device, accelerator.num_processes, accelerator.is_main_process
     say: Callable[[str], None] = log if main else (lambda _msg: None)
     shard = sequence_mesh(accelerator, config.sp_size)  # None unless sp_size > 1
+    if saved is not None:
+        check_resumed_run(saved, ckpt, world=world, anyway=resume_anyway, say=say)
     parallel = describe(accelerator, sp_size=config.sp_size)
     say(parallel.line())  # the first line: what runs, not what was asked for
     exactness = check_exactness(config, attention=attention, log=say)  # every process: a refusal stops all
@@ -232,13 +281,18 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         out.mkdir(parents=True, exist_ok=True)
         write_yaml(config, out / "train_config.yaml")
     loaded = _load_data(config, main=main, say=say)
-    fingerprint = run_fingerprint(config, loaded.tokenizer, renders=any(
-        d is not None and d.kind == "conversation" for d in (loaded.data, loaded.eval_data)))
-    if ckpt is not None:
-        check_fingerprint(read_state(ckpt).get("fingerprint"), fingerprint, ckpt, anyway=resume_anyway, say=say)
     data, eval_data = loaded.data, loaded.eval_data
+    rows = {"rows": units_digest(data), "eval_rows": units_digest(eval_data) if eval_data is not None else None}
+    check_same_units(accelerator, config, data, rows)  # before the first collective whose count depends on it
+    fingerprint = {**run_fingerprint(config, loaded.tokenizer, renders=any(
+        d is not None and d.kind == "conversation" for d in (data, eval_data))), **rows}
+    if saved is not None:
+        check_fingerprint(saved.get("fingerprint"), fingerprint, ckpt, anyway=resume_anyway, say=say)
     total = total_steps(config, data.num_units, data_parallel(accelerator, shard)[0])
+    if saved is not None:
+        check_resume_step(saved, ckpt, total=total)
     model = load_model(config, device=device, attention=attention, vocab_size=loaded.vocab_size)
+    check_row_mask(model, _most_rows(config, data))  # one line now, not a traceback inside the model
     _check_ids(model, data, eval_data)
     trainable, params = count_parameters(model)
     optimizer = make_optimizer(model, config)
@@ -252,8 +306,10 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         start, history, evals = state["step"], state["history"], state.get("evals", [])
         say(f"resumed from {ckpt} at step {start}")
     stats = data.stats
+    schedule = rows_setting(config, data, "schedule", say)
+    rows_setting(config, data, "weighting", say)
     header = {"config": config.to_dict(), "distributed": parallel.to_dict(), "world_size": world, "device": str(device), "attention": attention,
-              "dtype": config.dtype, "mixed_precision": config.mixed_precision, "schedule": config.data_config.schedule,
+              "dtype": config.dtype, "mixed_precision": config.mixed_precision, "schedule": schedule,
               "parameters": params, "trainable_parameters": trainable, "units": data.num_units,
               "unit": data.kind, "units_per_step": stepper.per_step, "total_steps": total,
               "data_stats": {k: v for k, v in stats.items() if k != "skipped"}, "vocab_size": loaded.vocab_size,
@@ -261,13 +317,14 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     say(f"training {config.model or f'tiny {config.tiny} (random)'}: {params:,} parameters, {trainable:,} "
         f"trainable ({config.finetune}), {config.dtype}, attention {attention}, {device}, {world} process(es)")
     say(f"data {config.data}: {data.num_units} {data.kind}s, {stepper.per_step} per step, {total} steps; "
-        f"schedule {config.data_config.schedule}" + (f", {stats.get('n_pass_tokens', 0):,} N-pass tokens -> "
+        f"schedule {schedule}" + (f", {stats.get('n_pass_tokens', 0):,} N-pass tokens -> "
                                          f"{stats.get('scheduled_tokens', 0):,} in trees"
                                          if data.kind == "conversation" else ""))
     reporter = Reporter(out, main=main, progress=config.progress, total=total, initial=start, header=header,
                         history=history, evals=evals, log=say, accelerator=accelerator, run_name=config.run_name)
 
     def save(at: int, *, plot: bool = True) -> None:
+        reporter.flush()  # the log holds every step up to the checkpoint
         state = {"config": config.to_dict(), "history": reporter.history, "evals": reporter.evals,
                  "world_size": world, "total_steps": total, "run_id": run_id, "fingerprint": fingerprint}
         path = save_checkpoint(accelerator, model, optimizer, scheduler, output_dir=out, step=at, state=state,
@@ -301,25 +358,33 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
                                                            else ""))
         if world == 1 and not stepper.updating and step > start:
             say(f"interrupted after step {step}: saving a checkpoint to resume from")
-            save(step)
+            try:
+                save(step)
+            except OnePassError as unsaved:  # weights not finite, a full disk: said; the stop stays the error
+                say(f"no checkpoint of step {step}: {unsaved}")
         raise
-    reporter.write(status="finishing")  # "finished" is written last, once the final save is done
-    try:  # the final eval reaches the trackers: they close after it
-        final_eval = evaluate(accelerator, model, eval_data, config, shard) if eval_data is not None else None
-        if final_eval is not None:
-            reporter.log_eval(step, final_eval)
-    finally:
-        reporter.close()
-    if start < total or ckpt is None:
-        save(step, plot=False)
-    final_dir = None
-    if config.save_model:
-        state_dict = accelerator.get_state_dict(model) if is_sharded(accelerator) else None
-        if main:
-            final_dir = save_final(accelerator.unwrap_model(model), loaded.tokenizer, out / "final",
-                                   used_ids=loaded.used_ids, state_dict=state_dict)
-            say(f"saved the {'adapter' if config.finetune != 'full' else 'model'} to {final_dir}")
-        accelerator.wait_for_everyone()
+    reporter.write_summary(status="finishing")  # "finished" is written last, once the final save is done
+    try:
+        try:  # the final eval reaches the trackers: they close after it
+            final_eval = evaluate(accelerator, model, eval_data, config, shard) if eval_data is not None else None
+            if final_eval is not None:
+                reporter.log_eval(step, final_eval)
+        finally:
+            reporter.close()
+        if start < total or ckpt is None:
+            save(step, plot=False)
+        final_dir = None
+        if config.save_model:
+            state_dict = accelerator.get_state_dict(model) if is_sharded(accelerator) else None
+            if main:
+                final_dir = _save_final(accelerator.unwrap_model(model), loaded, out / "final", step=step,
+                                        state_dict=state_dict)
+                say(f"saved the {'adapter' if config.finetune != 'full' else 'model'} to {final_dir}")
+            accelerator.wait_for_everyone()
+    except BaseException as e:  # never left "finishing": the trained steps are counted, the end did not happen
+        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        reporter.write(status=f"stopped at step {step} while finishing ({reason})")
+        raise
     plot = reporter.plot()
     summary = {"status": "finished", "steps": step, "final_loss": reporter.history[-1]["loss"],
                "eval_loss": final_eval, "train_seconds": run_seconds, "train_tokens": run_tokens}

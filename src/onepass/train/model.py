@@ -324,7 +324,15 @@ def add_lora(model: Any, config: TrainConfig) -> Any:
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        return get_peft_model(model, lora_config(config))
+        try:
+            return get_peft_model(model, lora_config(config))
+        except ValueError as e:  # peft's NoMatchingPeftModuleError (a ValueError): no module of that name
+            if "not found in the base model" not in str(e):
+                raise
+            linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+            raise TrainConfigError(f"lora_target_modules {config.lora_target_modules!r}: no such module in "
+                                   f"{type(model).__name__}; its linear layers are {', '.join(linear)} (or use "
+                                   "all-linear)") from None
 
 
 def is_peft(model: Any) -> bool:

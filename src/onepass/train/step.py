@@ -42,6 +42,7 @@ from onepass.flops import visible_pairs
 from onepass.loss import ForwardView, batch_loss
 from onepass.train.config import TrainConfig
 from onepass.train.data import TrainData, collate, step_passes, step_units, units_per_step
+from onepass.train.hyperparams import clip_norm
 from onepass.train.sequence_parallel import data_parallel
 from onepass.ulysses.comm import SequenceShard
 
@@ -72,7 +73,8 @@ class Stepper:
         """Run step ``step`` (0-based); returns its record (``step`` in the record counts from 1)."""
         acc, config, data, device = self.accelerator, self.config, self.data, self.accelerator.device
         t0 = time.perf_counter()
-        units = step_units(data.num_units, step, seed=config.seed, per_step=self.per_step)
+        units = step_units(data.num_units, step, seed=config.seed, per_step=self.per_step, keys=data.keys,
+                           window=config.data_config.share_window)
         weight = data.weight_sum(units)  # the same on every process: all hold the whole unit list
         scale = self.world / weight if weight > 0 else 0.0
         passes, num_real = step_passes(data, units, config, rank=self.data_rank, world=self.data_world,
@@ -92,7 +94,8 @@ class Stepper:
                                           sum(visible_pairs(r) for r in rows)], dtype=torch.float64, device=device)
         with stops_held() as self.held:  # a stop inside the update waits for it (deliver_held): whole steps only
             self.updating = True
-            grad_norm = acc.clip_grad_norm_(self.params, config.max_grad_norm or float("inf"))
+            clip = clip_norm(config.max_grad_norm)  # None: no clipping (the norm is still measured)
+            grad_norm = acc.clip_grad_norm_(self.params, float("inf") if clip is None else clip)
             if not (math.isfinite(float(grad_norm)) and math.isfinite(float(sums[0]))):
                 self.optimizer.zero_grad(set_to_none=True)  # the weights are still those of the last good step
                 self.updating = False

@@ -21,6 +21,7 @@ from typing import Any
 
 from onepass.attention.backends import SP_PREFIX, model_backend
 from onepass.model_config import text_config
+from onepass.private_names import private
 from onepass.ulysses.plan import HeadSplit, LayerShapes, SequenceParallelError, head_split
 
 
@@ -86,6 +87,7 @@ def install(model: Any, degree: int) -> HeadSplit | None:
     split = check_degree(model.config, degree)
     if degree > 1:
         register()
+        private("transformers.PreTrainedConfig._attn_implementation")  # a release without it: one line
         model.config._attn_implementation = SP_PREFIX + model_backend(model)
     return split
 
