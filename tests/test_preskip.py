@@ -10,6 +10,8 @@ floor, not the length it never learnt). tests/faults/test_render_calls.py shows 
 
 from __future__ import annotations
 
+import itertools
+import json
 import random
 import re
 import sys
@@ -33,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_real_templates import CASES, EOS, chat_template  # noqa: E402
 
 SHARED = Path(__file__).parents[1].parent / "shared" / "fixtures" / "chat_templates" / "reasoning"
+AGENT = Path(__file__).parents[1].parent / "shared" / "data" / "agent"
 DATE = "2026-11-24"
 # A template that renders every message as given, and one that does not render a user message verbatim
 # (upper-cased), one that renders only the last 6 messages, and one that writes a tool result as JSON.
@@ -143,6 +146,61 @@ def _provable(conv, tokenizer, config: RenderConfig, rendered) -> int:
     if not texts or not all(holds(p, pre.prompt_parts(k)) and holds(c, [pre.completion_part(k)]) for k, p, c in texts):
         return 0
     return parts_floor(tokenizer, pre.prompt_parts(texts[-1][0]))
+
+
+def agent_records(n: int = 2) -> list[dict]:
+    """Real tau-bench airline and BFCL conversations (tools, tool results, reasoning), every 40th line."""
+    out = []
+    for name in ("taubench_airline", "bfcl_base_reasoning", "taubench_airline_reasoning"):
+        path = AGENT / f"{name}.jsonl"
+        if path.exists():
+            out += [json.loads(line) for line in itertools.islice(path.read_text(encoding="utf-8").splitlines()[::40], n)]
+    return out
+
+
+@pytest.mark.parametrize(("name", "template", "eos", "settings"), SETTINGS, ids=[s[0] for s in SETTINGS])
+def test_the_floor_is_below_every_real_view_that_holds_its_messages(qwen3_tokenizer, name, template, eos, settings):
+    """The pre-skip's floor is a true lower bound: on every vendored and shared template, on the real agent data
+    and the tool-chain and chat conversations, every rendered view whose prompt and completion hold the messages'
+    contents (what the pre-skip checks before it trusts a floor) has at least as many prompt and completion
+    tokens as :meth:`Preskip.floors` says; and those floors, summed per message, are :func:`parts_floor` of the
+    parts themselves. (A template here that renders no view of these conversations, only its own skips, checks
+    nothing: qwq_32b, gemma4_31b_interleaved, ... with their default settings.)"""
+    before = qwen3_tokenizer.chat_template, qwen3_tokenizer.eos_token
+    qwen3_tokenizer.chat_template, qwen3_tokenizer.eos_token = template, eos or qwen3_tokenizer.eos_token
+    try:
+        config = PrepareConfig(template_date=DATE, **settings).render
+        rendered = checked = floored = 0
+        for i, record in enumerate([*agent_records(), long_tool_chain(3), plain_chat(8)]):
+            conv = parse_record(record, index=i)
+            pre = Preskip(conv, qwen3_tokenizer, 1, last_turn=0, render_prompt=_off)
+            pre._measure()
+            for k, text in views_module._iter_texts(conv, qwen3_tokenizer, config):  # every turn, rendered
+                if not hasattr(text, "prompt"):  # the template's own skip (a RenderError)
+                    continue
+                prompt, completion, floors = text.prompt, text.completion, pre.floors(k)
+                rendered += 1
+                assert floors == (parts_floor(qwen3_tokenizer, pre.prompt_parts(k)),
+                                  parts_floor(qwen3_tokenizer, [pre.completion_part(k)]))
+                if not (holds(prompt, pre.prompt_parts(k)) and holds(completion, [pre.completion_part(k)])):
+                    continue
+                real = [len(ids) for ids in qwen3_tokenizer([prompt, completion], add_special_tokens=False)["input_ids"]]
+                assert floors[0] <= real[0] and floors[1] <= real[1], (conv.at(k), floors, real)
+                checked += 1
+                floored += floors[0] > 1
+        assert floored or not rendered  # views were checked, with floors that say something, where any rendered
+    finally:
+        qwen3_tokenizer.chat_template, qwen3_tokenizer.eos_token = before
+
+
+@pytest.mark.parametrize("max_tokens", [256, 1024])
+def test_a_prepare_of_real_agent_data_with_the_preskip_equals_one_that_renders_every_view(qwen3_tokenizer, monkeypatch,
+                                                                                        max_tokens):
+    """tau-bench and BFCL conversations (Qwen3 template): the same rows and counts, views skipped unrendered."""
+    config = PrepareConfig(max_tokens=max_tokens, template_date=DATE)
+    got, want, unrendered = prepare_both(agent_records(5), qwen3_tokenizer, config, monkeypatch)
+    assert_same_prepare(got, want)
+    assert unrendered > 0
 
 
 @pytest.mark.parametrize(("name", "template", "eos", "settings"), SETTINGS, ids=[s[0] for s in SETTINGS])
