@@ -24,7 +24,7 @@ vocabulary, on one core:
 
 Writes ``results.json``, ``results.md`` and ``render_scaling.png`` to ``--out``.
 
-    .venv/bin/python benchmarks/render_scaling.py                       # ~4 min CPU on one core
+    .venv/bin/python benchmarks/render_scaling.py                       # ~3 min CPU on one core
     .venv/bin/python benchmarks/render_scaling.py --turn-positions 250,8000 --conversations 125,250 \
         --budgeted 250,8000 --reference-up-to 250
 """
