@@ -46,7 +46,8 @@ PLAIN = ("{% for m in messages %}<|im_start|>{{ m.role }}\n"
 NOT_VERBATIM = {
     "upper-cased user": PLAIN.replace("{{ m.content }}", "{{ m.content | upper if m.role == 'user' else m.content }}"),
     "last 6 messages": PLAIN.replace("{% for m in messages %}", "{% for m in messages[-6:] %}"),
-    "tool result as JSON": PLAIN.replace("{{ m.content }}", "{{ m.content | tojson if m.role == 'tool' else m.content }}"),
+    "tool result as JSON": PLAIN.replace("{{ m.content }}",
+                                         "{{ m.content | tojson if m.role == 'tool' else m.content }}"),
 }
 
 
@@ -103,7 +104,10 @@ def assert_same_prepare(got, want) -> None:
     counts, ref_counts = stats.to_dict(), ref_stats.to_dict()
     skipped, ref_skipped = counts.pop("skipped"), ref_counts.pop("skipped")
     assert counts == ref_counts  # views, trained, skipped by reason, derived, tokens, ...
-    assert [_SKIP.sub("view of N tokens", s) for s in skipped] == [_SKIP.sub("view of N tokens", s) for s in ref_skipped]
+    def unlearnt(lines):
+        return [_SKIP.sub("view of N tokens", s) for s in lines]
+
+    assert unlearnt(skipped) == unlearnt(ref_skipped)
 
 
 def test_holds_finds_parts_in_order_without_overlap():
@@ -154,7 +158,8 @@ def agent_records(n: int = 2) -> list[dict]:
     for name in ("taubench_airline", "bfcl_base_reasoning", "taubench_airline_reasoning"):
         path = AGENT / f"{name}.jsonl"
         if path.exists():
-            out += [json.loads(line) for line in itertools.islice(path.read_text(encoding="utf-8").splitlines()[::40], n)]
+            lines = path.read_text(encoding="utf-8").splitlines()[::40]
+            out += [json.loads(line) for line in itertools.islice(lines, n)]
     return out
 
 
@@ -184,7 +189,8 @@ def test_the_floor_is_below_every_real_view_that_holds_its_messages(qwen3_tokeni
                                   parts_floor(qwen3_tokenizer, [pre.completion_part(k)]))
                 if not (holds(prompt, pre.prompt_parts(k)) and holds(completion, [pre.completion_part(k)])):
                     continue
-                real = [len(ids) for ids in qwen3_tokenizer([prompt, completion], add_special_tokens=False)["input_ids"]]
+                encoded = qwen3_tokenizer([prompt, completion], add_special_tokens=False)["input_ids"]
+                real = [len(ids) for ids in encoded]
                 assert floors[0] <= real[0] and floors[1] <= real[1], (conv.at(k), floors, real)
                 checked += 1
                 floored += floors[0] > 1
