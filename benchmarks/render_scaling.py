@@ -15,6 +15,9 @@ vocabulary, on one core:
   calls, messages handed to the template, views over the budget and how many of them were never rendered;
   beside it, up to ``--reference-up-to`` messages, the same render with the pre-skip off (every view rendered
   to learn its length, as before), and a check that both keep exactly the same views.
+- **a real agent conversation with ``--max-tokens``**: tau-bench airline's first record (14 tools, tool calls
+  and results) played k times (up to 7,936 messages), the same measures, the pre-skip off up to
+  ``--agent-reference-up-to`` messages.
 - **a whole conversation of n messages, no budget** (n = 125 ... 2,000 by default): every turn a view;
   CPU seconds, template calls, messages handed to the template, N-pass and one-pass tokens: the N-pass text
   itself, which is quadratic in the turns.
@@ -45,6 +48,22 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")
 RAISING = ("{% if messages|length > 6 %}{{ raise_exception('too long: ' ~ (messages|length)) }}{% endif %}"
            "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+AGENT = Path(__file__).resolve().parents[2] / "shared" / "data" / "agent" / "taubench_airline.jsonl"
+
+
+def agent_record(repeats: int):
+    """tau-bench airline's first record (tools, tool calls and results, Qwen3's own agent shape), its messages
+    after the system prompt played ``repeats`` times: a long real agent conversation. None without the data."""
+    from onepass.conversation import parse_record
+
+    if not AGENT.exists():
+        return None
+    rec = json.loads(AGENT.read_text(encoding="utf-8").splitlines()[0])
+    system = [m for m in rec["messages"] if m["role"] == "system"]
+    rest = [m for m in rec["messages"] if m["role"] != "system"]
+    return parse_record({**rec, "messages": system + rest * repeats}, source=AGENT.name)
 
 
 def record(messages: int, *, only_last: bool = False) -> dict:
@@ -98,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="messages of a whole conversation rendered without a budget")
     parser.add_argument("--raising", default="100,200,400", help="messages of a conversation the template raises for")
     parser.add_argument("--max-tokens", type=int, default=2048)
+    parser.add_argument("--agent-repeats", default="8,32,128,256",
+                        help="tau-bench airline's first record (31 messages after its system prompt) played this many "
+                             "times, rendered with --agent-max-tokens (skipped when ../shared/data/agent is absent)")
+    parser.add_argument("--agent-max-tokens", type=int, default=8192)
+    parser.add_argument("--agent-reference-up-to", type=int, default=1000)
     parser.add_argument("--out", default="benchmarks/results/render-scaling")
     args = parser.parse_args(argv)
 
@@ -133,40 +157,51 @@ def main(argv: list[str] | None = None) -> int:
         print(f"turn at message {k + 1:5d}: {seconds:7.3f} s CPU, {counter.calls} template calls of "
               f"{counter.messages} messages, view {len(view):,} tokens")
 
-    def kept(rendered) -> list:  # the views a prepare trains: rendered, within the budget
-        return [(v.turn, v.tokens.tobytes()) for v in rendered.views if isinstance(v, View) and len(v) <= args.max_tokens]
+    def kept(rendered, max_tokens: int) -> list:  # the views a prepare trains: rendered, within the budget
+        return [(v.turn, v.tokens.tobytes()) for v in rendered.views if isinstance(v, View) and len(v) <= max_tokens]
 
     preskip = views_module._preskip
     _, table_seconds = cpu(lambda: pair_table(tok))  # once per tokenizer, on the first view over the budget
     print(f"the vocabulary's cut table (once per tokenizer): {table_seconds:.2f} s CPU")
-    budgeted = []
-    for n in map(int, args.budgeted.split(",")):
-        conv = parse_record(record(n))
-        counter.reset()
-        rendered, seconds = cpu(lambda: render_conversation(conv, tok, max_tokens=args.max_tokens))
-        row = {"messages": n, "turns": n // 2, "seconds": seconds, "template_calls": counter.calls,
-               "messages_to_template": counter.messages,
-               "over_max_tokens": sum(not isinstance(v, View) or len(v) > args.max_tokens for v in rendered.views),
-               "not_rendered": sum(isinstance(v, Unmeasured) and not v.rendered for v in rendered.views),
-               "kept": len(kept(rendered))}
-        line = (f"--max-tokens {args.max_tokens}, {n:5d} messages: {seconds:6.2f} s CPU, {counter.calls} template "
-                f"calls of {counter.messages:,} messages; {row['over_max_tokens']} views over it, "
-                f"{row['not_rendered']} of them not rendered; {row['kept']} kept")
-        if n <= args.reference_up_to:
-            views_module._preskip = lambda *a, **kw: None
+    def budgeted_series(convs: dict, max_tokens: int, reference_up_to: int, label: str) -> list[dict]:
+        rows = []
+        for n, conv in convs.items():
             counter.reset()
-            try:
-                reference, ref_seconds = cpu(lambda: render_conversation(conv, tok, max_tokens=args.max_tokens))
-            finally:
-                views_module._preskip = preskip
-            row.update(seconds_without_preskip=ref_seconds, messages_to_template_without_preskip=counter.messages,
-                       same_views_kept=kept(reference) == kept(rendered),
-                       same_over_count=row["over_max_tokens"] == sum(not isinstance(v, View) or len(v) > args.max_tokens
-                                                                     for v in reference.views))
-            line += (f" | pre-skip off: {ref_seconds:6.2f} s, {counter.messages:,} messages "
-                     f"({ref_seconds / seconds:.1f}x); same views kept: {row['same_views_kept']}")
-        budgeted.append(row)
-        print(line)
+            rendered, seconds = cpu(lambda: render_conversation(conv, tok, max_tokens=max_tokens))
+            row = {"messages": n, "turns": sum(m.role == "assistant" for m in conv.messages), "seconds": seconds,
+                   "template_calls": counter.calls, "messages_to_template": counter.messages,
+                   "over_max_tokens": sum(not isinstance(v, View) or len(v) > max_tokens for v in rendered.views),
+                   "not_rendered": sum(isinstance(v, Unmeasured) and not v.rendered for v in rendered.views),
+                   "kept": len(kept(rendered, max_tokens)), "skipped": len(rendered.skipped)}
+            line = (f"{label}, --max-tokens {max_tokens}, {n:5d} messages: {seconds:6.2f} s CPU, {counter.calls} "
+                    f"template calls of {counter.messages:,} messages; {row['over_max_tokens']} views over it, "
+                    f"{row['not_rendered']} of them not rendered; {row['kept']} kept")
+            if n <= reference_up_to:
+                views_module._preskip = lambda *a, **kw: None
+                counter.reset()
+                try:
+                    reference, ref_seconds = cpu(lambda: render_conversation(conv, tok, max_tokens=max_tokens))
+                finally:
+                    views_module._preskip = preskip
+                row.update(seconds_without_preskip=ref_seconds, messages_to_template_without_preskip=counter.messages,
+                           same_views_kept=kept(reference, max_tokens) == kept(rendered, max_tokens),
+                           same_over_count=row["over_max_tokens"] == sum(
+                               not isinstance(v, View) or len(v) > max_tokens for v in reference.views),
+                           same_skipped=[str(e) for e in reference.skipped] == [str(e) for e in rendered.skipped])
+                line += (f" | pre-skip off: {ref_seconds:6.2f} s, {counter.messages:,} messages "
+                         f"({ref_seconds / seconds:.1f}x); same views kept: {row['same_views_kept']}")
+            rows.append(row)
+            print(line)
+        return rows
+
+    budgeted = budgeted_series({n: parse_record(record(n)) for n in map(int, args.budgeted.split(","))},
+                               args.max_tokens, args.reference_up_to, "chat")
+    agent_convs = {}
+    for reps in map(int, args.agent_repeats.split(",")):
+        conv = agent_record(reps)
+        if conv is not None:
+            agent_convs[len(conv.messages)] = conv
+    agent = budgeted_series(agent_convs, args.agent_max_tokens, args.agent_reference_up_to, "tau-bench")
 
     whole = []
     for n in map(int, args.conversations.split(",")):
@@ -210,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
                                                                  [b["messages_to_template"] for b in budgeted]),
            "budgeted_without_preskip_seconds_vs_messages": exponent(
                [b["messages"] for b in reference], [b["seconds_without_preskip"] for b in reference]),
+           "agent_budgeted_seconds_vs_messages": exponent([a["messages"] for a in agent], [a["seconds"] for a in agent]),
+           "agent_without_preskip_seconds_vs_messages": exponent(
+               [a["messages"] for a in agent if "seconds_without_preskip" in a],
+               [a["seconds_without_preskip"] for a in agent if "seconds_without_preskip" in a]),
            "no_budget_seconds_vs_messages": exponent([w["messages"] for w in whole], [w["seconds"] for w in whole]),
            "no_budget_n_pass_tokens_vs_messages": exponent([w["messages"] for w in whole],
                                                            [w["n_pass_tokens"] for w in whole]),
@@ -218,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  [r["template_calls"] for r in raising])}
     line = np.polyfit([b["messages"] for b in budgeted], [b["seconds"] for b in budgeted], 1)
     results = {"environment": env, "max_tokens": args.max_tokens, "one_turn": turns, "budgeted": budgeted,
+               "agent_max_tokens": args.agent_max_tokens, "agent": agent,
                "cut_table_seconds": table_seconds,
                "conversation": whole, "raising_template": raising, "fitted_exponents": fit,
                "budgeted_linear_fit": {"seconds_per_1000_messages": float(line[0]) * 1000,
@@ -229,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.md").write_text(markdown(results) + "\n")
     plot(results, out / "render_scaling.png")
     print(json.dumps(fit))
-    return 0 if all(b.get("same_views_kept", True) and b.get("same_over_count", True) for b in budgeted) else 1
+    return 0 if all(b.get("same_views_kept", True) and b.get("same_over_count", True) and b.get("same_skipped", True)
+                    for b in [*budgeted, *agent]) else 1
 
 
 def markdown(r: dict) -> str:
@@ -250,6 +291,18 @@ def markdown(r: dict) -> str:
                f"{b['same_views_kept'] and b['same_over_count']}" if "seconds_without_preskip" in b else " | | ")
         lines.append(f"| {b['messages']:,} | {b['seconds']:.2f} | {b['template_calls']:,} | "
                      f"{b['messages_to_template']:,} | {b['over_max_tokens']:,} | {b['not_rendered']:,} | {b['kept']} | "
+                     f"{off} |")
+    lines += ["", f"A real agent conversation (tau-bench airline's first record, tools and tool results, played k "
+              f"times) with --max-tokens {r['agent_max_tokens']}, then with the pre-skip off:", "",
+              "| messages | CPU s | template calls | messages to the template | views over the budget | "
+              "of them not rendered | views kept | pre-skip off: CPU s | messages to the template | same views kept "
+              "and skips |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for a in r["agent"]:
+        off = (f"{a['seconds_without_preskip']:.2f} | {a['messages_to_template_without_preskip']:,} | "
+               f"{a['same_views_kept'] and a['same_over_count'] and a['same_skipped']}"
+               if "seconds_without_preskip" in a else " | | ")
+        lines.append(f"| {a['messages']:,} | {a['seconds']:.2f} | {a['template_calls']:,} | "
+                     f"{a['messages_to_template']:,} | {a['over_max_tokens']:,} | {a['not_rendered']:,} | {a['kept']} | "
                      f"{off} |")
     lines += ["", "A whole conversation, no budget (every turn a view, every view rendered):", "",
               "| messages | CPU s | template calls | per turn | messages to the template | N-pass tokens | "
@@ -289,18 +342,25 @@ def plot(r: dict, path: Path) -> None:
     axes[1].loglog([x["messages"] for x in ref], [x["seconds_without_preskip"] for x in ref], "s--",
                    label=f"--max-tokens {r['max_tokens']}, pre-skip off")
     axes[1].loglog([x["messages"] for x in w], [x["seconds"] for x in w], "^:", label="no budget (every view)")
+    a = r.get("agent", [])
+    axes[1].loglog([x["messages"] for x in a], [x["seconds"] for x in a], "D-",
+                   label=f"tau-bench x k, --max-tokens {r.get('agent_max_tokens')} (pre-skip)")
+    axes[1].loglog([x["messages"] for x in a if "seconds_without_preskip" in x],
+                   [x["seconds_without_preskip"] for x in a if "seconds_without_preskip" in x], "x--",
+                   label="tau-bench x k, pre-skip off")
     axes[1].set(title="a whole conversation (log-log)", xlabel="messages", ylabel="CPU s")
-    axes[1].legend(fontsize=8)
+    axes[1].legend(fontsize=7, loc="upper left")
     axes[2].loglog([x["messages"] for x in b], [x["messages_to_template"] for x in b], "o-", label="pre-skip")
     axes[2].loglog([x["messages"] for x in ref], [x["messages_to_template_without_preskip"] for x in ref], "s--",
                    label="pre-skip off")
     axes[2].loglog([x["messages"] for x in w], [x["messages_to_template"] for x in w], "^:", label="no budget")
+    axes[2].loglog([x["messages"] for x in a], [x["messages_to_template"] for x in a], "D-", label="tau-bench x k, pre-skip")
     axes[2].set(title="messages handed to the template", xlabel="messages", ylabel="messages")
-    axes[2].legend(fontsize=8)
+    axes[2].legend(fontsize=7, loc="upper left")
     for ax in axes[1:]:  # plain numbers at the decades only (the minor ticks' labels overlap)
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:,.0f}"))
-        ax.set_xticks(sorted({x["messages"] for x in [*b, *w]}))
+        ax.set_xticks(sorted({x["messages"] for x in [*b, *w]}))  # the chat sizes (tau-bench's fall between)
     fig.suptitle(f"render cost, {r['environment']['template']}, {r['environment']['device']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
