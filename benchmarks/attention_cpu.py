@@ -128,9 +128,8 @@ class _Layer(torch.nn.Module):
 def measure(kv_end: np.ndarray, args: argparse.Namespace) -> dict[str, Any]:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from onepass.attention.blocks import block_mask
     from onepass.attention.cpu import cpu_attention_mask, onepass_cpu_attention
-    from onepass.attention.mask import dense_mask, tree_block_mask
+    from onepass.attention.mask import block_mask, dense_mask, tree_block_mask
 
     L, H, Hkv, D = len(kv_end), args.heads, args.kv_heads, args.head_dim
     kv_end_BL = torch.as_tensor(kv_end)[None]

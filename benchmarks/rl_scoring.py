@@ -34,7 +34,7 @@ import torch
 import transformers
 
 from onepass.bench.memory import step_memory, tensor_bytes
-from onepass.guard import guard_backend
+from onepass.attention.backends import cpu_backend
 from onepass.rl.layout import layout_rollouts
 from onepass.rl.logprobs import token_logprobs
 from onepass.rl.losses import PolicyLossConfig, policy_loss
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         "keep-all-reasoning (inexact)": layout_rollouts(
             keep_all_trajectories(records, [len(r["turns"][0]["prompt_ids"]) for r in records]), per_turn=True),
     }
-    backend = guard_backend(tiny_config(args.arch, args.vocab, **MODEL), None)
+    backend = cpu_backend(tiny_config(args.arch, args.vocab, **MODEL), None)
     model = tiny_model(args.arch, args.vocab, dtype=torch.float32, attn_implementation=backend, **MODEL)
     params = tensor_bytes(model.parameters())
     device = torch.device("cpu")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -198,7 +201,11 @@ def test_key_value_flags_parse_the_same_in_every_subcommand():
 @pytest.fixture
 def shared_tokenizer(monkeypatch, qwen3_tokenizer):
     """builtin:qwen3 loaded once for the whole matrix (a load takes ~1.5 s; the result is the same)."""
+    import onepass.bench.command  # noqa: F401  (every command's code loaded, so each binding is replaced)
+    import onepass.evaluate.command  # noqa: F401
     import onepass.tokenizer
+    import onepass.train.loop  # noqa: F401
+    import onepass.verify  # noqa: F401
 
     real = onepass.tokenizer.load_tokenizer
 
@@ -207,7 +214,9 @@ def shared_tokenizer(monkeypatch, qwen3_tokenizer):
             return qwen3_tokenizer
         return real(spec, chat_template=chat_template)
 
-    monkeypatch.setattr(onepass.tokenizer, "load_tokenizer", load)
+    for module in [m for n, m in sys.modules.items() if n.startswith("onepass")]:  # every module that imported it
+        if getattr(module, "load_tokenizer", None) is real:
+            monkeypatch.setattr(module, "load_tokenizer", load)
 
 
 @pytest.fixture(scope="module")
@@ -317,7 +326,7 @@ def test_onepass_debug_shows_the_traceback_of_a_user_error(monkeypatch):
 
 
 def test_subcommands_are_plain_imports_and_nothing_imports_the_cli():
-    """cli.py imports its subcommand modules (no importlib strings); only the entry points import cli."""
+    """cli.py imports its commands' parser modules (no importlib strings); only the entry points import cli."""
     import ast
     from pathlib import Path
 
@@ -337,3 +346,48 @@ def test_subcommands_are_plain_imports_and_nothing_imports_the_cli():
             if "onepass.cli" in names:
                 importers.append(path.relative_to(src).as_posix())
     assert sorted(set(importers)) == ["__main__.py", "demo.py"]
+
+
+def test_cli_is_a_registry_of_parsers_that_live_beside_their_code():
+    """cli.py adds no argument and runs no command itself: every command comes from a module of COMMANDS,
+    and every runner a command names as "module:function" exists."""
+    import argparse
+
+    import onepass.cli
+    from onepass.lazy import resolve
+
+    source = Path(onepass.cli.__file__).read_text()
+    assert "add_argument(\"--data" not in source and "def cmd_" not in source
+    parser = onepass.cli.build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    names = set(sub.choices)
+    assert names == {"prepare", "verify", "show", "train", "data", "bench", "export", "eval", "templates"}
+    todo = list(sub.choices.items())
+    while todo:  # a command's own subcommands (templates check) set the runner on their parsers
+        name, command = todo.pop()
+        nested = [a for a in command._actions if isinstance(a, argparse._SubParsersAction)]
+        func = command.get_default("func")
+        if func is None and nested:
+            todo += [(f"{name} {n}", c) for n, c in nested[0].choices.items()]
+            continue
+        assert func is not None, name
+        assert callable(func if not isinstance(func, str) else resolve(func)), (name, func)
+
+
+HELP_COMMANDS = [[], ["prepare"], ["verify"], ["show"], ["train"], ["train", "--help-all"], ["data"],
+                 ["data", "stats"], ["data", "augment"], ["bench"], ["export"], ["eval"], ["templates", "check"]]
+
+
+def test_help_of_every_command_imports_no_torch():
+    """``onepass --help`` and every ``onepass CMD --help`` answer without importing torch (or transformers):
+    the registry imports parsers only, each command's runner is imported when it runs. One subprocess
+    (a fresh interpreter, nothing imported yet) parses every --help in turn."""
+    code = ("import sys\nfrom onepass.cli import build_parser\nbad = []\n"
+            f"for argv in {HELP_COMMANDS!r}:\n"
+            "    try:\n        build_parser().parse_args([*argv, '--help'] if argv[-1:] != ['--help-all'] else argv)\n"
+            "    except SystemExit:\n        pass\n"
+            "    bad += [(argv, m) for m in ('torch', 'transformers', 'datasets') if m in sys.modules]\n"
+            "print(bad, file=sys.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stderr.strip() == "[]", out.stderr
+    assert out.stdout.count("usage: onepass") >= len(HELP_COMMANDS)  # every --help printed its parser

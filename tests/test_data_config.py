@@ -15,6 +15,7 @@ import onepass.prepare
 import onepass.schedule
 import onepass.train.config
 import onepass.train.data
+from onepass.data.load import resolve_data
 from onepass.data_config import DATA_KEYS, DataConfig, data_config_from_args
 from onepass.errors import ConfigError
 from onepass.schedule import Schedule
@@ -49,7 +50,7 @@ def test_prepare_parses_the_schedule_once_per_run(flags, parses, tmp_path, capsy
 def test_train_parses_the_schedule_once_per_run(parses, qwen3_tokenizer):
     config = onepass.train.config.load_config(None, {"tiny": "qwen3", "data": "builtin:mathchat", "limit": 3,
                                                      "schedule": "k-pass:2", "max_tokens": 4096})
-    data = onepass.train.data.load_train_data("builtin:mathchat", config, qwen3_tokenizer)
+    data = onepass.train.data.load_train_data(resolve_data("builtin:mathchat"), config, qwen3_tokenizer)
     assert data.num_units == 3 and data.stats["schedule"] == "k-pass:2"
     assert len(parses) == 1, parses
 

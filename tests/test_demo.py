@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import onepass.train.loop as loop
+import onepass.demo as demo
 from onepass.demo import train_side_by_side
 
 
@@ -42,7 +42,7 @@ def fake_train_steps(clock, *, slow):
 def test_load_in_the_second_half_lands_on_both_sides_of_the_interleaved_demo(tmp_path, monkeypatch, capsys):
     steps = 40
     clock = {"steps": 0}
-    monkeypatch.setattr(loop, "train_steps", fake_train_steps(clock, slow=lambda n, _s: 4.0 if n > steps else 1.0))
+    monkeypatch.setattr(demo, "train_steps", fake_train_steps(clock, slow=lambda n, _s: 4.0 if n > steps else 1.0))
     assert train_side_by_side(tmp_path, steps, block_steps=5) == 0
     out = capsys.readouterr().out
     assert "one-pass can be at most 1.28x faster here" in out
@@ -61,7 +61,7 @@ def test_load_in_the_second_half_lands_on_both_sides_of_the_interleaved_demo(tmp
 def test_load_that_lands_on_n_pass_alone_is_reported_as_disturbed_timing(tmp_path, monkeypatch, capsys,
                                                                          slow_n_pass, expected):
     clock = {"steps": 0}
-    monkeypatch.setattr(loop, "train_steps", fake_train_steps(
+    monkeypatch.setattr(demo, "train_steps", fake_train_steps(
         clock, slow=lambda n, schedule: slow_n_pass(n) if schedule == "n-pass" else 1.0))
     assert train_side_by_side(tmp_path, 30, block_steps=5) == 0
     out = capsys.readouterr().out

@@ -30,7 +30,8 @@ def _views(convs, tok, config):
     out = []
     for conv in convs:
         r = render_conversation(conv, tok, config)
-        out.append(([(v.tokens.tolist(), v.num_prompt, v.turn, v.boundary_merge, v.derived) for v in r.views],
+        out.append(([(v.tokens.tolist(), v.num_prompt, v.turn, v.boundary_merge, v.provenance.derived)
+                     for v in r.views],
                     [str(e) for e in r.skipped]))
     return out
 

@@ -75,12 +75,12 @@ def test_read_completion_finds_the_turn_after_its_generation_prompt():
 def test_an_empty_reasoning_the_template_renders_apart_is_trained_as_generated(with_template):
     tok = with_template(EMPTY_THINK)
     rendered = render_conversation(conv(("", "hi"), ("why", "ok")), tok)
-    assert [(v.turn, v.derived) for v in rendered.views] == [(1, True), (3, False)]
+    assert [(v.turn, v.provenance.derived) for v in rendered.views] == [(1, True), (3, False)]
     (_, prompt, completion), _ = render_texts(conv(("", "hi"), ("why", "ok")), tok)
     assert prompt.endswith("<|im_start|>assistant\n<think>\n")
     assert completion == "\n</think>\nhi<|im_end|>\n"  # the format of a turn with reasoning, reasoning empty
     _, stats = prepare([conv(("", "hi"), ("why", "ok"))], tok)
-    assert (stats.views_trained, stats.views_derived, stats.views_skipped) == (2, 1, 0)
+    assert (stats.views_trained, stats.provenance["derived"], stats.views_skipped) == (2, 1, 0)
     assert "template: 1 of 2 views split cleanly, 1 use the generation format derived" in stats.summary()
 
 
@@ -117,7 +117,7 @@ def test_an_answer_whose_reasoning_the_template_drops_gets_the_block_of_a_tool_c
     assert call == "<think>call</think><call>functions.calc:0<end>"  # split by the template
     assert prompt.endswith("<think>call</think><call>functions.calc:0<end><tool>3<end><assistant>")
     assert answer == "<think>done</think>three<end>"  # the template renders <think></think>three<end>
-    assert [v.derived for v in render_conversation(parse_record(record), tok).views] == [False, True]
+    assert [v.provenance.derived for v in render_conversation(parse_record(record), tok).views] == [False, True]
 
 
 def test_a_template_that_never_renders_reasoning_still_skips_the_turn(with_template):
@@ -158,7 +158,7 @@ def test_every_derived_view_is_the_templates_prompt_and_its_own_rendering_of_the
     derived = 0
     for c in tool_chain_conversations():
         for view in render_conversation(c, tok).views:
-            if not view.derived:
+            if not view.provenance.derived:
                 continue
             derived += 1
 

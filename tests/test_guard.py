@@ -19,6 +19,7 @@ from onepass.cli import main
 from onepass.guard.divergence import first_differing
 from onepass.guard import (
     TOLERANCE,
+    builtin_conversations,
     InexactModelError,
     check_exact,
     enforce,
@@ -38,7 +39,7 @@ GOOD = {"messages": [{"role": "user", "content": "2+2?"},
 
 @pytest.fixture(scope="module")
 def views(qwen3_tokenizer):
-    picked = sample_views(guard.builtin_conversations(), qwen3_tokenizer)
+    picked = sample_views(builtin_conversations(), qwen3_tokenizer)
     assert len(picked) == 2 and all(len(v) >= 2 for v in picked)  # trees, not single chains
     return picked
 

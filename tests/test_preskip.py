@@ -142,8 +142,7 @@ SETTINGS = [(f"vendored:{c.id}", chat_template(c.template), EOS.get(c.template),
 def _provable(conv, tokenizer, config: RenderConfig, rendered) -> int:
     """The floor of the conversation's last view when every check of the pre-skip passes on its views rendered
     one by one (every turn the template's own split, each holding its messages' contents), else 0."""
-    if rendered.skipped or any(v.derived or v.reasoning_dropped or v.history_reasoning_dropped
-                               for v in rendered.views):
+    if rendered.skipped or any(v.provenance.flags() for v in rendered.views):
         return 0
     pre = Preskip(conv, tokenizer, 1, last_turn=0, render_prompt=_off)
     texts = render_texts(conv, tokenizer, config)

@@ -46,7 +46,7 @@ class Case:
     """One vendored template run over the 6 tool-chain conversations (12 assistant turns), and what
     it keeps today: ``kept`` = (conversations with a kept view, views kept, views split by the
     template itself; the rest of the kept views come from a completion format or a derived one);
-    ``dropped`` = kept views leaving reasoning out (view.View.reasoning_dropped / history_reasoning_dropped)."""
+    ``dropped`` = kept views leaving reasoning out (view.Provenance.reasoning_dropped / history_reasoning_dropped)."""
 
     template: str
     kept: tuple[int, int, int]
@@ -203,12 +203,12 @@ def test_every_kept_view_is_the_templates_own_rendering(template_tokenizer, case
         for error in rendered.skipped:
             assert str(error).startswith(f"{conv.source}, message ")
             assert error.reason.startswith("template") or error.reason == UnopenedReasoning.reason
-        dropped += sum(v.reasoning_dropped or v.history_reasoning_dropped for v in rendered.views)
+        dropped += sum(v.provenance.reasoning_dropped or v.provenance.history_reasoning_dropped for v in rendered.views)
         for view in rendered.views:
             # The reference: the template's own rendering of the record, without the reasoning the view left
             # out: its own by choice (--reasoning drop), or earlier turns' where the template drops it anyway.
-            seen = without_reasoning(conv, [view.turn] if view.reasoning_dropped else [])
-            if view.history_reasoning_dropped:
+            seen = without_reasoning(conv, [view.turn] if view.provenance.reasoning_dropped else [])
+            if view.provenance.history_reasoning_dropped:
                 seen = without_reasoning(seen, range(view.turn))
                 # The probe's claim, checked on its own: with earlier turns' content emptied (so gpt-oss does
                 # not raise), the prompt is the same with and without their reasoning: the template drops it.
@@ -233,9 +233,9 @@ def test_every_kept_view_is_the_templates_own_rendering(template_tokenizer, case
             message = conv.messages[view.turn]
             names = [c.name for c in message.tool_calls]
             assert all(completion.count(n) >= names.count(n) for n in names)  # every tool call is trained
-            if (message.reasoning or "").strip() and not view.reasoning_dropped:
+            if (message.reasoning or "").strip() and not view.provenance.reasoning_dropped:
                 assert message.reasoning.strip() in completion  # so is reasoning
-            if fields.generation_always and full.startswith(prompt + completion) and not view.derived:
+            if fields.generation_always and full.startswith(prompt + completion) and not view.provenance.derived:
                 # Command R7B tool_use appends its generation prompt to a finished conversation too: what is not
                 # trained after the turn's EOS is exactly that generation prompt, the end of the turn's prompt
                 assert completion.endswith(tok.eos_token) and prompt.endswith(full[len(prompt + completion):])
@@ -243,7 +243,7 @@ def test_every_kept_view_is_the_templates_own_rendering(template_tokenizer, case
             elif full.startswith(prompt) and completion == full[len(prompt):]:
                 split_views += 1  # exactly what the template renders for this turn
             else:  # a completion format or a derived one: the turn's text is all there
-                assert case.completion_format or view.derived  # else the template's own split
+                assert case.completion_format or view.provenance.derived  # else the template's own split
                 assert (message.content or "").strip() in completion
     got = (kept_conversations, kept_views, split_views)
     assert got == case.kept, f"{case.id}: measured {got}, table says {case.kept} ({case.why})"
@@ -275,7 +275,7 @@ def test_parallel_prepare_counts_every_kind_of_skip_as_serial_does(template_toke
     convs = [parse_record(r, source=str(data), index=i + 1, unit="line") for i, r in enumerate(RECORDS)]
     rows, stats = prepare(convs, template_tokenizer, config)
     # a template that raises (record 2) and a view over the budget; record 1 turn 3 uses the derived format
-    assert set(stats.skipped_by_reason) == {"template error", "over max_tokens"} and stats.views_derived == 1
+    assert set(stats.skipped_by_reason) == {"template error", "over max_tokens"} and stats.provenance["derived"] == 1
     got_rows, got = prepare_parallel(data, template_tokenizer, config, num_proc=1)
     assert got.to_dict() == stats.to_dict()
     assert [r.input_ids.tolist() for r in got_rows] == [r.input_ids.tolist() for r in rows]
@@ -285,8 +285,8 @@ def test_parallel_prepare_counts_every_kind_of_skip_as_serial_does(template_toke
 def test_templates_check_reports_what_prepare_keeps(template_tokenizer):
     report = template_report(tool_chain_conversations(), template_tokenizer, name="gptoss.jinja")
     assert (report.conversations, report.conversations_kept) == (6, KEPT["gptoss"][0])
-    assert (report.views, report.views_split, report.views_derived, report.views_skipped) == (12, 8, 1, 3)
-    assert (report.views_history_reasoning_dropped, report.views_reasoning_dropped) == (1, 0)
+    assert (report.views, report.views_split, report.provenance["derived"], report.views_skipped) == (12, 8, 1, 3)
+    assert (report.provenance["history_reasoning_dropped"], report.provenance["reasoning_dropped"]) == (1, 0)
     assert report.skipped_by_reason == {"template error": 3}
     assert report.first_skip["template error"].startswith("tool-chain sample record 2, message 1: the chat "
                                                           "template raised at line 290")
@@ -298,7 +298,8 @@ def test_templates_check_reports_what_prepare_keeps(template_tokenizer):
     assert report.reasoning == {"tool-call turn": [1, 3], "answer after a tool result": [2, 3],
                                 "answer after a user message": [4, 4]}
     _, stats = prepare(tool_chain_conversations(), template_tokenizer)
-    assert (stats.views_trained, stats.views_derived, stats.views_history_reasoning_dropped) == (9, 1, 1)
+    flagged = stats.provenance
+    assert (stats.views_trained, flagged["derived"], flagged["history_reasoning_dropped"]) == (9, 1, 1)
     assert (f"template: {report.views_split} of {report.views} views split cleanly, 1 use the generation "
             "format derived from the template, 3 skipped") in stats.summary()
     assert ("reasoning left out: 0 views by --reasoning drop, 1 views where the template drops an earlier "
@@ -316,7 +317,7 @@ def test_a_turn_skipped_for_an_earlier_message_names_that_message(template_token
     assert [e.split(": the chat")[0].rsplit(" ", 1)[1] for e in later] == ["4", "6"]
     assert all("rendering the prompt, which holds message 1, the first the template raises for" in e for e in later)
     (view,) = rendered.views
-    assert (view.turn, view.history_reasoning_dropped, view.reasoning_dropped) == (8, True, False)
+    assert (view.turn, view.provenance.history_reasoning_dropped, view.provenance.reasoning_dropped) == (8, True, False)
 
 
 @pytest.mark.parametrize("template_tokenizer", ["gptoss"], indirect=True)

@@ -314,9 +314,9 @@ def test_reasoning_drop_trains_a_turn_the_template_never_renders_reasoning_for(w
     with pytest.raises(RenderError, match=r"--reasoning drop"):
         render_views(conv, tok)
     (view,) = render_views(conv, tok, RenderConfig(reasoning="drop"))
-    assert view.reasoning_dropped and tok.decode(view.tokens[view.num_prompt:]) == "a<|im_end|>\n"
+    assert view.provenance.reasoning_dropped and tok.decode(view.tokens[view.num_prompt:]) == "a<|im_end|>\n"
     _, stats = prepare([conv], tok, PrepareConfig(reasoning="drop"))
-    assert (stats.views_trained, stats.views_reasoning_dropped, stats.reasoning) == (1, 1, "drop")
+    assert (stats.views_trained, stats.provenance["reasoning_dropped"], stats.reasoning) == (1, 1, "drop")
     assert "reasoning left out: 1 views by --reasoning drop" in stats.summary()
     with pytest.raises(UsageError, match="--reasoning must be one of keep, drop"):
         RenderConfig(reasoning="strip")
@@ -326,4 +326,4 @@ def test_reasoning_drop_changes_nothing_where_the_template_renders_reasoning(qwe
     keep = render_views(CHAIN, qwen3_tokenizer)
     drop = render_views(CHAIN, qwen3_tokenizer, RenderConfig(reasoning="drop"))
     assert [v.tokens.tolist() for v in keep] == [v.tokens.tolist() for v in drop]
-    assert not any(v.reasoning_dropped for v in drop)
+    assert not any(v.provenance.reasoning_dropped for v in drop)

@@ -25,7 +25,7 @@ from onepass.precision import float64_norms
 from onepass.render import render_views
 from onepass.schedule import parse_schedule, schedule_views
 from onepass.share import share_rows
-from onepass.guard import guard_backend
+from onepass.attention.backends import cpu_backend
 from onepass.tiny import tiny_config, tiny_model
 from onepass.verify import compact_vocab, run_verify
 
@@ -68,7 +68,7 @@ def test_the_rows_really_share_a_prefix_between_conversations(agent_views):
 @pytest.mark.parametrize("arch", ["qwen3", "gpt-oss", "qwen3.5", "nemotron-h", "lfm2"])
 def test_shared_rows_equal_n_pass_loss_and_every_gradient(agent_views, one_thread, arch):
     views, vocab = agent_views
-    backend = guard_backend(tiny_config(arch, vocab), None)  # what onepass picks on CPU
+    backend = cpu_backend(tiny_config(arch, vocab), None)  # what onepass picks on CPU
     model = tiny_model(arch, vocab, dtype=torch.float64, attn_implementation=backend)
     float64_norms(model)
     for weighting in ("token", "turn", "conversation"):

@@ -1,8 +1,13 @@
-"""The package's shape: no import cycles, the pure data layout imports no torch, files stay small by concept."""
+"""The package's shape: no import cycles, the pure data layout imports no torch, files stay small by concept,
+one loader per resource, imports of our modules at module level.
+
+The rules cited are the house style's (``../shared/STYLE.md`` beside the repo, "How the code should feel"), by
+their number there and quoted, so they read without it."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import warnings
@@ -16,8 +21,9 @@ PURE = ("onepass.conversation", "onepass.render", "onepass.view", "onepass.tree"
         "onepass.model_config", "onepass.shards", "onepass.render.derived", "onepass.render.fields",
         "onepass.render.encode", "onepass.render.quirks", "onepass.rl.rollouts", "onepass.rl.layout",
         "onepass.rl.synthetic", "onepass.data_config", "onepass.geometry",
-        "onepass.template_messages", "onepass.ulysses.plan", "onepass.share", "onepass.render.tools_block",
-        "onepass.data.synthetic")
+        "onepass.template_messages", "onepass.ulysses.plan", "onepass.prepare", "onepass.data.parallel",
+        "onepass.guard.sample", "onepass.train.data", "onepass.dtypes", "onepass.lazy", "onepass.share",
+        "onepass.render.tools_block", "onepass.data.synthetic")
 
 
 def module_name(path: Path) -> str:
@@ -28,26 +34,47 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in SRC.rglob("*.py") if p.name != "__main__.py"}
 
 
-def top_level_imports(path: Path) -> set[str]:
-    """Modules of ours imported when ``path`` is imported (module level; not under TYPE_CHECKING)."""
+def _imports_of(node: ast.AST) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names if a.name.startswith("onepass")}
+    if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("onepass"):
+        return {node.module} | {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in MODULES}
+    return set()
+
+
+def imports(tree: ast.Module, *, bodies: bool = True) -> set[str]:
+    """Modules of ours ``tree`` imports (not under TYPE_CHECKING); with ``bodies``, inside functions too."""
     out: set[str] = set()
-    for node in ast.parse(path.read_text()).body:
+    for node in tree.body:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             continue
-        for sub in ast.walk(node):
-            if isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef):
+        todo = [node]
+        while todo:
+            sub = todo.pop()
+            if isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef) and not bodies:
                 continue
-            if isinstance(sub, ast.Import):
-                out |= {a.name for a in sub.names if a.name.startswith("onepass")}
-            elif isinstance(sub, ast.ImportFrom) and sub.module and sub.module.startswith("onepass"):
-                out.add(sub.module)
-                out |= {f"{sub.module}.{a.name}" for a in sub.names if f"{sub.module}.{a.name}" in MODULES}
+            out |= _imports_of(sub)
+            todo.extend(ast.iter_child_nodes(sub))
     return {m for m in out if m in MODULES}
 
 
-def _function_bodies_skipped_correctly():
-    src = "import onepass.a\ndef f():\n    import onepass.b\n"
-    return {n.names[0].name for n in ast.parse(src).body if isinstance(n, ast.Import)} == {"onepass.a"}
+def top_level_imports(path: Path) -> set[str]:
+    """Modules of ours imported when ``path`` is imported (module level; not under TYPE_CHECKING)."""
+    return imports(ast.parse(path.read_text()), bodies=False)
+
+
+def function_level_imports(path: Path) -> list[str]:
+    """``function: import`` for each import of a module of ours inside a function of ``path``."""
+    out = []
+    for fn in ast.walk(ast.parse(path.read_text())):
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            out += [f"{fn.name}: {ast.unparse(sub)}" for sub in ast.walk(fn) if _imports_of(sub)]
+    return out
+
+
+def _function_bodies_read():
+    tree = ast.parse("import onepass.view\ndef f():\n    from onepass.tree import Layout\n")
+    return imports(tree) == {"onepass.view", "onepass.tree"} and imports(tree, bodies=False) == {"onepass.view"}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -75,13 +102,14 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
-    assert _function_bodies_skipped_correctly()
+    assert _function_bodies_read()
 
 
 def test_no_import_cycles_between_our_modules():
     # A package's __init__ re-exporting its submodules is not a cycle; a submodule importing the
     # package that imports it back would be, and is caught (the edge to the package is kept).
-    graph = {name: top_level_imports(path) - {name} for name, path in MODULES.items()}
+    # Function bodies are read too: an import there is an edge like any other (there should be none).
+    graph = {name: imports(ast.parse(path.read_text())) - {name} for name, path in MODULES.items()}
     for name in graph:
         if MODULES[name].name == "__init__.py":
             graph[name] = {m for m in graph[name] if not m.startswith(name + ".")}
@@ -159,7 +187,9 @@ def test_the_reexport_finder_finds_one(tmp_path):
 
 
 def test_modules_stay_small_by_concept_not_by_count():
-    # A file past ~400 lines is telling of a missing concept (STYLE.md 8): a warning, not a reason to split
+    # STYLE.md 8: "A file that grows past ~400 lines is telling you about a missing concept: split it by
+    # concept, never to satisfy a count (no 36-line modules that exist only to move lines, no stale
+    # re-exports)". So: a warning, not a reason to split
     # off a file; past 600 it fails. A module (not a package's __init__) that only re-exports names is a
     # stale shim: import from the home of the name instead.
     lines = {name: len(p.read_text().splitlines()) for name, p in MODULES.items()}
@@ -184,3 +214,88 @@ def test_every_record_reasoning_key_is_a_candidate_the_template_probe_tries():
 
     assert set(REASONING_KEYS) < set(TEMPLATE_REASONING_KEYS)
     assert set(TEMPLATE_REASONING_KEYS) - set(REASONING_KEYS) == {"tool_plan"}
+
+
+# ---------------------------------------------------------------------------------------------
+# one loader per resource (STYLE.md 11: "One loader per resource (model, tokenizer, data source), used by
+# every command and trainer")
+
+
+def modules_calling(text: str) -> set[str]:
+    """Our modules whose code (comments and docstrings aside) holds ``text``."""
+    out = set()
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.value) for n in ast.walk(tree)
+                      if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+        code = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Call) and id(n) not in docstrings]
+        if any(text in c for c in code):
+            out.add(name)
+    return out
+
+
+def test_models_and_configs_are_loaded_in_one_module_and_tokenizers_in_one():
+    # onepass train, OnePassTrainer, verify, eval, export and the guard all load through onepass.models
+    assert modules_calling("AutoModelForCausalLM.from_pretrained(") == {"onepass.models"}
+    assert modules_calling("PeftModel.from_pretrained(") == {"onepass.models"}
+    assert modules_calling("AutoConfig.from_pretrained(") == {"onepass.models"}
+    assert modules_calling("AutoTokenizer.from_pretrained(") == {"onepass.tokenizer"}
+    assert {name for name in modules_calling(".from_pretrained(")} == {"onepass.models", "onepass.tokenizer"}
+
+
+def test_one_dtype_table_and_one_conversion_to_a_torch_dtype():
+    tables = {name for name, p in MODULES.items() for n in ast.walk(ast.parse(p.read_text()))
+              if isinstance(n, ast.Assign) and any(ast.unparse(t).endswith("DTYPES") and ast.unparse(t) !=
+                                                   "ROW_DISK_DTYPES" for t in n.targets)}
+    assert tables == {"onepass.dtypes"}, tables
+    assert modules_calling("getattr(torch,") == {"onepass.dtypes"}
+    spelled = {name for name, p in MODULES.items()  # {"float32": torch.float32, ...}: a table of its own
+               if re.search(r"""["'](float32|bfloat16|float16|float64)["']\s*:\s*torch\.""", p.read_text())}
+    assert not spelled, spelled
+
+
+def test_one_is_peft_and_nothing_probes_for_peft_by_hand():
+    # onepass.couplings: the answer relies on peft's classes (every reliance on another library is there)
+    defined = {name for name, p in MODULES.items() if {"is_peft", "base_model"} & defined_functions(p)}
+    assert defined == {"onepass.couplings"}, defined
+    probing = {name for name, p in MODULES.items() if name != "onepass.couplings"
+               and re.search(r"""["'](get_base_model|peft_config)["']""", p.read_text())}
+    assert not probing, probing
+
+
+# ---------------------------------------------------------------------------------------------
+# one import rule (STYLE.md 19: "Imports of our own modules go at module level; lazy imports only for heavy
+# or optional third-party packages, with one mechanism")
+
+
+def test_our_modules_are_imported_at_module_level():
+    inside = {name: found for name, p in MODULES.items() if (found := function_level_imports(p))}
+    assert not inside, f"imports of our modules inside functions (put them at module level): {inside}"
+
+
+def test_one_lazy_mechanism_for_names_of_ours():
+    """What must not load torch early names what it reaches ("module:attribute", onepass.lazy.resolve):
+    the command registry's runners and the public names of a package that live in torch modules. No other
+    importlib, no hand-written module __getattr__; and every name given that way exists."""
+    importing = {name for name, p in MODULES.items() if "import_module(" in p.read_text()}
+    # third-party modules imported by name, not ours: mixers.float64 copies a transformers function with its own
+    # module's globals (introspection); bench.gpu_check imports what a GPU machine must have, to report each failure;
+    # private_names finds another library's private names by their dotted path before they are used
+    assert importing == {"onepass.lazy", "onepass.mixers.float64", "onepass.bench.gpu_check",
+                         "onepass.private_names"}, importing
+    handwritten = {name for name, p in MODULES.items() if name != "onepass.lazy" and any(  # a module's, not a class's
+        isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in ast.parse(p.read_text()).body)}
+    assert not handwritten, handwritten
+    from onepass.lazy import resolve
+
+    named = {c.value for p in MODULES.values() for c in ast.walk(ast.parse(p.read_text()))
+             if isinstance(c, ast.Constant) and isinstance(c.value, str) and re.fullmatch(r"onepass[\w.]*:\w+", c.value)}
+    assert len(named) >= 8, named  # the runners of train, verify, eval, bench, export at least
+    for spec in named:
+        assert resolve(spec) is not None, spec
+    import importlib
+
+    for package in ("onepass.train", "onepass.rl", "onepass.attention", "onepass.guard"):
+        module = importlib.import_module(package)
+        for name in module.__all__:
+            assert getattr(module, name) is not None, (package, name)

@@ -24,6 +24,13 @@ activation checkpointing (:func:`checkpointing_field`). Add a coupling: a row of
 detection here (or a row of ``PRIVATE_NAMES``), its call at model load, and a test that plays
 the release that breaks it.
 
+Add a coupling (a new reliance on a library's internals): one :class:`Coupling` row of
+:data:`COUPLINGS` (what it relies on in the library's words, how it is detected in the installed code,
+how it fails, where it lives, the releases checked); the detection reads the installed code rather than
+a table of names, a coupling that no longer holds stops at model load in one :class:`CouplingError`
+line, and ``tests/test_couplings.py`` checks it against the installed releases (``make test-latest``
+against the newest).
+
 Example: a recurrent mixer is a module whose forward reads conv or recurrent
 states from one of its arguments; that argument is its cache argument
 (``past_key_values`` for LFM2's short convolution up to transformers 5.23,
@@ -42,6 +49,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -186,6 +194,31 @@ COUPLINGS: tuple[Coupling, ...] = (
 
 
 # ---------------------------------------------------------------------------------------------
+# peft's wrapper and what a model was loaded from: the one answer, used by every caller
+
+
+def is_peft(model: Any) -> bool:
+    """A peft wrapper (``PeftModel``, ``PeftMixedModel``): what ``get_peft_model`` returns. A model with
+    adapters loaded by transformers' own integration (``model.load_adapter``) has a ``peft_config``
+    too but is not one: it is its own base model. Decided as transformers' Trainer decides, by class;
+    peft never imported means no peft model exists."""
+    peft = sys.modules.get("peft")
+    classes = tuple(c for c in (getattr(peft, "PeftModel", None), getattr(peft, "PeftMixedModel", None)) if c)
+    return bool(classes) and isinstance(model, classes)
+
+
+def base_model(model: Any) -> Any:
+    """The model under a peft wrapper (:func:`is_peft`), else the model itself."""
+    return model.get_base_model() if is_peft(model) else model
+
+
+def loaded_from(model: Any) -> str:
+    """The hub id or folder a model (a peft model's base model) was loaded from, as TRL finds it."""
+    config = getattr(base_model(model), "config", None)
+    return str(getattr(config, "_name_or_path", "") or "")
+
+
+# ---------------------------------------------------------------------------------------------
 # a batch of rows: one logits_to_keep mask per row
 
 
@@ -201,8 +234,7 @@ def causal_lm_class(model: Any) -> type:
                 return type(model)
         except (TypeError, ValueError):
             pass
-        base = getattr(model, "get_base_model", None)
-        inner = base() if callable(base) else next(
+        inner = base_model(model) if is_peft(model) else next(
             (getattr(model, a) for a in ("_wrapped", "module", "_orig_mod") if getattr(model, a, None) is not None),
             model)
         model = inner

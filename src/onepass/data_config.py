@@ -14,6 +14,12 @@ renders one date and records which. ``TrainConfig`` holds one (``data_config``);
 SFTConfig-style fields. The command-line flags of every subcommand are generated from the fields by
 :func:`add_data_arguments` and read back by :func:`data_flag_values` / :func:`data_config_from_args`.
 
+Add a data setting: one field of :class:`DataConfig`, its ``help`` (and ``choices``) in the metadata and
+its check in ``__post_init__``. The flags of ``prepare``, ``train``, ``verify`` and ``show``, the YAML key
+of ``onepass train`` and ``TrainConfig.to_dict`` follow from the field (``tests/test_data_config.py``
+checks one flag per field); ``OnePassConfig`` keeps SFTConfig's flat fields, so add it there too
+(a field and a key of ``OnePassConfig._data_values``).
+
     >>> cfg = DataConfig(schedule="k-pass:2", max_tokens=4096, reasoning="drop")
     >>> cfg.schedule_spec, cfg.render.reasoning
     (Schedule(kind='k-pass', k=2), 'drop')
@@ -109,12 +115,10 @@ class DataConfig:
             raise ConfigError(f"share_window must be an integer >= 1 (or unset), got {self.share_window!r}")
         if not isinstance(self.template_kwargs, Mapping):
             raise ConfigError(f"template_kwargs must be a mapping, got {self.template_kwargs!r}")
-        for key in self.template_kwargs:
-            if not isinstance(key, str) or key in RESERVED_TEMPLATE_KWARGS:
-                why = ("is not a name" if not isinstance(key, str) else
-                       "is set by onepass on every call (an argument of apply_chat_template itself)")
-                raise ConfigError(f"template_kwargs: {key!r} {why}; template_kwargs are extra template variables, "
-                                  "e.g. enable_thinking=false")
+        for key in self.template_kwargs:  # a reserved name: RenderConfig's one check (render.template.RESERVED_KWARGS)
+            if not isinstance(key, str):
+                raise ConfigError(f"template_kwargs: {key!r} is not a name; template_kwargs are extra template "
+                                  "variables, e.g. enable_thinking=false")
         object.__setattr__(self, "template_date", resolve_template_date(self.template_date))
         object.__setattr__(self, "render", RenderConfig(template_kwargs=dict(self.template_kwargs),
                                                         completion_format=self.completion_format,
@@ -135,14 +139,6 @@ class DataConfig:
         """The settings as plain values (the keys of a YAML config)."""
         return {name: dict(v) if isinstance(v := getattr(self, name), Mapping) else v for name in DATA_KEYS}
 
-
-RESERVED_TEMPLATE_KWARGS = frozenset({
-    "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
-    "return_assistant_tokens_mask", "tokenizer_kwargs"})
-"""apply_chat_template's own arguments and the variables onepass passes on every call: a template kwarg of that
-name raised a raw ``TypeError`` mid-render ("got multiple values for keyword argument 'messages'") or, for
-``add_generation_prompt``, silently changed how every prompt was rendered."""
 
 _FIELDS = {f.name: f for f in dataclasses.fields(DataConfig) if f.init}
 DATA_KEYS: tuple[str, ...] = tuple(_FIELDS)

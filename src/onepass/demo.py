@@ -23,6 +23,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from onepass.bench.ratio import speed_ratio
+from onepass.cli import main as cli
+from onepass.errors import run_main
+from onepass.flops import speed_bound
+from onepass.train.cli import setup_logging
+from onepass.train.config import load_config
+from onepass.train.loop import train_steps
+from onepass.train.report import log as train_log, plot_losses
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -42,8 +51,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-
-    from onepass.cli import main as cli
 
     def step(title: str, argv: list[str]) -> int:
         print(f"\n== {title}\n$ onepass {' '.join(argv)}", flush=True)
@@ -78,8 +85,6 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"({stats['token_ratio']:.2f}x fewer), same loss and gradients (see verify above)")
     print(f"outputs in {out}/: one-pass/ and one-pass-packed/ (Arrow + stats.json), mask.png")
     if args.train_steps > 0:
-        from onepass.errors import run_main
-
         return run_main(lambda steps: train_side_by_side(out, steps), args.train_steps)  # one line on an error
     return 0
 
@@ -101,14 +106,6 @@ def train_side_by_side(out: Path, steps: int, *, block_steps: int = BLOCK_STEPS)
     """
     import torch
     import yaml
-
-    from onepass.bench.ratio import speed_ratio
-    from onepass.flops import speed_bound
-    from onepass.train.cli import setup_logging
-    from onepass.train.config import load_config
-    from onepass.train.loop import train_steps
-    from onepass.train.report import log as train_log
-    from onepass.train.report import plot_losses
 
     out.mkdir(parents=True, exist_ok=True)
     config = out / "train-demo.yaml"

@@ -10,6 +10,9 @@ and optionally uploads it to the hub (only when online).
     onepass export --base Qwen/Qwen3-8B --adapter runs/qwen3-8b/final --out runs/qwen3-8b-merged
     onepass export --adapter runs/qwen3-8b/final --out merged --push-to-hub me/qwen3-8b-mathchat
 
+Its flags are :mod:`onepass.export_cli`'s (no torch for ``--help``); :func:`run` runs it. The model is
+loaded by the one loader (:func:`onepass.models.load_causal_lm`, the adapter merged there).
+
 The merged model computes what base + adapter computes (the test checks the
 logits in float64 to 1e-10). A QLoRA adapter is merged into the base loaded in
 ``--dtype`` (bfloat16 is what most serve), not into 4-bit weights.
@@ -21,19 +24,15 @@ import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from onepass.dtypes import dtype_names
 from onepass.errors import ConfigError, DataNotFound, UsageError
 from onepass.files import atomic_dir, check_output_dir, write_marker
 from onepass.hub import hub_offline, offline_reason
+from onepass.models import ModelSpec, load_causal_lm, load_model_config
+from onepass.tokenizer import load_tokenizer
 
-DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-_DESCRIPTION = ("Merge a LoRA adapter into its base model (peft merge_and_unload) and save one plain model "
-                "directory (safetensors, tokenizer, chat template) that transformers, vLLM, SGLang or "
-                "onepass eval can load.")
 
 
 class ExportError(ConfigError):
@@ -84,29 +83,18 @@ def export_merged(*, adapter: str | Path, out: str | Path, base: str | None = No
     base = base or adapter_base(adapter)
     if base is None:
         raise UsageError(f"{adapter}/adapter_config.json names no base model: pass --base")
-    if not Path(base).exists() and hub_offline():
-        raise ExportError(f"base model {base!r} is not a local path and the hub is offline ({offline_reason()})")
-    if dtype not in DTYPES:
-        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    load_model_config(base, label="base model")  # not a saved model, not a local path while offline: one line, early
+    if dtype not in dtype_names(auto=True):
+        raise UsageError(f"--dtype must be one of {', '.join(dtype_names(auto=True))}, got {dtype!r}")
     out = Path(out)
     if out.resolve() in (adapter.resolve(), Path(base).resolve()):
         raise UsageError(f"--out {out} would overwrite the adapter or the base model; pick a new directory")
     check_output_dir(out, overwrite=overwrite)  # another model's folder is never overwritten
 
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from onepass.tokenizer import load_tokenizer
-
     tok_spec = tokenizer or (str(adapter) if _has_tokenizer(adapter) else base)
     tok = load_tokenizer(tok_spec, chat_template=chat_template)  # fails early, before the big load
-    torch_dtype: Any = dtype if dtype == "auto" else getattr(torch, dtype)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype)
-    except (OSError, ValueError) as e:
-        raise ExportError(f"base model {base!r} cannot be loaded: {str(e).splitlines()[0]}") from None
-    model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    model = load_causal_lm(ModelSpec(model=base, dtype=dtype, adapter=str(adapter), merge_adapter=True,
+                                     install_mixers=False, label="base model"))
     try:
         with atomic_dir(out) as tmp:
             model.save_pretrained(str(tmp), safe_serialization=True)
@@ -119,24 +107,6 @@ def export_merged(*, adapter: str | Path, out: str | Path, base: str | None = No
         model.push_to_hub(push_to_hub, private=private, safe_serialization=True)
         tok.push_to_hub(push_to_hub, private=private)
     return ExportResult(out=out, base=base, adapter=adapter, tokenizer=tok_spec, pushed_to=push_to_hub)
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``export`` to ``onepass``'s subcommands."""
-    p = subparsers.add_parser("export", help="merge a LoRA adapter into its base model and save it (safetensors)",
-                              description=_DESCRIPTION)
-    p.add_argument("--adapter", required=True, help="the adapter directory (onepass train's OUTPUT_DIR/final)")
-    p.add_argument("--base", help="the base model: local directory or hub id (default: the adapter's recorded base)")
-    p.add_argument("--out", required=True, help="output directory for the merged model")
-    p.add_argument("--tokenizer", help="tokenizer spec (default: the adapter's, else the base's)")
-    p.add_argument("--chat-template", help="a .jinja file or builtin:NAME to save as the chat template")
-    p.add_argument("--dtype", choices=DTYPES, default="auto", help="weights of the merged model (default: the base's)")
-    p.add_argument("--push-to-hub", metavar="REPO_ID", help="also upload to this hub repo (online only)")
-    p.add_argument("--public", action="store_true", help="with --push-to-hub: a public repo (default private)")
-    p.add_argument("--overwrite", action="store_true", help="replace --out even when it holds files onepass did "
-                                                            "not write (another model)")
-    p.set_defaults(func=run)
-    return p
 
 
 def run(args: argparse.Namespace) -> int:

@@ -25,6 +25,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from onepass.couplings import upcast_kept_parameters
+from onepass.mixers.float64 import float64_mixers
+
 
 def _exact_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), self.weight, self.variance_epsilon)
@@ -80,8 +83,6 @@ def float64_norms(model: Any) -> tuple[int, list[str]]:
 
     Returns (patched, RMSNorms left alone).
     """
-    from onepass.couplings import upcast_kept_parameters
-
     upcast_kept_parameters(model)  # e.g. MoE router weights kept float32 in a float64 model
     patched, skipped = 0, []
     for name, mod in model.named_modules():
@@ -92,7 +93,6 @@ def float64_norms(model: Any) -> tuple[int, list[str]]:
             patched += 1
         elif type(mod).__name__.endswith("RMSNorm"):
             skipped.append(name)
-    from onepass.mixers.float64 import float64_mixers  # the recurrent kernels' float32 casts
 
     float64_mixers(model)
     return patched, skipped

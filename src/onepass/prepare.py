@@ -21,9 +21,10 @@ so a crash never leaves a half-written dataset behind; a marker file
 
 from __future__ import annotations
 
+import copy
 import json
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,14 @@ from onepass.data_config import DataConfig
 from onepass.errors import DataError, DataNotFound
 from onepass.files import atomic_dir, write_marker
 from onepass.flops import token_ratio
-from onepass.pack import pack_layouts
+from onepass.pack import best_fit_decreasing, pack_layouts
 from onepass.record_schemas import INLINE_KEPT
-from onepass.render import render_conversation
+from onepass.render import Rendered, render_conversation
 from onepass.schedule import schedule_views
+from onepass.shards import RowWriter, TreeSpool
 from onepass.share import prefix_key, share_and_pack, share_trees
-from onepass.tree import COLUMNS, ROW_DISK_DTYPES, Layout, count_nodes, row_from_columns, rows_to_columns
+from onepass.tree import COLUMNS, ROW_DISK_DTYPES, Layout, count_nodes, row_from_columns, rows_to_columns, concat
+from onepass.view import PROVENANCE_FLAGS, count_provenance
 
 
 PrepareConfig = DataConfig
@@ -45,31 +48,48 @@ PrepareConfig = DataConfig
 
 
 INVALID = "invalid record"  # the skip reason of a record that is not a conversation
-ADDITIVE = ("conversations", "conversations_used", "views", "views_trained", "views_skipped", "views_derived",
-            "views_reasoning_dropped", "views_history_reasoning_dropped", "boundary_merge_views", "n_pass_tokens",
-            "one_pass_tokens", "scheduled_tokens", "target_tokens", "turns_not_trained", "tool_arguments_parsed",
-            "conversions")
+
+
+def _setting(default: Any) -> Any:
+    """A field saying what the counts are of (:meth:`PrepareStats.configure`), not a count."""
+    return field(default=default, metadata={"merge": "setting"})
+
+
+def _whole(default: Any) -> Any:
+    """A count of the whole set, known once every row is made (:func:`count_rows`): not a running total."""
+    return field(default=default, metadata={"merge": "whole"})
+
+
+def _skips() -> Any:
+    """The skip list and counts: merged skip by skip (:meth:`PrepareStats.skip`), in order."""
+    return field(default_factory=list, metadata={"merge": "skips"})
 
 
 @dataclass(kw_only=True)
 class PrepareStats:
-    """Counts a user checks before training. Token counts are over kept views."""
+    """Counts a user checks before training. Token counts are over kept views.
 
-    schedule: str = ""
-    weighting: str = ""
-    max_tokens: int | None = None
-    packed: bool = False
-    completion_format: str | None = None  # --completion-format: views built from it, none split by the template
-    reasoning: str = "keep"  # --reasoning: "drop" trains a turn whose reasoning the template never renders without it
-    template_date: str | None = None  # --template-date: the date a template that reads the clock rendered
+    Every field that is not a setting, a whole-set count or the skips is a running total, summed when
+    the counts of conversations prepared apart are merged (:meth:`counts`, :meth:`add`: the forked
+    workers of :mod:`onepass.data.parallel`): a new counter is one field, merged by itself. The
+    views' :class:`~onepass.view.Provenance` flags are counted in ``provenance`` and written as
+    ``views_<flag>`` (:meth:`to_dict`).
+    """
+
+    schedule: str = _setting("")
+    weighting: str = _setting("")
+    max_tokens: int | None = _setting(None)
+    packed: bool = _setting(False)
+    completion_format: str | None = _setting(None)  # --completion-format: views built from it, none split by the
+    # template; --reasoning: "drop" trains a turn whose reasoning the template never renders without it
+    reasoning: str = _setting("keep")
+    template_date: str | None = _setting(None)  # --template-date: the date a template that reads the clock rendered
     conversations: int = 0  # read and valid
     conversations_used: int = 0  # at least one view trained
     views: int = 0
     views_trained: int = 0
     views_skipped: int = 0
-    views_derived: int = 0  # rendered with the generation format derived from the template (not split by it)
-    views_reasoning_dropped: int = 0  # trained without their reasoning by choice (--reasoning drop)
-    views_history_reasoning_dropped: int = 0  # an earlier turn's reasoning the template drops there left out (probed)
+    provenance: dict[str, int] = field(default_factory=lambda: count_provenance(()))  # views per Provenance flag
     boundary_merge_views: int = 0  # prompt|completion tokenized apart differs from tokenized whole
     turns_not_trained: int = 0  # assistant turns the record marks not to train (OpenAI "weight": 0): context only
     tool_arguments_parsed: int = 0  # JSON-string tool-call arguments parsed for a template that needs a dict
@@ -77,16 +97,16 @@ class PrepareStats:
     n_pass_tokens: int = 0  # sum of view lengths
     one_pass_tokens: int = 0  # one tree per conversation
     scheduled_tokens: int = 0  # tokens of this schedule's trees
-    token_ratio: float = 0.0  # n_pass_tokens / one_pass_tokens
+    token_ratio: float = _whole(0.0)  # n_pass_tokens / one_pass_tokens
     target_tokens: int = 0
-    trees: int = 0
-    rows: int = 0
-    row_tokens: int = 0
-    padding_tokens: int = 0  # rows * max_tokens - row_tokens when packing
-    padding_fraction: float = 0.0
-    skipped: list[str] = field(default_factory=list)  # one line per skip: where and why
-    skipped_by_reason: dict[str, int] = field(default_factory=dict)
-    shared: dict[str, Any] | None = None  # packing with shared prefixes (onepass.share): see SharedStats; else absent
+    trees: int = _whole(0)
+    rows: int = _whole(0)
+    row_tokens: int = _whole(0)
+    padding_tokens: int = _whole(0)  # rows * max_tokens - row_tokens when packing
+    padding_fraction: float = _whole(0.0)
+    skipped: list[str] = _skips()  # one line per skip: where and why
+    skipped_by_reason: dict[str, int] = field(default_factory=dict, metadata={"merge": "skips"})
+    shared: dict[str, Any] | None = _whole(None)  # packing with shared prefixes (onepass.share): see SharedStats
 
     def skip(self, reason: str, message: str, count: int = 1) -> None:
         """Count a skip of ``count`` views (or one record) under ``reason``. Invalid records are listed
@@ -109,21 +129,31 @@ class PrepareStats:
             self.shared = asdict(SharedStats(window=config.share_window))
         return self
 
-    def add(self, counts: dict[str, int], skips: Iterable[tuple[str, str, int]]) -> None:
-        """Merge one conversation's counts (:data:`ADDITIVE`) and skips, counted elsewhere (a worker)."""
-        for k in ADDITIVE:
-            if isinstance(counts[k], dict):
-                for name, n in counts[k].items():
+    def counts(self) -> dict[str, Any]:
+        """The running totals (every field but the settings, whole-set counts and skips): what
+        :meth:`add` merges."""
+        return {f.name: copy.copy(getattr(self, f.name)) for f in fields(self) if "merge" not in f.metadata}
+
+    def add(self, counts: dict[str, Any], skips: Iterable[tuple[str, str, int]]) -> None:
+        """Merge one conversation's :meth:`counts` and skips, counted elsewhere (a worker)."""
+        for k, value in counts.items():
+            if isinstance(value, dict):
+                for name, n in value.items():
                     getattr(self, k)[name] = getattr(self, k).get(name, 0) + n
             else:
-                setattr(self, k, getattr(self, k) + counts[k])
+                setattr(self, k, getattr(self, k) + value)
         for reason, message, count in skips:
             self.skip(reason, message, count)
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        if out["shared"] is None:  # rows made without sharing: stats.json as before sharing existed
-            del out["shared"]
+        """Plain values, as ``stats.json`` holds them: the provenance counts as ``views_<flag>``; ``shared``
+        only when packing shared prefixes (else stats.json as before sharing existed)."""
+        out: dict[str, Any] = {}
+        for key, value in asdict(self).items():
+            if key == "provenance":
+                out.update({f"views_{flag}": value[flag] for flag in PROVENANCE_FLAGS})
+            elif not (key == "shared" and value is None):
+                out[key] = value
         return out
 
     def summary(self) -> str:
@@ -136,14 +166,15 @@ class PrepareStats:
             f"({self.padding_fraction:.1%}), targets {self.target_tokens:,}",
         ]
         by_template = sum(self.skipped_by_reason.get(r, 0) for r in ("template", "template error"))
-        if by_template or self.views_derived:
+        flagged = self.provenance
+        if by_template or flagged["derived"]:
             how = "from the completion format" if self.completion_format else "split cleanly"
-            lines.append(f"template: {self.views - by_template - self.views_derived} of {self.views} views {how}, "
-                         f"{self.views_derived} use the generation format derived from the template, "
+            lines.append(f"template: {self.views - by_template - flagged['derived']} of {self.views} views {how}, "
+                         f"{flagged['derived']} use the generation format derived from the template, "
                          f"{by_template} skipped by the template (onepass templates check: why)")
-        if self.views_reasoning_dropped or self.views_history_reasoning_dropped:
-            lines.append(f"reasoning left out: {self.views_reasoning_dropped} views by --reasoning drop, "
-                         f"{self.views_history_reasoning_dropped} views where the template drops an earlier "
+        if flagged["reasoning_dropped"] or flagged["history_reasoning_dropped"]:
+            lines.append(f"reasoning left out: {flagged['reasoning_dropped']} views by --reasoning drop, "
+                         f"{flagged['history_reasoning_dropped']} views where the template drops an earlier "
                          "turn's reasoning")
         if self.conversions or self.turns_not_trained or self.tool_arguments_parsed:
             what = [f"{n} records {name}" for name, n in sorted(self.conversions.items())]
@@ -208,10 +239,14 @@ def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: Prepa
 
 
 def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConfig, stats: PrepareStats, *,
-                         strict: bool = False) -> list[Layout]:
-    """The trees (unpacked) of one conversation; its counts and skips go into ``stats``."""
+                         strict: bool = False, on_rendered: Callable[[Rendered], None] | None = None) -> list[Layout]:
+    """The trees (unpacked) of one conversation; its counts and skips go into ``stats``. ``on_rendered``
+    sees its rendering (the exactness guard's sample: :class:`onepass.guard.sample.ViewSample`), so a run
+    renders each conversation once."""
     stats.conversations += 1
     rendered = render_conversation(conv, tokenizer, config.render, max_tokens=config.max_tokens)
+    if on_rendered is not None:
+        on_rendered(rendered)
     if strict and rendered.skipped:
         raise rendered.skipped[0]
     for name in conv.conversions + (INLINE_KEPT,) * bool(rendered.inline_reasoning):
@@ -222,9 +257,7 @@ def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConf
         stats.skip(error.reason, str(error))
     stats.views += len(rendered.views) + len(rendered.skipped)
     stats.views_skipped += len(rendered.skipped)
-    stats.views_derived += sum(v.derived for v in rendered.views)
-    stats.views_reasoning_dropped += sum(v.reasoning_dropped for v in rendered.views)
-    stats.views_history_reasoning_dropped += sum(v.history_reasoning_dropped for v in rendered.views)
+    count_provenance(rendered.views, stats.provenance)
     views = list(rendered.views)
     if not views:
         return []
@@ -341,10 +374,6 @@ def write_prepared(trees: Iterable[Layout | Sequence[Layout]], stats: PrepareSta
     the rows. Published atomically when complete (:func:`onepass.files.atomic_dir`); when there is no
     row nothing is published (an earlier output stays) and None is returned.
     """
-    from onepass.pack import best_fit_decreasing
-    from onepass.shards import RowWriter, TreeSpool
-    from onepass.tree import concat
-
     out = Path(out_dir)
     try:
         with atomic_dir(out, replace=True) as tmp:

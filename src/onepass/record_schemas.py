@@ -17,6 +17,13 @@ misspelled ``reasoning_contnet``), so dropping it would train another text than 
     >>> input_output({"input": "2+2?", "output": "4"}, where), where.conversions
     ([{'role': 'user', 'content': '2+2?'}, {'role': 'assistant', 'content': '4'}], ['input/output pair -> messages'])
 
+Add a record schema: a reader here from the shape to OpenAI message dicts, each conversion it makes a
+named constant added to :data:`CONVERSIONS` and recorded with ``where.converted`` (it is counted in
+``stats.json``); its branch in :func:`onepass.conversation.parse_record`, on the key that identifies
+it; a hand-written record and the messages expected of it in ``tests/test_record_schemas.py``; a line in
+docs/data.md ("Record schemas"). A near miss that is not a conversation is a row of ``_SCHEMAS``
+instead: the error names it and the nearest supported schema.
+
 No torch here: this is pure data.
 """
 

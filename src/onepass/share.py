@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onepass.geometry import parents, segment_starts
+from onepass.geometry import parents, root_path, segment_starts
 from onepass.pack import best_fit_decreasing
 from onepass.tree import IGNORE, Layout, PrefixTree, concat
 
@@ -256,8 +256,6 @@ def loss_terms(rows: Sequence[Layout]) -> dict[tuple[int, int, int, int], float]
 
 def loss_terms_reference(rows: Sequence[Layout]) -> dict[tuple[tuple[int, ...], int], float]:
     """Slow reference of :func:`loss_terms`: ``(context tokens, target) -> weight``."""
-    from onepass.geometry import root_path
-
     out: dict[tuple[tuple[int, ...], int], float] = {}
     for row in rows:
         for p in np.flatnonzero(row.targets != IGNORE).tolist():

@@ -34,11 +34,13 @@ column k: ``x`` visible (drawn in k's colour), ``.`` hidden by the tree
     r2  9      x  x  x  .  .  x  x  x  x  x
     a2 10      x  x  x  .  .  x  x  x  x  x  x
 
-Nothing here is needed for training; matplotlib is imported only when drawing.
+Nothing here is needed for training; matplotlib is imported only when drawing. ``onepass show``
+(:func:`add_parser`, :func:`run`) draws the ``--index``-th conversation of ``--data``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,9 +49,13 @@ from typing import Any
 import numpy as np
 
 from onepass.conversation import Conversation, Message
-from onepass.errors import DataError
+from onepass.data.load import load_conversations, print_skipped
+from onepass.data_config import RENDER_KEYS, add_data_arguments, data_config_from_args
+from onepass.errors import DataError, UsageError
+from onepass.prepare_cli import add_input_arguments
 from onepass.render import RenderConfig, render_texts, render_views
 from onepass.schedule import Schedule, parse_schedule, schedule_views
+from onepass.tokenizer import load_tokenizer
 from onepass.tree import Layout, PrefixTree, concat
 
 ROLES = ("template", "prompt-user", "history", "reasoning", "response")
@@ -314,3 +320,35 @@ def show(conv: Conversation, tokenizer: Any, out_path: str | Path, *, config: Re
                  f"({separate} as separate views), {layout.num_targets} trained targets")
     labels = token_labels(tokenizer, layout.input_ids) if tokens_axis and len(layout) <= max_labelled else None
     return draw_mask(layout, roles, out_path, title=title, max_tokens_drawn=max_tokens_drawn, labels=labels)
+
+
+# ---------------------------------------------------------------------------------------------
+# onepass show
+
+SHOW_KEYS = ("schedule", *RENDER_KEYS)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``show`` to ``onepass``'s subcommands."""
+    p = subparsers.add_parser("show", help="draw one conversation's tree mask as a PNG")
+    add_input_arguments(p)
+    p.add_argument("--index", type=int, default=0, help="which valid conversation (0-based)")
+    add_data_arguments(p, names=SHOW_KEYS)
+    p.add_argument("--out", required=True, help="output .png")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """``onepass show``: the ``--index``-th valid conversation's mask to ``--out``."""
+    config = data_config_from_args(args, names=SHOW_KEYS)
+    limit = None if args.limit is None else max(args.limit, args.index + 1)
+    report = load_conversations(args.data, strict=args.strict, limit=limit)  # refuses prepared rows
+    print_skipped(report.skipped)
+    if not 0 <= args.index < len(report.conversations):
+        raise UsageError(f"--index {args.index} is out of range: {len(report.conversations)} valid conversations")
+    tokenizer = load_tokenizer(args.tokenizer, chat_template=args.chat_template)
+    out = show(report.conversations[args.index], tokenizer, args.out, config=config.render,
+               schedule=config.schedule_spec)
+    print(f"wrote {out}")
+    return 0

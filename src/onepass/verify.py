@@ -10,10 +10,15 @@ losses and every parameter's gradient.
 With a tiny random model the vocabulary is compacted first (the ids that
 occur are renumbered 0..V-1, the same map for both sides), so a 151k-token
 vocabulary costs nothing; the layout under test is unchanged.
+
+``onepass verify --data`` runs here (:func:`run`); its flags are :mod:`onepass.verify_cli`'s, and
+``--rollouts`` is :func:`onepass.rl.cli.verify_rollouts`. Both load the model with :func:`verify_model`.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -21,12 +26,23 @@ from typing import Any
 
 import torch
 
-from onepass.errors import DataError
-from onepass.guard.divergence import max_rel_grad_diff
+from onepass.attention.backends import check_backend, cpu_backend, supported_backend
+from onepass.conversation import ReadReport
+from onepass.data.load import load_conversations, print_skipped
+from onepass.data_config import DataConfig, data_config_from_args
+from onepass.dtypes import default_tolerance, torch_dtype
+from onepass.errors import DataError, UsageError
+from onepass.guard.divergence import judge, locate, max_rel_grad_diff
 from onepass.loss import layout_loss, view_loss_reference
+from onepass.models import ModelSpec, load_causal_lm, load_model_config
 from onepass.pack import pack_layouts
+from onepass.precision import float64_norms
+from onepass.render import render_conversation
 from onepass.schedule import Schedule, parse_schedule, schedule_views, view_weights
 from onepass.share import share_rows
+from onepass.tiny import tiny_config
+from onepass.tokenizer import load_tokenizer
+from onepass.verify_cli import VERIFY_KEYS, verify_limit
 from onepass.view import View
 from onepass.vocab import remap, used_ids
 
@@ -127,3 +143,120 @@ def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
         schedule=str(schedule), weighting=weighting, dtype=str(next(model.parameters()).dtype),
         worst_parameter=worst, packed=pack, shared=shared, num_rows=len(rows),
         row_tokens=sum(len(x) for x in rows))
+
+
+# ---------------------------------------------------------------------------------------------
+# onepass verify
+
+
+def verify_model(args: argparse.Namespace, vocab: int | None) -> tuple[Any, str, str]:
+    """``verify``'s model, its label and attention backend: ``--model`` in ``--dtype``, else a tiny random
+    ``--tiny`` model of ``vocab`` ids, on ``--device``; the backend is ``--attn`` when given, else one that
+    runs the model exactly there (on CPU the guard's choice, on CUDA the default, flex); float64 runs norms
+    in float64."""
+    dtype = torch_dtype(args.dtype)
+    requested = None if args.attn == "auto" else args.attn
+    device = torch.device(getattr(args, "device", "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: torch sees no CUDA device here")
+    if requested is not None:
+        check_backend(requested, device, dtype)  # flex on CPU or in float64, onepass_cpu on CUDA: one line
+
+    def backend_for(config: Any) -> str:
+        return cpu_backend(config, requested) if device.type == "cpu" else requested or supported_backend(
+            config, device, dtype)
+
+    # the mixers are wrapped at the first one-pass forward, after the float64 patches (install_mixers=False)
+    if args.model:
+        backend = backend_for(load_model_config(args.model, label="--model"))
+        spec = ModelSpec(model=args.model, dtype=args.dtype, attention=backend, device=device, label="--model",
+                         install_mixers=False)
+        label = args.model
+    else:
+        backend = backend_for(tiny_config(args.tiny, vocab))
+        spec = ModelSpec(tiny=args.tiny, vocab_size=vocab, dtype=args.dtype, seed=args.seed, attention=backend,
+                         device=device, install_mixers=False)
+        label = f"tiny {args.tiny} (random, vocabulary compacted to {vocab} ids)"
+    model = load_causal_lm(spec)
+    if args.dtype == "float64":
+        patched, left = float64_norms(model)
+        print(f"float64: {patched} RMSNorm modules run in float64 (transformers upcasts them to float32)"
+              + (f"; left alone: {', '.join(left[:3])}" if left else ""))
+    return model, label, backend
+
+
+def tolerance(args: argparse.Namespace) -> float:
+    """``--tolerance``, else the default of ``--dtype`` (:func:`onepass.dtypes.default_tolerance`)."""
+    return args.tolerance if args.tolerance is not None else default_tolerance(args.dtype)
+
+
+def verify_views(report: ReadReport, tokenizer: Any, config: DataConfig, args: argparse.Namespace, given: bool
+                 ) -> tuple[list[list[View]], dict[str, Any]]:
+    """The views of the conversations ``verify`` checks, and what was read and skipped (for its JSON line).
+
+    A turn ``prepare`` skips (the template raises for it, cannot split it) is skipped here too, counted and
+    reported, so the data that will be trained is the data verified; ``--strict`` stops at the first. What
+    was checked is printed, with the limit when it cut the data; nothing to check is an error, never a
+    verdict on zero views."""
+    checked, skipped = [], []
+    for conv in report.conversations:
+        rendered = render_conversation(conv, tokenizer, config.render)
+        if rendered.skipped and args.strict:
+            raise rendered.skipped[0]
+        skipped.extend(rendered.skipped)
+        views = [v for v in rendered.views if isinstance(v, View)]
+        if views:
+            checked.append(views)
+    reasons: dict[str, int] = {}
+    for error in skipped:
+        reasons[error.reason] = reasons.get(error.reason, 0) + 1
+    limit = (f"the first {len(report.conversations)} valid (--limit {args.limit}"
+             + ("" if given else ", verify's default") + "; there are more)") if report.more else "every valid one"
+    print(f"verifying {len(checked)} conversations: {len(report.conversations)} read, {limit}"
+          + (f"; {len(report.skipped)} records skipped" if report.skipped else "")
+          + (f"; {len(skipped)} views skipped as prepare skips them "
+             f"({', '.join(f'{k}: {v}' for k, v in sorted(reasons.items()))}); first: {skipped[0]}" if skipped else ""))
+    if not checked:
+        first = skipped[0] if skipped else report.skipped[0] if report.skipped else "the data has no conversations"
+        raise DataError(f"verify checked nothing: no view of {args.data} could be rendered "
+                        f"({len(report.conversations)} conversations read); first: {first}")
+    read = {"conversations_read": len(report.conversations), "limit": args.limit, "limited": report.more,
+            "records_skipped": len(report.skipped), "views_skipped": len(skipped), "views_skipped_by_reason": reasons}
+    return checked, read
+
+
+def run(args: argparse.Namespace) -> int:
+    """``onepass verify --data``: one-pass vs N-pass on the conversations; exit 1 when they differ."""
+    config: DataConfig = data_config_from_args(args, names=VERIFY_KEYS)
+    pack, share = bool(args.pack), args.share_prefix is not False
+    if args.max_tokens is not None and args.max_tokens < 2:
+        raise UsageError(f"--max-tokens must be >= 2, got {args.max_tokens}")
+    given = verify_limit(args)
+    report = load_conversations(args.data, strict=args.strict, limit=args.limit)  # refuses prepared rows
+    print_skipped(report.skipped)
+    tokenizer = load_tokenizer(args.tokenizer, chat_template=args.chat_template)
+    views, read = verify_views(report, tokenizer, config, args, given)
+    vocab = None
+    if not args.model:
+        views, vocab = compact_vocab(views)
+    model, label, backend = verify_model(args, vocab)
+    result = run_verify(views, model, schedule=config.schedule_spec, weighting=config.weighting,
+                        max_tokens=args.max_tokens, pack=pack, share=share)
+    tol = tolerance(args)
+    verdict = judge(result.rel_loss_diff, result.max_rel_grad_diff, tolerance=tol,
+                    where=lambda: locate(model, views, worst_parameter=result.worst_parameter, tolerance=tol))
+    device = next(model.parameters()).device
+    print(f"model: {label}, {args.dtype}, attention {backend}, device {device}")
+    print(f"{result.num_conversations} conversations, {result.num_views} views: "
+          f"N-pass {result.n_pass_tokens} tokens vs {result.schedule} {result.one_pass_tokens} tokens "
+          f"in {result.num_trees} trees"
+          + (f", packed in {result.num_rows} rows of {result.row_tokens} tokens"
+             + (" (prefixes shared across conversations)" if result.shared else "") if result.packed else ""))
+    print(f"loss N-pass {result.loss_n_pass:.12g}  {result.schedule} {result.loss_one_pass:.12g}  "
+          f"rel diff {result.rel_loss_diff:.3g}  max rel grad diff {result.max_rel_grad_diff:.3g}  "
+          f"-> {verdict.word} within {tol:g}")
+    if verdict.where is not None:
+        print(verdict.located(result.worst_parameter))
+    print(json.dumps({**result.to_dict(), "attention": backend, "device": str(device), "tolerance": tol, **read,
+                      **verdict.to_dict()}))
+    return 0 if verdict.equal else 1

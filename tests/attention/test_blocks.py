@@ -14,12 +14,11 @@ from onepass.attention.blocks import (
     EMPTY,
     FULL,
     PARTIAL,
-    block_mask,
     block_plan,
     block_plan_reference,
 )
 from onepass.attention.segments import plan_pairs_reference, segment_plan
-from onepass.attention.mask import block_any, dense_mask, pad_kv_end, sdpa_mask, tree_block_mask
+from onepass.attention.mask import block_any, block_mask, dense_mask, pad_kv_end, sdpa_mask, tree_block_mask
 from onepass.tree import build_layout, concat
 
 from strategies import DOC_EXAMPLE, SCATTERED, V, layout_st, batch_strategy  # noqa: E402

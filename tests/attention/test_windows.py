@@ -18,13 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import onepass.attention.cpu as cpu
-from onepass.attention.blocks import EMPTY, FULL, block_mask, block_plan, block_plan_reference
+from onepass.attention.blocks import EMPTY, FULL, block_plan, block_plan_reference
 from onepass.attention.segments import plan_pairs_reference
 from onepass.attention.segments import segment_plan
 from onepass.attention.cpu import cpu_attention_mask
 from onepass.attention.cpu_tiles import CpuAttentionError, dense_attention, tree_attention, tree_attention_reference
 from onepass.attention.mask import dense_mask, dense_mask_reference, generate_tree_mask_mod, pad_kv_end
-from onepass.attention.mask import tree_block_mask
+from onepass.attention.mask import block_mask, tree_block_mask
 from onepass.attention.window import window_start
 from onepass.geometry import depths
 from onepass.tree import build_layout, concat

@@ -64,7 +64,7 @@ def test_bench_with_trl_reports_the_ratio(tmp_path):
 
 
 def test_unknown_setting_names_the_choices(tmp_path):
-    from onepass.bench.cli import run
+    from onepass.bench.command import run
     from onepass.cli import build_parser
 
     args = build_parser().parse_args(["bench", "--settings", "nope", "--backends", "sdpa", "--conversations", "1",

@@ -130,3 +130,50 @@ def test_early_stops_of_a_parallel_prepare_return(qwen3_tokenizer):
                               limit=40)
         next(trees)
         trees.close()
+
+
+def _template_units(tokenizer, case, num_proc):
+    from onepass.data.parallel import iter_units
+    from onepass.template_report import tool_chain_conversations
+
+    config = PrepareConfig(completion_format=case.completion_format, template_kwargs=case.template_kwargs,
+                           reasoning=case.reasoning)
+    stats = PrepareStats()
+    trees = [t for unit in iter_units(tool_chain_conversations(), tokenizer, config, stats, num_proc=num_proc)
+             for t in unit]
+    return trees, stats
+
+
+def test_parallel_stats_merge_every_count_on_every_vendored_template(qwen3_tokenizer, monkeypatch):
+    """Every count survives the workers' merge, on every vendored template and setting (the flags each sets:
+    derived views, reasoning left out by choice or by the template, parsed tool arguments, skips). The merge
+    takes every running total of PrepareStats by itself; before, a hand-kept list of them (ADDITIVE) did,
+    and a count missing from it was lost with --num-proc 2 while the suite stayed green (the parallel tests
+    ran num_proc=1 on the one template that sets views_history_reasoning_dropped)."""
+    import sys
+    from pathlib import Path
+
+    import onepass.data.parallel
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from test_real_templates import CASES, EOS, chat_template
+
+    monkeypatch.setattr(onepass.data.parallel, "CHUNK", 2)  # the 6 conversations over both workers
+    seen = set()
+    for case in CASES:
+        before, eos = qwen3_tokenizer.chat_template, qwen3_tokenizer.eos_token
+        qwen3_tokenizer.chat_template = chat_template(case.template)
+        qwen3_tokenizer.eos_token = EOS.get(case.template, eos)
+        try:
+            serial_trees, serial_stats = _template_units(qwen3_tokenizer, case, 1)
+            parallel_trees, parallel_stats = _template_units(qwen3_tokenizer, case, 2)
+        finally:
+            qwen3_tokenizer.chat_template, qwen3_tokenizer.eos_token = before, eos
+        assert parallel_stats.to_dict() == serial_stats.to_dict(), case.id
+        assert len(parallel_trees) == len(serial_trees), case.id
+        for x, y in zip(parallel_trees, serial_trees):
+            np.testing.assert_array_equal(x.input_ids, y.input_ids)
+        seen |= {k for k, v in serial_stats.to_dict().items() if isinstance(v, int) and v}
+    # the templates between them set every provenance flag (else this test would not see a lost one)
+    assert {"views_derived", "views_reasoning_dropped", "views_history_reasoning_dropped",
+            "tool_arguments_parsed", "views_skipped"} <= seen, seen

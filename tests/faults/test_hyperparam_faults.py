@@ -101,9 +101,10 @@ def test_no_checkpoint_ever_holds_non_finite_weights(tmp_path, monkeypatch, one_
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--template-kwarg", "messages=1"], "template_kwargs: 'messages' is set by onepass on every call"),
-    (["--template-kwarg", "add_generation_prompt=true"], "template_kwargs: 'add_generation_prompt' is set by onepass"),
-    (["--template-kwarg", "tools=x"], "template_kwargs: 'tools' is set by onepass"),
+    (["--template-kwarg", "messages=1"], "--template-kwarg messages is reserved (onepass passes the record's)"),
+    (["--template-kwarg", "add_generation_prompt=true"], "--template-kwarg add_generation_prompt is reserved "
+                                                         "(onepass sets it for each view)"),
+    (["--template-kwarg", "tools=x"], "--template-kwarg tools is reserved (onepass passes the record's)"),
     (["--eval-steps", "1"], "eval_steps needs eval_data"),
     (["--tiny-config", "hidden_sizes=64"], "tiny_config: 'hidden_sizes' is not a setting of Qwen3Config (qwen3); did "
                                            "you mean 'hidden_size'?"),

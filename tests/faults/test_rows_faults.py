@@ -110,9 +110,9 @@ def test_a_non_finite_loss_stops_with_the_last_good_checkpoint(tmp_path, monkeyp
     calls = {"n": 0}
     real = step.batch_loss
 
-    def poisoned(view, batch, **kw):  # kw: the sequence-parallel shard the step passes
+    def poisoned(view, batch, **kwargs):  # kwargs: the sequence-parallel shard the step passes
         calls["n"] += 1
-        loss = real(view, batch, **kw)
+        loss = real(view, batch, **kwargs)
         return loss * float("nan") if calls["n"] == 2 else loss
 
     monkeypatch.setattr(step, "batch_loss", poisoned)

@@ -39,7 +39,8 @@ def test_a_used_output_dir_is_refused_without_resume(tmp_path, one_thread):
 def _fake_checkpoint(out, step, run_id):
     path = out / "checkpoints" / f"step-{step:06d}"
     path.mkdir(parents=True)
-    (path / "state.json").write_text(json.dumps({"step": step, "run_id": run_id}))
+    # the least a state must hold to be read as a checkpoint's (read_state refuses a tampered one)
+    (path / "state.json").write_text(json.dumps({"step": step, "run_id": run_id, "config": {}}))
 
 
 def test_pruning_touches_only_this_runs_checkpoints(tmp_path):

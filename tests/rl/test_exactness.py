@@ -22,7 +22,7 @@ from onepass.rl.losses import PolicyLossConfig, policy_loss, policy_loss_referen
 from onepass.rl.rollouts import to_record, trajectories_from_records
 from onepass.rl.synthetic import template_rollouts
 from onepass.rl.verify import compact_rollouts, run_rl_verify
-from onepass.guard import guard_backend
+from onepass.attention.backends import cpu_backend
 from onepass.tiny import tiny_config, tiny_model
 from onepass.verify import max_rel_grad_diff, parameter_grads
 
@@ -38,7 +38,7 @@ def rollouts(qwen3_tokenizer):
 
 
 def exact_model(arch, vocab):
-    backend = guard_backend(tiny_config(arch, vocab), None)  # what onepass picks on CPU: onepass_cpu
+    backend = cpu_backend(tiny_config(arch, vocab), None)  # what onepass picks on CPU: onepass_cpu
     model = tiny_model(arch, vocab, dtype=torch.float64, attn_implementation=backend)
     float64_norms(model)
     return model

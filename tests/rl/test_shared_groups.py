@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from onepass.data.synthetic import single_token_words, text_of_length
-from onepass.guard import guard_backend
+from onepass.attention.backends import cpu_backend
 from onepass.precision import float64_norms
 from onepass.rl.layout import layout_rollouts
 from onepass.rl.logprobs import token_logprobs, token_logprobs_reference
@@ -37,7 +37,7 @@ def rollouts(qwen3_tokenizer):
 
 
 def exact_model(arch, vocab):
-    model = tiny_model(arch, vocab, dtype=torch.float64, attn_implementation=guard_backend(tiny_config(arch, vocab), None))
+    model = tiny_model(arch, vocab, dtype=torch.float64, attn_implementation=cpu_backend(tiny_config(arch, vocab), None))
     float64_norms(model)
     return model
 

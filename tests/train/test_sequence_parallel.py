@@ -69,9 +69,9 @@ def flags(values):
 
 
 def one_process(tmp_path, chats, arch, extra, monkeypatch):
-    import onepass.train.model as model_module
+    import onepass.train.loop as loop_module
 
-    monkeypatch.setattr(model_module, "load_model", float64_load_model(model_module.load_model))
+    monkeypatch.setattr(loop_module, "load_model", float64_load_model(loop_module.load_model))
     return train(load_config(None, dict(data=str(chats), output_dir=str(tmp_path / "one"), **settings(arch, extra))),
                  log=lambda _m: None)
 

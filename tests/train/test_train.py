@@ -52,17 +52,17 @@ def held_out(tmp_path_factory):
 @pytest.fixture
 def exact_norms(monkeypatch):
     """Training models get float64 RMSNorms (transformers upcasts them to float32; see onepass.precision)."""
-    import onepass.train.model as tm
+    import onepass.train.loop as loop  # the run's loop calls load_model by the name it imported
     from onepass.precision import float64_norms
 
-    original = tm.load_model
+    original = loop.load_model
 
     def load(*args, **kwargs):
         model = original(*args, **kwargs)
         assert float64_norms(model)[0] > 0
         return model
 
-    monkeypatch.setattr(tm, "load_model", load)
+    monkeypatch.setattr(loop, "load_model", load)
 
 
 def config_of(tmp_path, name, **overrides):

@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 
 from onepass.data.synthetic import AgentConfig, agent_record
+from onepass.precision import float64_norms
 from onepass.share import loss_terms, same_terms
 from onepass.train import train
 from onepass.train.config import load_config
+from onepass.train import loop
 from onepass.train.data import shared_order, step_units
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -44,19 +46,13 @@ def rel(a, b):
     return abs(a - b) / max(abs(a), abs(b), 1e-300)
 
 
-def test_shared_prefixes_take_the_same_steps_with_fewer_tokens(tmp_path, agent_chats):
-    import onepass.train.model as tm
-    from onepass.precision import float64_norms
-
-    original = tm.load_model
-    tm.load_model = lambda *a, **k: (lambda m: (float64_norms(m), m)[1])(original(*a, **k))
-    try:
-        common = dict(data=str(agent_chats), dtype="float64", max_steps=4, per_device_train_batch_size=2,
-                      gradient_accumulation_steps=2, pack=True, max_tokens=4096)
-        shared = run(tmp_path, "shared", **common)
-        apart = run(tmp_path, "apart", share_prefix=False, **common)
-    finally:
-        tm.load_model = original
+def test_shared_prefixes_take_the_same_steps_with_fewer_tokens(tmp_path, agent_chats, monkeypatch):
+    original = loop.load_model  # the loop's own name (imported at module level): norms in float64 too
+    monkeypatch.setattr(loop, "load_model", lambda *a, **k: (lambda m: (float64_norms(m), m)[1])(original(*a, **k)))
+    common = dict(data=str(agent_chats), dtype="float64", max_steps=4, per_device_train_batch_size=2,
+                  gradient_accumulation_steps=2, pack=True, max_tokens=4096)
+    shared = run(tmp_path, "shared", **common)
+    apart = run(tmp_path, "apart", share_prefix=False, **common)
     assert max(rel(a, b) for a, b in zip(shared.losses, apart.losses)) <= 1e-10
     tokens = [sum(h["tokens"] for h in json.loads(r.metrics_path.read_text())["history"]) for r in (shared, apart)]
     assert tokens[0] < tokens[1] * 0.8  # the harness prompt and tools once per row, not once per conversation

@@ -11,16 +11,11 @@
     paper.py      the seed paper's layout and role-id mask, kept as a separate reference
 """
 
-import importlib
-from typing import Any
+from onepass.lazy import package_getattr
 
 # The public names live in backends.py (torch). Loaded on first use, so the numpy-only plans
 # (blocks, segments, window, paper) can be imported without torch.
 __all__ = ["BACKENDS", "BackendError", "attention_mask_for", "check_backend", "default_backend",
            "layer_windows", "model_backend", "supported_backend"]
 
-
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return getattr(importlib.import_module("onepass.attention.backends"), name)
-    raise AttributeError(f"module 'onepass.attention' has no attribute {name!r}")
+__getattr__ = package_getattr(__name__, {name: f"onepass.attention.backends:{name}" for name in __all__})

@@ -37,11 +37,10 @@ from typing import Any
 
 import torch
 
-from onepass.attention.blocks import block_mask
 from onepass.attention.cpu import BACKEND as ONEPASS_CPU
 from onepass.attention.cpu import cpu_attention_mask
 from onepass.attention.cpu import register as register_onepass_cpu
-from onepass.attention.mask import additive_mask, dense_mask
+from onepass.attention.mask import additive_mask, block_mask, dense_mask
 from onepass.attention.varlen import BACKEND as VARLEN
 from onepass.attention.varlen import varlen_attention_mask
 from onepass.errors import ConfigError
@@ -137,6 +136,15 @@ def supported_backend(model_or_config: Any, device: torch.device | str, dtype: t
     if not softcap and getattr(model_class, "_supports_sdpa", True):
         return "sdpa"
     return "eager"
+
+
+CPU_BACKENDS = ("onepass_cpu", "sdpa", "eager")
+
+
+def cpu_backend(config: Any, requested: str | None = None) -> str:
+    """The backend a model runs exactly on CPU (the guard's twin, ``onepass verify``): ``requested`` when it
+    runs on CPU (the one training uses), else the one :func:`supported_backend` picks there."""
+    return requested if requested in CPU_BACKENDS else str(supported_backend(config, "cpu"))
 
 
 def _causal_lm_class(config: Any) -> Any:

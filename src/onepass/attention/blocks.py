@@ -1,7 +1,7 @@
 """Plans from ``kv_end`` that let attention skip what the mask hides, in O(L), never L x L.
 
 This module: :class:`BlockPlan` (FlexAttention, any device): which (query
-block, key block) tiles are empty, partial or full; :func:`block_mask` turns
+block, key block) tiles are empty, partial or full; :func:`onepass.attention.mask.block_mask` turns
 it into a ``BlockMask`` directly. The other plan, for the CPU kernel, is
 :mod:`onepass.attention.segments`.
 
@@ -25,7 +25,7 @@ it follows from O(L) per-block reductions of ``kv_end`` instead:
   pads them with masked pairs), exactly as ``create_block_mask`` decides.
 
 Cost: O(L) reductions plus O(M * N) comparisons for M x N tiles, the size of
-the ``BlockMask`` itself. :func:`block_mask` then builds FlexAttention's
+the ``BlockMask`` itself. :func:`onepass.attention.mask.block_mask` then builds FlexAttention's
 ``BlockMask`` directly (``BlockMask.from_kv_blocks``) on the device the caller
 names.
 
@@ -57,22 +57,19 @@ index ``window_start[q]`` on, the ancestor at depth ``depth[q] - W + 1``
   branches can keep a tile PARTIAL that holds no visible pair (the
   ``mask_mod`` hides it; never the reverse).
 
-Legend: B rows, L row length, M query blocks, N key blocks (M == N here),. Numpy only; torch is imported inside :func:`block_mask`.
+Legend: B rows, L row length, M query blocks, N key blocks (M == N here). Numpy only: the ``BlockMask`` built
+from a plan is :func:`onepass.attention.mask.block_mask`'s (torch).
 """
 
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from onepass.attention.window import as_positions_BL, check_window, window_start
-
-if TYPE_CHECKING:
-    import torch
-    from torch.nn.attention.flex_attention import BlockMask
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -183,7 +180,7 @@ def block_plan_reference(kv_end: Any, block_size: int = 128, *, position_ids: An
     return BlockPlan(block_size=block_size, length=L, kind_BMN=kind_BMN, window=window)
 
 
-def _ordered(blocks_BMN: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def ordered_blocks(blocks_BMN: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(count per query block, key-block indices with the selected ones first, ascending).
 
     The same order as FlexAttention's own ``argsort(descending=True, stable=True)``.
@@ -191,55 +188,3 @@ def _ordered(blocks_BMN: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     num_BM = blocks_BMN.sum(-1, dtype=np.int32)
     idx_BMN = np.argsort(~blocks_BMN, axis=-1, kind="stable").astype(np.int32)
     return num_BM, idx_BMN
-
-
-def block_mask_from_plan(plan: BlockPlan, kv_end: Any, *, device: torch.device | str | None = None,
-                         position_ids: Any = None) -> BlockMask:
-    """FlexAttention ``BlockMask`` (shared by all heads) from ``plan``, on ``device``.
-
-    ``kv_end`` (and, for a windowed plan, ``position_ids``) are the plan's own;
-    they back the ``mask_mod`` that the kernel evaluates on partial tiles.
-    ``device`` defaults to ``kv_end``'s device for a tensor, else CPU.
-    """
-    import torch
-    from torch.nn.attention.flex_attention import BlockMask
-
-    from onepass.attention.mask import generate_tree_mask_mod
-
-    if device is None:
-        device = kv_end.device if isinstance(kv_end, torch.Tensor) else "cpu"
-    checked_BL = as_kv_end_BL(kv_end)
-    if isinstance(kv_end, torch.Tensor):  # keep the caller's tensor (no host round trip for the mask_mod)
-        kv_end_BL = kv_end.to(device=device, dtype=torch.long).reshape(checked_BL.shape)
-    else:
-        kv_end_BL = torch.as_tensor(checked_BL, device=device)
-    if kv_end_BL.shape[1] != plan.length or kv_end_BL.shape[0] != plan.kind_BMN.shape[0]:
-        raise ValueError(f"kv_end of shape {tuple(kv_end_BL.shape)} does not belong to a plan of "
-                         f"{plan.kind_BMN.shape[0]} rows of {plan.length}")
-    pos_BL = None
-    if plan.window is not None:  # a tensor stays on its device; anything else goes through numpy
-        pos_BL = (position_ids.to(device=device, dtype=torch.long).reshape(checked_BL.shape)
-                  if isinstance(position_ids, torch.Tensor)
-                  else torch.as_tensor(as_positions_BL(position_ids, checked_BL.shape), device=device))
-    num_BM, idx_BMN = _ordered(plan.kind_BMN == PARTIAL)
-    full_num_BM, full_idx_BMN = _ordered(plan.kind_BMN == FULL)
-
-    def put(x: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(x[:, None], device=device)  # [B, 1 head, ...]
-
-    return BlockMask.from_kv_blocks(put(num_BM), put(idx_BMN), put(full_num_BM), put(full_idx_BMN),
-                                    BLOCK_SIZE=plan.block_size,
-                                    mask_mod=generate_tree_mask_mod(kv_end_BL, pos_BL, plan.window),
-                                    seq_lengths=(plan.length, plan.length))
-
-
-def block_mask(kv_end: Any, *, block_size: int = 128, device: torch.device | str | None = None,
-               position_ids: Any = None, window: int | None = None) -> BlockMask:
-    """The tree ``BlockMask`` for ``kv_end`` ([L] or [B, L]), built from :func:`block_plan`.
-
-    Equals ``onepass.attention.mask.tree_block_mask`` (``create_block_mask``) tile for tile,
-    without evaluating the mask on L x L pairs (with a window: the same FULL tiles, no visible
-    tile skipped; see the module docstring).
-    """
-    plan = block_plan(kv_end, block_size, position_ids=position_ids, window=window)
-    return block_mask_from_plan(plan, kv_end, device=device, position_ids=position_ids)

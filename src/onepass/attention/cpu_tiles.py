@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from onepass.attention.mask import dense_mask
 from onepass.attention.segments import SegmentPlan, segment_plan
 from onepass.private_names import private
 from onepass.errors import ConfigError
@@ -312,7 +313,7 @@ def tree_attention(q_BHLD: torch.Tensor, k_BHLD: torch.Tensor, v_BHLD: torch.Ten
                                 f"{tuple(q_BHLD.shape)} and keys {tuple(k_BHLD.shape)} (no KV cache here)")
     if q_BHLD.device.type != "cpu":
         raise CpuAttentionError(f"onepass_cpu runs on CPU, got tensors on {q_BHLD.device}; on CUDA use "
-                                "flex_attention with onepass.attention.blocks.block_mask")
+                                "flex_attention with onepass.attention.mask.block_mask")
     J = k_BHLD.shape[1]
     if H % J:
         raise CpuAttentionError(f"{H} query heads cannot share {J} key/value heads")
@@ -332,8 +333,6 @@ def tree_attention_reference(q_BHLD: torch.Tensor, k_BHLD: torch.Tensor, v_BHLD:
                              kv_end_BL: Any, *, scale: float | None = None, position_ids: Any = None,
                              window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Slow reference: dense attention under ``onepass.attention.mask.dense_mask`` (every pair computed)."""
-    from onepass.attention.mask import dense_mask
-
     kv_end_BL = torch.as_tensor(np.asarray(kv_end_BL))
     kv_end_BL = kv_end_BL.reshape(-1, kv_end_BL.shape[-1])
     pos = None if position_ids is None else np.asarray(position_ids).reshape(kv_end_BL.shape)

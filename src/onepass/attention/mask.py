@@ -48,7 +48,7 @@ exactly as in the plain view [h1 r1' h2 t2 r2])::
     r2                   x  x  x
 
 Which layers are windowed, and W, come from the config (read from
-transformers 5.23's modeling code; :func:`onepass.attention.backends.attention_windows`):
+transformers 5.23's modeling code; :func:`onepass.attention.backends.layer_windows`):
 ``config.layer_types[i] == "sliding_attention"`` with ``W = config.sliding_window``
 (gpt-oss: every other layer; OLMo-3: 3 of 4; Gemma 3: 5 of 6; Qwen2/Qwen3 with
 ``use_sliding_window``: layers ``i >= max_window_layers``); configs without
@@ -68,12 +68,13 @@ NQ/NK numbers of query/key blocks.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from onepass.attention.window import check_window
+from onepass.attention.blocks import FULL, PARTIAL, BlockPlan, as_kv_end_BL, block_plan, ordered_blocks
+from onepass.attention.window import as_positions_BL, check_window
 
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
@@ -232,3 +233,56 @@ def tree_block_mask(kv_end: ArrayLike, *, block_size: int = 128, device: torch.d
     B, L = kv_end_BL.shape
     return create_block_mask(generate_tree_mask_mod(kv_end_BL, pos_BL, window), B, None, L, L,
                              device=kv_end_BL.device, BLOCK_SIZE=block_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# the BlockMask of a block plan (onepass.attention.blocks): tiles from the plan, the mask_mod above for partial ones
+
+
+def block_mask_from_plan(plan: BlockPlan, kv_end: Any, *, device: torch.device | str | None = None,
+                         position_ids: Any = None) -> BlockMask:
+    """FlexAttention ``BlockMask`` (shared by all heads) from ``plan``, on ``device``.
+
+    ``kv_end`` (and, for a windowed plan, ``position_ids``) are the plan's own;
+    they back the ``mask_mod`` that the kernel evaluates on partial tiles.
+    ``device`` defaults to ``kv_end``'s device for a tensor, else CPU.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    if device is None:
+        device = kv_end.device if isinstance(kv_end, torch.Tensor) else "cpu"
+    checked_BL = as_kv_end_BL(kv_end)
+    if isinstance(kv_end, torch.Tensor):  # keep the caller's tensor (no host round trip for the mask_mod)
+        kv_end_BL = kv_end.to(device=device, dtype=torch.long).reshape(checked_BL.shape)
+    else:
+        kv_end_BL = torch.as_tensor(checked_BL, device=device)
+    if kv_end_BL.shape[1] != plan.length or kv_end_BL.shape[0] != plan.kind_BMN.shape[0]:
+        raise ValueError(f"kv_end of shape {tuple(kv_end_BL.shape)} does not belong to a plan of "
+                         f"{plan.kind_BMN.shape[0]} rows of {plan.length}")
+    pos_BL = None
+    if plan.window is not None:  # a tensor stays on its device; anything else goes through numpy
+        pos_BL = (position_ids.to(device=device, dtype=torch.long).reshape(checked_BL.shape)
+                  if isinstance(position_ids, torch.Tensor)
+                  else torch.as_tensor(as_positions_BL(position_ids, checked_BL.shape), device=device))
+    num_BM, idx_BMN = ordered_blocks(plan.kind_BMN == PARTIAL)
+    full_num_BM, full_idx_BMN = ordered_blocks(plan.kind_BMN == FULL)
+
+    def put(x: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(x[:, None], device=device)  # [B, 1 head, ...]
+
+    return BlockMask.from_kv_blocks(put(num_BM), put(idx_BMN), put(full_num_BM), put(full_idx_BMN),
+                                    BLOCK_SIZE=plan.block_size,
+                                    mask_mod=generate_tree_mask_mod(kv_end_BL, pos_BL, plan.window),
+                                    seq_lengths=(plan.length, plan.length))
+
+
+def block_mask(kv_end: Any, *, block_size: int = 128, device: torch.device | str | None = None,
+               position_ids: Any = None, window: int | None = None) -> BlockMask:
+    """The tree ``BlockMask`` for ``kv_end`` ([L] or [B, L]), built from :func:`block_plan`.
+
+    Equals :func:`tree_block_mask` (``create_block_mask``) tile for tile,
+    without evaluating the mask on L x L pairs (with a window: the same FULL tiles, no visible
+    tile skipped; see the module docstring).
+    """
+    plan = block_plan(kv_end, block_size, position_ids=position_ids, window=window)
+    return block_mask_from_plan(plan, kv_end, device=device, position_ids=position_ids)

@@ -1,7 +1,7 @@
 """The seed paper's layout and role-id mask, kept as a visibly separate reference.
 
 Why this module exists: onepass does not use the paper's layout (its tree layout
-fixes two flaws of the published code, see docs/how-it-works.md), but the tests reproduce the
+fixes two flaws of the published code, see docs/design.md), but the tests reproduce the
 paper's mask on the paper's own token order to show where the two differ and
 that they agree where they should. Nothing in the training path imports this.
 

@@ -47,6 +47,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from onepass.bench.gpu_bundle import mismatches, name_of, onepass_requirements
+from onepass.bench.report import headline
+from onepass.files import atomic_write_text
 
 TOTAL_SECONDS = 420  # the one call: 7 minutes, inside the 10 a command may run and the ~13 a lease leaves
 MARGIN_SECONDS = 20  # the interpreter's start, torch's import, the last JSON
@@ -97,8 +99,6 @@ class Report:
         self.say(f"gpu-check: {line}")
 
     def save(self) -> None:
-        from onepass.files import atomic_write_text
-
         atomic_write_text(self.json_path, json.dumps(self.record, indent=1, default=str) + "\n")
 
 
@@ -383,8 +383,6 @@ def speed_summary(summary: dict[str, Any]) -> dict[str, Any]:
 
 def speed_lines(shape: str, summary: dict[str, Any]) -> list[str]:
     """One line per setting (tokens/s, peak memory) and the report's headline: ratios and their bound."""
-    from onepass.bench.report import headline
-
     lines = [f"speed {shape} ({summary['workload']['layers']} of {summary['workload']['full_layers']} layers, "
              f"{summary['workload']['dtype']}, ideal {summary['ideal_speedup']['all']:.2f}x): {s['backend']} "
              f"{s['setting']} {s['tokens_per_s']:,.0f} tok/s, peak {(s['peak_memory_bytes'] or 0) / 2**30:.2f} GiB"

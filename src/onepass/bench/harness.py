@@ -40,20 +40,25 @@ from typing import Any
 import numpy as np
 import torch
 
+from onepass.attention.backends import attention_mask_for
+from onepass.attention.cpu import register
 from onepass.bench.memory import (
     OPTIMIZER_MARK,
     persistent_tensors,
     step_memory,
     tensor_bytes,
 )
-from onepass.attention.varlen import BACKEND as VARLEN
+from onepass.attention.varlen import BACKEND as VARLEN, register as register_varlen
 from onepass.bench.ratio import fastest_ratio, speed_ratio
+from onepass.dtypes import torch_dtype
 from onepass.errors import UsageError
 from onepass.flops import speed_bound, visible_pairs
 from onepass.loss import batch_loss, layouts_to_batch
+from onepass.mixers.tree import timing as chain_timing
 from onepass.pack import pack_layouts
 from onepass.schedule import parse_schedule, schedule_views
 from onepass.share import share_rows
+from onepass.tiny import tiny_model
 from onepass.tree import Layout
 from onepass.view import View
 
@@ -234,19 +239,13 @@ class Session:
 def start_session(job: Job) -> Session:
     """Build ``job``'s model (its backend registered first: a fresh process knows only transformers' own),
     a fused AdamW and its batches."""
-    from onepass.tiny import tiny_model
-
     torch.set_num_threads(job.threads)
     device = torch.device(job.device)
     if job.backend == "onepass_cpu":
-        from onepass.attention.cpu import register
-
         register()
     if job.backend == VARLEN:
-        from onepass.attention.varlen import register as register_varlen
-
         register_varlen()
-    model = tiny_model(job.arch, job.vocab, dtype=getattr(torch, job.dtype), seed=job.seed,
+    model = tiny_model(job.arch, job.vocab, dtype=torch_dtype(job.dtype), seed=job.seed,
                        attn_implementation=job.backend, device=device, **arch_kwargs(job.arch, job.shape_kwargs))
     model.train()
     # fused: transformers' default optimizer with torch >= 2.8 (adamw_torch_fused; the TRL setting uses it too),
@@ -264,9 +263,6 @@ def time_training(job: Job) -> Timing:
     fresh process so allocator state never carries over between settings and
     the CPU peak RSS is this setting's own.
     """
-    from onepass.attention.backends import attention_mask_for
-    from onepass.mixers.tree import timing as chain_timing
-
     device = torch.device(job.device)
     session = start_session(job)
     before = start_peak_memory(device)  # above the loaded model

@@ -41,7 +41,10 @@ from typing import Any
 
 import torch
 
+from onepass.attention.cpu import cpu_attention_mask, register
+from onepass.dtypes import torch_dtype
 from onepass.bench.harness import Timing, peak_memory_since, start_peak_memory, sync_device
+from onepass.tiny import tiny_model
 from onepass.couplings import checkpointing_field
 from onepass.view import View
 
@@ -113,8 +116,6 @@ def kv_end_from_position_ids(position_ids_L: torch.Tensor) -> torch.Tensor:
 
 def _packed_mask_hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """TRL's padding-free batch (``position_ids``, no ``attention_mask``) -> onepass_cpu's kv_end mask."""
-    from onepass.attention.cpu import cpu_attention_mask
-
     position_ids_BL = kwargs.get("position_ids")
     if kwargs.get("attention_mask") is None and position_ids_BL is not None:
         kv_end_BL = torch.stack([kv_end_from_position_ids(p) for p in position_ids_BL])
@@ -126,13 +127,10 @@ def make_trainer(job: TrlJob, out_dir: str, callbacks: list[Any] | None = None) 
     """An ``SFTTrainer`` over the job's views: packed with BFD, loss on completions only."""
     from trl import SFTTrainer
 
-    from onepass.tiny import tiny_model
-
     if job.backend == "onepass_cpu":  # a fresh process: register the backend again
-        from onepass.attention.cpu import register
 
         register()
-    model = tiny_model("qwen3", job.vocab, dtype=getattr(torch, job.dtype), seed=job.seed,
+    model = tiny_model("qwen3", job.vocab, dtype=torch_dtype(job.dtype), seed=job.seed,
                        attn_implementation=job.backend, device=job.device, **job.shape_kwargs).train()
     if job.backend == "onepass_cpu":
         model.register_forward_pre_hook(_packed_mask_hook, with_kwargs=True)

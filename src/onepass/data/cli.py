@@ -20,27 +20,28 @@ Errors a user can cause raise :class:`onepass.errors.OnePassError` subclasses, w
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from onepass.data.load import limit_arg
+from onepass.data import sample as S
+from onepass.data.augment import SYSTEM_PROMPT, augment, write_failure_report
+from onepass.data.chat_client import ChatClient, ClientConfig
+from onepass.data.load import iter_conversations, limit_arg, load_conversations, print_skipped, write_records
+from onepass.data.mathchat import convert_mathchat, write_jsonl
+from onepass.data.refusal import refusal_check
+from onepass.data.stats import compute_stats, depth_histogram, model_shape, plot_depths
+from onepass.data.synthetic import iter_records
 from onepass.errors import UsageError, run_main
-
-
-def _print_skipped(skipped: Sequence[str], what: str = "records") -> None:
-    for line in skipped[:5]:
-        print(f"skipped: {line}", file=sys.stderr)
-    if len(skipped) > 5:
-        print(f"... and {len(skipped) - 5} more skipped {what}", file=sys.stderr)
+from onepass.prepare_cli import DATA_HELP
+from onepass.tokenizer import load_tokenizer
 
 
 def _data_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
-    p.add_argument("--data", required=required,
-                   help="conversations: .jsonl/.json/.parquet, a folder of them, a saved dataset, "
-                        "builtin:mathchat, synthetic:NAME or a hub id (online only)")
+    p.add_argument("--data", required=required, help=DATA_HELP)
     p.add_argument("--split", help="split of a dataset directory or hub id (default: the only one, or train)")
     p.add_argument("--strict", action="store_true", help="stop at the first bad record instead of skipping it")
 
@@ -134,10 +135,8 @@ def add_parsers(data_parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from onepass.data.mathchat import convert_mathchat, write_jsonl
-
     records, skipped = convert_mathchat([Path(p) for p in args.input], strict=args.strict, limit=args.limit)
-    _print_skipped(skipped, "lines")
+    print_skipped(skipped, "lines")
     if not records:  # an empty file would read as success to the next step of a pipeline
         first = skipped[0] if skipped else "the input has no records"
         print(f"onepass: error: nothing to write, every line was skipped; first: {first}", file=sys.stderr)
@@ -148,8 +147,6 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from onepass.data import sample as S
-
     caps = S.parse_caps(args.cap)
     if (args.data is None) == (args.depth_table is None):
         raise UsageError("give --data (to sample it) or --depth-table (a dry run on counts), not both")
@@ -164,11 +161,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
         report = S.sample_dataset(args.data, None if args.dry_run else args.out, budget=args.budget,
                                   minimum=args.minimum, caps=caps, rule=args.rule, seed=args.seed,
                                   cap_order=args.cap_order, strict=args.strict, split=args.split)
-        _print_skipped(report.skipped)
+        print_skipped(report.skipped)
     print(report.allocation.table())
     if args.plot:
-        from onepass.data.stats import plot_depths
-
         before = {r.depth: r.available for r in report.allocation.rows}
         print(f"wrote {plot_depths(report.allocation.counts(), args.plot, before=before)}")
     if args.report:
@@ -180,11 +175,6 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_augment(args: argparse.Namespace) -> int:
-    from onepass.data.augment import SYSTEM_PROMPT, augment, write_failure_report
-    from onepass.data.chat_client import ChatClient, ClientConfig
-    from onepass.data.load import load_conversations, write_records
-    from onepass.data.refusal import refusal_check
-
     refusal = refusal_check(extra=args.refusal_pattern, patterns_file=args.refusal_patterns,
                             off=args.no_refusal_check)
     config = ClientConfig(base_url=args.base_url, model=args.model, api_key_env=args.api_key_env,
@@ -205,7 +195,7 @@ def cmd_augment(args: argparse.Namespace) -> int:
     result.skipped = report.skipped
     write_records(result.records, out)
     failures = write_failure_report(result, args.failures or out.with_name(out.name + ".failures.json"))
-    _print_skipped(report.skipped)
+    print_skipped(report.skipped)
     print(result.summary())
     print(f"wrote {len(result.records)} conversations to {out}; cache {cache}"
           + (f"; FAILURES in {failures}" if failures else ""))
@@ -213,9 +203,6 @@ def cmd_augment(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from onepass.data.load import iter_conversations, load_conversations
-    from onepass.data.stats import compute_stats, depth_histogram, model_shape, plot_depths
-
     try:
         shape = model_shape(args.model_shape)
     except ValueError as e:  # model_shape raises for the spec only: a user error
@@ -223,8 +210,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
     report = load_conversations(args.data, strict=args.strict, limit=args.limit, split=args.split)
     tokenizer = None
     if args.tokenizer != "none":
-        from onepass.tokenizer import load_tokenizer
-
         tokenizer = load_tokenizer(args.tokenizer, chat_template=args.chat_template)
     if args.max_tokens < 2:
         raise UsageError(f"--max-tokens must be >= 2, got {args.max_tokens}")
@@ -232,7 +217,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
                           progress=not args.no_progress, total=len(report.conversations),
                           max_tokens=None if args.no_share_prefix else args.max_tokens)
     stats.skipped = report.skipped + stats.skipped
-    _print_skipped(stats.skipped, "records or conversations")
+    print_skipped(stats.skipped, "records or conversations")
     print(stats.summary())
     out: dict[str, Any] = stats.to_dict()
     before = None
@@ -251,11 +236,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_synthetic(args: argparse.Namespace) -> int:
-    import itertools
-
-    from onepass.data.load import write_records
-    from onepass.data.synthetic import iter_records
-
     if args.num < 0:
         raise UsageError(f"--num must be >= 0, got {args.num}")
     n = write_records(itertools.islice(iter_records(args.workload, args.seed), args.num), args.out)

@@ -38,12 +38,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+import sys
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from onepass.conversation import Conversation, ReadReport, parse_record
+from onepass.data.mathchat import sample_path
+from onepass.data.synthetic import iter_workload, workload_names
 from onepass.errors import ConversationError, DataError, DataNotFound
 from onepass.files import atomic_file
 from onepass.hub import hub_offline, offline_reason
@@ -122,8 +125,6 @@ def _hub(spec: str, split: str | None) -> Iterator[RawRecord]:
 
 
 def _synthetic(name: str) -> Iterator[RawRecord]:
-    from onepass.data.synthetic import iter_workload
-
     for index, record in enumerate(iter_workload(name)):
         yield RawRecord(source=f"synthetic:{name}", index=index, unit="record", record=record)
 
@@ -218,13 +219,9 @@ def resolve_data(spec: str | Path, *, split: str | None = None) -> DataSource:
     """
     text = str(spec)
     if text == "builtin:mathchat":
-        from onepass.data.mathchat import sample_path
-
         return DataSource(spec=text, kind=CONVERSATIONS, form="builtin", path=sample_path(),
                           description="builtin:mathchat (the bundled MathChat sample)")
     if text.startswith("synthetic:"):
-        from onepass.data.synthetic import workload_names
-
         name = text.split(":", 1)[1]
         if name not in workload_names():
             raise DataNotFound(f"unknown synthetic workload {name!r}; have {', '.join(workload_names())}")
@@ -342,6 +339,14 @@ def load_conversations(spec: str | Path | DataSource, *, strict: bool = True, li
             del report.skipped[seen:]  # records past the limit are not this read's skips
             break
     return report
+
+
+def print_skipped(skipped: Sequence[str], what: str = "records") -> None:
+    """The first five of a reader's skip lines on stderr, then how many more (never dropped silently)."""
+    for line in skipped[:5]:
+        print(f"skipped: {line}", file=sys.stderr)
+    if len(skipped) > 5:
+        print(f"... and {len(skipped) - 5} more skipped {what}", file=sys.stderr)
 
 
 def to_record(conv: Conversation, **extra: Any) -> dict[str, Any]:

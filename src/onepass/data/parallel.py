@@ -50,7 +50,10 @@ from pathlib import Path
 from typing import Any
 
 from onepass.conversation import Conversation, ConversationError
-from onepass.prepare import ADDITIVE, INVALID, PrepareConfig, PrepareStats, finalize, prepare_conversation
+from onepass.data.load import iter_conversation_records
+from onepass.guard.sample import ViewSample, usable_views
+from onepass.prepare import INVALID, PrepareConfig, PrepareStats, finalize, prepare_conversation
+from onepass.tokenizer import load_tokenizer
 from onepass.tree import Layout
 
 CHUNK = 8  # conversations per task sent to a worker
@@ -136,7 +139,6 @@ def _tokenizer(tokenizer: Any, chat_template: str | None) -> Any:
     """A loaded tokenizer as is; a spec (``builtin:qwen3``, a path) loaded."""
     if not isinstance(tokenizer, str):
         return tokenizer
-    from onepass.tokenizer import load_tokenizer
 
     return load_tokenizer(tokenizer, chat_template=chat_template)
 
@@ -146,7 +148,7 @@ class _PairedStats(PrepareStats):
     """Stats that also keep each skip's reason beside its message, in order (one conversation's
     turns can be skipped for different reasons): what a worker sends back."""
 
-    pairs: list[tuple[str, str, int]] = dataclasses.field(default_factory=list)
+    pairs: list[tuple[str, str, int]] = dataclasses.field(default_factory=list, metadata={"merge": "skips"})
 
     def skip(self, reason: str, message: str, count: int = 1) -> None:
         super().skip(reason, message, count)
@@ -157,21 +159,25 @@ def _init_worker(tokenizer: Any, chat_template: str | None, config: PrepareConfi
     _WORKER.update(tokenizer=_tokenizer(tokenizer, chat_template), config=config, strict=strict)
 
 
-def _work(chunk: list[Conversation]) -> list[tuple[list[Layout], dict[str, int], list[tuple[str, str, int]]]]:
-    """Worker: each conversation's trees, counts and skips."""
+_Done = tuple[list[Layout], dict[str, int], list[tuple[str, str, int]], list[Any]]
+
+
+def _work(chunk: list[Conversation], sampled: bool = False) -> list[_Done]:
+    """Worker: each conversation's trees, counts, skips and (``sampled``: the first conversations, whose
+    views the exactness guard may check) its :func:`onepass.guard.sample.usable_views`."""
     out = []
     for conv in chunk:
         st = _PairedStats()
-        trees = prepare_conversation(conv, _WORKER["tokenizer"], _WORKER["config"], st, strict=_WORKER["strict"])
-        out.append((trees, {k: getattr(st, k) for k in ADDITIVE}, st.pairs))
+        views: list[Any] = []
+        trees = prepare_conversation(conv, _WORKER["tokenizer"], _WORKER["config"], st, strict=_WORKER["strict"],
+                                     on_rendered=(lambda r: views.append(usable_views(r))) if sampled else None)
+        out.append((trees, st.counts(), st.pairs, views))
     return out
 
 
 def _conversations(spec: str | Path, stats: PrepareStats, *, split: str | None, limit: int | None,
                    strict: bool) -> Iterator[Conversation]:
     """Valid conversations of ``spec``, at most ``limit``; invalid records counted in ``stats``."""
-    from onepass.data.load import iter_conversation_records
-
     if limit is not None and limit <= 0:
         return
     valid = 0
@@ -224,9 +230,10 @@ def iter_prepared(spec: str | Path, tokenizer: Any, config: PrepareConfig, stats
 
 def iter_units(convs: Iterable[Conversation], tokenizer: Any, config: PrepareConfig, stats: PrepareStats, *,
                num_proc: int = 1, chat_template: str | None = None, strict: bool = False, progress: bool = False,
-               total: int | None = None) -> Iterator[list[Layout]]:
+               total: int | None = None, sample: ViewSample | None = None) -> Iterator[list[Layout]]:
     """Each conversation's trees (unpacked; an empty list when all its views are skipped), in input order,
-    counted into ``stats``; on ``num_proc`` forked workers when > 1, as :func:`iter_prepared`."""
+    counted into ``stats``; on ``num_proc`` forked workers when > 1, as :func:`iter_prepared`. ``sample``
+    is offered each conversation's rendering, in order (the exactness guard's views)."""
     if num_proc < 1:
         raise ValueError(f"num_proc must be >= 1, got {num_proc}")
     stats.configure(config)
@@ -238,7 +245,8 @@ def iter_units(convs: Iterable[Conversation], tokenizer: Any, config: PrepareCon
     if num_proc == 1:
         tok = _tokenizer(tokenizer, chat_template)
         for conv in convs:
-            yield prepare_conversation(conv, tok, config, stats, strict=strict)
+            yield prepare_conversation(conv, tok, config, stats, strict=strict,
+                                       on_rendered=sample.offer if sample is not None else None)
         return
     import multiprocessing
 
@@ -249,13 +257,17 @@ def iter_units(convs: Iterable[Conversation], tokenizer: Any, config: PrepareCon
         pending: deque[Any] = deque()
         try:
             chunks = _chunks(convs, CHUNK)
+            sent = 0  # conversations sent: the first sample.limit of them come back with their views
             while True:
                 while len(pending) < WINDOW * num_proc and (chunk := next(chunks, None)) is not None:
-                    pending.append(pool.apply_async(_work, (chunk,)))
+                    pending.append(pool.apply_async(_work, (chunk, sample is not None and sent < sample.limit)))
+                    sent += len(chunk)
                 if not pending:
                     break
-                for trees, counts, skips in pending.popleft().get():
+                for trees, counts, skips, views in pending.popleft().get():
                     stats.add(counts, skips)
+                    if sample is not None and views:
+                        sample.add(views[0])
                     yield trees
         finally:
             _stop(pool, pending)

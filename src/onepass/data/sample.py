@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from onepass.conversation import ConversationError
+from onepass.data.load import iter_conversation_records, write_records
 from onepass.errors import DataError, UsageError
 
 # The original MathChat_sync, conversations per depth (the paper's appendix).
@@ -254,8 +255,6 @@ def record_depths(spec: str | Path, *, strict: bool = True, split: str | None = 
                   skipped: list[str] | None = None) -> list[int | None]:
     """Pass 1: the depth (assistant turns) of every raw record of ``spec``; None for an invalid one
     (raised with ``strict``, else its error is appended to ``skipped``)."""
-    from onepass.data.load import iter_conversation_records
-
     out: list[int | None] = []
     for raw in iter_conversation_records(spec, split=split):
         try:
@@ -277,8 +276,6 @@ def sample_dataset(spec: str | Path, out: str | Path | None, *, budget: int = PA
 
     Two streaming passes: depths first, then the chosen records. ``out=None`` is a dry run.
     """
-    from onepass.data.load import iter_conversation_records, write_records
-
     skipped: list[str] = []
     depths = record_depths(spec, strict=strict, split=split, skipped=skipped)
     counts = Counter(d for d in depths if d is not None)

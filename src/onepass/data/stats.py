@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from onepass.attention.blocks import block_plan
 from onepass.conversation import Conversation
 from onepass.flops import (
     TILE,
@@ -51,7 +52,10 @@ from onepass.flops import (
     token_ratio,
     visible_pairs,
 )
-from onepass.tree import Layout
+from onepass.pack import pack_layouts
+from onepass.render import RenderConfig, RenderError, render_views
+from onepass.share import share_rows
+from onepass.tree import Layout, build_layout
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -159,10 +163,6 @@ def compute_stats(conversations: Iterable[Conversation], tokenizer: Any = None, 
     depth still count; its tokens do not). ``max_tokens``: the row budget of the shared-prefix
     figures (:func:`shared_cost`); None leaves them out.
     """
-    from onepass.attention.blocks import block_plan
-    from onepass.render import RenderConfig, RenderError, render_views
-    from onepass.tree import build_layout
-
     shape = model_shape(shape) if isinstance(shape, str) else shape
     stats = DataStats()
     depths: Counter[int] = Counter()
@@ -219,8 +219,6 @@ def compute_stats(conversations: Iterable[Conversation], tokenizer: Any = None, 
 
 
 def _tiles(rows: Sequence[Layout]) -> int:
-    from onepass.attention.blocks import block_plan
-
     return sum(int(plan.num_partial + plan.num_full) for plan in (block_plan(r.kv_end, TILE) for r in rows))
 
 
@@ -231,9 +229,6 @@ def shared_cost(trees: Sequence[Layout], max_tokens: int, shape: ModelShape,
     GPU tile cost of both, and the predicted step-time ratio (today's rows / shared rows). Trees longer
     than ``max_tokens`` are left out of both (counted). ``counts``: the N-pass counts, for the bound
     against N-pass."""
-    from onepass.pack import pack_layouts
-    from onepass.share import share_rows
-
     fits = [t for t in trees if len(t) <= max_tokens]
     today = pack_layouts(fits, max_tokens)
     shared = share_rows(fits, None, max_tokens)

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from onepass.conversation import parse_record
 from onepass.errors import UsageError
 
 # The paper's MathChat_sync depth table after capping depth 6 at 30,000 and drawing 8,000
@@ -237,8 +238,6 @@ def generate(num_conversations: int, seed: int = 0, *, depth_table: Mapping[int,
 
 def generate_conversations(num_conversations: int, seed: int = 0, **kwargs: Any) -> list:
     """:func:`generate`, parsed into validated :class:`~onepass.conversation.Conversation` records."""
-    from onepass.conversation import parse_record
-
     return [parse_record(r, source=f"synthetic seed {seed}", index=i)
             for i, r in enumerate(generate(num_conversations, seed, **kwargs))]
 

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
+from onepass.data.chat_client import ChatClient, ClientConfig, RequestFailed
 from onepass.errors import ConfigError, OnePassError
 
 
@@ -67,7 +68,7 @@ class HFGenerator:
     """``model.generate`` on batches of ``batch_size`` prompts (left padded), ``max_new_tokens`` each.
 
     Greedy unless ``do_sample`` (then ``temperature``/``top_p``, seeded by ``seed``). The model is used
-    where it is (its device and dtype): load it with :meth:`from_pretrained` or pass your own.
+    where it is (its device and dtype): load it with :func:`onepass.models.load_causal_lm` or pass your own.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_new_tokens: int = 2048, batch_size: int = 8,
@@ -82,16 +83,6 @@ class HFGenerator:
         self.stop_ids = _stop_ids(model, tokenizer)
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.stop_ids[0]
-
-    @classmethod
-    def from_pretrained(cls, path: str, tokenizer: Any, *, device: str = "cpu", dtype: str = "auto",
-                        attn_implementation: str = "sdpa", **kwargs: Any) -> HFGenerator:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
-        return cls(model.to(device), tokenizer, **kwargs)
 
     def _decode(self, ids: Sequence[int]) -> str:
         ids = list(ids)
@@ -160,8 +151,6 @@ def _strip_suffix(text: str, suffix: str | None) -> str:
 
 
 def _client(base_url: str, model: str, max_new_tokens: int, temperature: float, **kwargs: Any) -> Any:
-    from onepass.data.chat_client import ChatClient, ClientConfig
-
     return ChatClient(ClientConfig(base_url=base_url, model=model, max_tokens=max_new_tokens,
                                    temperature=temperature, json_mode=False, **kwargs))
 
@@ -181,8 +170,6 @@ def _ask_all(items: Sequence[Any], ask: Any, concurrency: int, *, cache: Any | N
     :class:`onepass.data.augment.Cache`), a reply cached by an earlier run is not requested again and
     each new one is cached as it arrives, so an interrupted paid evaluation resumes where it stopped."""
     import threading
-
-    from onepass.data.chat_client import RequestFailed
 
     lock = threading.Lock()
 

@@ -2,23 +2,17 @@
 
     twin.py         a tiny random twin of any config: same class and layer types, small sizes
     check.py        the check (``check_exact``), its result and the one-line refusal
+    sample.py       which conversations: two of the run's own, as the run rendered them (no torch)
     divergence.py   which layer differs: every layer's output at every tree node vs a plain forward
 
 ``onepass train``, ``OnePassTrainer`` and ``onepass verify`` use it; see docs/design.md.
 """
 
-from onepass.guard.check import (
-    TOLERANCE,
-    GuardResult,
-    InexactModelError,
-    builtin_conversations,
-    check_exact,
-    check_exact_once,
-    enforce,
-    guard_backend,
-    sample_views,
-    views_for_check,
-)
+from onepass.lazy import package_getattr
 
+# loaded on first use: onepass.verify imports onepass.guard.divergence, and onepass.guard.check imports onepass.verify
 __all__ = ["TOLERANCE", "GuardResult", "InexactModelError", "builtin_conversations", "check_exact",
-           "check_exact_once", "enforce", "guard_backend", "sample_views", "views_for_check"]
+           "check_exact_once", "enforce", "sample_views", "views_for_check"]
+_SAMPLE = ("builtin_conversations", "sample_views", "views_for_check")
+__getattr__ = package_getattr(__name__, {name: f"onepass.guard.{'sample' if name in _SAMPLE else 'check'}:{name}"
+                                         for name in __all__})

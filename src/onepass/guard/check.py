@@ -32,20 +32,22 @@ from typing import Any
 
 import torch
 
+from onepass.attention.backends import cpu_backend
+from onepass.attention.cpu import register
 from onepass.private_names import find_private, private
 from onepass.guard import divergence
 from onepass.guard.divergence import LayerDiff, judge, layer_of_parameter, locate, named_layer
-from onepass.errors import ConfigError, DataError, debug
-from onepass.render import RenderConfig
+from onepass.errors import ConfigError, debug
 from onepass.view import View
 from onepass.guard.twin import layer_types as twin_layer_types
 from onepass.guard.twin import tiny_twin
 from onepass.model_config import text_config
+from onepass.couplings import base_model
+from onepass.precision import float64_norms
+from onepass.verify import compact_vocab, run_verify
 
 TOLERANCE = divergence.TOLERANCE  # relative, float64; exact is ~1e-16 (a gradient may round further: judge)
-CPU_BACKENDS = ("onepass_cpu", "sdpa", "eager")
 CLI_HINT = "train with --schedule n-pass, or pass --allow-inexact to train anyway"
-MAX_VIEW_TOKENS = 2048  # a conversation's later views are left out of the check beyond this
 
 
 class InexactModelError(ConfigError):
@@ -100,11 +102,6 @@ class GuardResult:
 # the twin model
 
 
-def _unwrap(model_or_config: Any) -> Any:
-    base = getattr(model_or_config, "get_base_model", None)  # peft
-    return base() if callable(base) else model_or_config
-
-
 def _auto_class(config: Any) -> Any | None:
     try:
         return private("transformers.AutoModelForCausalLM._model_mapping")[type(config)]
@@ -114,7 +111,7 @@ def _auto_class(config: Any) -> Any | None:
 
 def describe(model_or_config: Any) -> tuple[Any, Any | None, str]:
     """(the decoder's config, the model class to build the twin with, the architecture's name)."""
-    obj = _unwrap(model_or_config)
+    obj = base_model(model_or_config)  # a peft model's base model
     is_model = isinstance(obj, torch.nn.Module)
     config = obj.config if is_model else obj
     decoder = text_config(config)
@@ -123,26 +120,14 @@ def describe(model_or_config: Any) -> tuple[Any, Any | None, str]:
     return decoder, cls, named or (cls.__name__ if cls is not None else type(config).__name__)
 
 
-def guard_backend(config: Any, requested: str | None = None) -> str:
-    """The attention backend the twin runs on CPU: ``requested`` when it runs on CPU (the one
-    training uses), else the one :func:`onepass.attention.backends.supported_backend` picks."""
-    from onepass.attention.backends import supported_backend
-
-    return requested if requested in CPU_BACKENDS else str(supported_backend(config, "cpu"))
-
-
 def build_twin(model_or_config: Any, vocab_size: int, *, backend: str | None = None, seed: int = 0) -> Any:
     """The tiny float64 twin of ``model_or_config`` with ``backend`` attention, in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    from onepass.precision import float64_norms
-
     config, cls, _ = describe(model_or_config)
     twin = tiny_twin(config, vocab_size)
-    backend = guard_backend(twin, backend)
+    backend = cpu_backend(twin, backend)
     if backend == "onepass_cpu":
-        from onepass.attention.cpu import register
-
         register()
     private("transformers.PreTrainedConfig._attn_implementation")
     twin._attn_implementation = backend
@@ -169,8 +154,6 @@ def check_exact(model_or_config: Any, conversations: Sequence[Sequence[View]], *
     share one row, as in packed training (trees of conversations that share a prefix merged into one,
     as packing does by default: :mod:`onepass.share`). Never raises for the model: a twin that cannot be
     built or run is a failed result with ``error`` set (``ONEPASS_DEBUG=1`` raises instead)."""
-    from onepass.verify import compact_vocab, run_verify
-
     t0 = time.perf_counter()
     config, _, architecture = describe(model_or_config)
     views, vocab = compact_vocab(conversations)
@@ -242,60 +225,3 @@ def enforce(result: GuardResult, *, allow_inexact: bool, hint: str = CLI_HINT,
         log("warning: " + result.message(hint="training anyway (allow_inexact); the loss is not the N-pass loss"))
     else:
         raise InexactModelError(result.message(hint))
-
-
-# ---------------------------------------------------------------------------------------------
-# which conversations
-
-
-def sample_views(conversations: Sequence[Any], tokenizer: Any, render: RenderConfig | None = None, *,
-                 num: int = 2, max_view_tokens: int = MAX_VIEW_TOKENS) -> list[list[View]]:
-    """Views of ``num`` conversations for the check: the first ones with two or more views (a
-    tree needs two), each cut to its views of at most ``max_view_tokens``; conversations the
-    template cannot render are passed over (training counts them)."""
-    from onepass.render import render_views
-
-    multi: list[list[View]] = []
-    single: list[list[View]] = []
-    for conv in conversations:
-        try:
-            views = render_views(conv, tokenizer, render or RenderConfig())
-        except DataError:
-            continue
-        views = [v for v in views if len(v) <= max_view_tokens]
-        if len(views) >= 2:
-            multi.append(views)
-        elif views:
-            single.append(views)
-        if len(multi) >= num:
-            break
-    return (multi + single)[:num]
-
-
-def builtin_conversations(limit: int = 16) -> list[Any]:
-    """The first bundled MathChat conversations: the check's data when the user's are not at hand."""
-    from onepass.data.mathchat import load_sample
-
-    return load_sample(limit=limit)
-
-
-def views_for_check(conversations: Sequence[Any], tokenizer: Any | None, render: RenderConfig | None = None,
-                    *, source: str = "the data", empty: str = "no conversations at hand"
-                    ) -> tuple[list[list[View]], str]:
-    """The views the guard checks, and what they are: two of ``conversations`` rendered with
-    ``tokenizer``; else the bundled MathChat pair rendered with it; else with builtin:qwen3 (the
-    twin's vocabulary is compacted, so any tokenizer exercises the same layers). ``empty``: why
-    there are no conversations (said in the description)."""
-    if conversations and tokenizer is not None:
-        views = sample_views(conversations, tokenizer, render)
-        if views:
-            return views, f"{len(views)} conversations of {source}"
-    why = empty if not conversations else f"no usable conversation in {source}"
-    if tokenizer is not None:
-        views = sample_views(builtin_conversations(), tokenizer, render)
-        if views:
-            return views, f"the bundled MathChat pair ({why})"
-    from onepass.tokenizer import load_tokenizer
-
-    views = sample_views(builtin_conversations(), load_tokenizer("builtin:qwen3"))
-    return views, f"the bundled MathChat pair rendered with builtin:qwen3 ({why})"

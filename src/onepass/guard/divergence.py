@@ -23,11 +23,13 @@ from typing import Any
 
 import torch
 
-from onepass.attention.backends import forward_kwargs
+from onepass.attention.backends import attention_mask_for, forward_kwargs
 from onepass.geometry import leaf_paths
 from onepass.mixers.tree import tree_kwargs
 from onepass.guard.twin import layer_types
+from onepass.loss import layouts_to_batch
 from onepass.model_config import text_config
+from onepass.schedule import Schedule, schedule_views
 from onepass.view import View
 
 TOLERANCE = 1e-9  # relative, float64
@@ -101,8 +103,6 @@ def mixer_name(layer: torch.nn.Module) -> str:
 def _tree_mask(model: Any, batch: dict[str, torch.Tensor]) -> Any:
     import inspect
 
-    from onepass.attention.backends import attention_mask_for
-
     if "position_ids_BL" in inspect.signature(attention_mask_for).parameters:  # per-layer-type masks
         return attention_mask_for(model, batch["kv_end"], position_ids_BL=batch["position_ids"])
     return attention_mask_for(model, batch["kv_end"])
@@ -112,9 +112,6 @@ def layer_differences(model: Any, conversations: Sequence[Sequence[View]]) -> li
     """Per decoder layer: the largest relative difference between its output at a one-pass tree
     node and its output at the same token of a plain forward of that node's path. Empty when the
     layers cannot be found."""
-    from onepass.loss import layouts_to_batch
-    from onepass.schedule import Schedule, schedule_views
-
     layers = decoder_layers(model)
     if layers is None:
         return []

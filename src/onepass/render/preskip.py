@@ -21,7 +21,7 @@ O(its length). Whether the template's texts hold them is not assumed, it is chec
    or drops one fails here: nothing is skipped unrendered);
 3. every view rendered after that must hold its parts too;
 4. every turn rendered so far gave a view of the template's own split: none skipped (the template raised,
-   could not split it), none derived or with reasoning left out (the :class:`~onepass.view.View` flags).
+   could not split it), none derived or with reasoning left out (no :class:`~onepass.view.Provenance` flag).
 
 Then each later view whose floor is over ``max_tokens`` is skipped without a template call
 (:class:`~onepass.view.Unmeasured` with ``rendered=False``, no flag: check 4 is why the counts stay those

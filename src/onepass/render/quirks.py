@@ -22,6 +22,14 @@ so its view is derived (:mod:`onepass.render.derived`) while Qwen3 splits it as 
     Qwen3    full = prompt + "<think>\\nr\\n</think>\\n\\na<|im_end|>\\n"            (template split)
     Kimi-K2  full = prompt + "<think></think>a<|im_end|>"  ->  "<think>r</think>a<|im_end|>"  (derived)
 
+Add a quirk (a template that departs from the plain split in a way no row names yet): one
+:class:`Quirk` row of :data:`QUIRKS`: what the template does (a tiny rendered example), how onepass
+finds it (a ``probe`` of the template, never a model name), what it does about it and ``where`` (the
+function), the vendored templates that show it (the file in ``tests/fixtures/chat_templates``, its
+source in ``SOURCES.md``) and ``proved_by``, the test that proves the handling; then regenerate
+``docs/templates.md`` with ``python -m onepass.render.quirks docs/templates.md``.
+``tests/test_quirks.py`` runs every probe on every vendored template and checks both.
+
 No torch here: this is pure data.
 """
 
@@ -125,12 +133,12 @@ def _completion(tokenizer: Any, view: View | RenderError) -> str:
 
 def _final_answer_reasoning_dropped(tokenizer: Any) -> bool:
     view = _turn(tokenizer, _answer("Add them."), 1)
-    return isinstance(view, View) and view.derived and "Add them." in _completion(tokenizer, view)
+    return isinstance(view, View) and view.provenance.derived and "Add them." in _completion(tokenizer, view)
 
 
 def _empty_think_prompt(tokenizer: Any) -> bool:
     view = _turn(tokenizer, _answer(""), 1)
-    return isinstance(view, View) and view.derived
+    return isinstance(view, View) and view.provenance.derived
 
 
 def _history_changes_after_final_answer(tokenizer: Any) -> bool:
@@ -138,18 +146,19 @@ def _history_changes_after_final_answer(tokenizer: Any) -> bool:
     view, render = _turn(tokenizer, conv, 3), prober(tokenizer, conv, {}, 3)
     messages = template_messages(conv, 4, **_fields(tokenizer, tools=True).message_options)
     history, full = render(messages[:3], False), render(messages, False)
-    return isinstance(view, View) and view.derived and None not in (history, full) and not full.startswith(history)
+    return (isinstance(view, View) and view.provenance.derived and None not in (history, full)
+            and not full.startswith(history))
 
 
 def _history_reasoning_retry(tokenizer: Any) -> bool:
     view = _turn(tokenizer, _after_final_answer(), 5)
-    return isinstance(view, View) and view.history_reasoning_dropped
+    return isinstance(view, View) and view.provenance.history_reasoning_dropped
 
 
 def _reasoning_never_rendered(tokenizer: Any) -> bool:
     kept = _turn(tokenizer, _answer("Add them."), 1)
     dropped = _turn(tokenizer, _answer("Add them."), 1, RenderConfig(reasoning="drop"))
-    return isinstance(kept, RenderError) and isinstance(dropped, View) and dropped.reasoning_dropped
+    return isinstance(kept, RenderError) and isinstance(dropped, View) and dropped.provenance.reasoning_dropped
 
 
 def _r1_generation_prompt(tokenizer: Any) -> bool:
@@ -209,7 +218,7 @@ QUIRKS: tuple[Quirk, ...] = (
           detected_by="the template split declines (no prefix); the derived format reads the turn off a probe "
                       "turn with sentinel reasoning rendered last",
           handled_by="trains `\\n</think>\\nIt is 4.<|im_end|>`: the format of a turn with reasoning, reasoning "
-                     "empty (View.derived, counted)",
+                     "empty (Provenance.derived, counted)",
           where="onepass.render.derived.derive_completion", probe=_empty_think_prompt,
           templates=("minimax_m2", "nemotron_3_nano", "nemotron_3_super", "nemotron_3_ultra"),
           proved_by="tests/test_generation_format.py::"
@@ -219,7 +228,7 @@ QUIRKS: tuple[Quirk, ...] = (
                "while a tool-call turn in the same place keeps `<think>R</think>`",
           detected_by="the template split declines with ReasoningNotRendered; the derived format finds the "
                       "emptied block and reads the full one off a probe tool-call turn",
-          handled_by="trains `<think>R</think>It is 4.<|im_end|>` (View.derived, counted)",
+          handled_by="trains `<think>R</think>It is 4.<|im_end|>` (Provenance.derived, counted)",
           where="onepass.render.derived._reasoning_block", probe=_final_answer_reasoning_dropped,
           templates=("kimi_k2_thinking",),
           proved_by="tests/test_generation_format.py::"
@@ -230,7 +239,7 @@ QUIRKS: tuple[Quirk, ...] = (
           detected_by="the template split declines; the derived format looks for the generation prompt last "
                       "before the probe turn's sentinels, not at the prompt's length",
           handled_by="the prompt is the one the model sees (with the analysis), the completion the turn as "
-                     "the template renders it last (View.derived, counted)",
+                     "the template renders it last (Provenance.derived, counted)",
           where="onepass.render.derived.read_completion", probe=_history_changes_after_final_answer,
           templates=("gptoss", "kimi_k2_thinking"),
           proved_by="tests/test_generation_format.py::"
@@ -241,7 +250,7 @@ QUIRKS: tuple[Quirk, ...] = (
           detected_by="the turn raises (TemplateRaised); each earlier reasoning is replaced by its own sentinel "
                       "and one absent from both renderings is one the template drops there",
           handled_by="the retry `history reasoning dropped` (views.RETRIES) renders the turn without it "
-                     "(View.history_reasoning_dropped, counted); a probe that shows it keeps the skip",
+                     "(Provenance.history_reasoning_dropped, counted); a probe that shows it keeps the skip",
           where="onepass.render.views._history_reasoning", probe=_history_reasoning_retry,
           templates=("gptoss",),
           proved_by="tests/test_real_templates.py::"
@@ -251,7 +260,7 @@ QUIRKS: tuple[Quirk, ...] = (
                "turn's reasoning",
           detected_by="the reasoning is in neither the template split nor the derived format (ReasoningNotRendered)",
           handled_by="a counted skip; with `--reasoning drop` the retry `own reasoning dropped` trains the turn "
-                     "without it, as the non-thinking model generates it (View.reasoning_dropped)",
+                     "without it, as the non-thinking model generates it (Provenance.reasoning_dropped)",
           where="onepass.render.views._own_reasoning", probe=_reasoning_never_rendered,
           templates=("cohere2", "cohere2_tool_use", "deepseekv3_1", "qwen3_instruct_2507"),
           proved_by="tests/test_render.py::test_reasoning_drop_trains_a_turn_the_template_never_renders_reasoning_for"),

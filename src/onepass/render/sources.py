@@ -198,13 +198,13 @@ class CompletionSource:
     name: str
     complete: Source
     checks: tuple[Check, ...]
-    derived: bool = False  # View.derived: the completion is not the template's own split
+    flag: str | None = None  # the view.Provenance flag it sets ("derived": not the template's own split)
 
 
 TEMPLATE_SOURCES = (
     CompletionSource(name="template split", complete=template_split,
                      checks=(reasoning_rendered, tool_calls_rendered, not_empty)),
-    CompletionSource(name="derived format", complete=derived_format, derived=True,
+    CompletionSource(name="derived format", complete=derived_format, flag="derived",
                      checks=(reasoning_rendered, tool_calls_rendered, not_empty)),
 )
 GIVEN_FORMAT = (CompletionSource(name="given format", complete=given_format, checks=(not_empty,)),)

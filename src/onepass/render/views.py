@@ -61,7 +61,7 @@ from onepass.render.sources import GIVEN_FORMAT, TEMPLATE_SOURCES, CompletionSou
 from onepass.render.template import check_template_kwargs, prober, render_turn
 from onepass.render.token_floor import token_floor
 from onepass.template_messages import template_messages
-from onepass.view import Unmeasured, View
+from onepass.view import Provenance, Unmeasured, View
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,13 +88,17 @@ class RenderConfig:
 
 @dataclass(frozen=True, slots=True)
 class _Text:
-    """One turn's texts, and how they were obtained (the View's flags)."""
+    """One turn's texts, and how they were obtained (the View's provenance)."""
 
     prompt: str
     completion: str
-    derived: bool = False
-    reasoning_dropped: bool = False
-    history_reasoning_dropped: bool = False
+    provenance: Provenance = Provenance()
+
+    def flagged(self, flag: str | None) -> _Text:
+        """These texts with the :class:`~onepass.view.Provenance` flag ``flag`` set (None: as they are)."""
+        if flag is None:
+            return self
+        return dataclasses.replace(self, provenance=dataclasses.replace(self.provenance, **{flag: True}))
 
 
 def _complete(turn: Turn, sources: Sequence[CompletionSource]) -> _Text:
@@ -110,15 +114,17 @@ def _complete(turn: Turn, sources: Sequence[CompletionSource]) -> _Text:
             continue
         for check in source.checks:
             check(turn, completion)
-        return _Text(prompt, completion, derived=source.derived)
+        return _Text(prompt, completion).flagged(source.flag)
     raise next(d.reason for d in declined if d.reason is not None)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Retry:
     """A second try of a turn skipped with error ``on``, with the reasoning of messages ``drop`` left out
-    (no retry where it finds none), counted on the view as ``flag``. When the retry fails too, the error
-    reported is the first one (``report_first``) or the retry's."""
+    (no retry where it finds none), counted on the view as its :class:`~onepass.view.Provenance` flag
+    ``flag``. When the retry fails too, the error reported is the first one (``report_first``) or the retry's.
+
+    Add a retry: a row of :data:`RETRIES`, and its flag a field of :class:`~onepass.view.Provenance`."""
 
     name: str
     on: type[RenderError]
@@ -164,7 +170,7 @@ def _turn_text(turn: Turn, config: RenderConfig, sources: Sequence[CompletionSou
             if retry.report_first:
                 raise error from None
             raise
-        return dataclasses.replace(text, **{retry.flag: True})
+        return text.flagged(retry.flag)
 
 
 def _trained_turns(conv: Conversation) -> list[int]:
@@ -194,7 +200,7 @@ def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig, preski
                 preskip.failed(k)
             yield k, e
             continue
-        if preskip is not None and (text.derived or text.reasoning_dropped or text.history_reasoning_dropped):
+        if preskip is not None and text.provenance.flags():
             preskip.failed(k)
         elif preskip is not None:
             preskip.saw(k, text.prompt, text.completion)
@@ -275,8 +281,7 @@ def _unmeasured(conv: Conversation, tokenizer: Any, turn: int, text: _Text, max_
     if min(floors) < 1 or sum(floors) <= max_tokens:
         return None
     return Unmeasured(turn=turn, at_least=sum(floors), chars=len(text.prompt) + len(text.completion),
-                      source=conv.source, derived=text.derived, reasoning_dropped=text.reasoning_dropped,
-                      history_reasoning_dropped=text.history_reasoning_dropped, first_message=conv.first_message)
+                      source=conv.source, provenance=text.provenance, first_message=conv.first_message)
 
 
 def _preskip(conv: Conversation, tokenizer: Any, config: RenderConfig, max_tokens: int | None) -> Preskip | None:
@@ -328,9 +333,8 @@ def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig
                                               "the first completion token has nothing to be predicted from")))
         else:
             views.append(View(tokens=np.asarray(p + c, dtype=np.int64), num_prompt=len(p), turn=turn,
-                              source=conv.source, boundary_merge=merge, derived=text.derived,
-                              reasoning_dropped=text.reasoning_dropped, first_message=conv.first_message,
-                              history_reasoning_dropped=text.history_reasoning_dropped))
+                              source=conv.source, boundary_merge=merge, provenance=text.provenance,
+                              first_message=conv.first_message))
     skipped.sort(key=lambda pair: pair[0])
     views = sorted([*views, *unmeasured.values()], key=lambda v: v.turn)
     return Rendered(views=tuple(views), skipped=tuple(e for _, e in skipped), **counts)

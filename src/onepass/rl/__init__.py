@@ -18,8 +18,7 @@ See docs/rl.md. Example::
     out = policy_loss(model, batch, PolicyLossConfig(clip_high=0.28), old=old, backward=True)
 """
 
-import importlib
-from typing import Any
+from onepass.lazy import package_getattr
 
 _WHERE = {
     "Trajectory": "rollouts", "Turn": "rollouts", "RolloutError": "rollouts", "read_rollouts": "rollouts",
@@ -29,10 +28,6 @@ _WHERE = {
     "PolicyLossConfig": "losses", "policy_loss": "losses", "policy_loss_reference": "losses",
     "padded_token_logprobs": "padded",
 }
-__all__ = sorted(_WHERE)
+__all__ = sorted(_WHERE)  # torch is imported only by the modules that need it
 
-
-def __getattr__(name: str) -> Any:  # torch is imported only by the modules that need it
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"onepass.rl.{_WHERE[name]}"), name)
-    raise AttributeError(f"module 'onepass.rl' has no attribute {name!r}")
+__getattr__ = package_getattr(__name__, {name: f"onepass.rl.{module}:{name}" for name, module in _WHERE.items()})

@@ -1,4 +1,4 @@
-"""``onepass verify --rollouts FILE``: the RL check's command-line side (the parser lives in onepass.cli).
+"""``onepass verify --rollouts FILE``: the RL check's command-line side (its flags: onepass.verify_cli).
 
 Why this module exists: ``verify`` takes conversations or RL rollouts; the rollout path
 reads token ids, not text, so it needs no tokenizer, and reports per-token log-prob
@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
-from typing import Any
 
 from onepass.rl.rollouts import check_vocab, read_rollouts
+from onepass.rl.verify import compact_rollouts, run_rl_verify
+from onepass.verify import tolerance, verify_model
+from onepass.verify_cli import verify_limit
 
 
-def verify_rollouts(args: argparse.Namespace, verify_model: Callable[[argparse.Namespace, int | None], Any],
-                    tol: float, *, limit_given: bool = True) -> int:
-    """``verify_model(args, vocab)``: the model, its label and backend, as ``onepass verify`` loads them.
-    ``args.limit`` (>= 1, ``limit_given`` by the user or verify's default) caps the trajectories checked."""
-    from onepass.rl.verify import compact_rollouts, run_rl_verify
-
+def verify_rollouts(args: argparse.Namespace) -> int:
+    """The model is loaded as ``onepass verify`` loads it (:func:`onepass.verify.verify_model`). ``args.limit``
+    (>= 1, given by the user or verify's default: :func:`onepass.verify_cli.verify_limit`) caps the
+    trajectories checked."""
+    tol = tolerance(args)
+    limit_given = verify_limit(args)
     trajectories = read_rollouts(args.rollouts)  # a bad record: one line naming file, line and turn
     if args.limit is not None and len(trajectories) > args.limit:
         default = "" if limit_given else ", verify's default"

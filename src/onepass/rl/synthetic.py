@@ -26,6 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from onepass.conversation import parse_record
+from onepass.data.synthetic import single_token_words, text_of_length
+from onepass.render import RenderConfig, render_views
+
 
 def _group_advantages(rng: np.random.Generator, n: int) -> np.ndarray:
     rewards = rng.normal(size=n)
@@ -37,10 +41,6 @@ def template_rollouts(tokenizer: Any, *, num_groups: int, group_size: int, seed:
                       ) -> list[dict[str, Any]]:
     """Rollout records (see :mod:`onepass.rl.rollouts`) whose turns the tokenizer's template rendered;
     ``system``: a system prompt every group's conversations begin with (groups then share a prefix)."""
-    from onepass.conversation import parse_record
-    from onepass.data.synthetic import single_token_words, text_of_length
-    from onepass.render import RenderConfig, render_views
-
     rng = np.random.default_rng(seed)
     words = single_token_words(tokenizer)
     config = RenderConfig(template_kwargs=template_kwargs or {})

@@ -15,22 +15,11 @@
     cli.py          ``onepass train``
 """
 
-from typing import Any
+from onepass.lazy import package_getattr
 
-from onepass.train.evaluation import eval_loss
-from onepass.train.loop import train
-
+# loaded on first use: onepass.train.cli and .config are imported by `onepass --help`, which imports no torch
 __all__ = ["OnePassConfig", "OnePassTrainer", "eval_loss", "train"]
-
-
-def __getattr__(name: str) -> Any:
-    """``from onepass.train import OnePassTrainer, OnePassConfig`` without importing ``Trainer`` up front."""
-    if name == "OnePassTrainer":
-        from onepass.train.hf_trainer import OnePassTrainer
-
-        return OnePassTrainer
-    if name == "OnePassConfig":
-        from onepass.train.hf_config import OnePassConfig
-
-        return OnePassConfig
-    raise AttributeError(f"module 'onepass.train' has no attribute {name!r}")
+__getattr__ = package_getattr(__name__, {"train": "onepass.train.loop:train",
+                                         "eval_loss": "onepass.train.evaluation:eval_loss",
+                                         "OnePassTrainer": "onepass.train.hf_trainer:OnePassTrainer",
+                                         "OnePassConfig": "onepass.train.hf_config:OnePassConfig"})

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from onepass.errors import OnePassError
-from onepass.files import publish_dir, temp_sibling, write_failure
+from onepass.files import publish_dir, recover_dir, temp_sibling, write_failure
 from onepass.train.config import (
     DEPRECATED_KEYS,
     PATH_KEYS,
@@ -48,6 +48,7 @@ from onepass.train.config import (
     TrainConfig,
     TrainConfigError,
 )
+from onepass.train.model import trainable_state
 
 PREFIX = "step-"
 
@@ -256,8 +257,6 @@ def clean_leftovers(output_dir: str | Path) -> list[str]:
     it): remove what an interrupted save or pruning left (``.step-N.tmp``, ``.step-N.pruning``, an
     interrupted replace); name a ``step-N`` folder without ``state.json`` (not a checkpoint: left in place).
     Returns one line per thing done or found."""
-    from onepass.files import recover_dir
-
     root = Path(output_dir) / "checkpoints"
     if not root.is_dir():
         return []
@@ -321,8 +320,6 @@ def _torch_save(obj: Any, path: Path) -> None:
 def _save(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, *, output_dir: str | Path, step: int,
           state: dict[str, Any], keep: int | None, final: Path, tmp: Path) -> Path:
     from safetensors.torch import save_file
-
-    from onepass.train.model import trainable_state
 
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)

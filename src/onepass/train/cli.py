@@ -16,7 +16,8 @@ last release (``--lr``, ``--batch-size``, ...) still work, with a warning.
     onepass train --config configs/qwen3-8b-qlora.yaml --resume          # latest checkpoint
 
 Also runnable alone (``python -m onepass.train.cli ...``), which is what
-``torchrun`` / ``accelerate launch`` start on every process.
+``torchrun`` / ``accelerate launch`` start on every process. The parser imports no torch; the
+run is :func:`onepass.train.loop.run`, imported when the command runs (:data:`RUN`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ from typing import Any
 from onepass.data_config import DATA_KEYS, add_data_arguments, data_flag_values
 from onepass.errors import run_main
 from onepass.key_value import key_value_arg
+from onepass.lazy import resolve
+from onepass.train.config import DEPRECATED_KEYS, TrainConfig
+
+RUN = "onepass.train.loop:run"  # the command's runner (torch), imported when it runs
 
 _DESCRIPTION = "Fine-tune a HF causal LM on one-pass rows: a YAML config (--config) plus flag overrides."
 _EPILOG = """\
@@ -123,8 +128,6 @@ def _add_kind(g: Any, names: list[str], kind: Any, common: dict[str, Any]) -> No
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """One flag per :class:`~onepass.train.config.TrainConfig` field (type, help and group from the field)."""
-    from onepass.train.config import DEPRECATED_KEYS, TrainConfig
-
     p.add_argument("-h", "--help", action=_Help, help="show the common flags and exit")
     p.add_argument("--help-all", action=_Help, full=True, help="show every flag and exit")
     p.add_argument("--config", help="a YAML file of config keys (see configs/); flags override it")
@@ -153,7 +156,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                               description=_DESCRIPTION, epilog=_EPILOG, add_help=False,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=RUN)
     return p
 
 
@@ -192,19 +195,6 @@ def setup_logging() -> None:
         logger.setLevel(logging.INFO)
 
 
-def run(args: argparse.Namespace) -> int:
-    """``onepass train``: returns 0 when the run finished. Bad settings raise a OnePassError (one line)."""
-    from onepass.train.config import load_config
-    from onepass.train.distributed import shutdown
-    from onepass.train.loop import train
-
-    setup_logging()
-    config = load_config(args.config, overrides_from_args(args))
-    train(config, resume=args.resume, resume_anyway=args.resume_anyway)
-    shutdown()  # after a finished run only: a rank that failed must not wait in a collective for the others
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m onepass.train.cli``: the same command without the other subcommands."""
     import os
@@ -213,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="onepass train", description=_DESCRIPTION, add_help=False,
                                      epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
-    return run_main(run, parser.parse_args(argv))
+    return run_main(resolve(RUN), parser.parse_args(argv))
 
 
 if __name__ == "__main__":

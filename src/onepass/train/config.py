@@ -44,14 +44,16 @@ from pathlib import Path
 from typing import Any
 
 from onepass.data_config import DATA_KEYS, DataConfig, data_config_hints
+from onepass.dtypes import dtype_names
 from onepass.errors import ConfigError
+from onepass.files import atomic_write_text
+from onepass.tiny import TINY_ARCHS
 from onepass.train.hyperparams import check_hyperparameters, epochs_counted
 
 FINETUNES = ("full", "lora", "qlora")
 OPTIMIZERS = ("adamw", "sgd", "adamw_8bit", "paged_adamw_8bit")
 OPTIMIZER_ALIASES = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw"}  # HF names of the same
 LR_SCHEDULERS = ("constant", "linear", "cosine")
-DTYPES = ("float32", "bfloat16", "float64")
 MIXED_PRECISION = ("no", "bf16")
 REPORT_TO = ("tensorboard", "wandb", "mlflow", "trackio", "comet_ml", "aim", "clearml", "dvclive", "swanlab")
 # accelerate's tracker names (accelerate.utils.LoggerType); which are installed is checked when a run starts
@@ -188,8 +190,6 @@ def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
 
 
 def _validate(c: TrainConfig) -> None:
-    from onepass.tiny import TINY_ARCHS
-
     if c.data is None:
         _fail("no training data: set data (a conversations file, builtin:mathchat or a prepared directory)")
     if (c.model is None) == (c.tiny is None):
@@ -202,7 +202,7 @@ def _validate(c: TrainConfig) -> None:
     _one_of("finetune", c.finetune, FINETUNES)
     _one_of("optim", c.optim, OPTIMIZERS)
     _one_of("lr_scheduler_type", c.lr_scheduler_type, LR_SCHEDULERS)
-    _one_of("dtype", c.dtype, DTYPES)
+    _one_of("dtype", c.dtype, dtype_names(trains=True))
     _one_of("mixed_precision", c.mixed_precision, MIXED_PRECISION)
     for r in c.report_to:
         _one_of("report_to tracker", r, REPORT_TO)
@@ -380,8 +380,6 @@ def load_config(path: str | Path | None, overrides: Mapping[str, Any] | None = N
 def write_yaml(config: TrainConfig, path: str | Path) -> None:
     """The config as YAML (atomically); a failed write (a full disk) is one :class:`TrainConfigError` line."""
     import yaml
-
-    from onepass.files import atomic_write_text
 
     try:
         atomic_write_text(path, yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -22,22 +22,26 @@ conversation 3 (one tree under one-pass, one tree per turn under n-pass),
 micro-batch 1 holds conversation 0. With 2 processes and grad_accum 1, step
 0 is the same two conversations, one per rank.
 
-No torch here, except :func:`collate` at the edge to the device.
+No torch here: the rows go to the device as :func:`onepass.loss.layouts_to_batch` tensors.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from onepass.data.load import ROWS, DataSource, load_conversations, resolve_data
+from onepass.data.load import ROWS, DataSource, load_conversations
+from onepass.data.parallel import iter_units
 from onepass.errors import DataError
 from onepass.flops import token_ratio
+from onepass.guard.sample import ViewSample
 from onepass.pack import pack_layouts
 from onepass.data_config import DataConfig
 from onepass.prepare import PrepareStats, load_rows
@@ -46,6 +50,7 @@ from onepass.share import Key, prefix_key, share_rows
 from onepass.train.config import TrainConfig, TrainConfigError
 from onepass.tree import COLUMNS as ROW_COLUMNS
 from onepass.tree import Layout, row_from_columns
+from onepass.view import View
 from onepass.vocab import layout_ids, remap_layout, used_ids
 
 Unit = list[Layout]
@@ -59,6 +64,7 @@ class TrainData:
     kind: str  # "conversation" | "row"
     source: str
     stats: dict[str, Any]
+    guard_views: list[list[View]] = field(default_factory=list)  # conversations: the exactness guard's sample
     # sharing prefixes (onepass.share; conversations, packed): each unit's prefix key, for the order of a step
     keys: list[Key | None] | None = None
 
@@ -74,11 +80,6 @@ class TrainData:
 # loading
 
 
-def check_data(spec: str) -> DataSource:
-    """What ``spec`` names (conversations or prepared rows); one :class:`DataError` line when nothing usable."""
-    return resolve_data(spec)
-
-
 def prepare_config(config: TrainConfig) -> DataConfig:
     """How raw conversations become trees: the run's data settings, unpacked (packing happens per
     micro-batch, see the module docstring); the schedule is not parsed again."""
@@ -86,19 +87,19 @@ def prepare_config(config: TrainConfig) -> DataConfig:
 
 
 def conversation_units(conversations: Sequence[Any], tokenizer: Any, config: DataConfig, *,
-                       stats: PrepareStats | None = None, progress: bool = False,
-                       num_proc: int = 1) -> tuple[list[Unit], PrepareStats]:
+                       stats: PrepareStats | None = None, progress: bool = False, num_proc: int = 1,
+                       sample: ViewSample | None = None) -> tuple[list[Unit], PrepareStats]:
     """One unit per conversation that keeps at least one view: the trees ``config.schedule`` makes.
 
     Runs :func:`onepass.prepare.prepare_conversation` one conversation at a time (on ``num_proc``
     forked workers when > 1, :func:`onepass.data.parallel.iter_units`) so each tree keeps its
     conversation; the running totals of ``stats`` add up, the whole-set ones are set at the end.
+    ``sample`` is offered each conversation's rendering (the exactness guard's views).
     """
-    from onepass.data.parallel import iter_units
-
     stats = stats or PrepareStats()
     units: list[Unit] = [trees for trees in iter_units(conversations, tokenizer, config, stats, num_proc=num_proc,
-                                                        progress=progress, total=len(conversations)) if trees]
+                                                        progress=progress, total=len(conversations), sample=sample)
+                         if trees]
     trees = [x for u in units for x in u]
     stats.trees = stats.rows = len(trees)
     stats.row_tokens = sum(len(x) for x in trees)
@@ -107,18 +108,18 @@ def conversation_units(conversations: Sequence[Any], tokenizer: Any, config: Dat
     return units, stats
 
 
-def load_train_data(spec: str, config: TrainConfig, tokenizer: Any | None, *, progress: bool = False,
+def load_train_data(source: DataSource, config: TrainConfig, tokenizer: Any | None, *, progress: bool = False,
                     log: Any = _LOG.info) -> TrainData:
-    """Units of ``spec``: prepared rows (one unit per row) or conversations (one unit per conversation)."""
-    source = resolve_data(spec)
+    """Units of ``source`` (a ``--data`` spec resolved once, by the run: :func:`onepass.data.load.resolve_data`):
+    prepared rows (one unit per row) or conversations (one unit per conversation, each read and rendered
+    once; the exactness guard's views are taken from them, :attr:`TrainData.guard_views`)."""
+    spec = source.spec
     if source.kind == ROWS:
         assert source.path is not None
         rows = load_rows(source.path)
         if config.limit is not None:
             rows = rows[:config.limit]
         stats_path = source.path / "stats.json"
-        import json
-
         try:
             stats = json.loads(stats_path.read_text(encoding="utf-8")) if stats_path.is_file() else {}
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -142,15 +143,17 @@ def load_train_data(spec: str, config: TrainConfig, tokenizer: Any | None, *, pr
         stats.skip("invalid record", line)
     if tokenizer is None:
         raise TrainConfigError("raw conversations need a tokenizer: set tokenizer")
+    sample = ViewSample()
     units, stats = conversation_units(report.conversations, tokenizer, prepare_config(config), stats=stats,
-                                      progress=progress)
+                                      progress=progress, sample=sample)
     if stats.skipped:
         log(f"skipped {stats.skip_summary()}")
     if not units:
         first = stats.skipped[0] if stats.skipped else "the data has no conversations"
         raise DataError(f"no trainable conversations in {spec}; first skip: {first}")
     keys = unit_keys(units) if config.data_config.shares else None
-    return TrainData(units=units, kind="conversation", source=spec, stats=stats.to_dict(), keys=keys)
+    return TrainData(units=units, kind="conversation", source=spec, stats=stats.to_dict(),
+                     guard_views=sample.views(), keys=keys)
 
 
 def unit_keys(units: Sequence[Unit]) -> list[Key | None]:
@@ -166,8 +169,8 @@ def compact_vocab(*datas: TrainData) -> tuple[list[TrainData], np.ndarray]:
     ``used[i]`` is the original id of new id ``i``.
     """
     used = used_ids(layout_ids(x for d in datas for u in d.units for x in u))
-    out = [TrainData(units=[[remap_layout(x, used) for x in u] for u in d.units], kind=d.kind, source=d.source,
-                     stats=d.stats, keys=d.keys) for d in datas]  # keys: equal prefixes stay equal
+    # keys: equal prefixes stay equal
+    out = [dataclasses.replace(d, units=[[remap_layout(x, used) for x in u] for u in d.units]) for d in datas]
     return out, used
 
 
@@ -328,13 +331,6 @@ def forward_groups(rows: Sequence[Layout], max_batch_tokens: int | None) -> list
 def empty_row() -> Layout:
     """A one-token row with nothing to train (weight 0): keeps a rank in step when it has no data."""
     return row_from_columns({"input_ids": [0], "position_ids": [0], "kv_end": [1], "targets": [0], "weights": [0]})
-
-
-def collate(rows: Sequence[Layout], device: Any) -> dict[str, Any]:
-    """[B, L] tensors on ``device`` (pads see only themselves, train nothing): the model's inputs."""
-    from onepass.loss import layouts_to_batch
-
-    return layouts_to_batch(rows, device=device)
 
 
 # ---------------------------------------------------------------------------------------------

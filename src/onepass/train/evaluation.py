@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 
-from onepass.loss import ForwardView, batch_loss
+from onepass.loss import ForwardView, batch_loss, layouts_to_batch
+from onepass.train.checkpoint import is_sharded
 from onepass.train.config import TrainConfig
-from onepass.train.data import TrainData, collate, eval_passes
+from onepass.train.data import TrainData, eval_passes
 from onepass.train.sequence_parallel import data_parallel
 from onepass.tree import Layout
 from onepass.ulysses.comm import SequenceShard
@@ -37,8 +38,6 @@ def evaluate(accelerator: Any, model: Any, data: TrainData, config: TrainConfig,
     wrapped, with every process padded to the same number of passes. With sequence parallelism
     (``shard``) the ranks of a row take the same units, each adds its shard's loss, one its weight.
     """
-    from onepass.train.checkpoint import is_sharded
-
     (world, rank), sharded = data_parallel(accelerator, shard), is_sharded(accelerator)
     counts = shard is None or shard.rank == 0
     unwrapped = accelerator.unwrap_model(model)
@@ -50,7 +49,7 @@ def evaluate(accelerator: Any, model: Any, data: TrainData, config: TrainConfig,
     total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     with torch.no_grad():
         for group in todo:
-            batch = collate(group, accelerator.device)
+            batch = layouts_to_batch(group, device=accelerator.device)
             total[0] += batch_loss(view, batch, shard=shard).double()
             total[1] += batch["weights"].sum() if counts else 0.0
     total = accelerator.reduce(total, reduction="sum")
@@ -66,7 +65,7 @@ def eval_loss(model: Any, rows: Sequence[Layout], *, batch_size: int = 1) -> flo
     num, den = 0.0, 0.0
     with torch.no_grad():
         for start in range(0, len(rows), batch_size):
-            batch = collate(rows[start:start + batch_size], device)
+            batch = layouts_to_batch(rows[start:start + batch_size], device=device)
             num += float(batch_loss(model, batch))
             den += float(batch["weights"].sum())
     model.train(was_training)

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from onepass.data.load import DataSource
 from onepass.render.clock import reads_clock
 from onepass.train.config import TrainConfig, TrainConfigError
 
@@ -48,14 +49,12 @@ def _digest_files(files: list[Path], root: Path) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def data_digest(spec: str) -> str:
-    """The digest of the content a data spec names (a file, or the data files of a folder); a spec
+def data_digest(source: DataSource) -> str:
+    """The digest of the content a data source names (a file, or the data files of a folder); a spec
     that names no local content (``builtin:``, ``synthetic:``, a hub id) is its own digest."""
-    from onepass.data.load import resolve_data
-
-    path = resolve_data(spec).path
+    path = source.path
     if path is None or not path.exists():
-        return f"spec:{spec}"
+        return f"spec:{source.spec}"
     if path.is_file():
         return _digest_files([path], path.parent)
     files = [f for f in sorted(path.rglob("*")) if f.is_file()
@@ -83,10 +82,11 @@ def rendered_date(config: TrainConfig, tokenizer: Any | None, *, renders: bool) 
     return None
 
 
-def run_fingerprint(config: TrainConfig, tokenizer: Any | None, *, renders: bool = True) -> dict[str, str | None]:
-    """The digests of the run's inputs (``renders``: the run renders conversations, not prepared rows)."""
-    return {"data": data_digest(config.data),
-            "eval_data": data_digest(config.eval_data) if config.eval_data is not None else None,
+def run_fingerprint(config: TrainConfig, data: DataSource, eval_data: DataSource | None, tokenizer: Any | None, *,
+                    renders: bool = True) -> dict[str, str | None]:
+    """The digests of the run's inputs: its data and held-out data as the run resolved them, its tokenizer, the
+    date its template renders (``renders``: the run renders conversations, not prepared rows)."""
+    return {"data": data_digest(data), "eval_data": data_digest(eval_data) if eval_data is not None else None,
             "tokenizer": tokenizer_digest(tokenizer),
             "template_date": rendered_date(config, tokenizer, renders=renders)}
 

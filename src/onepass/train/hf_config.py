@@ -17,6 +17,11 @@ process, saying what is done instead. The checks ``SFTConfig.__post_init__`` mak
 here with messages that say the same; the ones ``SFTTrainer.__init__`` makes are in
 :mod:`onepass.train.hf_trainer`.
 
+Add a field (a TRL release adds one and ``tests/train/test_hf_config.py`` fails naming it): the field on
+:class:`OnePassConfig` with TRL's name, type and default, a row of :data:`SFT_FIELDS` saying what
+onepass does with it ("as TRL", or what differs and why), and the row of the docs/train.md table (the
+test compares them). A default onepass changes is a row of :data:`DEFAULT_DIFFERENCES` too.
+
 The one-pass settings: ``schedule`` (default ``budget``: one tree per
 conversation, split into several trees where it is longer than ``max_length``),
 ``weighting``, ``completion_format``, ``template_kwargs``, ``reasoning``, ``template_date`` (the date a
@@ -46,6 +51,7 @@ from transformers import TrainingArguments
 
 from onepass.data_config import DataConfig, data_field_help
 from onepass.render.clock import resolve_template_date
+from onepass.train.config import TrainConfigError
 from onepass.train.hyperparams import check_hyperparameters, epochs_counted
 
 log = logging.getLogger("onepass")
@@ -143,8 +149,6 @@ def _bf16_supported(args: TrainingArguments) -> bool:
 def check_ranges(args: TrainingArguments) -> None:
     """The hyper-parameters in range (:mod:`onepass.train.hyperparams`, the table ``onepass train`` reads);
     ``num_train_epochs`` only where it counts (no ``max_steps``), as the Trainer reads it."""
-    from onepass.train.config import TrainConfigError
-
     check_hyperparameters(args, names=epochs_counted(args.max_steps <= 0), error=TrainConfigError)
 
 

@@ -36,31 +36,41 @@ from typing import Any
 import torch
 
 from onepass.conversation import Conversation
+from onepass.data.load import RawRecord, parse_records
 from onepass.data_config import DataConfig
+from onepass.errors import DataError, UsageError
+from onepass.guard.sample import GUARD_CONVERSATIONS, ViewSample
 from onepass.loss import layouts_to_batch
 from onepass.pack import pack_layouts
 from onepass.prepare import PrepareStats, count_rows, count_shared, load_rows
+from onepass.records import without_nulls
 from onepass.render import RenderConfig
 from onepass.schedule import Schedule
 from onepass.share import share_and_pack
+from onepass.train import sft_rows
+from onepass.train.data import conversation_units
 from onepass.train.hf_config import OnePassConfig
+from onepass.train.sft_rows import SftSettings
 from onepass.tree import COLUMNS, Layout, concat, row_from_columns, rows_to_columns
+from onepass.view import View
 
 log = logging.getLogger("onepass")
 
-GUARD_CONVERSATIONS = 32  # the guard samples from the first conversations; keeping these is enough
 
 
 @dataclass(frozen=True, kw_only=True)
 class GuardInputs:
-    """What the exactness guard (:mod:`onepass.guard`) checks a dataset's model on: the first
-    conversations of the dataset, rendered as its rows were (``tokenizer``, ``render``); under an
-    ``n-pass`` schedule there is nothing to check (each row is one plain sequence)."""
+    """What the exactness guard (:mod:`onepass.guard`) checks a dataset's model on: ``views``, two of
+    the dataset's first conversations as its rows were rendered (:class:`onepass.guard.sample.ViewSample`:
+    nothing rendered twice); the conversations, ``tokenizer`` and ``render`` settings they came from
+    (what a check of other conversations renders with); under an ``n-pass`` schedule there is nothing
+    to check (each row is one plain sequence)."""
 
     schedule: Schedule
     conversations: tuple[Conversation, ...]
     tokenizer: Any
     render: RenderConfig
+    views: list[list[View]] | None = None  # None: render the conversations for the check
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,18 +127,18 @@ class Units:
 def prepare_units(conversations: Iterable[Conversation], tokenizer: Any, data_config: DataConfig, *,
                   num_proc: int | None = None, progress: bool = False) -> Units:
     """The trees of each conversation (``data_config.schedule``), their statistics and the guard's inputs."""
-    from onepass.train.data import conversation_units
-
     config = data_config.replace(pack=False)  # packing happens across conversations, by the caller
     conversations = list(conversations)
-    units, stats = conversation_units(conversations, tokenizer, config, progress=progress, num_proc=num_proc or 1)
+    sample = ViewSample(limit=GUARD_CONVERSATIONS)
+    units, stats = conversation_units(conversations, tokenizer, config, progress=progress, num_proc=num_proc or 1,
+                                      sample=sample)
     if stats.skipped:
         log.warning("onepass: skipped %s", stats.skip_summary())
     if not units:
         first = stats.skipped[0] if stats.skipped else "no conversations were given"
         raise ValueError(f"no trainable conversations; first skip: {first}")
     guard = GuardInputs(schedule=config.schedule_spec, conversations=tuple(conversations[:GUARD_CONVERSATIONS]),
-                        tokenizer=tokenizer, render=config.render)
+                        tokenizer=tokenizer, render=config.render, views=sample.views())
     return Units(units=units, stats=stats, guard=guard)
 
 
@@ -171,8 +181,6 @@ def parse_dataset(ds: Any, *, source: str, formatting_func: Callable[[dict], Any
     shape :func:`onepass.conversation.parse_record` reads (the column is detected), each record first
     passed through ``formatting_func`` when given. A record that is not a conversation is a counted
     skip, logged with the first reason; none left is a :class:`DataError`."""
-    from onepass.records import without_nulls
-
     rows: Iterable[Any] = ds if isinstance(ds, (list, tuple)) else (without_nulls(r) for r in ds)  # Arrow's nulls
     records = rows if formatting_func is None else (_formatted(formatting_func, r, text_field) for r in rows)
     return _parse_conversations(list(enumerate(records)), source=source)
@@ -181,9 +189,6 @@ def parse_dataset(ds: Any, *, source: str, formatting_func: Callable[[dict], Any
 def _parse_conversations(records: Sequence[tuple[int, Any]], *, source: str) -> list[Conversation]:
     """``records`` (each with its index in the dataset) as conversations; a record that is not one is a
     counted skip, logged with the first reason; none left is a :class:`DataError`."""
-    from onepass.data.load import RawRecord, parse_records
-    from onepass.errors import DataError
-
     skipped: list[str] = []
     raws = (RawRecord(source=source, index=i, unit="record", record=r) for i, r in records)
     convs = list(parse_records(raws, strict=False, skipped=skipped))
@@ -207,8 +212,6 @@ def _formatted(formatting_func: Callable[[dict], Any], record: Any, text_field: 
 
 def _settings(args: OnePassConfig, tokenizer: Any, packing: bool) -> Any:
     """TRL's tokenizing and labelling settings of ``args`` (:class:`onepass.train.sft_rows.SftSettings`)."""
-    from onepass.train.sft_rows import SftSettings
-
     return SftSettings(text_field=args.dataset_text_field, completion_only_loss=args.completion_only_loss,
                        assistant_only_loss=bool(args.assistant_only_loss),
                        chat_template=training_template(tokenizer) if args.assistant_only_loss else None,
@@ -239,7 +242,6 @@ def training_template(tokenizer: Any) -> str | None:
             return get_training_chat_template(tokenizer)
         except ValueError:
             pass
-    from onepass.errors import UsageError
 
     raise UsageError("assistant_only_loss=True on prompt-completion or TRL-rendered rows needs a chat template "
                      "with {% generation %} markers (or trl installed, which has training templates of known "
@@ -255,8 +257,6 @@ class _Sorted:
 
 
 def _records(ds: Any) -> Iterable[Any]:
-    from onepass.records import without_nulls
-
     return ds if isinstance(ds, (list, tuple)) else (without_nulls(r) for r in ds)  # Arrow's nulls
 
 
@@ -264,8 +264,6 @@ def _sort_records(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str,
                   formatting_func: Callable[[dict], Any] | None, packing: bool) -> _Sorted:
     """Each record as TRL's kind says: conversations stay records (rendered one-pass later); every other
     kind becomes TRL's row (:mod:`onepass.train.sft_rows`), truncated as TRL truncates it."""
-    from onepass.train import sft_rows
-
     settings = None
     convs: list[tuple[int, Any]] = []
     rows: list[tuple[int, Any]] = []
@@ -303,8 +301,6 @@ def as_rows(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str, packin
       conversations under ``assistant_only_loss=False``) becomes TRL's row, a plain causal sequence
       (:mod:`onepass.train.sft_rows`); a dataset may mix them.
     """
-    from onepass.errors import UsageError
-
     packing = bool(args.packing if packing is None else packing)
     if ds is None or set(COLUMNS) <= set(_columns(ds)):
         return PreparedRows(dataset=ds)
@@ -345,8 +341,6 @@ def _check_custom_format(ds: Any) -> None:
 def _given_rows(ds: Any, source: str) -> Any:
     """``skip_prepare_dataset`` with tokenized rows: each ``input_ids`` (with its ``labels``, or every token
     trained) one causal row as it is, untruncated, as TRL's collator takes it."""
-    from onepass.train import sft_rows
-
     columns = _columns(ds)
     if "labels" not in columns and any(c in columns for c in sft_rows.MASK_COLUMNS):
         raise ValueError(f"The {source} dataset has mask columns but no 'labels', and `skip_prepare_dataset=True` "
@@ -361,8 +355,6 @@ def _rows_of(conversations: Sequence[tuple[int, Any]], trl_rows: Sequence[Any], 
              args: OnePassConfig, *, source: str, packing: bool) -> PreparedRows:
     """The dataset of one-pass rows: the conversations' trees (grouped by their records'
     ``chat_template_kwargs``, each group rendered with them) and TRL's rows; packed when ``packing``."""
-    from onepass.train import sft_rows
-
     placed: list[tuple[int, list[Layout]]] = []  # (the record's place, its trees)
     stats = None
     guard = None
@@ -419,8 +411,6 @@ def _rows_of(conversations: Sequence[tuple[int, Any]], trl_rows: Sequence[Any], 
 
 
 def _cut(args: OnePassConfig) -> Any:
-    from onepass.train.sft_rows import SftSettings
-
     return SftSettings(max_length=args.max_length, truncation_mode="keep_start", truncate=True)
 
 

@@ -15,6 +15,7 @@ before training, or, for a stream, each item as it is read.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -70,10 +71,7 @@ def stream_rows(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str, pa
     (with ``packing``, their trees are packed into rows within that batch, as TRL packs a stream); a
     skipped conversation is logged with its reason as it is met. The guard checks the first conversations.
     """
-    import itertools
-
     import datasets
-
 
     if not isinstance(ds, datasets.IterableDataset):  # a torch IterableDataset: read through datasets' own
         ds = datasets.IterableDataset.from_generator(_items, gen_kwargs={"source": ds})

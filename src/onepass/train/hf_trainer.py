@@ -55,10 +55,16 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainingArguments
 
-from onepass.attention.backends import check_backend, model_backend
+from onepass.attention.backends import check_backend, model_backend, attention_mask_for
 from onepass.conversation import Conversation
 from onepass.couplings import check_row_mask, checkpointing_on
-from onepass.loss import ForwardView, batch_dft_loss, batch_loss, row_losses
+from onepass.errors import UsageError
+from onepass.geometry import branches
+from onepass.guard.check import check_exact_once, enforce
+from onepass.guard.sample import views_for_check
+from onepass.head import add_logit_stats, weighted_ce
+from onepass.loss import ForwardView, batch_dft_loss, batch_loss, dft_sum, row_losses
+from onepass.mixers.tree import tree_kwargs
 from onepass.private_names import private
 from onepass.row_check import model_vocab
 from onepass.train import sft_checks
@@ -73,10 +79,14 @@ from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: t
     prepared_dataset,
     rows_dataset,
 )
-from onepass.train.hf_model import base_model, chat_template_of, is_peft, load_model, load_tokenizer, loaded_from, \
-    set_special_tokens
+from onepass.couplings import base_model, is_peft, loaded_from
+from onepass.train.checkpoint import NonFiniteWeightsError, non_finite_weights
+from onepass.train.distributed import asked_mode, check_fsdp_accelerate, honour_request
+from onepass.train.sequence_parallel import accelerate_sp_size
+from onepass.train.hf_model import chat_template_of, load_model, load_tokenizer, set_special_tokens
 from onepass.train.hf_stream import check_dataset_rows, is_stream, trainer_rows
-from onepass.tree import COLUMNS
+from onepass.train.report import plot_losses
+from onepass.tree import COLUMNS, IGNORE
 
 log = logging.getLogger("onepass")
 
@@ -129,8 +139,6 @@ class OnePassTrainer(Trainer):
         conversations of ``train_dataset`` when it holds conversations, :class:`GuardInputs`; for a dataset
         of rows, the bundled MathChat pair)."""
         from transformers import set_seed
-
-        from onepass.errors import UsageError
 
         for label in TRAINER_PRIVATES:  # Trainer's private methods overridden or called here: one line if gone
             private(label)
@@ -245,9 +253,6 @@ class OnePassTrainer(Trainer):
         """HF's accelerator, running the parallelism the launcher asked for: FSDP on CPU ranks too
         (accelerate alone runs DDP there), anything else asked for and not had is an error
         (:mod:`onepass.train.distributed`)."""
-        from onepass.train.distributed import asked_mode, check_fsdp_accelerate, honour_request
-        from onepass.train.sequence_parallel import accelerate_sp_size
-
         asked_sp = max(getattr(getattr(self.args, "parallelism_config", None), "sp_size", None) or 1,
                        accelerate_sp_size())
         if asked_sp > 1:  # HF would run it through DeepSpeed's ALST (no tree mask) or refuse it on CPU ranks
@@ -268,8 +273,6 @@ class OnePassTrainer(Trainer):
         (default: what preparing ``train_dataset`` returned, :attr:`guard_inputs`): the schedule,
         conversations, tokenizer and render settings to check with; without them (rows given as they
         are) ``exactness_conversations``, else the bundled MathChat pair, with ``processing_class``."""
-        from onepass.guard import check_exact_once, enforce, views_for_check
-
         inputs = self.guard_inputs if inputs is None else inputs
         if inputs is not None and inputs.schedule.kind == "n-pass":  # one view per row: nothing to check
             self.exactness = {"checked": False, "why": "n-pass rows are each one plain sequence"}
@@ -280,8 +283,9 @@ class OnePassTrainer(Trainer):
         convs = self.exactness_conversations or (inputs.conversations if inputs is not None else ())
         tokenizer = inputs.tokenizer if inputs is not None else self.processing_class
         render = inputs.render if inputs is not None else None
+        sampled = inputs.views if inputs is not None and not self.exactness_conversations else None  # as prepared
         views, where = views_for_check(convs, tokenizer if hasattr(tokenizer, "apply_chat_template") else None,
-                                       render, source="the training conversations")
+                                       render, source="the training conversations", sampled=sampled)
         model = self.accelerator.unwrap_model(self.model)
         result = check_exact_once(model, views, backend=model_backend(base_model(model)))
         enforce(result, allow_inexact=self.allow_inexact,
@@ -304,8 +308,6 @@ class OnePassTrainer(Trainer):
         """The logged training (and eval) losses per step as ``OUTPUT_DIR/loss.png`` (main process; None
         when nothing was logged)."""
         from pathlib import Path
-
-        from onepass.train.report import plot_losses
 
         history = [h for h in self.state.log_history if "loss" in h and "step" in h]
         evals = [h for h in self.state.log_history if "eval_loss" in h and "step" in h]
@@ -447,9 +449,6 @@ class OnePassTrainer(Trainer):
 
     def _full_logits(self, model: Any, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """``[B, L, V]`` logits of every position of the rows, each position seeing what the tree lets it see."""
-        from onepass.attention.backends import attention_mask_for
-        from onepass.mixers.tree import tree_kwargs
-
         if self.prompt_learning:
             length = inputs["input_ids"].shape[1]
             out = model(input_ids=inputs["input_ids"], attention_mask=_causal_rows_mask(inputs), use_cache=False)
@@ -465,10 +464,6 @@ class OnePassTrainer(Trainer):
         virtual tokens before the sequence and ignores position ids: exact, as TRL's, for rows that are each
         one causal sequence (TRL's rows, or a conversation whose views are prefixes of each other); a row
         holding a tree or several documents is one line."""
-        from onepass.head import add_logit_stats, weighted_ce
-        from onepass.loss import dft_sum
-        from onepass.tree import IGNORE
-
         length = inputs["input_ids"].shape[1]
         logits = model(input_ids=inputs["input_ids"], attention_mask=_causal_rows_mask(inputs),
                        use_cache=False).logits[:, -length:]
@@ -483,8 +478,6 @@ class OnePassTrainer(Trainer):
 def _causal_rows_mask(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """The ``[B, L]`` padding mask of rows that are each one causal sequence (positions 0..n-1, every key
     seen to the row's end); anything else is one line (a prompt-learning model cannot take a tree mask)."""
-    from onepass.errors import UsageError
-
     ids = inputs["input_ids"]
     length = ids.shape[1]
     steps = torch.arange(length, device=ids.device)[None]
@@ -511,8 +504,6 @@ def _labels_of(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
 def _check_finite(model: Any) -> None:
     """The trained weights hold no NaN or infinite value, else one line: the Trainer steps on with a NaN
     gradient and logs the loss without it (``logging_nan_inf_filter``), so a diverged run looked finished."""
-    from onepass.train.checkpoint import NonFiniteWeightsError, non_finite_weights
-
     bad = non_finite_weights(model)
     if bad:
         raise NonFiniteWeightsError(f"training ended with NaN or infinite weights ({bad[0]}): a step's loss or gradient "
@@ -524,8 +515,6 @@ def _shares_no_prefix(dataset: Any, batch: int = 1024) -> bool:
     """No tree node of any row has two children (:func:`onepass.geometry.branches`): every view in the
     rows is its own sequence (N-pass rows, one or several per row), so the one-pass rule is not in play.
     False for a dataset without a ``kv_end`` column (not rows: the guard decides)."""
-    from onepass.geometry import branches
-
     if is_stream(dataset) or "kv_end" not in (getattr(dataset, "column_names", None) or ()):
         return False  # a stream is not read ahead: the guard decides
     for start in range(0, len(dataset), batch):

@@ -23,6 +23,7 @@ normalisation in the step, checkpoints, resume here) is in plain sight.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -39,12 +40,29 @@ import numpy as np
 import torch
 
 from onepass.couplings import check_row_mask
+from onepass.data.load import CONVERSATIONS, DataSource, resolve_data
+from onepass.files import atomic_dir, check_writable, output_lock, write_failure
 from onepass.private_names import private
-from onepass.train.config import TrainConfig, TrainConfigError, write_yaml
 from onepass.errors import OnePassError
+from onepass.row_check import check_ids
+from onepass.train import distributed
+from onepass.train.checkpoint import (
+    CheckpointWriteError,
+    check_compatible,
+    check_new_run,
+    check_resume_step,
+    check_resumed_run,
+    clean_leftovers,
+    find_checkpoint,
+    is_sharded,
+    load_checkpoint,
+    read_state,
+    save_checkpoint,
+)
+from onepass.train.cli import overrides_from_args, setup_logging
+from onepass.train.config import TrainConfig, TrainConfigError, load_config, write_yaml
 from onepass.train.data import (
     TrainData,
-    check_data,
     check_same_units,
     compact_vocab,
     load_train_data,
@@ -52,8 +70,24 @@ from onepass.train.data import (
     total_steps,
     units_digest,
 )
+from onepass.train.distributed import describe, shutdown
 from onepass.train.evaluation import evaluate
 from onepass.train.fingerprint import check_fingerprint, run_fingerprint
+from onepass.train.model import (
+    load_tokenizer_for,
+    check_environment,
+    check_exactness,
+    check_sequence_parallel,
+    count_parameters,
+    load_model,
+    make_optimizer,
+    make_scheduler,
+    resolve_attention,
+    resolve_device,
+    save_final,
+)
+from onepass.train.report import Reporter, make_trackers
+from onepass.train.sequence_parallel import data_parallel, sequence_mesh, sequence_parallel_size
 from onepass.train.step import NonFiniteError, Stepper, deliver
 
 
@@ -94,8 +128,6 @@ class TrainResult:
 
 def make_accelerator(config: TrainConfig, device: torch.device, log_with: Sequence[Any] = ()) -> Any:
     """The run's ``Accelerator``; ``log_with``: its trackers (:func:`onepass.train.report.make_trackers`)."""
-    from onepass.train import distributed
-
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:  # a second train() in one process may change precision
         private("accelerate.state.AcceleratorState._reset_state")(True)
         if device.type == "cuda" and device.index is not None:
@@ -114,15 +146,16 @@ class _Loaded:
     vocab_size: int | None  # for a tiny model
 
 
-def _load_data(config: TrainConfig, *, main: bool, say: Callable[[str], None]) -> _Loaded:
-    """Train (and eval) units; a tiny model's vocabulary is compacted to the ids that occur."""
-    from onepass.train.model import load_tokenizer_for
-
-    raw = [s for s in (config.data, config.eval_data) if s is not None and check_data(s).kind == "conversations"]
+def _load_data(config: TrainConfig, sources: Sequence[DataSource | None], *, main: bool,
+               say: Callable[[str], None]) -> _Loaded:
+    """Train (and eval) units of the run's resolved ``sources``; a tiny model's vocabulary is compacted to
+    the ids that occur."""
+    source, eval_source = sources
+    assert source is not None
+    raw = [s for s in sources if s is not None and s.kind == CONVERSATIONS]
     tokenizer = load_tokenizer_for(config) if config.model is not None or raw else None
-    data = load_train_data(config.data, config, tokenizer, progress=config.progress and main, log=say)
-    eval_data = (load_train_data(config.eval_data, config, tokenizer, log=say)
-                 if config.eval_data is not None else None)
+    data = load_train_data(source, config, tokenizer, progress=config.progress and main, log=say)
+    eval_data = load_train_data(eval_source, config, tokenizer, log=say) if eval_source is not None else None
     used_ids, vocab_size = None, None
     if config.tiny is not None and config.compact_vocab:
         compacted, used_ids = compact_vocab(*[d for d in (data, eval_data) if d is not None])
@@ -152,8 +185,6 @@ def _most_rows(config: TrainConfig, data: TrainData) -> int:
 
 def _check_ids(model: Any, *datas: TrainData | None) -> None:
     """Prepared rows hold only ids the model embeds (else a raw ``IndexError`` deep in the forward)."""
-    from onepass.row_check import check_ids
-
     vocab = model.get_input_embeddings().num_embeddings
     for d in datas:
         if d is not None and d.kind == "row":
@@ -162,10 +193,6 @@ def _check_ids(model: Any, *datas: TrainData | None) -> None:
 
 def _save_final(model: Any, loaded: _Loaded, path: Path, *, step: int, state_dict: Any) -> Path:
     """``save_final`` into ``path`` as a whole or not at all (a full disk leaves no half model folder)."""
-    from onepass.files import atomic_dir, write_failure
-    from onepass.train.checkpoint import CheckpointWriteError
-    from onepass.train.model import save_final
-
     try:
         with atomic_dir(path) as tmp:
             save_final(model, loaded.tokenizer, tmp, used_ids=loaded.used_ids, state_dict=state_dict)
@@ -205,8 +232,6 @@ def train_steps(config: TrainConfig, *, resume: str | bool | None = None, log: C
     :class:`TrainResult`. Two runs advanced in turn time their steps under the same load (``make demo``
     interleaves one-pass and N-pass this way: :mod:`onepass.demo`). Run it to the end: a generator
     closed early closes its reporter and saves nothing. The output folder is locked while it runs."""
-    from onepass.files import output_lock
-
     main = int(os.environ.get("RANK", "0")) == 0  # one lock per run, held by its first process
     with _sigterm_as_interrupt(), output_lock(config.output_dir, command="train") if main else contextlib.nullcontext():
         return (yield from _train(config, resume=resume, log=log, resume_anyway=resume_anyway))
@@ -214,41 +239,11 @@ def train_steps(config: TrainConfig, *, resume: str | bool | None = None, log: C
 
 def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str], None] | None,
            resume_anyway: bool) -> Generator[dict[str, Any], None, TrainResult]:
-    from onepass.files import check_writable
-    from onepass.train.checkpoint import (
-        check_compatible,
-        check_new_run,
-        check_resume_step,
-        check_resumed_run,
-        clean_leftovers,
-        find_checkpoint,
-        is_sharded,
-        load_checkpoint,
-        read_state,
-        save_checkpoint,
-    )
-    from onepass.train.model import (
-        check_environment,
-        check_exactness,
-        check_sequence_parallel,
-        count_parameters,
-        load_model,
-        make_optimizer,
-        make_scheduler,
-        resolve_attention,
-        resolve_device,
-    )
-    from onepass.train.distributed import describe
-    from onepass.train.sequence_parallel import data_parallel, sequence_mesh, sequence_parallel_size
-    from onepass.train.report import Reporter, make_trackers
-
     device = resolve_device(config.device)  # everything that can fail on this machine fails here, in a second
     check_environment(config, device)
     config = config.replace(sp_size=sequence_parallel_size(config.sp_size))  # the degree in effect, saved
     attention = resolve_attention(config.attention, device)
-    for spec in (config.data, config.eval_data):
-        if spec is not None:
-            check_data(spec)
+    sources = [resolve_data(s) if s is not None else None for s in (config.data, config.eval_data)]  # once per run
     out = Path(config.output_dir)
     log = log or logging.getLogger("onepass").info
     first = int(os.environ.get("RANK", "0")) == 0
@@ -272,7 +267,9 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         check_resumed_run(saved, ckpt, world=world, anyway=resume_anyway, say=say)
     parallel = describe(accelerator, sp_size=config.sp_size)
     say(parallel.line())  # the first line: what runs, not what was asked for
-    exactness = check_exactness(config, attention=attention, log=say)  # every process: a refusal stops all
+    loaded = _load_data(config, sources, main=main, say=say)  # each conversation read and rendered once
+    # every process: a refusal stops all; on the conversations as loaded (their rendering, not a second one)
+    exactness = check_exactness(config, loaded.data, loaded.tokenizer, attention=attention, log=say)
     split = check_sequence_parallel(config, attention=attention, log=say) if shard is not None else None
     if main:
         if out / "checkpoints" in replaced:
@@ -280,11 +277,10 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
             say(f"--overwrite: removed the checkpoints of the earlier run in {out}")
         out.mkdir(parents=True, exist_ok=True)
         write_yaml(config, out / "train_config.yaml")
-    loaded = _load_data(config, main=main, say=say)
     data, eval_data = loaded.data, loaded.eval_data
     rows = {"rows": units_digest(data), "eval_rows": units_digest(eval_data) if eval_data is not None else None}
     check_same_units(accelerator, config, data, rows)  # before the first collective whose count depends on it
-    fingerprint = {**run_fingerprint(config, loaded.tokenizer, renders=any(
+    fingerprint = {**run_fingerprint(config, *sources, loaded.tokenizer, renders=any(
         d is not None and d.kind == "conversation" for d in (data, eval_data))), **rows}
     if saved is not None:
         check_fingerprint(saved.get("fingerprint"), fingerprint, ckpt, anyway=resume_anyway, say=say)
@@ -308,7 +304,8 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     stats = data.stats
     schedule = rows_setting(config, data, "schedule", say)
     rows_setting(config, data, "weighting", say)
-    header = {"config": config.to_dict(), "distributed": parallel.to_dict(), "world_size": world, "device": str(device), "attention": attention,
+    header = {"config": config.to_dict(), "distributed": parallel.to_dict(), "world_size": world,
+              "device": str(device), "attention": attention,
               "dtype": config.dtype, "mixed_precision": config.mixed_precision, "schedule": schedule,
               "parameters": params, "trainable_parameters": trainable, "units": data.num_units,
               "unit": data.kind, "units_per_step": stepper.per_step, "total_steps": total,
@@ -397,4 +394,14 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
                        plot_path=plot, seconds=run_seconds, tokens=run_tokens)
 
 
-__all__ = ["TrainResult", "train", "train_steps"]
+def run(args: argparse.Namespace) -> int:
+    """``onepass train`` (flags: :mod:`onepass.train.cli`): 0 when the run finished. Bad settings raise a
+    OnePassError (one line)."""
+    setup_logging()
+    config = load_config(args.config, overrides_from_args(args))
+    train(config, resume=args.resume, resume_anyway=args.resume_anyway)
+    shutdown()  # after a finished run only: a rank that failed must not wait in a collective for the others
+    return 0
+
+
+__all__ = ["TrainResult", "run", "train", "train_steps"]

@@ -24,14 +24,20 @@ from typing import Any
 
 import torch
 
-from onepass.hub import hub_offline, offline_reason
+from onepass.attention.backends import check_backend, default_backend
+from onepass.attention.cpu import register
+from onepass.dtypes import torch_dtype
+from onepass.guard.check import check_exact_once, enforce
+from onepass.guard.sample import views_for_check
+from onepass.models import ModelSpec, load_causal_lm, load_model_config
+from onepass.tiny import tiny_config
+from onepass.tokenizer import load_tokenizer
 from onepass.train.config import QLORA_ON_CPU, TrainConfig, TrainConfigError
+from onepass.train.data import TrainData
+from onepass.ulysses.guard import check_sequence_parallel as check_twin
+from onepass.ulysses.model import check_degree, install as install_sequence_parallel
 
 _LOG = logging.getLogger("onepass")
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[name]
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -53,9 +59,6 @@ def resolve_attention(spec: str, device: torch.device) -> str:
 
     Any name :func:`onepass.attention.check_backend` accepts passes through.
     """
-    from onepass.attention.backends import check_backend, default_backend
-    from onepass.attention.cpu import register
-
     backend = spec
     if spec == "auto":
         backend = default_backend(device)
@@ -93,7 +96,7 @@ def check_environment(config: TrainConfig, device: torch.device) -> None:
     for tracker in config.report_to:  # accelerate's trackers: the module is named as the tracker
         _require(tracker, f"report_to: {tracker}", f"pip install {tracker.replace('_', '-')}")
     if config.model is not None:
-        check_model(config.model)
+        load_model_config(config.model)  # a local folder with a config, or a hub id reachable now (or cached)
 
 
 def _require(module: str, what: str, install: str) -> None:
@@ -101,30 +104,6 @@ def _require(module: str, what: str, install: str) -> None:
 
     if importlib.util.find_spec(module) is None:
         raise TrainConfigError(f"{what} needs the {module!r} package: {install}")
-
-
-def _looks_like_path(spec: str) -> bool:
-    """Hub ids are ``name`` or ``org/name``; anything else that does not exist is a missing path."""
-    return spec.startswith(("/", "./", "../", "~", ".")) or spec.count("/") > 1
-
-
-def check_model(spec: str) -> None:
-    """A local directory with a config, or a hub id reachable now (or cached when offline)."""
-    path = Path(spec).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise TrainConfigError(f"model directory {spec} has no config.json (is it a saved HF model?)")
-        return
-    if _looks_like_path(spec):
-        raise TrainConfigError(f"model path not found: {spec}")
-    from transformers import AutoConfig
-
-    try:
-        AutoConfig.from_pretrained(spec)
-    except (OSError, ValueError) as e:
-        why = (f"it is not a local path, not in the HF cache, and the hub is offline ({offline_reason()})"
-               if hub_offline() else str(e).splitlines()[0] if str(e) else type(e).__name__)
-        raise TrainConfigError(f"model {spec!r} cannot be loaded: {why}") from None
 
 
 def load_tokenizer_for(config: TrainConfig) -> Any:
@@ -139,29 +118,26 @@ def load_tokenizer_for(config: TrainConfig) -> Any:
 def _cached_tokenizer(spec: str, chat_template: str | None, _content: bytes | None = None) -> Any:
     """Loading a 150k-token vocabulary takes seconds; runs in one process (tests, the demo) share it.
     ``_content``: the template file's bytes, so an edited template is loaded again."""
-    from onepass.tokenizer import load_tokenizer
-
     return load_tokenizer(spec, chat_template=chat_template)
 
 
-def check_exactness(config: TrainConfig, *, attention: str, log: Any = _LOG.info) -> dict[str, Any]:
+def check_exactness(config: TrainConfig, data: TrainData, tokenizer: Any | None, *, attention: str,
+                    log: Any = _LOG.info) -> dict[str, Any]:
     """The exactness guard (:mod:`onepass.guard`) for this run, before any training: one-pass
-    against N-pass on a tiny float64 twin of the model, on two of the run's conversations (on
-    the bundled MathChat pair rendered with the run's tokenizer when the data is prepared rows).
+    against N-pass on a tiny float64 twin of the model, on two of the run's conversations as the run
+    rendered them (:attr:`~onepass.train.data.TrainData.guard_views`); on the bundled MathChat pair
+    rendered with the run's tokenizer when the data is prepared rows.
 
     Raises :class:`onepass.guard.InexactModelError` (one line) when they differ, unless
     ``allow_inexact``. Returns what metrics.json records under ``exactness``.
     """
-    from onepass.data.load import ROWS, load_conversations, resolve_data
-    from onepass.guard import check_exact_once, enforce, views_for_check
     data_config = config.data_config
     if data_config.schedule_spec.kind == "n-pass" and not data_config.pack:
         return {"checked": False, "why": "n-pass rows without packing are each one plain sequence"}
-    source = resolve_data(config.data)
-    convs = ([] if source.kind == ROWS else  # prepared rows: the bundled pair, with the run's tokenizer
-             load_conversations(source, strict=False, limit=min(config.limit or 32, 32)).conversations)
-    views, where = views_for_check(convs, load_tokenizer_for(config), data_config.render,
-                                   source=config.data, empty="the data is prepared rows")
+    rows = data.kind == "row"  # no conversations: the bundled pair, rendered with the run's tokenizer
+    views, where = views_for_check((), load_tokenizer_for(config) if tokenizer is None else tokenizer,
+                                   data_config.render, source=config.data, empty="the data is prepared rows",
+                                   sampled=None if rows else data.guard_views)
     model_config = model_config_of(config)
     result = check_exact_once(model_config, views, pack=data_config.pack, backend=attention)
     enforce(result, allow_inexact=config.allow_inexact, log=lambda line: log(f"exactness guard on {where}: {line}"))
@@ -171,12 +147,8 @@ def check_exactness(config: TrainConfig, *, attention: str, log: Any = _LOG.info
 def model_config_of(config: TrainConfig) -> Any:
     """The HF config of the run's model (a tiny architecture's, or the saved model's)."""
     if config.tiny is not None:
-        from onepass.tiny import tiny_config
-
         return tiny_config(config.tiny, 64, **config.tiny_config)
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(config.model)
+    return load_model_config(config.model)
 
 
 def check_sequence_parallel(config: TrainConfig, *, attention: str, log: Any = _LOG.info) -> dict[str, Any]:
@@ -184,9 +156,6 @@ def check_sequence_parallel(config: TrainConfig, *, attention: str, log: Any = _
     (:func:`onepass.ulysses.model.check_degree`), and its tiny float64 twin split over simulated ranks takes
     one process's loss and gradients (:func:`onepass.ulysses.guard.check_sequence_parallel`); one
     :class:`~onepass.ulysses.plan.SequenceParallelError` line otherwise. Returns what metrics.json records."""
-    from onepass.ulysses.guard import check_sequence_parallel as check_twin
-    from onepass.ulysses.model import check_degree
-
     model_config = model_config_of(config)
     split = check_degree(model_config, config.sp_size)
     result = check_twin(model_config, config.sp_size, backend=attention)
@@ -200,32 +169,18 @@ def check_sequence_parallel(config: TrainConfig, *, attention: str, log: Any = _
 
 def load_model(config: TrainConfig, *, device: torch.device, attention: str, vocab_size: int | None = None
                ) -> Any:
-    """The model to train, on ``device``, in train mode, with adapters when asked."""
-    from onepass.attention.backends import check_backend
-
-    dtype = torch_dtype(config.dtype)
-    check_backend(attention, device, dtype)  # flex_attention has no float64 kernel: one line, before loading
-    if config.tiny is not None:
-        from onepass.tiny import tiny_model
-
-        assert vocab_size is not None
-        model = tiny_model(config.tiny, vocab_size, dtype=dtype, seed=config.seed, attn_implementation=attention,
-                           device=device, **config.tiny_config)
-    else:
-        from transformers import AutoModelForCausalLM
-
-        kwargs: dict[str, Any] = dict(dtype=dtype, attn_implementation=attention)
-        if config.finetune == "qlora":
-            kwargs["quantization_config"] = quantization_config(config)
-            kwargs["device_map"] = {"": device.index if device.index is not None else torch.cuda.current_device()}
-        model = AutoModelForCausalLM.from_pretrained(config.model, **kwargs)
-        if config.finetune != "qlora":
-            model = model.to(device)
+    """The model to train, loaded by the one loader (:func:`onepass.models.load_causal_lm`), on ``device``, in
+    train mode, with adapters when asked."""
+    check_backend(attention, device, torch_dtype(config.dtype))  # flex_attention has no float64 kernel: before loading
+    qlora = config.finetune == "qlora"
+    spec = ModelSpec(model=config.model, tiny=config.tiny, vocab_size=vocab_size, tiny_config=config.tiny_config,
+                     seed=config.seed, dtype=config.dtype, attention=attention, device=device,
+                     quantization=quantization_config(config) if qlora else None,
+                     device_map={"": device.index if device.index is not None else torch.cuda.current_device()}
+                     if qlora else None)
+    model = load_causal_lm(spec)
     model.config.use_cache = False
-    from onepass.mixers.tree import install
-
-    install(model)  # recurrent mixers' couplings checked at load: one CouplingError line if a release broke them
-    if config.finetune == "qlora":
+    if qlora:
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(
@@ -236,8 +191,6 @@ def load_model(config: TrainConfig, *, device: torch.device, attention: str, voc
     if config.finetune in ("lora", "qlora"):
         model = add_lora(model, config)
     if config.sp_size > 1:  # its attention through the sequence-parallel wrapper of its backend
-        from onepass.ulysses.model import install as install_sequence_parallel
-
         install_sequence_parallel(model, config.sp_size)
     model.train()
     return model
@@ -246,7 +199,7 @@ def load_model(config: TrainConfig, *, device: torch.device, attention: str, voc
 def qlora_settings(config: TrainConfig) -> dict[str, Any]:
     """QLoRA's quantization: the base model's weights in 4-bit NF4, double-quantized, computing in ``dtype``."""
     return dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                bnb_4bit_compute_dtype=torch.bfloat16 if config.dtype == "bfloat16" else torch.float32)
+                bnb_4bit_compute_dtype=torch_dtype("bfloat16" if config.dtype == "bfloat16" else "float32"))
 
 
 def quantization_config(config: TrainConfig, settings: dict[str, Any] | None = None) -> Any:
@@ -333,10 +286,6 @@ def add_lora(model: Any, config: TrainConfig) -> Any:
             raise TrainConfigError(f"lora_target_modules {config.lora_target_modules!r}: no such module in "
                                    f"{type(model).__name__}; its linear layers are {', '.join(linear)} (or use "
                                    "all-linear)") from None
-
-
-def is_peft(model: Any) -> bool:
-    return hasattr(model, "peft_config")
 
 
 def trainable_state(model: Any) -> dict[str, torch.Tensor]:

@@ -13,6 +13,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from onepass.couplings import base_model, is_peft
+from onepass.train import sft_rows
+
 log = logging.getLogger("onepass")
 
 
@@ -89,8 +92,6 @@ def completion_only_loss(args: Any, sample: Any) -> bool:
 
 def check_data_settings(args: Any, sample: Any, *, data_collator: Any, formatting_func: Any) -> None:
     """TRL's checks of the data settings against the first record and the collator."""
-    from onepass.train import sft_rows
-
     if padding_free(args):
         if data_collator is not None:
             raise ValueError("Passing a custom data collator is not supported when using padding-free.")
@@ -117,8 +118,6 @@ def check_data_settings(args: Any, sample: Any, *, data_collator: Any, formattin
 def check_model(model: Any, args: Any) -> None:
     """TRL's checks of the model against the settings: a PEFT adapter on the LM head, a load-balancing
     coefficient for a model without a router, Liger's fused cross entropy, selective checkpointing."""
-    from onepass.train.hf_model import base_model, is_peft
-
     if is_peft(model):
         from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -151,8 +150,6 @@ def check_model(model: Any, args: Any) -> None:
 
 def is_prompt_learning(model: Any) -> bool:
     """A PEFT prompt-learning model (prompt tuning, prefix tuning, p-tuning): virtual tokens every position sees."""
-    from onepass.train.hf_model import is_peft
-
     if not is_peft(model):
         return False
     config = model.peft_config.get(getattr(model, "active_adapter", "default"))

@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from onepass.render.clock import TEMPLATE_DATE
+from onepass.render.template import apply_template
 from onepass.tree import IGNORE, Layout, concat
 
 TEXT, PROMPT_COMPLETION, PRETOKENIZED, MESSAGES = "text", "prompt_completion", "pretokenized", "messages"
@@ -111,9 +113,6 @@ def _chat(tokenizer: Any, messages: list, settings: SftSettings, record: Mapping
           ) -> dict[str, list[int]]:
     """``apply_chat_template(messages, tokenize=True)`` with the record's tools and ``chat_template_kwargs``
     (TRL's ``_tokenize``), the run's ``template_kwargs`` under them."""
-    from onepass.render.clock import TEMPLATE_DATE
-    from onepass.render.template import apply_template
-
     call = {"chat_template": settings.chat_template, **dict(settings.template_kwargs),
             **dict(record.get("chat_template_kwargs") or {}), **kwargs}
     if settings.template_date is not None:

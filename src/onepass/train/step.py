@@ -39,9 +39,10 @@ import torch
 
 from onepass.errors import OnePassError
 from onepass.flops import visible_pairs
-from onepass.loss import ForwardView, batch_loss
+from onepass.loss import ForwardView, batch_loss, layouts_to_batch
+from onepass.train.checkpoint import is_sharded
 from onepass.train.config import TrainConfig
-from onepass.train.data import TrainData, collate, step_passes, step_units, units_per_step
+from onepass.train.data import TrainData, step_passes, step_units, units_per_step
 from onepass.train.hyperparams import clip_norm
 from onepass.train.sequence_parallel import data_parallel
 from onepass.ulysses.comm import SequenceShard
@@ -56,8 +57,6 @@ class Stepper:
 
     def __init__(self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any, data: TrainData,
                  config: TrainConfig, shard: SequenceShard | None = None) -> None:
-        from onepass.train.checkpoint import is_sharded
-
         self.accelerator, self.model, self.optimizer, self.scheduler = accelerator, model, optimizer, scheduler
         self.data, self.config, self.shard = data, config, shard
         self.view = ForwardView(model, accelerator.unwrap_model(model))
@@ -83,7 +82,7 @@ class Stepper:
         # loss sum, tokens, padded tokens, attention pairs a dense kernel computes, visible pairs
         sums = torch.zeros(5, dtype=torch.float64, device=device)
         for i, rows in enumerate(passes):
-            batch = collate(rows, device)
+            batch = layouts_to_batch(rows, device=device)
             with acc.no_sync(self.model) if i < len(passes) - 1 else contextlib.nullcontext():
                 loss_sum = batch_loss(self.view, batch, shard=self.shard)
                 acc.backward(loss_sum * scale)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from onepass.attention.backends import BACKENDS, SP_PREFIX
+from onepass.attention.cpu import register as register_onepass_cpu
 from onepass.ulysses.comm import SP_KWARG, SequenceShard
 from onepass.ulysses.plan import SequenceParallelError, head_split
 
@@ -87,8 +88,6 @@ def register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    from onepass.attention.cpu import register as register_onepass_cpu
 
     register_onepass_cpu()
     for backend in (*BACKENDS, "eager"):

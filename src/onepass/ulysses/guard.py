@@ -25,10 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from onepass.guard.check import build_twin, describe
+from onepass.guard.divergence import decoder_layers
 from onepass.loss import batch_loss, layouts_to_batch, pad_batch
 from onepass.tree import Layout, build_layout
 from onepass.ulysses.comm import SequenceShard, run_ranks
-from onepass.ulysses.model import install, model_heads
+from onepass.ulysses.model import install, model_heads, uninstall
 from onepass.ulysses.plan import SequenceParallelError, head_split
 from onepass.view import View
 
@@ -100,8 +102,6 @@ def check_sequence_parallel(model_or_config: Any, degree: int, *, backend: str |
     float64 twin of ``model_or_config`` takes the same loss and gradients split over ranks as in one
     process; returns what metrics.json records (``sequence_parallel``). ``degree``: the run's sp_size (its
     heads are checked on the real config by :func:`onepass.ulysses.model.check_degree`)."""
-    from onepass.guard.check import build_twin, describe
-
     _, _, architecture = describe(model_or_config)
     vocab = 64
     twin = build_twin(model_or_config, vocab, backend=backend)
@@ -148,8 +148,6 @@ def first_differing_module(model: torch.nn.Module, batch: Mapping[str, torch.Ten
     """Which module's output first differs (in the order modules finish) between one process and ``degree``
     simulated ranks: the shards' outputs side by side against the whole row's. Modules called more than
     once per forward (inside a chain-by-chain scan) are passed over."""
-    from onepass.ulysses.model import uninstall
-
     uninstall(model)
     whole: dict[str, list[torch.Tensor]] = {}
     remove = _record(model, whole)
@@ -189,8 +187,6 @@ def first_differing_module(model: torch.nn.Module, batch: Mapping[str, torch.Ten
 def layer_part(model: torch.nn.Module, name: str) -> str:
     """The part of a decoder layer (its attention, mixer, MLP ...) that holds module ``name``: what a user can
     act on (``model.layers.0.linear_attn``, not its ``out_proj``); ``name`` itself outside the decoder layers."""
-    from onepass.guard.divergence import decoder_layers
-
     layers = decoder_layers(model)
     prefixes = {n for n, m in model.named_modules() if m is layers}
     for prefix in prefixes:

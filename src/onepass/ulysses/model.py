@@ -20,7 +20,10 @@ from __future__ import annotations
 from typing import Any
 
 from onepass.attention.backends import SP_PREFIX, model_backend
+from onepass.couplings import recurrent_mixer
+from onepass.guard.divergence import decoder_layers
 from onepass.model_config import text_config
+from onepass.ulysses.attention import register
 from onepass.private_names import private
 from onepass.ulysses.plan import HeadSplit, LayerShapes, SequenceParallelError, head_split
 
@@ -52,9 +55,6 @@ def head_dims(config: Any) -> tuple[int, int]:
 def layer_shapes(model: Any) -> list[LayerShapes]:
     """What each decoder layer of ``model`` exchanges under sequence parallelism
     (:func:`onepass.ulysses.plan.forward_volume`): its attention's heads, its recurrent mixer's width."""
-    from onepass.couplings import recurrent_mixer
-    from onepass.guard.divergence import decoder_layers
-
     config = text_config(model.config)
     heads = model_heads(config)
     qk, v = head_dims(config) if heads else (0, 0)
@@ -80,8 +80,6 @@ def check_degree(config: Any, degree: int) -> HeadSplit | None:
 
 def install(model: Any, degree: int) -> HeadSplit | None:
     """Check ``model`` splits over ``degree`` ranks and wrap its attention backend (idempotent)."""
-    from onepass.ulysses.attention import register
-
     if degree < 1:
         raise SequenceParallelError(f"sp_size must be >= 1, got {degree}")
     split = check_degree(model.config, degree)
