@@ -117,10 +117,12 @@ def view_targets(view: View) -> np.ndarray:
 
 
 class PrefixTree:
-    """A trie of views. Insert views, then :meth:`layout` flattens it depth-first.
+    """A trie of views. Insert views (or laid-out trees: :meth:`insert_layout`, how trees of several
+    conversations become one, :mod:`onepass.share`), then :meth:`layout` flattens it depth-first.
 
-    Node ids grow with insertion, and the nodes one insertion adds are a chain of consecutive ids
-    (a *segment*: once a view leaves the tree, the rest of it is new). :meth:`layout` lays the tree
+    Node ids grow with insertion, and the nodes a view's insertion adds are a chain of consecutive ids
+    (a *segment*: once a view leaves the tree, the rest of it is new; a laid-out tree adds one segment
+    per chain of it that leaves the tree). :meth:`layout` lays the tree
     out a run of a segment at a time (numpy ranges, no per-node Python); :meth:`layout_reference` walks it
     node by node, the obviously-correct version it is tested against.
     """

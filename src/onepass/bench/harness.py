@@ -175,6 +175,9 @@ def layout_setting(views: Sequence[Sequence[View]], setting: str, max_tokens: in
 @dataclass(kw_only=True)
 class Timing:
     epoch_seconds: list[float] = field(default_factory=list)
+    # this process's CPU seconds over the same epochs: on a loaded CPU machine the wall clock also counts
+    # the time the neighbours held the core; CPU time does not (it still feels their cache traffic)
+    epoch_cpu_seconds: list[float] = field(default_factory=list)
     peak_memory_bytes: int | None = None  # CUDA: max allocated; CPU: peak RSS above the loaded model
     # live tensor bytes at the step's peak, all included, and up to the optimizer step (onepass.bench.memory)
     peak_tensor_bytes: int | None = None
@@ -226,14 +229,15 @@ class Session:
         for batch in self.batches[:self.job.warmup]:  # the longest rows first
             self.step(batch)
 
-    def epoch(self) -> float:
-        """Seconds for one step over every row, the device synchronised at both ends."""
+    def epoch(self) -> tuple[float, float]:
+        """Seconds for one step over every row, the device synchronised at both ends: wall clock and this
+        process's CPU time."""
         sync_device(self.device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for batch in self.batches:
             self.step(batch)
         sync_device(self.device)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
 
 def start_session(job: Job) -> Session:
@@ -270,7 +274,9 @@ def time_training(job: Job) -> Timing:
     timing = Timing()
     with chain_timing() as chains:
         for _ in range(job.repeats):
-            timing.epoch_seconds.append(session.epoch())
+            wall, cpu = session.epoch()
+            timing.epoch_seconds.append(wall)
+            timing.epoch_cpu_seconds.append(cpu)
     if chains.calls:
         timing.chain_loop_seconds = chains.loop_seconds / job.repeats
         timing.chain_mixer_seconds = chains.mixer_seconds / job.repeats
@@ -320,7 +326,9 @@ def time_interleaved(jobs: Sequence[Job], *, log: Callable[[str], None] = print)
             before = torch.cuda.memory_allocated(session.device) if session.device.type == "cuda" else 0
             peak = start_peak_memory(session.device)
             try:
-                timings[i].epoch_seconds.append(session.epoch())
+                wall, cpu = session.epoch()
+                timings[i].epoch_seconds.append(wall)
+                timings[i].epoch_cpu_seconds.append(cpu)
             except Exception as e:  # noqa: BLE001: out of memory in a long row, say: the others go on
                 log(f"{session.job.backend} ({len(session.job.rows)} rows): failed in epoch {repeat + 1}: "
                     f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
@@ -376,6 +384,8 @@ def summarise(name: str, backend: str, group: str, rows: Sequence[Layout], timin
         "epoch_seconds": list(timing.epoch_seconds), "work": work_counts(rows),
         # the fastest epoch: interference on a shared machine only ever slows one down (timeit's reasoning)
         "epoch_seconds_best": min(timing.epoch_seconds) if timing.epoch_seconds else None,
+        "epoch_cpu_seconds": list(timing.epoch_cpu_seconds),  # empty where not measured (TRL's timer)
+        "epoch_cpu_seconds_best": min(timing.epoch_cpu_seconds) if timing.epoch_cpu_seconds else None,
         "conversations_per_s": num_conversations / med, "tokens_per_s": sum(len(r) for r in rows) / med,
         "target_tokens_per_s": sum(r.num_targets for r in rows) / med,
         "peak_memory_bytes": timing.peak_memory_bytes,
@@ -455,17 +465,28 @@ def _add_shared_ratios(s: dict[str, Any], base: dict[str, Any] | None, bound: fl
     speed (median and fastest epochs), the fraction of its FLOP bound, tensor memory."""
     keys = ("speedup_vs_one_pass_packed", "best_epoch_speedup_vs_one_pass_packed", "fraction_of_shared_bound",
             "best_epoch_fraction_of_shared_bound", "tensor_memory_vs_one_pass_packed", "shared_bound",
-            "speed_ratio_vs_one_pass_packed")
+            "speed_ratio_vs_one_pass_packed", "cpu_speedup_vs_one_pass_packed",
+            "best_cpu_epoch_speedup_vs_one_pass_packed", "cpu_fraction_of_shared_bound",
+            "best_cpu_epoch_fraction_of_shared_bound")
     s.update(dict.fromkeys(keys))
     if base is None:
         return
     s["speedup_vs_one_pass_packed"] = s["conversations_per_s"] / base["conversations_per_s"]
     s["best_epoch_speedup_vs_one_pass_packed"] = best = _best_epoch_ratio(base, s)
     s["speed_ratio_vs_one_pass_packed"] = checked_ratio(base, s)
+    if s.get("epoch_cpu_seconds") and base.get("epoch_cpu_seconds"):  # CPU time: what a loaded machine distorts least
+        s["cpu_speedup_vs_one_pass_packed"] = (statistics.median(base["epoch_cpu_seconds"])
+                                               / statistics.median(s["epoch_cpu_seconds"]))
+        s["best_cpu_epoch_speedup_vs_one_pass_packed"] = fastest_ratio([base["epoch_cpu_seconds_best"]],
+                                                                       [s["epoch_cpu_seconds_best"]])
     if bound:
         s["shared_bound"] = bound
         s["fraction_of_shared_bound"] = s["speedup_vs_one_pass_packed"] / bound
         s["best_epoch_fraction_of_shared_bound"] = best / bound if best else None
+        for ratio, fraction in (("cpu_speedup_vs_one_pass_packed", "cpu_fraction_of_shared_bound"),
+                                ("best_cpu_epoch_speedup_vs_one_pass_packed",
+                                 "best_cpu_epoch_fraction_of_shared_bound")):
+            s[fraction] = s[ratio] / bound if s[ratio] else None
     if s.get("peak_tensor_bytes") and base.get("peak_tensor_bytes"):
         s["tensor_memory_vs_one_pass_packed"] = s["peak_tensor_bytes"] / base["peak_tensor_bytes"]
 
