@@ -207,6 +207,28 @@ def test_modules_stay_small_by_concept_not_by_count():
     assert not shims, f"modules that only re-export: {shims}"
 
 
+STEP_LINES = 50  # a step of a run reads on one screen; `_train` had 155 lines, OnePassTrainer.__init__ 121
+
+
+def long_functions(source: str, limit: int = STEP_LINES) -> dict[str, int]:
+    """``name: lines`` of each function (or method) of ``source`` longer than ``limit`` lines, signature included."""
+    return {fn.name: n for fn in ast.walk(ast.parse(source))
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) and (n := fn.end_lineno - fn.lineno + 1) > limit}
+
+
+def test_the_long_function_finder_finds_one():
+    body = "".join(f"        x{i} = {i}\n" for i in range(STEP_LINES))  # a method of 1 + STEP_LINES lines
+    assert long_functions(f"class A:\n    def f(self):\n{body}\n\ndef g():\n    return 1\n") == {"f": STEP_LINES + 1}
+
+
+def test_a_run_and_the_trainers_init_read_as_named_steps():
+    # issue 38: `onepass train`'s run (train/loop.py `_train`) and OnePassTrainer.__init__ are lists of named
+    # steps, each a function with a docstring: set up, load, check, build, resume, step, finish
+    for module in ("onepass.train.loop", "onepass.train.hf_trainer"):
+        long = long_functions(MODULES[module].read_text())
+        assert not long, f"{module}: functions past {STEP_LINES} lines (break them into named steps): {long}"
+
+
 def test_only_render_template_calls_the_chat_template():
     calls = {name for name, p in MODULES.items() if ".apply_chat_template(" in p.read_text()}
     assert calls == {"onepass.render.template"}, calls

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import onepass.render.views
 from onepass.conversation.parse import parse_record
 from onepass.prepare.pipeline import PrepareConfig, prepare
-from onepass.render.token_floor import longest_token, token_floor
+from onepass.render.token_floor import longest_token, pair_table, parts_floor, token_cuts, token_floor
 from onepass.layout.tree import COLUMNS
 
 CORPUS = ["hello world, the quick brown fox", "aaaa aaaaaaaa " * 20, "élan 中文 テキスト ñ", "1234567890 " * 10,
@@ -71,6 +71,40 @@ def tokenizer(request, qwen3_tokenizer):
 def test_the_floor_is_never_above_the_real_count(tokenizer, text):
     assert longest_token(tokenizer) is not None
     assert token_floor(tokenizer, text) <= len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+CONTEXT = st.lists(st.sampled_from(["", " ", "\n", "a", "1", "é", "\u0301", "\u0338", "<|im_start|>user\n", "<think>",
+                                    "Ａ", "\u1161", "'s", "  "]), max_size=4).map("".join) | TEXTS
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=st.lists(TEXTS, min_size=1, max_size=3), around=st.lists(CONTEXT, min_size=4, max_size=4))
+@example(parts=["the cat sat on 12 mats"], around=["", "\u0301", "", ""])  # a combining mark joins the last char
+@example(parts=["a=b", "x y"], around=["<|im_start|>", "\u0338", "\u0301", "<think>"])
+def test_the_floor_of_texts_held_anywhere_is_never_above_the_real_count(tokenizer, parts, around):
+    """:func:`parts_floor` (cuts: byte pairs inside no vocabulary entry) bounds the tokens of ANY text holding
+    the parts in order, whatever surrounds them: added tokens, combining marks a normal form joins, letters."""
+    text = around[0] + "".join(part + after for part, after in zip(parts, around[1:] + [""] * len(parts)))
+    assert parts_floor(tokenizer, parts) <= len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def test_cuts_are_counted_only_where_the_vocabulary_is_the_bytes_it_covers(tokenizer, request):
+    words = "what is the weather like in Paris today 12 34"
+    cuts = token_cuts(tokenizer, words)
+    if "metaspace" in request.node.callspec.id:  # a Replace normalizer: no cut is provable, the byte floor stays
+        assert pair_table(tokenizer) is None and cuts == 0
+    else:
+        assert pair_table(tokenizer) is not None and cuts >= 8  # at least one per word boundary
+    assert token_cuts(tokenizer, "") == token_cuts(tokenizer, "a") == 0
+
+
+def test_cuts_make_a_tight_floor_on_qwen3(qwen3_tokenizer):
+    """The byte floor of a chat message is 1 (Qwen3's longest token: 256 bytes); counting cuts, it is within a
+    few tokens of the real count."""
+    text = "Question 12: what is 12 plus 13? Please answer briefly, and show the steps."
+    real = len(qwen3_tokenizer(text, add_special_tokens=False)["input_ids"])
+    assert token_floor(qwen3_tokenizer, text) == 1
+    assert real - 4 <= parts_floor(qwen3_tokenizer, [text]) <= real
 
 
 def test_the_floor_is_reached_by_the_longest_token(qwen3_tokenizer):

@@ -7,9 +7,12 @@ so a conversation of n turns cost ~n^2/2 calls (and ~n^3 messages rendered), the
 history reasoning on real agent data included. Now each prefix's outcome is kept by its content for the
 conversation (``onepass.render.template._blame``): a turn adds a fixed number of calls.
 
-What stays: every view's prompt is the template's own rendering of ``messages[:k]``, a text that grows
-with k, so the messages handed to the template grow as the N-pass text does (the sum of the views'
-lengths, quadratic in the turns of one conversation); benchmarks/render_scaling.py measures it.
+With ``--max-tokens``, a view proven over it from the messages it must hold is not rendered at all
+(``onepass.render.preskip``): the budgeted render of a long conversation hands the template text linear in
+its turns (the last test). What stays without a budget: every view's prompt is the template's own rendering
+of ``messages[:k]``, a text that grows with k, so the messages handed to the template grow as the N-pass text
+does (the sum of the views' lengths, quadratic in the turns of one conversation); benchmarks/render_scaling.py
+measures both.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import onepass.render.template as template_module
 from onepass.conversation.parse import parse_record
 from onepass.render import render_conversation
+from onepass.layout.view import View
 
 # Raises once the conversation is longer than 6 messages, naming its length (as templates that say "message
 # at index N ..." do): a prefix raises another text than the turn's prompt, so the scan for the culprit ran on.
@@ -50,3 +54,45 @@ def test_template_calls_grow_linearly_with_the_turns(with_template, monkeypatch,
     # 4x the turns: 4x the calls (now 122 -> 482), not 16x (before: 1,634 -> 25,754)
     assert big / small < 4 * 1.5, (small, big)
     assert big <= 6 * 4 * turns, big
+
+
+def _qa(turns: int):
+    """Questions and answers with reasoning, as benchmarks/render_scaling.py's conversations."""
+    msgs = []
+    for i in range(turns):
+        msgs += [{"role": "user", "content": f"Question {i}: what is {i} plus {i + 1}?"},
+                 {"role": "assistant", "content": f"It is {2 * i + 1}.", "reasoning_content": f"Add {i} and {i + 1}."}]
+    return parse_record({"messages": msgs})
+
+
+def _handed(monkeypatch, tok, turns: int, max_tokens: int) -> tuple[int, int, int]:
+    """(messages handed to the template, characters it returned, views over max_tokens) rendering ``turns``."""
+    messages, chars = [], []
+    real = template_module.apply_template
+
+    def counting(tokenizer, msgs, **kw):
+        out = real(tokenizer, msgs, **kw)
+        messages.append(len(msgs))
+        chars.append(len(out) if isinstance(out, str) else 0)
+        return out
+
+    monkeypatch.setattr(template_module, "apply_template", counting)
+    rendered = render_conversation(_qa(turns), tok, max_tokens=max_tokens)
+    monkeypatch.undo()
+    over = sum(not isinstance(v, View) or len(v) > max_tokens for v in rendered.views)
+    return sum(messages), sum(chars), over
+
+
+def test_a_budgeted_conversation_hands_the_template_text_linear_in_its_turns(qwen3_tokenizer, monkeypatch,
+                                                                             turns=100):
+    """With --max-tokens, a view whose messages alone are over it is skipped without rendering it
+    (onepass.render.preskip): 4x the turns hand the template at most ~4x the messages and get at most ~4x the
+    text back (now 1,189 -> 1,789 messages, 61k -> 93k characters: the views rendered before the budget is
+    proven cost the same, then one prompt of every message). Before, every view was rendered to learn its
+    length, the N-pass text: 16x (20,100 -> 320,400 messages, 1.0 MB -> 16.7 MB of text)."""
+    render_conversation(_qa(1), qwen3_tokenizer)  # the template's fields are probed once, outside the count
+    small_messages, small_chars, small_over = _handed(monkeypatch, qwen3_tokenizer, turns, 256)
+    big_messages, big_chars, big_over = _handed(monkeypatch, qwen3_tokenizer, 4 * turns, 256)
+    assert small_over > turns // 2 and big_over > 4 * turns - turns // 2  # most views are over the budget
+    assert big_messages / small_messages < 4 * 1.5, (small_messages, big_messages)
+    assert big_chars / small_chars < 4 * 1.5, (small_chars, big_chars)

@@ -93,9 +93,12 @@ class View:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Unmeasured:
     """A view known to be over ``max_tokens`` without tokenizing it: it has at least ``at_least`` tokens
-    (:func:`onepass.render.token_floor.token_floor` of its ``chars`` characters). It carries the flags of
+    (:func:`onepass.render.token_floor.token_floor` of its ``chars`` characters). It carries the provenance of
     the :class:`View` it stands for, so the counts are those of the tokenized view; the schedule skips it
-    as it skips a view over the budget, with the floor in place of the length it never learnt."""
+    as it skips a view over the budget, with the floor in place of the length it never learnt.
+
+    ``rendered=False``: the template was not even called for it (:mod:`onepass.render.preskip`): the floor
+    is of the messages' text it must hold (``chars`` characters), and its provenance is unknown (no flag)."""
 
     turn: int
     at_least: int
@@ -103,6 +106,7 @@ class Unmeasured:
     source: str = "<memory>"
     provenance: Provenance = Provenance()
     first_message: int = 0
+    rendered: bool = True
 
     @property
     def at(self) -> str:
@@ -111,6 +115,9 @@ class Unmeasured:
 
 def over_budget(view: View | Unmeasured, max_tokens: int) -> str:
     """The skip message of a view longer than ``max_tokens`` on its own."""
+    if isinstance(view, Unmeasured) and not view.rendered:
+        return (f"{view.at}: view of at least {view.at_least} tokens (not rendered: the {view.chars} characters of "
+                f"its messages it must hold) is longer than max_tokens={max_tokens}")
     if isinstance(view, Unmeasured):
         return (f"{view.at}: view of at least {view.at_least} tokens ({view.chars} characters, not tokenized) "
                 f"is longer than max_tokens={max_tokens}")

@@ -20,19 +20,36 @@ given only where that is provable from the tokenizer's own description, and is 0
   stands for one byte per character (fewer than its UTF-8 length), a SentencePiece ``▁`` for one space,
   a byte-fallback ``<0x0A>`` for one byte, so the UTF-8 length is never below what the entry covers.
 
-:func:`token_floor` is checked against real token counts in tests/test_token_floor.py.
+A tighter floor for a text only known to be *held* in another one (a message's content inside a view the
+template has not rendered: :mod:`onepass.render.preskip`) counts **cuts**: byte pairs ``(a, b)`` that lie
+inside no vocabulary entry. The tokens of any text are vocabulary entries covering it end to end, so where
+``a`` is followed by ``b`` one token ends, whatever surrounds the pair; cuts at distinct places end distinct
+tokens, and the text's last token ends after all of them. Qwen3's vocabulary has no entry holding a letter
+followed by a space or two digits, so ``"what is 12 plus 13?"`` has 8 cuts, so at least 9 tokens (it has 10),
+where the byte floor (``L`` = 256) says 1. Cuts are counted only for a byte-level BPE (its
+entries are the bytes they cover; checked on the tokenizer's own pre-tokenizer) with no ``unk`` fused over
+several characters and no added token that strips the whitespace beside it, under no normalizer or a
+Unicode normal form: then only a pair of ASCII characters followed by an ASCII character is counted (no
+normal form changes an ASCII character, joins two, or puts anything between them; the third keeps the
+second from composing with a combining mark after it).
+
+:func:`token_floor` and :func:`token_cuts` are checked against real token counts in tests/test_token_floor.py.
 """
 
 from __future__ import annotations
 
 import json
 import weakref
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 _GROWING_NORMALIZERS = {"Prepend"}
 _UNICODE_FORMS = {"NFC", "NFD", "NFKC", "NFKD"}
 _KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Metaspace", "Digits", "Punctuation", "Split"}
 _longest: weakref.WeakKeyDictionary[Any, tuple[Any, tuple[int, bool] | None]] = weakref.WeakKeyDictionary()
+_pairs: weakref.WeakKeyDictionary[Any, tuple[Any, np.ndarray | None]] = weakref.WeakKeyDictionary()
 
 
 def _state(component: Any) -> dict[str, Any] | None:
@@ -107,3 +124,118 @@ def token_floor(tokenizer: Any, text: str) -> int:
     longest, ascii_only = measured
     size = len(text.encode("ascii", "ignore")) if ascii_only else len(text.encode())
     return -(-size // longest)
+
+
+def floor_bytes(tokenizer: Any, text: str) -> int:
+    """The bytes of ``text`` :func:`token_floor` divides by ``L`` (0 when no bound is provable): additive over
+    texts, so the floor of a text holding several is ``ceil(sum / L)`` (:func:`held_floor`)."""
+    measured = longest_token(tokenizer)
+    if measured is None or not text:
+        return 0
+    return len(text.encode("ascii", "ignore")) if measured[1] else len(text.encode())
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """The ByteLevel pre-tokenizer's character for each byte (GPT-2's table), inverted: character -> byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    rest = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(rest)}}
+
+
+_PROBE = " " + "".join(map(chr, [*range(1, 0xC0), *range(0xC0, 0x800, 0x40), 0x800, *range(0x1000, 0x10000, 0x1000),
+                                   0x10000, 0x40000, 0x80000, 0xC0000, 0x100000]))
+"""Every byte valid UTF-8 can hold: ASCII, each lead byte and each continuation byte (the leading space: a
+pre-tokenizer that adds one adds none here)."""
+
+
+def _maps_bytes_as(backend: Any, alphabet: dict[str, int]) -> bool:
+    """Does the tokenizer's own pre-tokenizer write each byte of :data:`_PROBE` as ``alphabet``'s character?"""
+    try:
+        mapped = "".join(piece for piece, _ in backend.pre_tokenizer.pre_tokenize_str(_PROBE))
+    except Exception:  # noqa: BLE001 - a pre-tokenizer we cannot run proves nothing
+        return False
+    data = _PROBE.encode()
+    return len(mapped) == len(data) and all(alphabet.get(c) == b for c, b in zip(mapped, data))
+
+
+def _pair_table(tokenizer: Any) -> np.ndarray | None:
+    """``bool[65536]``: True at ``a * 256 + b`` where the byte pair ``(a, b)`` lies inside no vocabulary
+    entry (a cut), for a tokenizer the cuts are provable for (module docstring); else None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    measured = longest_token(tokenizer)
+    if backend is None or measured is None or getattr(backend.model, "fuse_unk", True):
+        return None
+    normalizer = _steps(_state(backend.normalizer), "normalizers")
+    if any(step.get("type") not in _UNICODE_FORMS | _GROWING_NORMALIZERS for step in normalizer):
+        return None
+    if not _pre_tokenizer_ok(_state(backend.pre_tokenizer))[1]:  # not byte-level: entries are not their bytes
+        return None
+    added = backend.get_added_tokens_decoder().values()
+    if any(t.lstrip or t.rstrip for t in added):  # such a token covers the whitespace beside it too
+        return None
+    alphabet = _byte_level_alphabet()
+    if not _maps_bytes_as(backend, alphabet):
+        return None
+    # An entry read wrongly (characters outside the alphabet, dropped) or twice only adds pairs: fewer cuts, safe.
+    to_bytes = {ord(c): b for c, b in alphabet.items()}
+    vocab = list(backend.get_vocab(with_added_tokens=False))
+    entries = [e.translate(to_bytes).encode("latin-1", "ignore") for e in vocab] + [e.encode() for e in vocab]
+    entries += [t.content.encode() for t in added]
+    seen = np.zeros(65536, dtype=bool)
+    joined = np.frombuffer(b"".join(entries), dtype=np.uint8).astype(np.int64)
+    starts = np.cumsum([0] + [len(e) for e in entries])[:-1]
+    inside = np.ones(max(len(joined) - 1, 0), dtype=bool)
+    inside[(starts[1:] - 1)[starts[1:] > 0]] = False  # the pair across two entries is in neither
+    seen[(joined[:-1] * 256 + joined[1:])[inside]] = True
+    return ~seen
+
+
+def pair_table(tokenizer: Any) -> np.ndarray | None:
+    """:func:`_pair_table`, computed once per tokenizer (again if its vocabulary grows)."""
+    try:
+        key = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+    except AttributeError:
+        return None
+    try:
+        cached = _pairs.get(tokenizer)
+    except TypeError:
+        return _pair_table(tokenizer)
+    if cached is None or cached[0] != key:
+        cached = (key, _pair_table(tokenizer))
+        _pairs[tokenizer] = cached
+    return cached[1]
+
+
+def token_cuts(tokenizer: Any, text: str) -> int:
+    """Places strictly inside ``text`` where a token ends in the tokenization of any text holding ``text``
+    verbatim (0 when not provable). Additive over disjoint texts.
+
+    >>> from onepass.render.tokenizer import load_tokenizer
+    >>> token_cuts(load_tokenizer("builtin:qwen3"), "what is 12 plus 13?")  # 10 tokens
+    8
+    """
+    table = pair_table(tokenizer)
+    if table is None or len(text) < 2:
+        return 0
+    data = np.frombuffer(text.encode(), dtype=np.uint8).astype(np.int64)
+    cut = table[data[:-1] * 256 + data[1:]]
+    if longest_token(tokenizer)[1]:  # type: ignore[index]  # a normal form: ASCII pairs with an ASCII third
+        ascii_ = data < 128
+        cut = cut & ascii_[:-1] & ascii_[1:] & np.append(ascii_[2:], False)
+    return int(cut.sum())
+
+
+def held_floor(tokenizer: Any, cuts: int, size: int) -> int:
+    """At least this many tokens encode a text holding, as disjoint substrings, texts with ``cuts``
+    :func:`token_cuts` and ``size`` :func:`floor_bytes` in all (0 when they are empty or prove nothing)."""
+    measured = longest_token(tokenizer)
+    if measured is None:
+        return 0
+    by_bytes = -(-size // measured[0])
+    return max(cuts + 1 if cuts else 0, by_bytes)
+
+
+def parts_floor(tokenizer: Any, parts: Sequence[str]) -> int:
+    """:func:`held_floor` of ``parts`` (the reference the pre-skip's prefix sums are compared with)."""
+    return held_floor(tokenizer, sum(token_cuts(tokenizer, p) for p in parts),
+                      sum(floor_bytes(tokenizer, p) for p in parts))

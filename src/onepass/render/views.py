@@ -55,9 +55,10 @@ from onepass.render.encode import encode_texts, split_between
 from onepass.render.errors import ReasoningNotRendered, RenderError, TemplateRaised
 from onepass.render.fields import template_fields
 from onepass.render.formats import resolve_completion_format
+from onepass.render.preskip import Preskip
 from onepass.render.reasoning import REASONING_CHOICES, unrendered_history_reasoning, without_reasoning
 from onepass.render.sources import GIVEN_FORMAT, TEMPLATE_SOURCES, CompletionSource, Declined, Turn
-from onepass.render.template import check_template_kwargs, render_turn
+from onepass.render.template import check_template_kwargs, prober, render_turn
 from onepass.render.token_floor import token_floor
 from onepass.render.messages import template_messages
 from onepass.layout.view import Provenance, Unmeasured, View
@@ -172,23 +173,38 @@ def _turn_text(turn: Turn, config: RenderConfig, sources: Sequence[CompletionSou
         return text.flagged(retry.flag)
 
 
-def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig
-                ) -> Iterator[tuple[int, _Text] | tuple[int, RenderError]]:
-    """Per assistant turn: ``(turn, its texts)``, or ``(turn, the RenderError that skips it)``."""
+def _trained_turns(conv: Conversation) -> list[int]:
+    """The assistant turns that get a view (not those the record marks not to train)."""
+    return [k for k, m in enumerate(conv.messages) if m.role == "assistant" and m.train]
+
+
+def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig, preskip: Preskip | None = None
+                ) -> Iterator[tuple[int, _Text] | tuple[int, RenderError] | tuple[int, Unmeasured]]:
+    """Per assistant turn: ``(turn, its texts)``, or ``(turn, the RenderError that skips it)``, or, with a
+    ``preskip``, ``(turn, an unrendered Unmeasured)`` for a turn proven over its budget (not rendered)."""
     fmt = resolve_completion_format(config.completion_format)
     sources = GIVEN_FORMAT if fmt is not None else TEMPLATE_SOURCES
     kwargs = config.kwargs()
     eos = getattr(tokenizer, "eos_token", None) or ""
     fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
     memo: dict[Any, Any] = {}  # the conversation's prefixes the template raised for, scanned once (template._blame)
-    for k, message in enumerate(conv.messages):
-        if message.role != "assistant" or not message.train:
+    for k in _trained_turns(conv):
+        if preskip is not None and (over := preskip.skip(k)) is not None:
+            yield k, over
             continue
         turn = Turn(conv=conv, k=k, tokenizer=tokenizer, kwargs=kwargs, fields=fields, eos=eos, fmt=fmt, memo=memo)
         try:
-            yield k, _turn_text(turn, config, sources)
+            text = _turn_text(turn, config, sources)
         except RenderError as e:
+            if preskip is not None:
+                preskip.failed(k)
             yield k, e
+            continue
+        if preskip is not None and text.provenance.flags():
+            preskip.failed(k)
+        elif preskip is not None:
+            preskip.saw(k, text.prompt, text.completion)
+        yield k, text
 
 
 def render_prompt(conv: Conversation, tokenizer: Any, upto: int,
@@ -268,17 +284,35 @@ def _unmeasured(conv: Conversation, tokenizer: Any, turn: int, text: _Text, max_
                       source=conv.source, provenance=text.provenance, first_message=conv.first_message)
 
 
+def _preskip(conv: Conversation, tokenizer: Any, config: RenderConfig, max_tokens: int | None) -> Preskip | None:
+    """The conversation's :class:`~onepass.render.preskip.Preskip` under ``max_tokens`` (None: no budget, or
+    no turn after the first, which it could skip)."""
+    turns = _trained_turns(conv)
+    if max_tokens is None or len(turns) < 2:
+        return None
+    kwargs = config.kwargs()
+    fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
+
+    def render_prompt(k: int) -> str | None:
+        return prober(tokenizer, conv, kwargs, k)(template_messages(conv, k, **fields.message_options), True)
+
+    return Preskip(conv, tokenizer, max_tokens, last_turn=turns[-1], render_prompt=render_prompt)
+
+
 def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig = RenderConfig(), *,
                         max_tokens: int | None = None) -> Rendered:
     """Every view of ``conv`` that renders; a turn that does not is skipped on its own, with its
     error, and the conversation's other views are kept (a view depends on its own turn only).
     With ``max_tokens``, a view whose token floor is over it is not tokenized: it comes back as an
-    :class:`~onepass.layout.view.Unmeasured` in its place (:mod:`onepass.render.token_floor`)."""
+    :class:`~onepass.layout.view.Unmeasured` in its place (:mod:`onepass.render.token_floor`); a view proven over
+    it from the messages it must hold is not even rendered (:mod:`onepass.render.preskip`)."""
     texts: list[tuple[int, _Text]] = []
     skipped: list[tuple[int, RenderError]] = []
     unmeasured: dict[int, Unmeasured] = {}
-    for item in _iter_texts(conv, tokenizer, config):
-        if isinstance(item[1], RenderError):
+    for item in _iter_texts(conv, tokenizer, config, _preskip(conv, tokenizer, config, max_tokens)):
+        if isinstance(item[1], Unmeasured):
+            unmeasured[item[0]] = item[1]
+        elif isinstance(item[1], RenderError):
             skipped.append(item)  # type: ignore[arg-type]
         elif (over := _unmeasured(conv, tokenizer, item[0], item[1], max_tokens)) is not None:
             unmeasured[item[0]] = over

@@ -112,6 +112,110 @@ TRAINER_PRIVATES = ("transformers.Trainer._set_signature_columns_if_needed",
 (:data:`onepass.model.private_names.PRIVATE_NAMES`)."""
 
 
+# The steps of OnePassTrainer.__init__ before Trainer's own init, in order.
+
+
+def _check_overridable(compute_loss_func: Callable | None) -> None:
+    """Trainer's private methods overridden or called here still exist (one line if gone); no
+    ``compute_loss_func``: the loss is one-pass's."""
+    for label in TRAINER_PRIVATES:
+        private(label)
+    if compute_loss_func is not None:
+        raise UsageError("compute_loss_func: OnePassTrainer's loss is the one-pass loss (logits exist only at "
+                         "the targets); subclass it and override compute_loss to change it")
+
+
+def _model_of(model: Any, args: OnePassConfig, quantization_config: Any) -> tuple[Any, Any]:
+    """The model (loaded when given by name) and where it was loaded from; its row mask checked for the
+    batch's rows (one line now, not a traceback inside the model at the first step)."""
+    if isinstance(model, str):
+        model_id = model
+        model = load_model(model, args, quantization_config)
+    else:
+        model_id = loaded_from(model)
+        if quantization_config is not None:
+            warn_once("quantization_config", "quantization_config is ignored: the model is already loaded")
+        if args.model_init_kwargs is not None:
+            warn_once("model_init_kwargs", "model_init_kwargs are ignored: the model is already loaded")
+    rows = 1 if args.padding_free else max(args.per_device_train_batch_size, args.per_device_eval_batch_size)
+    check_row_mask(model, rows)
+    return model, model_id
+
+
+def _processing_class_of(processing_class: Any, model: Any, model_id: Any, args: OnePassConfig, sample: Any) -> Any:
+    """The tokenizer (default: the model's, as TRL finds it; none for a model built from a config), checked,
+    with ``chat_template_path``'s template and the special tokens the settings name."""
+    if processing_class is None and model_id:
+        try:
+            processing_class = load_tokenizer(model_id, args)
+        except OSError as e:  # a model built from a config: fine for datasets of rows
+            log.info("onepass: no tokenizer at %s (%s); datasets of conversations need processing_class",
+                     model_id, str(e).splitlines()[0])
+    sft_checks.check_processing_class(processing_class)
+    if processing_class is not None and args.chat_template_path is not None:
+        processing_class.chat_template = chat_template_of(args.chat_template_path, args)
+    if processing_class is not None:
+        set_special_tokens(processing_class, model, args)
+    sft_checks.check_vision(sample, processing_class)
+    return processing_class
+
+
+def _with_adapter(model: Any, peft_config: Any, args: OnePassConfig) -> Any:
+    """The model with ``peft_config``'s adapter (as TRL: input gradients on under gradient checkpointing,
+    QLoRA adapters in bfloat16)."""
+    sft_checks.check_peft_config(peft_config)
+    if peft_config is not None:
+        from peft import get_peft_model
+
+        if is_peft(model):
+            raise UsageError("a PeftModel and a peft_config were both given: merge and unload the adapter "
+                             "first, or drop peft_config to continue training the adapter")
+        model = get_peft_model(model, peft_config)
+    if is_peft(model) and checkpointing_on(args):
+        model.enable_input_require_grads()  # as TRL: else no gradient reaches checkpointed LoRA layers
+    if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
+        for name, param in model.named_parameters():  # QLoRA adapters in bf16, as TRL (not DoRA magnitudes)
+            if param.requires_grad and "lora_magnitude_vector" not in name:
+                param.data = param.data.to(torch.bfloat16)
+    return model
+
+
+def _fit_model_to_loss(model: Any, args: OnePassConfig) -> None:
+    """The model checked against the settings; what would add to or bypass the one-pass loss turned off:
+    liger's fused linear cross entropy, a mixture of experts' router logits (its load-balancing loss, said)."""
+    sft_checks.check_model(model, args)
+    if args.use_liger_kernel:
+        args.liger_kernel_config = {**(args.liger_kernel_config or {}), "fused_linear_cross_entropy": False}
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if getattr(text, "output_router_logits", None) is not None and getattr(text, "router_aux_loss_coef", 0):
+        warn_once("moe_aux_loss", f"{type(base_model(model)).__name__} has a load-balancing loss "
+                                  "(router_aux_loss_coef): onepass does not add it (TRL does); training on the "
+                                  "cross entropy alone")
+    if hasattr(text, "output_router_logits"):
+        text.output_router_logits = False  # the router logits would feed the loss onepass does not add
+
+
+def _datasets_of(train_dataset: Any, eval_dataset: Any, model: Any, processing_class: Any, args: OnePassConfig, *,
+                 formatting_func: Callable[[dict], Any] | None) -> tuple[Any, Any]:
+    """The train rows (:func:`onepass.train.hf_stream.trainer_rows`: the dataset and the guard's inputs) and
+    the eval dataset (or mapping of them) prepared; every row checked against the model's vocabulary as
+    ``onepass train`` checks a prepared folder."""
+    if args.dataset_prepared and formatting_func is not None:
+        warn_once("formatting_func", "formatting_func is ignored: dataset_kwargs skip_prepare_dataset=True")
+    vocab = model_vocab(model)
+    train = trainer_rows(train_dataset, processing_class, args, source="train_dataset", vocab_size=vocab,
+                         formatting_func=formatting_func)
+    eval_packing = args.packing if args.eval_packing is None else args.eval_packing
+    if isinstance(eval_dataset, Mapping):
+        eval_dataset = {k: trainer_rows(v, processing_class, args, source=f"eval_dataset[{k!r}]", vocab_size=vocab,
+                                        packing=eval_packing, formatting_func=formatting_func).dataset
+                        for k, v in eval_dataset.items()}
+    else:
+        eval_dataset = trainer_rows(eval_dataset, processing_class, args, source="eval_dataset", vocab_size=vocab,
+                                    packing=eval_packing, formatting_func=formatting_func).dataset
+    return train, eval_dataset
+
+
 class OnePassTrainer(Trainer):
     """``transformers.Trainer`` whose loss is the one-pass loss, normalised as N-pass (see module doc).
 
@@ -138,101 +242,60 @@ class OnePassTrainer(Trainer):
         (:mod:`onepass.guard`, run at the start of :meth:`train`) finds that one-pass is not the
         N-pass loss for this model; ``exactness_conversations``: what it checks on (default: the first
         conversations of ``train_dataset`` when it holds conversations, :class:`GuardInputs`; for a dataset
-        of rows, the bundled MathChat pair)."""
+        of rows, the bundled MathChat pair).
+
+        The steps, in order (as TRL's ``SFTTrainer.__init__``): the arguments, the model, the tokenizer, the
+        adapter, the settings checked against the model, the datasets prepared, the collator, ``Trainer``'s
+        own init, then what one-pass adds to it."""
         from transformers import set_seed
 
-        for label in TRAINER_PRIVATES:  # Trainer's private methods overridden or called here: one line if gone
-            private(label)
-
-        if compute_loss_func is not None:
-            raise UsageError("compute_loss_func: OnePassTrainer's loss is the one-pass loss (logits exist only at "
-                             "the targets); subclass it and override compute_loss to change it")
+        _check_overridable(compute_loss_func)
         args = as_onepass_config(args, model)
         sample = sft_checks.check_train_dataset(train_dataset, args)
         set_seed(args.seed)  # before the model: a peft adapter is initialised at random
-        if isinstance(model, str):
-            model_id = model
-            model = load_model(model, args, quantization_config)
-        else:
-            model_id = loaded_from(model)
-            if quantization_config is not None:
-                warn_once("quantization_config", "quantization_config is ignored: the model is already loaded")
-            if args.model_init_kwargs is not None:
-                warn_once("model_init_kwargs", "model_init_kwargs are ignored: the model is already loaded")
-        rows = 1 if args.padding_free else max(args.per_device_train_batch_size, args.per_device_eval_batch_size)
-        check_row_mask(model, rows)  # one line now, not a traceback inside the model at the first step
-        if processing_class is None and model_id:
-            try:
-                processing_class = load_tokenizer(model_id, args)
-            except OSError as e:  # a model built from a config: fine for datasets of rows
-                log.info("onepass: no tokenizer at %s (%s); datasets of conversations need processing_class",
-                         model_id, str(e).splitlines()[0])
-        sft_checks.check_processing_class(processing_class)
-        if processing_class is not None and args.chat_template_path is not None:
-            processing_class.chat_template = chat_template_of(args.chat_template_path, args)
-        if processing_class is not None:
-            set_special_tokens(processing_class, model, args)
-        sft_checks.check_vision(sample, processing_class)
-        sft_checks.check_peft_config(peft_config)
-        if peft_config is not None:
-            from peft import get_peft_model
-
-            if is_peft(model):
-                raise UsageError("a PeftModel and a peft_config were both given: merge and unload the adapter "
-                                 "first, or drop peft_config to continue training the adapter")
-            model = get_peft_model(model, peft_config)
-        if is_peft(model) and checkpointing_on(args):
-            model.enable_input_require_grads()  # as TRL: else no gradient reaches checkpointed LoRA layers
-        if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
-            for name, param in model.named_parameters():  # QLoRA adapters in bf16, as TRL (not DoRA magnitudes)
-                if param.requires_grad and "lora_magnitude_vector" not in name:
-                    param.data = param.data.to(torch.bfloat16)
+        model, model_id = _model_of(model, args, quantization_config)
+        processing_class = _processing_class_of(processing_class, model, model_id, args, sample)
+        model = _with_adapter(model, peft_config, args)
         sft_checks.check_data_settings(args, sample, data_collator=data_collator, formatting_func=formatting_func)
         if processing_class is not None and getattr(processing_class, "pad_token", 1) is None:
             processing_class.pad_token = processing_class.eos_token  # as TRL: the pad token defaults to EOS
-        sft_checks.check_model(model, args)
-        if args.use_liger_kernel:
-            args.liger_kernel_config = {**(args.liger_kernel_config or {}), "fused_linear_cross_entropy": False}
-        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        if getattr(text, "output_router_logits", None) is not None and getattr(text, "router_aux_loss_coef", 0):
-            warn_once("moe_aux_loss", f"{type(base_model(model)).__name__} has a load-balancing loss "
-                                      "(router_aux_loss_coef): onepass does not add it (TRL does); training on the "
-                                      "cross entropy alone")
-        if hasattr(text, "output_router_logits"):
-            text.output_router_logits = False  # the router logits would feed the loss onepass does not add
-
-        if args.dataset_prepared and formatting_func is not None:
-            warn_once("formatting_func", "formatting_func is ignored: dataset_kwargs skip_prepare_dataset=True")
-        vocab = model_vocab(model)  # every row is checked against it as `onepass train` checks a prepared folder
-        train = trainer_rows(train_dataset, processing_class, args, source="train_dataset", vocab_size=vocab,
-                             formatting_func=formatting_func)
-        train_dataset = train.dataset
-        eval_packing = args.packing if args.eval_packing is None else args.eval_packing
-        if isinstance(eval_dataset, Mapping):
-            eval_dataset = {k: trainer_rows(v, processing_class, args, source=f"eval_dataset[{k!r}]", vocab_size=vocab,
-                                            packing=eval_packing, formatting_func=formatting_func).dataset
-                            for k, v in eval_dataset.items()}
-        else:
-            eval_dataset = trainer_rows(eval_dataset, processing_class, args, source="eval_dataset", vocab_size=vocab,
-                                        packing=eval_packing, formatting_func=formatting_func).dataset
+        _fit_model_to_loss(model, args)
+        train, eval_dataset = _datasets_of(train_dataset, eval_dataset, model, processing_class, args,
+                                           formatting_func=formatting_func)
         if data_collator is None:
             data_collator = OnePassCollator(padding_free=sft_checks.padding_free(args),
                                             pad_to_multiple_of=args.pad_to_multiple_of)
         self._formatting_func = formatting_func
-        super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
+        super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train.dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class,
                          compute_metrics=compute_metrics, callbacks=callbacks, optimizers=optimizers,
                          optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
                          preprocess_logits_for_metrics=preprocess_logits_for_metrics)
+        self._set_guard(args, allow_inexact, exactness_conversations, train.guard)
+        self._check_processes()
+        self._set_loss_state(sample)
+
+    _tag_names = ["trl", "sft", "onepass"]  # TRL's model-card tags, and ours
+
+    def _set_guard(self, args: OnePassConfig, allow_inexact: bool | None,
+                   exactness_conversations: Sequence[Conversation] | None, guard: GuardInputs | None) -> None:
+        """What the exactness guard (:meth:`check_exactness`) runs with, and its result slot (None until then)."""
         self.allow_inexact = args.allow_inexact if allow_inexact is None else allow_inexact
         self.exactness_conversations = exactness_conversations
-        self.guard_inputs: GuardInputs | None = train.guard  # None: the rows were given as they are
+        self.guard_inputs: GuardInputs | None = guard  # None: the rows were given as they are
         self.exactness: Any = None  # the guard's GuardResult, once train() ran it
+
+    def _check_processes(self) -> None:
+        """One process per GPU (DataParallel refused), on a device the model's attention backend serves."""
         if self.args.n_gpu > 1:
             raise ValueError(f"OnePassTrainer does not run DataParallel over {self.args.n_gpu} GPUs in one "
                              "process; launch one process per GPU with torchrun or accelerate launch")
         unwrapped = self.accelerator.unwrap_model(self.model)
         check_backend(model_backend(unwrapped), self.args.device)
+
+    def _set_loss_state(self, sample: Any) -> None:
+        """What ``compute_loss`` and ``log`` keep (metric sums, eval pairs, tokens), and the attributes TRL's
+        callbacks and scripts read (``padding_free``, ``completion_only_loss``, no aux loss, model tags)."""
         self.label_names = ["targets"]
         # compute_loss divides by the step's weight sum itself: no extra division by grad-accum steps
         self.model_accepts_loss_kwargs = True
@@ -247,8 +310,6 @@ class OnePassTrainer(Trainer):
         self.prompt_learning = sft_checks.is_prompt_learning(self.model)
         if hasattr(self.model, "add_model_tags"):
             self.model.add_model_tags(self._tag_names)
-
-    _tag_names = ["trl", "sft", "onepass"]  # TRL's model-card tags, and ours
 
     def create_accelerator_and_postprocess(self) -> None:
         """HF's accelerator, running the parallelism the launcher asked for: FSDP on CPU ranks too

@@ -239,99 +239,238 @@ def train_steps(config: TrainConfig, *, resume: str | bool | None = None, log: C
 
 def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str], None] | None,
            resume_anyway: bool) -> Generator[dict[str, Any], None, TrainResult]:
-    device = resolve_device(config.device)  # everything that can fail on this machine fails here, in a second
+    """A run as its steps, in order, each a function below: the machine checked, the output folder opened, the
+    processes started, the data loaded (once) and the exactness guard run, the run folder written, the rows
+    checked, the model built, a checkpoint resumed, the report started; then the optimizer steps (each
+    yielded), the end (final eval, checkpoint, model) and the summary."""
+    config, device, attention = _check_machine(config)  # everything that can fail on this machine fails here
+    sources = [resolve_data(s) if s is not None else None for s in (config.data, config.eval_data)]  # once per run
+    log = log or logging.getLogger("onepass").info
+    prior = _open_output(config, resume, anyway=resume_anyway, log=log)
+    procs = _start_processes(config, device, prior, anyway=resume_anyway, log=log)
+    loaded = _load_data(config, sources, main=procs.main, say=procs.say)  # each conversation read and rendered once
+    exactness, split = _check_exact(config, loaded, attention, procs)
+    _write_run_folder(config, prior, procs)
+    fingerprint, total = _check_rows(config, sources, loaded, prior, procs, anyway=resume_anyway)
+    parts = _build_model(config, loaded, attention, total, procs)
+    start, history, evals = _resume(prior, parts, procs)
+    reporter = _start_report(config, prior, loaded, parts, procs, attention=attention, total=total,
+                             resumed=(start, history, evals), guard=(exactness, split))
+    run = _Run(config=config, prior=prior, procs=procs, loaded=loaded, parts=parts, fingerprint=fingerprint,
+               total=total, start=start, reporter=reporter)
+    step, seconds, tokens = yield from _step_loop(run)
+    final_eval, final_dir = _finish(run, step)
+    return _done(run, step, final_eval=final_eval, final_dir=final_dir, seconds=seconds, tokens=tokens)
+
+
+def _check_machine(config: TrainConfig) -> tuple[TrainConfig, torch.device, str]:
+    """The device, the environment (packages, GPU features the settings need) and the attention backend,
+    checked in a second before anything is loaded; ``config`` with the sequence-parallel degree in effect."""
+    device = resolve_device(config.device)
     check_environment(config, device)
     config = config.replace(sp_size=sequence_parallel_size(config.sp_size))  # the degree in effect, saved
-    attention = resolve_attention(config.attention, device)
-    sources = [resolve_data(s) if s is not None else None for s in (config.data, config.eval_data)]  # once per run
+    return config, device, resolve_attention(config.attention, device)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Prior:
+    """The output folder as the run found it: the checkpoint it resumes and that checkpoint's saved state, or
+    what of an earlier run a new run replaces; the run's id (pruning removes only its own checkpoints)."""
+    out: Path
+    ckpt: Path | None
+    saved: dict[str, Any] | None
+    replaced: list[Path]
+    run_id: str
+
+
+def _open_output(config: TrainConfig, resume: str | bool | None, *, anyway: bool,
+                 log: Callable[[str], None]) -> _Prior:
+    """The output folder checked before anything heavy: writable, what a killed save left cleaned (first
+    process, under the lock of :func:`train_steps`), the checkpoint to resume found and its settings checked,
+    or an earlier run refused unless ``overwrite_output_dir`` (never mix two runs)."""
     out = Path(config.output_dir)
-    log = log or logging.getLogger("onepass").info
-    first = int(os.environ.get("RANK", "0")) == 0
-    if first:  # a read-only folder is one line now, not a traceback once the data and the model are loaded
+    if int(os.environ.get("RANK", "0")) == 0:  # a read-only folder is one line now, not once the model is loaded
         check_writable(out)
-        for line in clean_leftovers(out):  # locked (train_steps): what a killed save or pruning left
+        for line in clean_leftovers(out):  # what a killed save or pruning left
             log(line)
     ckpt = find_checkpoint(out, resume) if resume else None
     replaced = [] if resume else check_new_run(out, overwrite=config.overwrite_output_dir)  # never mix two runs
     saved = read_state(ckpt) if ckpt is not None else None
     if saved is not None:
-        check_compatible(saved["config"], config, ckpt, anyway=resume_anyway, say=log)
+        check_compatible(saved["config"], config, ckpt, anyway=anyway, say=log)
     run_id = saved.get("run_id") if saved is not None else uuid.uuid4().hex[:12]  # pruning: this run's
+    return _Prior(out=out, ckpt=ckpt, saved=saved, replaced=replaced, run_id=run_id)
 
-    initial = saved["step"] if saved is not None else 0
-    accelerator = make_accelerator(config, device, make_trackers(config.report_to, out, initial=initial))
+
+@dataclass(frozen=True, kw_only=True)
+class _Processes:
+    """The processes running the run, as accelerate started them; ``say`` logs on the main process only."""
+    accelerator: Any
+    device: torch.device
+    world: int
+    main: bool
+    say: Callable[[str], None]
+    shard: Any  # the sequence-parallel mesh; None unless sp_size > 1
+    parallel: Any  # what runs (:func:`onepass.train.distributed.describe`)
+
+
+def _start_processes(config: TrainConfig, device: torch.device, prior: _Prior, *, anyway: bool,
+                     log: Callable[[str], None]) -> _Processes:
+    """The accelerator (and its trackers) and the sequence-parallel mesh; a resumed run's process count checked;
+    the first line logged says what runs, not what was asked for."""
+    initial = prior.saved["step"] if prior.saved is not None else 0
+    accelerator = make_accelerator(config, device, make_trackers(config.report_to, prior.out, initial=initial))
     device, world, main = accelerator.device, accelerator.num_processes, accelerator.is_main_process
     say: Callable[[str], None] = log if main else (lambda _msg: None)
     shard = sequence_mesh(accelerator, config.sp_size)  # None unless sp_size > 1
-    if saved is not None:
-        check_resumed_run(saved, ckpt, world=world, anyway=resume_anyway, say=say)
+    if prior.saved is not None:
+        check_resumed_run(prior.saved, prior.ckpt, world=world, anyway=anyway, say=say)
     parallel = describe(accelerator, sp_size=config.sp_size)
     say(parallel.line())  # the first line: what runs, not what was asked for
-    loaded = _load_data(config, sources, main=main, say=say)  # each conversation read and rendered once
-    # every process: a refusal stops all; on the conversations as loaded (their rendering, not a second one)
-    exactness = check_exactness(config, loaded.data, loaded.tokenizer, attention=attention, log=say)
-    split = check_sequence_parallel(config, attention=attention, log=say) if shard is not None else None
-    if main:
-        if out / "checkpoints" in replaced:
-            shutil.rmtree(out / "checkpoints")
-            say(f"--overwrite: removed the checkpoints of the earlier run in {out}")
-        out.mkdir(parents=True, exist_ok=True)
-        write_yaml(config, out / "train_config.yaml")
+    return _Processes(accelerator=accelerator, device=device, world=world, main=main, say=say, shard=shard,
+                      parallel=parallel)
+
+
+def _check_exact(config: TrainConfig, loaded: _Loaded, attention: str, procs: _Processes) -> tuple[Any, Any]:
+    """The exactness guard and the sequence-parallel split check, on every process (a refusal stops all), on
+    the conversations as loaded (their rendering, not a second one): their results for the metrics header."""
+    exactness = check_exactness(config, loaded.data, loaded.tokenizer, attention=attention, log=procs.say)
+    split = (check_sequence_parallel(config, attention=attention, log=procs.say) if procs.shard is not None
+             else None)
+    return exactness, split
+
+
+def _write_run_folder(config: TrainConfig, prior: _Prior, procs: _Processes) -> None:
+    """Main process: an overwritten run's checkpoints removed, the output folder made, ``train_config.yaml``."""
+    if not procs.main:
+        return
+    out = prior.out
+    if out / "checkpoints" in prior.replaced:
+        shutil.rmtree(out / "checkpoints")
+        procs.say(f"--overwrite: removed the checkpoints of the earlier run in {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    write_yaml(config, out / "train_config.yaml")
+
+
+def _check_rows(config: TrainConfig, sources: Sequence[DataSource | None], loaded: _Loaded, prior: _Prior,
+                procs: _Processes, *, anyway: bool) -> tuple[dict[str, Any], int]:
+    """The run's fingerprint (settings, data, tokenizer, rows) and its total steps: every process holds the
+    same units; a resumed run's data and step checked against its checkpoint."""
     data, eval_data = loaded.data, loaded.eval_data
     rows = {"rows": units_digest(data), "eval_rows": units_digest(eval_data) if eval_data is not None else None}
-    check_same_units(accelerator, config, data, rows)  # before the first collective whose count depends on it
+    check_same_units(procs.accelerator, config, data, rows)  # before the first collective whose count depends on it
     fingerprint = {**run_fingerprint(config, *sources, loaded.tokenizer, renders=any(
         d is not None and d.kind == "conversation" for d in (data, eval_data))), **rows}
-    if saved is not None:
-        check_fingerprint(saved.get("fingerprint"), fingerprint, ckpt, anyway=resume_anyway, say=say)
-    total = total_steps(config, data.num_units, data_parallel(accelerator, shard)[0])
-    if saved is not None:
-        check_resume_step(saved, ckpt, total=total)
-    model = load_model(config, device=device, attention=attention, vocab_size=loaded.vocab_size)
+    if prior.saved is not None:
+        check_fingerprint(prior.saved.get("fingerprint"), fingerprint, prior.ckpt, anyway=anyway, say=procs.say)
+    total = total_steps(config, data.num_units, data_parallel(procs.accelerator, procs.shard)[0])
+    if prior.saved is not None:
+        check_resume_step(prior.saved, prior.ckpt, total=total)
+    return fingerprint, total
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Parts:
+    """What trains: the model and its optimizer prepared by accelerate, the scheduler, the stepper."""
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    stepper: Stepper
+    params: int
+    trainable: int
+
+
+def _build_model(config: TrainConfig, loaded: _Loaded, attention: str, total: int, procs: _Processes) -> _Parts:
+    """The model (its row mask and the rows' ids checked against it), optimizer, scheduler and stepper."""
+    data = loaded.data
+    model = load_model(config, device=procs.device, attention=attention, vocab_size=loaded.vocab_size)
     check_row_mask(model, _most_rows(config, data))  # one line now, not a traceback inside the model
-    _check_ids(model, data, eval_data)
+    _check_ids(model, data, loaded.eval_data)
     trainable, params = count_parameters(model)
     optimizer = make_optimizer(model, config)
     scheduler = make_scheduler(optimizer, config, total)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    stepper = Stepper(accelerator, model, optimizer, scheduler, data, config, shard=shard)
+    model, optimizer = procs.accelerator.prepare(model, optimizer)
+    stepper = Stepper(procs.accelerator, model, optimizer, scheduler, data, config, shard=procs.shard)
+    return _Parts(model=model, optimizer=optimizer, scheduler=scheduler, stepper=stepper, params=params,
+                  trainable=trainable)
 
-    start, history, evals = 0, [], []
-    if ckpt is not None:
-        state = load_checkpoint(accelerator, model, optimizer, scheduler, ckpt)
-        start, history, evals = state["step"], state["history"], state.get("evals", [])
-        say(f"resumed from {ckpt} at step {start}")
+
+def _resume(prior: _Prior, parts: _Parts, procs: _Processes) -> tuple[int, list[Any], list[Any]]:
+    """The step to start from and the history and evals so far: a checkpoint's (its weights, optimizer,
+    scheduler and RNG states loaded), else a fresh start."""
+    if prior.ckpt is None:
+        return 0, [], []
+    state = load_checkpoint(procs.accelerator, parts.model, parts.optimizer, parts.scheduler, prior.ckpt)
+    procs.say(f"resumed from {prior.ckpt} at step {state['step']}")
+    return state["step"], state["history"], state.get("evals", [])
+
+
+def _start_report(config: TrainConfig, prior: _Prior, loaded: _Loaded, parts: _Parts, procs: _Processes, *,
+                  attention: str, total: int, resumed: tuple[int, list[Any], list[Any]],
+                  guard: tuple[Any, Any]) -> Reporter:
+    """The run's :class:`~onepass.train.report.Reporter`, its metrics header saying what runs (settings,
+    processes, model, data, the guard's results); the schedule and weighting in effect and two lines saying
+    what trains on what are logged first."""
+    (start, history, evals), (exactness, split) = resumed, guard
+    data, stepper, device = loaded.data, parts.stepper, procs.device
     stats = data.stats
-    schedule = rows_setting(config, data, "schedule", say)
-    rows_setting(config, data, "weighting", say)
-    header = {"config": config.to_dict(), "distributed": parallel.to_dict(), "world_size": world,
+    schedule = rows_setting(config, data, "schedule", procs.say)
+    rows_setting(config, data, "weighting", procs.say)
+    header = {"config": config.to_dict(), "distributed": procs.parallel.to_dict(), "world_size": procs.world,
               "device": str(device), "attention": attention,
               "dtype": config.dtype, "mixed_precision": config.mixed_precision, "schedule": schedule,
-              "parameters": params, "trainable_parameters": trainable, "units": data.num_units,
+              "parameters": parts.params, "trainable_parameters": parts.trainable, "units": data.num_units,
               "unit": data.kind, "units_per_step": stepper.per_step, "total_steps": total,
               "data_stats": {k: v for k, v in stats.items() if k != "skipped"}, "vocab_size": loaded.vocab_size,
               "exactness": exactness, "sequence_parallel": split}
-    say(f"training {config.model or f'tiny {config.tiny} (random)'}: {params:,} parameters, {trainable:,} "
-        f"trainable ({config.finetune}), {config.dtype}, attention {attention}, {device}, {world} process(es)")
-    say(f"data {config.data}: {data.num_units} {data.kind}s, {stepper.per_step} per step, {total} steps; "
-        f"schedule {schedule}" + (f", {stats.get('n_pass_tokens', 0):,} N-pass tokens -> "
-                                         f"{stats.get('scheduled_tokens', 0):,} in trees"
-                                         if data.kind == "conversation" else ""))
-    reporter = Reporter(out, main=main, progress=config.progress, total=total, initial=start, header=header,
-                        history=history, evals=evals, log=say, accelerator=accelerator, run_name=config.run_name)
+    procs.say(f"training {config.model or f'tiny {config.tiny} (random)'}: {parts.params:,} parameters, "
+              f"{parts.trainable:,} trainable ({config.finetune}), {config.dtype}, attention {attention}, {device}, "
+              f"{procs.world} process(es)")
+    procs.say(f"data {config.data}: {data.num_units} {data.kind}s, {stepper.per_step} per step, {total} steps; "
+              f"schedule {schedule}" + (f", {stats.get('n_pass_tokens', 0):,} N-pass tokens -> "
+                                               f"{stats.get('scheduled_tokens', 0):,} in trees"
+                                               if data.kind == "conversation" else ""))
+    return Reporter(prior.out, main=procs.main, progress=config.progress, total=total, initial=start, header=header,
+                    history=history, evals=evals, log=procs.say, accelerator=procs.accelerator,
+                    run_name=config.run_name)
 
-    def save(at: int, *, plot: bool = True) -> None:
-        reporter.flush()  # the log holds every step up to the checkpoint
-        state = {"config": config.to_dict(), "history": reporter.history, "evals": reporter.evals,
-                 "world_size": world, "total_steps": total, "run_id": run_id, "fingerprint": fingerprint}
-        path = save_checkpoint(accelerator, model, optimizer, scheduler, output_dir=out, step=at, state=state,
-                               keep=config.save_total_limit)
-        if plot:
-            reporter.plot()
-        if reporter.bar is None:
-            say(f"saved checkpoint {path}")
 
-    step, run_tokens, run_seconds = start, 0, 0.0
+@dataclass(frozen=True, kw_only=True)
+class _Run:
+    """What the steps of a run share once it is set up."""
+    config: TrainConfig
+    prior: _Prior
+    procs: _Processes
+    loaded: _Loaded
+    parts: _Parts
+    fingerprint: dict[str, Any]
+    total: int
+    start: int  # the step it starts from (a resumed checkpoint's)
+    reporter: Reporter
+
+
+def _save(run: _Run, at: int, *, plot: bool = True) -> None:
+    """A checkpoint of step ``at`` (the metrics log flushed first: it holds every step up to it); the loss curve."""
+    reporter, parts = run.reporter, run.parts
+    reporter.flush()
+    state = {"config": run.config.to_dict(), "history": reporter.history, "evals": reporter.evals,
+             "world_size": run.procs.world, "total_steps": run.total, "run_id": run.prior.run_id,
+             "fingerprint": run.fingerprint}
+    path = save_checkpoint(run.procs.accelerator, parts.model, parts.optimizer, parts.scheduler,
+                           output_dir=run.prior.out, step=at, state=state, keep=run.config.save_total_limit)
+    if plot:
+        reporter.plot()
+    if reporter.bar is None:
+        run.procs.say(f"saved checkpoint {path}")
+
+
+def _step_loop(run: _Run) -> Generator[dict[str, Any], None, tuple[int, float, int]]:
+    """The optimizer steps, each yielded, with evals and checkpoints on schedule; returns the last step, this
+    call's seconds and tokens. A stop between updates (Ctrl-C, SIGTERM, an error) writes status "stopped" and,
+    on one process, a checkpoint of the last step to resume from."""
+    config, reporter, stepper, model = run.config, run.reporter, run.parts.stepper, run.parts.model
+    eval_data, total = run.loaded.eval_data, run.total
+    step, run_tokens, run_seconds = run.start, 0, 0.0
     try:
         model.train()
         while step < total:
@@ -343,9 +482,9 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
             deliver(stepper.held)  # a stop that arrived during the update stops the run now that the step counts
             yield record
             if eval_data is not None and config.eval_steps and step % config.eval_steps == 0 and step < total:
-                reporter.log_eval(step, evaluate(accelerator, model, eval_data, config, shard))
+                reporter.log_eval(step, evaluate(run.procs.accelerator, model, eval_data, config, run.procs.shard))
             if config.save_steps and step % config.save_steps == 0 and step < total:
-                save(step)
+                _save(run, step)
     except GeneratorExit:  # train_steps abandoned by its caller: not an interruption to checkpoint
         reporter.close()
         raise
@@ -353,45 +492,61 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
         reporter.close()
         reporter.write(status=f"stopped at step {step}" + (" (non-finite loss)" if isinstance(e, NonFiniteError)
                                                            else ""))
-        if world == 1 and not stepper.updating and step > start:
-            say(f"interrupted after step {step}: saving a checkpoint to resume from")
+        if run.procs.world == 1 and not stepper.updating and step > run.start:
+            run.procs.say(f"interrupted after step {step}: saving a checkpoint to resume from")
             try:
-                save(step)
+                _save(run, step)
             except OnePassError as unsaved:  # weights not finite, a full disk: said; the stop stays the error
-                say(f"no checkpoint of step {step}: {unsaved}")
+                run.procs.say(f"no checkpoint of step {step}: {unsaved}")
         raise
+    return step, run_seconds, run_tokens
+
+
+def _finish(run: _Run, step: int) -> tuple[float | None, Path | None]:
+    """The end: the final eval (to the trackers, which close after it), the last checkpoint, the final model;
+    returns the final eval loss and the final model's folder. Status "finishing" until ``_done`` writes
+    "finished"; a failure here leaves "stopped ... while finishing", never "finishing"."""
+    config, reporter, procs, model = run.config, run.reporter, run.procs, run.parts.model
+    eval_data, accelerator = run.loaded.eval_data, procs.accelerator
     reporter.write_summary(status="finishing")  # "finished" is written last, once the final save is done
     try:
         try:  # the final eval reaches the trackers: they close after it
-            final_eval = evaluate(accelerator, model, eval_data, config, shard) if eval_data is not None else None
+            final_eval = evaluate(accelerator, model, eval_data, config, procs.shard) if eval_data is not None else None
             if final_eval is not None:
                 reporter.log_eval(step, final_eval)
         finally:
             reporter.close()
-        if start < total or ckpt is None:
-            save(step, plot=False)
+        if run.start < run.total or run.prior.ckpt is None:
+            _save(run, step, plot=False)
         final_dir = None
         if config.save_model:
             state_dict = accelerator.get_state_dict(model) if is_sharded(accelerator) else None
-            if main:
-                final_dir = _save_final(accelerator.unwrap_model(model), loaded, out / "final", step=step,
-                                        state_dict=state_dict)
-                say(f"saved the {'adapter' if config.finetune != 'full' else 'model'} to {final_dir}")
+            if procs.main:
+                final_dir = _save_final(accelerator.unwrap_model(model), run.loaded, run.prior.out / "final",
+                                        step=step, state_dict=state_dict)
+                procs.say(f"saved the {'adapter' if config.finetune != 'full' else 'model'} to {final_dir}")
             accelerator.wait_for_everyone()
     except BaseException as e:  # never left "finishing": the trained steps are counted, the end did not happen
         reason = (str(e).splitlines() or [type(e).__name__])[0]
         reporter.write(status=f"stopped at step {step} while finishing ({reason})")
         raise
+    return final_eval, final_dir
+
+
+def _done(run: _Run, step: int, *, final_eval: float | None, final_dir: Path | None, seconds: float,
+          tokens: int) -> TrainResult:
+    """The loss curve, status "finished" with the summary, the last line logged; the run's result."""
+    reporter = run.reporter
     plot = reporter.plot()
     summary = {"status": "finished", "steps": step, "final_loss": reporter.history[-1]["loss"],
-               "eval_loss": final_eval, "train_seconds": run_seconds, "train_tokens": run_tokens}
+               "eval_loss": final_eval, "train_seconds": seconds, "train_tokens": tokens}
     reporter.write(**summary)
-    say(f"done: {step} steps, final loss {summary['final_loss']:.4f}"
-        + (f", eval loss {final_eval:.4f}" if final_eval is not None else "")
-        + f"; metrics {reporter.metrics_path}" + (f", curve {plot}" if plot else ""))
-    return TrainResult(output_dir=out, steps=step, losses=[r["loss"] for r in reporter.history],
+    run.procs.say(f"done: {step} steps, final loss {summary['final_loss']:.4f}"
+                  + (f", eval loss {final_eval:.4f}" if final_eval is not None else "")
+                  + f"; metrics {reporter.metrics_path}" + (f", curve {plot}" if plot else ""))
+    return TrainResult(output_dir=run.prior.out, steps=step, losses=[r["loss"] for r in reporter.history],
                        eval_loss=final_eval, final_dir=final_dir, metrics_path=reporter.metrics_path,
-                       plot_path=plot, seconds=run_seconds, tokens=run_tokens)
+                       plot_path=plot, seconds=seconds, tokens=tokens)
 
 
 def run(args: argparse.Namespace) -> int:
