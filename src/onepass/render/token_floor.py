@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -102,17 +102,23 @@ def _measure(tokenizer: Any) -> tuple[int, bool] | None:
 
 def longest_token(tokenizer: Any) -> tuple[int, bool] | None:
     """``(L, ascii_only)`` of :func:`_measure`, computed once per tokenizer (again if its vocabulary grows)."""
+    return _per_tokenizer(_longest, _measure, tokenizer)
+
+
+def _per_tokenizer(store: weakref.WeakKeyDictionary, compute: Callable[[Any], Any], tokenizer: Any) -> Any:
+    """``compute(tokenizer)``, kept in ``store`` while the tokenizer lives and its vocabulary size stays the
+    same; None for a tokenizer that is not a HF fast one (no bound)."""
     try:
         key = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True)
     except AttributeError:  # not a HF fast tokenizer: no bound
         return None
     try:
-        cached = _longest.get(tokenizer)
-    except TypeError:
-        return _measure(tokenizer)
+        cached = store.get(tokenizer)
+    except TypeError:  # not weakly referenceable: computed each time
+        return compute(tokenizer)
     if cached is None or cached[0] != key:
-        cached = (key, _measure(tokenizer))
-        _longest[tokenizer] = cached
+        cached = (key, compute(tokenizer))
+        store[tokenizer] = cached
     return cached[1]
 
 
@@ -192,18 +198,7 @@ def _pair_table(tokenizer: Any) -> np.ndarray | None:
 
 def pair_table(tokenizer: Any) -> np.ndarray | None:
     """:func:`_pair_table`, computed once per tokenizer (again if its vocabulary grows)."""
-    try:
-        key = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True)
-    except AttributeError:
-        return None
-    try:
-        cached = _pairs.get(tokenizer)
-    except TypeError:
-        return _pair_table(tokenizer)
-    if cached is None or cached[0] != key:
-        cached = (key, _pair_table(tokenizer))
-        _pairs[tokenizer] = cached
-    return cached[1]
+    return _per_tokenizer(_pairs, _pair_table, tokenizer)
 
 
 def token_cuts(tokenizer: Any, text: str) -> int:
