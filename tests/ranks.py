@@ -26,6 +26,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def rank_env() -> dict[str, str]:
+    """The environment a launch's ranks run in: one thread each, offline, no tokenizer threads."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
 def run_ranks(cmd: Sequence[str], env: Mapping[str, str], *, timeout: float) -> subprocess.CompletedProcess:
     """Run ``cmd`` to the end; raise AssertionError with its output (and stacks) if it times out. An ``accelerate
     launch`` gets a free main process port (torchrun ``--standalone`` picks its own)."""

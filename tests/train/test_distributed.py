@@ -21,7 +21,7 @@ from onepass.train.config import TrainConfigError, load_config
 from onepass.train.distributed import accelerate_predates_fsdp, asked_mode, check_launch
 from onepass.train.loop import train
 
-from ranks import fsdp_refused, run_ranks
+from ranks import fsdp_refused, rank_env as env, run_ranks
 from strategies import synthetic_conversations
 
 CONFIGS = Path(__file__).parents[2] / "configs"
@@ -35,10 +35,6 @@ def chats(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "chats.jsonl"
     path.write_text("\n".join(json.dumps(c) for c in synthetic_conversations(12)) + "\n")
     return path
-
-
-def env():
-    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def rel(a, b):

@@ -16,7 +16,6 @@ The one-process refusals run without any launch.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from onepass.train.sequence_parallel import sequence_parallel_size
 from onepass.train.loop import train
 
 from float64_train import float64_load_model
-from ranks import fsdp_refused, run_ranks
+from ranks import fsdp_refused, rank_env as env, run_ranks
 from strategies import synthetic_conversations
 
 CONFIGS = Path(__file__).parents[2] / "configs"
@@ -45,10 +44,6 @@ def chats(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "chats.jsonl"
     path.write_text("\n".join(json.dumps(c) for c in synthetic_conversations(8)) + "\n")
     return path
-
-
-def env():
-    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def rel(a, b):
