@@ -111,10 +111,23 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("faketime") is None, reason="needs faketime (apt-get install faketime)")
+def _without_faketime(environ):
+    """``environ`` with an outer libfaketime taken out (the suite run under ``faketime`` to try another date):
+    faketime inside faketime adds the two offsets (2031 inside 2026 gave 2022), so the days faked below would
+    not be the days asked for."""
+    env = {k: v for k, v in environ.items() if not k.startswith("FAKETIME")}
+    preload = [p for p in env.get("LD_PRELOAD", "").split() if "faketime" not in p]
+    if preload:
+        env["LD_PRELOAD"] = " ".join(preload)
+    else:
+        env.pop("LD_PRELOAD", None)
+    return env
+
+
 def test_prepare_on_another_day_of_the_machine_clock_gives_the_same_rows():
     """The whole process under a faked clock (libfaketime: every time, gettimeofday and clock_gettime call):
     a pinned date gives byte-identical rows on any day; the default is the faked day, resolved once."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    env = {**_without_faketime(os.environ), "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
     script = _UNDER_FAKETIME.replace("TEMPLATE", repr(str(TEMPLATES / "gptoss.jinja")))
     seen = {}
     for day in ("2026-11-24", "2031-02-03"):
