@@ -109,8 +109,6 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(shutil.which("faketime") is None, reason="needs faketime (apt-get install faketime)")
 def _without_faketime(environ):
     """``environ`` with an outer libfaketime taken out (the suite run under ``faketime`` to try another date):
     faketime inside faketime adds the two offsets (2031 inside 2026 gave 2022), so the days faked below would
@@ -124,6 +122,8 @@ def _without_faketime(environ):
     return env
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("faketime") is None, reason="needs faketime (apt-get install faketime)")
 def test_prepare_on_another_day_of_the_machine_clock_gives_the_same_rows():
     """The whole process under a faked clock (libfaketime: every time, gettimeofday and clock_gettime call):
     a pinned date gives byte-identical rows on any day; the default is the faked day, resolved once."""
