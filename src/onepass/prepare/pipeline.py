@@ -196,6 +196,26 @@ class PrepareStats:
             lines.append(f"SKIPPED {self.skip_summary()}")
         return "\n".join(lines)
 
+    def none_trained(self) -> str:
+        """Why nothing is left to train, as a clause after "nothing to train: ": what was given and what
+        happened to it (the counts of this record), never "no conversations" when some were read.
+
+        >>> PrepareStats(conversations=3, turns_not_trained=5).none_trained()
+        '3 conversations given, none trained: each of their 5 assistant turns is marked not to train (weight 0)'
+        """
+        if not self.conversations:
+            return ("the data has no conversations" if not self.skipped
+                    else f"no valid conversation; {self.skip_summary()}")
+        given = f"{self.conversations} conversation{'s' * (self.conversations != 1)} given, none trained"
+        if not self.views and self.turns_not_trained:
+            return (f"{given}: each of their {self.turns_not_trained} assistant turns is marked not to train "
+                    "(weight 0)")
+        if not self.views:
+            return f"{given}: they hold no assistant turn to train"
+        what = f"{given}: every view was skipped, {self.skip_summary()}" if self.skipped else given
+        return what + (f" ({self.turns_not_trained} assistant turns marked weight 0)" if self.turns_not_trained
+                       else "")
+
     def skip_summary(self) -> str:
         """``N (reason: count, ...); first: message`` (empty when nothing was skipped)."""
         if not self.skipped:

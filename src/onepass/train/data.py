@@ -150,8 +150,7 @@ def load_train_data(source: DataSource, config: TrainConfig, tokenizer: Any | No
     if stats.skipped:
         log(f"skipped {stats.skip_summary()}")
     if not units:
-        first = stats.skipped[0] if stats.skipped else "the data has no conversations"
-        raise DataError(f"no trainable conversations in {spec}; first skip: {first}")
+        raise DataError(f"nothing to train in {spec}: {stats.none_trained()}")
     keys = unit_keys(units) if config.data_config.shares else None
     return TrainData(units=units, kind="conversation", source=spec, stats=stats.to_dict(),
                      guard_views=sample.views(), keys=keys)
