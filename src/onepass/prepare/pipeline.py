@@ -350,6 +350,8 @@ def count_rows(stats: PrepareStats, config: PrepareConfig, *, num_trees: int, nu
         stats.padding_tokens = stats.rows * config.max_tokens - stats.row_tokens
         stats.padding_fraction = stats.padding_tokens / max(1, stats.rows * config.max_tokens)
     stats.token_ratio = token_ratio(stats.n_pass_tokens, stats.one_pass_tokens)
+    if stats.shared is not None and not stats.shared["groups"]:
+        stats.shared = None  # nothing was shared: no section (stats.json as without sharing, docs/cli.md)
     if stats.shared is not None:
         stats.shared["shared_prefix_tokens"] = stats.shared["tokens_unshared"] - row_tokens
         stats.shared["row_token_ratio"] = token_ratio(stats.n_pass_tokens, row_tokens)

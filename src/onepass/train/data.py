@@ -328,6 +328,29 @@ def forward_groups(rows: Sequence[Layout], max_batch_tokens: int | None) -> list
     return groups
 
 
+def batch_cap_note(max_batch_tokens: int | None, units: Sequence[Unit], *, packed_to: int | None = None) -> str | None:
+    """What :func:`forward_groups` cannot keep under ``max_batch_tokens``, in one line, or None: a row is never
+    split, so a tree longer than the cap (or, packed into rows of up to ``packed_to`` tokens, a row) is a
+    forward pass of its own, over it. Said once when the data is loaded: a cap that cannot hold is not silent.
+
+    >>> tree = empty_row()
+    >>> batch_cap_note(4, [[tree]]) is None
+    True
+    """
+    if max_batch_tokens is None:
+        return None
+    lengths = [len(x) for unit in units for x in unit]
+    over = [n for n in lengths if n > max_batch_tokens]
+    if over:
+        return (f"max_batch_tokens={max_batch_tokens} cannot hold {len(over)} of {len(lengths)} trees (the longest "
+                f"{max(over)} tokens): a row is never split, so each is a forward pass of its own, over the cap; "
+                f"set max_batch_tokens >= {max(over)} to keep every pass under it")
+    if packed_to is not None and packed_to > max_batch_tokens:
+        return (f"max_batch_tokens={max_batch_tokens} is below max_tokens={packed_to}: a packed row of more than "
+                f"{max_batch_tokens} tokens is never split, so it is a forward pass of its own, over the cap")
+    return None
+
+
 def empty_row() -> Layout:
     """A one-token row with nothing to train (weight 0): keeps a rank in step when it has no data."""
     return row_from_columns({"input_ids": [0], "position_ids": [0], "kv_end": [1], "targets": [0], "weights": [0]})
