@@ -31,7 +31,7 @@ from typing import Any
 from onepass.conversation.parse import Conversation
 from onepass.prepare.config import DataConfig
 from onepass.errors import DataError, DataNotFound
-from onepass.files import atomic_dir, write_marker
+from onepass.files import WriteError, atomic_dir, write_failure, write_marker
 from onepass.layout.flops import token_ratio
 from onepass.layout.pack import best_fit_decreasing, pack_layouts
 from onepass.conversation.schemas import INLINE_KEPT
@@ -397,6 +397,7 @@ def write_prepared(trees: Iterable[Layout | Sequence[Layout]], stats: PrepareSta
     row nothing is published (an earlier output stays) and None is returned.
     """
     out = Path(out_dir)
+    trees = _marked_as_data(trees)
     try:
         with atomic_dir(out, replace=True) as tmp:
             with RowWriter(tmp) as rows:
@@ -437,7 +438,29 @@ def write_prepared(trees: Iterable[Layout | Sequence[Layout]], stats: PrepareSta
     except _NothingToWrite:
         count_rows(stats, config, num_trees=0, num_rows=0, row_tokens=0)
         return None
+    except Exception as e:  # a full disk, a file-size limit, a quota: one line, the temporary gone, the old output kept
+        reason = None if getattr(e, "onepass_from_data", False) else write_failure(e)
+        if reason is None:
+            raise
+        kept = "the earlier output there is kept" if out.exists() else "nothing was written there"
+        raise WriteError(f"cannot write the prepared rows to {out} ({reason}); {kept}: free space (or raise the "
+                         "file-size limit) and prepare again") from None
     return out
+
+
+def _marked_as_data(items: Iterable[Any]) -> Iterator[Any]:
+    """``items``, with an error raised while making them (reading and rendering the data) marked as not a
+    failed write: an ``OSError`` of the data (a file that cannot be read) is not a full disk."""
+    it = iter(items)
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        except Exception as e:
+            e.onepass_from_data = True  # type: ignore[attr-defined]
+            raise
+        yield item
 
 
 def load_rows(path: str | Path) -> list[Layout]:
