@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from onepass.errors import UsageError
+from onepass.errors import OnePassError, UsageError
 
 MARKER = ".onepass-output"  # in every directory onepass writes as a whole (prepared rows): safe to replace
 
@@ -253,18 +253,26 @@ def atomic_dir(path: str | Path, *, replace: bool = True) -> Iterator[Path]:
     publish_dir(tmp, path, replace=replace)
 
 
+class WriteError(OnePassError):
+    """A write the machine refused (a full disk, a file-size limit, a quota: :func:`write_failure`), said in one
+    line naming what could not be written and what was kept; the temporary is removed."""
+
+
 def write_failure(error: BaseException) -> str | None:
     """Why writing a file failed, in a few words, when ``error`` is a failed write; else None.
 
     A full disk reaches us three ways: an ``OSError`` (ENOSPC) from Python's own writes; a
     ``RuntimeError`` from ``torch.save`` ("[enforce fail at inline_container.cc] unexpected pos",
     with the ``OSError`` of the file object it wrote through as its context); a ``SafetensorError``
-    whose message holds the I/O error ("No space left on device (os error 28)").
+    whose message holds the I/O error ("No space left on device (os error 28)"). pyarrow's ``OSError`` says
+    "Error writing bytes to file. Detail: [errno 27] File too large": the system's words for that number are
+    returned.
     """
     seen: BaseException | None = error
     while seen is not None:
         if isinstance(seen, OSError):
-            return seen.strerror or str(seen)
+            number = re.search(r"\[errno (\d+)\]", str(seen.strerror or seen), re.IGNORECASE)
+            return os.strerror(int(number.group(1))) if number else seen.strerror or str(seen)
         seen = seen.__cause__ or seen.__context__
     if type(error).__name__ == "SafetensorError" and ("I/O error" in str(error) or "os error" in str(error)):
         return str(error).split("I/O error: ")[-1].splitlines()[0]

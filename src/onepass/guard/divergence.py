@@ -79,6 +79,17 @@ def max_rel_grad_diff(reference: dict[str, torch.Tensor], other: dict[str, torch
     return rel_grad, worst
 
 
+def trains_nothing(reference: dict[str, torch.Tensor]) -> bool:
+    """True when every gradient of the reference (N-pass, per-turn) is exactly zero: nothing is trained (a
+    mask of zeros, a weight of 0 everywhere), so the other side's zeros agree with it on nothing. A verdict
+    then is no verdict: ``verify`` says so as an error, as it does when it checked no view at all.
+
+    >>> trains_nothing({"a": torch.zeros(3)}), trains_nothing({"a": torch.zeros(3), "b": torch.tensor([0.0, 1e-30])})
+    (True, False)
+    """
+    return all(not bool(g.any()) for g in reference.values())
+
+
 def decoder_layers(model: Any) -> torch.nn.ModuleList | None:
     """The model's stack of decoder layers (the first ModuleList with one entry per layer)."""
     num = getattr(text_config(model.config), "num_hidden_layers", None)

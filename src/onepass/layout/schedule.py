@@ -82,6 +82,7 @@ class Scheduled:
     skipped: list[str] = field(default_factory=list)
     skipped_views: list[int] = field(default_factory=list)  # how many views each message of ``skipped`` covers
     num_views_skipped: int = 0
+    weights: dict[int, float] = field(default_factory=dict)  # view index -> its per-target weight in its tree
 
 
 def schedule_views(views: Sequence[View | Unmeasured], schedule: Schedule, *, weighting: str = "token",
@@ -103,7 +104,7 @@ def schedule_views(views: Sequence[View | Unmeasured], schedule: Schedule, *, we
             kept.append(i)
     if not kept:
         return out
-    weights = dict(zip(kept, view_weights([views[i] for i in kept], weighting)))
+    weights = out.weights = dict(zip(kept, view_weights([views[i] for i in kept], weighting)))
 
     built: list[PrefixTree] = []  # the budget's trees, grown while grouping (not built twice)
     if schedule.kind == "budget":

@@ -74,9 +74,7 @@ def _prepare(args: argparse.Namespace) -> int:
     print_skipped(stats.skipped[:stats.skipped_by_reason.get(INVALID, 0)])  # invalid records: listed first
     print(stats.summary())
     if out is None:
-        first = stats.skipped[0] if stats.skipped else "the data has no conversations"
-        print(f"onepass: error: nothing to write, every conversation was skipped; first: {first}",
-              file=sys.stderr)
+        print(f"onepass: error: nothing to write: {stats.none_trained()}", file=sys.stderr)
         return 1
     print(f"wrote {stats.rows} rows to {out} (stats in {out / 'stats.json'})")
     return 0

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import typing
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -79,7 +80,7 @@ class DataConfig:
     template_kwargs: dict[str, Any] = field(default_factory=dict, metadata=_meta(
         "extra chat template variable, e.g. enable_thinking=true (repeatable)", flags=("--template-kwarg",),
         metavar="KEY=VALUE"))
-    template_date: str | None = field(default=None, metadata=_meta(
+    template_date: str | datetime.date | None = field(default=None, metadata=_meta(  # a date: YAML's 2030-01-02
         "the date a chat template that reads the clock renders (gpt-oss' \"Current date\"), YYYY-MM-DD "
         "(default: today, recorded in stats.json and the run's config)", metavar="YYYY-MM-DD"))
     schedule_spec: Schedule = field(init=False, repr=False, compare=False)
@@ -129,6 +130,28 @@ class DataConfig:
         """Do packed rows merge the trees of conversations that share a prefix (:mod:`onepass.layout.share`)?
         With packing and ``share_prefix``, under every schedule but ``n-pass`` (the baseline shares nothing)."""
         return self.pack and self.share_prefix and self.schedule_spec.kind != "n-pass"
+
+    def check_share_window(self, *, pack: bool | None = None, flag: str = "--pack") -> None:
+        """Refuse, in one line, a ``share_window`` that nothing reads: without packing (``pack``: the entry
+        point's packing, :attr:`pack` when None; ``flag`` names it), with ``share_prefix`` off, or under
+        n-pass, no prefix is shared, and a window that is silently ignored is a setting that does not mean
+        what it says. Called where a config comes in (flags, YAML, ``OnePassConfig``), not in
+        ``__post_init__``: the trainers copy a config unpacked (``replace(pack=False)``) to pack it themselves.
+
+        >>> DataConfig(share_window=4).check_share_window()
+        Traceback (most recent call last):
+        ...
+        onepass.errors.ConfigError: share_window=4 shares prefixes only in packed rows: add --pack (or drop \
+share_window)
+        """
+        if self.share_window is None:
+            return
+        why = (f"shares prefixes only in packed rows: add {flag}" if not (self.pack if pack is None else pack)
+               else "does nothing with share_prefix false (--no-share-prefix)" if not self.share_prefix
+               else "does nothing under n-pass, the baseline that never shares" if self.schedule_spec.kind == "n-pass"
+               else None)
+        if why is not None:
+            raise ConfigError(f"share_window={self.share_window} {why} (or drop share_window)")
 
     def replace(self, **changes: Any) -> DataConfig:
         """A copy with ``changes``; the parsed schedule is carried over, not parsed again."""
@@ -229,5 +252,8 @@ def data_flag_values(args: argparse.Namespace, *, names: Collection[str] = DATA_
 
 
 def data_config_from_args(args: argparse.Namespace, *, names: Collection[str] = DATA_KEYS) -> DataConfig:
-    """The :class:`DataConfig` of the flags :func:`add_data_arguments` added (the fields' defaults for the rest)."""
-    return DataConfig(**data_flag_values(args, names=names))
+    """The :class:`DataConfig` of the flags :func:`add_data_arguments` added (the fields' defaults for the rest);
+    a ``--share-window`` nothing reads is refused (:meth:`DataConfig.check_share_window`)."""
+    config = DataConfig(**data_flag_values(args, names=names))
+    config.check_share_window()
+    return config

@@ -31,7 +31,7 @@ from typing import Any
 from onepass.conversation.parse import Conversation
 from onepass.prepare.config import DataConfig
 from onepass.errors import DataError, DataNotFound
-from onepass.files import atomic_dir, write_marker
+from onepass.files import WriteError, atomic_dir, write_failure, write_marker
 from onepass.layout.flops import token_ratio
 from onepass.layout.pack import best_fit_decreasing, pack_layouts
 from onepass.conversation.schemas import INLINE_KEPT
@@ -196,6 +196,26 @@ class PrepareStats:
             lines.append(f"SKIPPED {self.skip_summary()}")
         return "\n".join(lines)
 
+    def none_trained(self) -> str:
+        """Why nothing is left to train, as a clause after "nothing to train: ": what was given and what
+        happened to it (the counts of this record), never "no conversations" when some were read.
+
+        >>> PrepareStats(conversations=3, turns_not_trained=5).none_trained()
+        '3 conversations given, none trained: each of their 5 assistant turns is marked not to train (weight 0)'
+        """
+        if not self.conversations:
+            return ("the data has no conversations" if not self.skipped
+                    else f"no valid conversation; {self.skip_summary()}")
+        given = f"{self.conversations} conversation{'s' * (self.conversations != 1)} given, none trained"
+        if not self.views and self.turns_not_trained:
+            return (f"{given}: each of their {self.turns_not_trained} assistant turns is marked not to train "
+                    "(weight 0)")
+        if not self.views:
+            return f"{given}: they hold no assistant turn to train"
+        what = f"{given}: every view was skipped, {self.skip_summary()}" if self.skipped else given
+        return what + (f" ({self.turns_not_trained} assistant turns marked weight 0)" if self.turns_not_trained
+                       else "")
+
     def skip_summary(self) -> str:
         """``N (reason: count, ...); first: message`` (empty when nothing was skipped)."""
         if not self.skipped:
@@ -330,6 +350,8 @@ def count_rows(stats: PrepareStats, config: PrepareConfig, *, num_trees: int, nu
         stats.padding_tokens = stats.rows * config.max_tokens - stats.row_tokens
         stats.padding_fraction = stats.padding_tokens / max(1, stats.rows * config.max_tokens)
     stats.token_ratio = token_ratio(stats.n_pass_tokens, stats.one_pass_tokens)
+    if stats.shared is not None and not stats.shared["groups"]:
+        stats.shared = None  # nothing was shared: no section (stats.json as without sharing, docs/cli.md)
     if stats.shared is not None:
         stats.shared["shared_prefix_tokens"] = stats.shared["tokens_unshared"] - row_tokens
         stats.shared["row_token_ratio"] = token_ratio(stats.n_pass_tokens, row_tokens)
@@ -375,6 +397,7 @@ def write_prepared(trees: Iterable[Layout | Sequence[Layout]], stats: PrepareSta
     row nothing is published (an earlier output stays) and None is returned.
     """
     out = Path(out_dir)
+    trees = _marked_as_data(trees)
     try:
         with atomic_dir(out, replace=True) as tmp:
             with RowWriter(tmp) as rows:
@@ -415,7 +438,29 @@ def write_prepared(trees: Iterable[Layout | Sequence[Layout]], stats: PrepareSta
     except _NothingToWrite:
         count_rows(stats, config, num_trees=0, num_rows=0, row_tokens=0)
         return None
+    except Exception as e:  # a full disk, a file-size limit, a quota: one line, the temporary gone, the old output kept
+        reason = None if getattr(e, "onepass_from_data", False) else write_failure(e)
+        if reason is None:
+            raise
+        kept = "the earlier output there is kept" if out.exists() else "nothing was written there"
+        raise WriteError(f"cannot write the prepared rows to {out} ({reason}); {kept}: free space (or raise the "
+                         "file-size limit) and prepare again") from None
     return out
+
+
+def _marked_as_data(items: Iterable[Any]) -> Iterator[Any]:
+    """``items``, with an error raised while making them (reading and rendering the data) marked as not a
+    failed write: an ``OSError`` of the data (a file that cannot be read) is not a full disk."""
+    it = iter(items)
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        except Exception as e:
+            e.onepass_from_data = True  # type: ignore[attr-defined]
+            raise
+        yield item
 
 
 def load_rows(path: str | Path) -> list[Layout]:

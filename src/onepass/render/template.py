@@ -9,7 +9,7 @@ found" (None). Errors that come from onepass or transformers rather than the tem
 
 The date the template sees is a setting (:mod:`onepass.render.clock`): ``kwargs`` carry it under
 :data:`~onepass.render.clock.TEMPLATE_DATE`, and a template that reads the clock is rendered with it
-pinned. jinja puts the template's own line number in a traceback under the file name ``<template>``
+pinned; a template that draws random text is refused here, at every call (dated or not). jinja puts the template's own line number in a traceback under the file name ``<template>``
 (:func:`template_line`, which counts the template's own lines, not the pinning macro's).
 
 No torch here: this is pure data.
@@ -74,10 +74,11 @@ def apply_template(tokenizer: Any, messages: list[dict[str, Any]], *, tools: lis
     kwargs = dict(kwargs)
     out = {"tokenize": True, "return_dict": True} if tokenize else {"tokenize": False}
     date = kwargs.pop(TEMPLATE_DATE, None)
-    template = _template_text(tokenizer, kwargs.get("chat_template"), tools) if date is not None or tools else None
+    template = _template_text(tokenizer, kwargs.get("chat_template"), tools)
+    if template is not None:
+        check_pinnable(template)  # random text: refused, dated or not
     pinned = date is not None and template is not None and reads_clock(template)
     if pinned:
-        check_pinnable(template)
         template = pinned_template(template, date)
         kwargs["chat_template"] = template
 

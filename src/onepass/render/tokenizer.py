@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from onepass.model.private_names import private
+from onepass.render.clock import check_pinnable
 from onepass.errors import ConfigError
 from onepass.files import atomic_dir, cache_dir
 from onepass.hub import hub_offline, offline_reason
@@ -61,7 +62,8 @@ def read_template(spec: str) -> str:
 def check_template(template: str, name: str) -> None:
     """Compile ``template`` as transformers does; a syntax error is one line naming ``name`` and the
     template's line, raised before any data is read (a template that raises for one conversation
-    is a counted skip instead: :mod:`onepass.render`)."""
+    is a counted skip instead: :mod:`onepass.render`), and so is a template that draws random text
+    (:func:`onepass.render.clock.check_pinnable`, which every render checks too)."""
     from jinja2.exceptions import TemplateSyntaxError
 
     compile_template = private("transformers.utils.chat_template_utils._compile_jinja_template")
@@ -70,6 +72,7 @@ def check_template(template: str, name: str) -> None:
     except TemplateSyntaxError as e:
         raise TokenizerError(f"the chat template of {name} does not compile: line {e.lineno}: {e.message}"
                              ) from None
+    check_pinnable(template)
 
 
 def build_qwen3_tokenizer(out_dir: str | Path) -> Path:

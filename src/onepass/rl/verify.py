@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from onepass.guard.divergence import Verdict, judge, locate, max_rel_grad_diff, nan_max
+from onepass.guard.divergence import Verdict, judge, locate, max_rel_grad_diff, nan_max, trains_nothing
 from onepass.rl.layout import layout_rollouts, turn_view
 from onepass.rl.logprobs import token_logprobs, token_logprobs_reference
 from onepass.rl.losses import PolicyLossConfig, policy_loss, policy_loss_reference
@@ -90,6 +90,10 @@ def run_rl_verify(trajectories: Sequence[Trajectory], model: Any, *, max_tokens:
     model.zero_grad(set_to_none=True)
     ref = policy_loss_reference(model, trajectories, config, backward=True, **kw)
     grads_ref = parameter_grads(model)
+    if trains_nothing(grads_ref):
+        raise RolloutError(f"verify --rollouts checked nothing: nothing is trained ({_why_untrained(trajectories)}: "
+                           "the per-turn loss has no gradient), so both sides' zero gradients agree on nothing (a "
+                           "verdict on nothing is no verdict)")
     model.zero_grad(set_to_none=True)
     got = policy_loss(model, batch, config, backward=True, **kw)
     grads = parameter_grads(model)
@@ -117,6 +121,16 @@ def run_rl_verify(trajectories: Sequence[Trajectory], model: Any, *, max_tokens:
         num_trajectories=len(trajectories), num_turns=sum(len(t.turns) for t in trajectories),
         num_completion_tokens=batch.num_completion_tokens, num_rows=len(batch.rows), num_trees=batch.num_trees,
         loss=what, tolerance=tolerance, dtype=str(next(model.parameters()).dtype), worst_parameter=worst)
+
+
+def _why_untrained(trajectories: Sequence[Trajectory]) -> str:
+    """Why the per-turn loss of ``trajectories`` has no gradient, as the rollouts show it."""
+    turns = [t for traj in trajectories for t in traj.turns]
+    if not any(t.mask.any() for t in turns):
+        return f"every completion token of the {len(turns)} turns has mask 0"
+    if not any(bool((t.advantages * t.mask).any()) for t in turns):
+        return "every trained token's advantage is 0"
+    return "every gradient of the per-turn loss is 0"
 
 
 def _turn_views_by_group(trajectories: Sequence[Trajectory]) -> list[list[Any]]:

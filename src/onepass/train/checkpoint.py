@@ -307,8 +307,10 @@ def save_checkpoint(accelerator: Any, model: Any, optimizer: Any, scheduler: Any
         if reason is None:
             raise
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointWriteError(f"cannot write checkpoint {final} ({reason}); the previous "
-                                   "checkpoint is kept: free space and --resume") from None
+        earlier = [p for p in list_checkpoints(output_dir) if p != final]
+        kept = (f"the previous checkpoint ({earlier[-1].name}) is kept: free space and --resume" if earlier else
+                "there is no earlier checkpoint to resume from: free space and run again")
+        raise CheckpointWriteError(f"cannot write checkpoint {final} ({reason}); {kept}") from None
 
 
 def _torch_save(obj: Any, path: Path) -> None:

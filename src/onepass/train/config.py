@@ -199,6 +199,10 @@ def _validate(c: TrainConfig) -> None:
         _one_of("tiny architecture", c.tiny, TINY_ARCHS)
     if not isinstance(c.data_config, DataConfig):
         _fail(f"data_config must be a DataConfig, got {type(c.data_config).__name__}")
+    try:
+        c.data_config.check_share_window()
+    except ConfigError as e:
+        _fail(str(e))
     _one_of("finetune", c.finetune, FINETUNES)
     _one_of("optim", c.optim, OPTIMIZERS)
     _one_of("lr_scheduler_type", c.lr_scheduler_type, LR_SCHEDULERS)

@@ -150,8 +150,7 @@ def load_train_data(source: DataSource, config: TrainConfig, tokenizer: Any | No
     if stats.skipped:
         log(f"skipped {stats.skip_summary()}")
     if not units:
-        first = stats.skipped[0] if stats.skipped else "the data has no conversations"
-        raise DataError(f"no trainable conversations in {spec}; first skip: {first}")
+        raise DataError(f"nothing to train in {spec}: {stats.none_trained()}")
     keys = unit_keys(units) if config.data_config.shares else None
     return TrainData(units=units, kind="conversation", source=spec, stats=stats.to_dict(),
                      guard_views=sample.views(), keys=keys)
@@ -327,6 +326,29 @@ def forward_groups(rows: Sequence[Layout], max_batch_tokens: int | None) -> list
         else:
             groups.append([row])
     return groups
+
+
+def batch_cap_note(max_batch_tokens: int | None, units: Sequence[Unit], *, packed_to: int | None = None) -> str | None:
+    """What :func:`forward_groups` cannot keep under ``max_batch_tokens``, in one line, or None: a row is never
+    split, so a tree longer than the cap (or, packed into rows of up to ``packed_to`` tokens, a row) is a
+    forward pass of its own, over it. Said once when the data is loaded: a cap that cannot hold is not silent.
+
+    >>> tree = empty_row()
+    >>> batch_cap_note(4, [[tree]]) is None
+    True
+    """
+    if max_batch_tokens is None:
+        return None
+    lengths = [len(x) for unit in units for x in unit]
+    over = [n for n in lengths if n > max_batch_tokens]
+    if over:
+        return (f"max_batch_tokens={max_batch_tokens} cannot hold {len(over)} of {len(lengths)} trees (the longest "
+                f"{max(over)} tokens): a row is never split, so each is a forward pass of its own, over the cap; "
+                f"set max_batch_tokens >= {max(over)} to keep every pass under it")
+    if packed_to is not None and packed_to > max_batch_tokens:
+        return (f"max_batch_tokens={max_batch_tokens} is below max_tokens={packed_to}: a packed row of more than "
+                f"{max_batch_tokens} tokens is never split, so it is a forward pass of its own, over the cap")
+    return None
 
 
 def empty_row() -> Layout:

@@ -265,7 +265,8 @@ class OnePassConfig(TrainingArguments):
             warnings.warn("The `bfd-requeue` packing strategy has been renamed to `bfd_split` (as in TRL).",
                           FutureWarning, stacklevel=3)
             self.packing_strategy = "bfd_split"
-        self.data_config  # built (and checked) now: a bad schedule or weighting is one line here
+        self.data_config.check_share_window(pack=self.packing, flag="packing=True")  # built (and checked) now: a
+        # bad schedule or weighting, a share_window nothing reads, is one line here
         self._warn_unhonoured()
 
     def _warn_unhonoured(self) -> None:

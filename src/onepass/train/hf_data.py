@@ -46,7 +46,7 @@ from onepass.prepare.pipeline import PrepareStats, count_rows, count_shared, loa
 from onepass.conversation.records import without_nulls
 from onepass.render import RenderConfig
 from onepass.layout.schedule import Schedule
-from onepass.layout.share import share_and_pack
+from onepass.layout.share import merge_shared, share_and_pack
 from onepass.train import sft_rows
 from onepass.train.data import conversation_units
 from onepass.train.hf_config import OnePassConfig
@@ -135,8 +135,7 @@ def prepare_units(conversations: Iterable[Conversation], tokenizer: Any, data_co
     if stats.skipped:
         log.warning("onepass: skipped %s", stats.skip_summary())
     if not units:
-        first = stats.skipped[0] if stats.skipped else "no conversations were given"
-        raise ValueError(f"no trainable conversations; first skip: {first}")
+        raise DataError(f"nothing to train: {stats.none_trained()}")
     guard = GuardInputs(schedule=config.schedule_spec, conversations=tuple(conversations[:GUARD_CONVERSATIONS]),
                         tokenizer=tokenizer, render=config.render, views=sample.views())
     return Units(units=units, stats=stats, guard=guard)
@@ -281,7 +280,8 @@ def _sort_records(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str,
             convs.append((i, record))
             continue
         settings = settings or _settings(args, tokenizer, packing)
-        row = sft_rows.truncated(sft_rows.tokenize_record(record, kind, tokenizer, settings), settings)
+        row = sft_rows.truncated(sft_rows.tokenize_record(record, kind, tokenizer, settings,
+                                                          where=f"{source} record {i}"), settings)
         if settings.truncate and not row.trained:
             continue  # TRL drops an example truncation left without a trained token
         rows.append((i, row))
@@ -346,8 +346,7 @@ def _given_rows(ds: Any, source: str) -> Any:
         raise ValueError(f"The {source} dataset has mask columns but no 'labels', and `skip_prepare_dataset=True` "
                          "skips label building, so it would train on the full sequence. Add a 'labels' column "
                          "(-100 for non-loss tokens) or drop `skip_prepare_dataset`.")
-    rows = [sft_rows.SftRow(input_ids=tuple(r["input_ids"]), labels=tuple(r.get("labels") or r["input_ids"]))
-            for r in _records(ds)]
+    rows = [sft_rows.given_row(r, where=f"{source} record {i}") for i, r in enumerate(_records(ds))]
     return rows_dataset([sft_rows.causal_layout(r) for r in rows], labels=[list(r.labels) for r in rows])
 
 
@@ -381,7 +380,7 @@ def _rows_of(conversations: Sequence[tuple[int, Any]], trl_rows: Sequence[Any], 
     if packing:
         if args.max_length is None:
             raise ValueError("When packing is enabled, `max_length` can't be `None`.")
-        trees = [tree for unit in units for tree in unit]
+        trees = _shared(units, args.data_config, args.max_length)
         if args.packing_strategy == "wrapped" and trl_rows:
             rows = pack_layouts(trees, args.max_length) if trees else []
             wrapped = sft_rows.wrapped_rows(trl_rows, args.max_length)
@@ -408,6 +407,22 @@ def _rows_of(conversations: Sequence[tuple[int, Any]], trl_rows: Sequence[Any], 
     if packing:
         extra["seq_lengths"] = [sft_rows.seq_lengths(r) for r in rows]
     return PreparedRows(dataset=rows_dataset(rows, **extra), guard=guard, stats=stats)
+
+
+def _shared(units: Sequence[Sequence[Layout]], data_config: DataConfig, max_tokens: int) -> list[Layout]:
+    """The conversations' trees to pack: with ``share_prefix`` (under every schedule but n-pass), trees of
+    conversations that share a token prefix merged into one tree (:func:`onepass.layout.share.merge_shared`,
+    the code ``prepare --pack`` and :func:`prepare_rows` pack with), each tree alone otherwise."""
+    trees = [tree for unit in units for tree in unit]
+    packed = data_config.replace(pack=True, max_tokens=max_tokens)
+    if not packed.shares or len(trees) < 2:
+        return trees
+    merged = merge_shared(trees, [u for u, unit in enumerate(units) for _ in unit], max_tokens,
+                          window=packed.share_window)
+    if len(merged) < len(trees):
+        log.info("onepass: shared prefixes: %d trees merged into %d across conversations, %d tokens fewer",
+                 len(trees), len(merged), sum(map(len, trees)) - sum(len(m.layout) for m in merged))
+    return [m.layout for m in merged]
 
 
 def _cut(args: OnePassConfig) -> Any:

@@ -63,6 +63,7 @@ from onepass.train.cli import overrides_from_args, setup_logging
 from onepass.train.config import TrainConfig, TrainConfigError, load_config, write_yaml
 from onepass.train.data import (
     TrainData,
+    batch_cap_note,
     check_same_units,
     compact_vocab,
     load_train_data,
@@ -156,6 +157,10 @@ def _load_data(config: TrainConfig, sources: Sequence[DataSource | None], *, mai
     tokenizer = load_tokenizer_for(config) if config.model is not None or raw else None
     data = load_train_data(source, config, tokenizer, progress=config.progress and main, log=say)
     eval_data = load_train_data(eval_source, config, tokenizer, log=say) if eval_source is not None else None
+    packed_to = config.data_config.max_tokens if config.data_config.pack and data.kind == "conversation" else None
+    cap = batch_cap_note(config.max_batch_tokens, data.units, packed_to=packed_to)
+    if cap is not None:
+        say(f"note: {cap}")
     used_ids, vocab_size = None, None
     if config.tiny is not None and config.compact_vocab:
         compacted, used_ids = compact_vocab(*[d for d in (data, eval_data) if d is not None])

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from onepass.errors import DataError
 from onepass.render.clock import TEMPLATE_DATE
 from onepass.render.template import apply_template
 from onepass.layout.tree import IGNORE, Layout, concat
@@ -143,13 +144,55 @@ def labels_from(input_ids: Sequence[int], masks: Sequence[Sequence[int]]) -> lis
     return [t if all(bits) else IGNORE for t, *bits in zip(input_ids, *masks)]
 
 
-def tokenize_record(record: Mapping[str, Any], kind: str, tokenizer: Any, settings: SftSettings) -> SftRow:
-    """``record`` tokenized and labelled as ``SFTTrainer._prepare_dataset`` does, before truncation."""
+def per_token_columns(record: Mapping[str, Any], *, where: str) -> list[int]:
+    """``record``'s ``input_ids``, after checking that each column given beside them (``labels``,
+    ``assistant_masks``, ``completion_mask``) has one entry per token. A shorter one would be broadcast
+    (``labels`` [10, 20] under ``input_ids`` [10, 20, 30, 40] trained as targets [20, 20, 20]), a longer
+    one fail deep in numpy; TRL's collator refuses both shapes, so here they are one line naming the record.
+
+    >>> per_token_columns({"input_ids": [10, 20, 30, 40], "labels": [10, 20]}, where="train_dataset record 3")
+    Traceback (most recent call last):
+    ...
+    onepass.errors.DataError: train_dataset record 3: labels has 2 entries, input_ids 4: a token-level column needs one entry per token of input_ids
+    """
+    ids = list(record["input_ids"])
+    for name in ("labels", *MASK_COLUMNS):
+        column = record.get(name)
+        if column is not None and len(column) != len(ids):
+            raise DataError(f"{where}: {name} has {len(column)} entries, input_ids {len(ids)}: a token-level "
+                            "column needs one entry per token of input_ids")
+    return ids
+
+
+def given_row(record: Mapping[str, Any], *, where: str) -> SftRow:
+    """A tokenized record as it is (``skip_prepare_dataset``, or ``labels`` given): its ``labels``, or every
+    token trained; the columns checked (:func:`per_token_columns`)."""
+    ids = per_token_columns(record, where=where)
+    labels = record.get("labels")
+    return SftRow(input_ids=tuple(int(x) for x in ids),
+                  labels=tuple(int(x) for x in (ids if labels is None else labels)))
+
+
+def _check_prompt_completion(record: Mapping[str, Any], where: str) -> None:
+    """A prompt and a completion both text (standard) or both messages (conversational): mixed, the
+    template would be handed a message list joined to a string's characters (a raw ``TypeError`` deep in
+    transformers)."""
+    kinds = {key: "text" if isinstance(record[key], str) else "messages" for key in ("prompt", "completion")}
+    if len(set(kinds.values())) > 1:
+        raise DataError(f"{where}: the prompt is {kinds['prompt']} and the completion is {kinds['completion']}: "
+                        "give both as text (a standard prompt-completion record) or both as lists of messages "
+                        "(a conversational one)")
+
+
+def tokenize_record(record: Mapping[str, Any], kind: str, tokenizer: Any, settings: SftSettings, *,
+                    where: str = "a record") -> SftRow:
+    """``record`` tokenized and labelled as ``SFTTrainer._prepare_dataset`` does, before truncation. A
+    record of a shape TRL refuses is one :class:`~onepass.errors.DataError` line starting with ``where``."""
     masks: list[Sequence[int]] = []
     if kind == PRETOKENIZED:
-        ids = list(record["input_ids"])
+        ids = per_token_columns(record, where=where)
         if record.get("labels") is not None:
-            return SftRow(input_ids=tuple(ids), labels=tuple(int(x) for x in record["labels"]))
+            return given_row(record, where=where)
         if record.get("assistant_masks") is not None:
             masks.append(record["assistant_masks"])
         if settings.completion_only_loss and record.get("completion_mask") is not None:
@@ -157,6 +200,7 @@ def tokenize_record(record: Mapping[str, Any], kind: str, tokenizer: Any, settin
     elif kind == TEXT:
         ids = _text_ids(tokenizer, _with_eos(record[settings.text_field], tokenizer.eos_token))
     elif kind == PROMPT_COMPLETION:
+        _check_prompt_completion(record, where)
         if is_conversational(record):
             prompt_ids = _chat(tokenizer, list(record["prompt"]), settings, record,
                                add_generation_prompt=True)["input_ids"]

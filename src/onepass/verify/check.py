@@ -32,13 +32,13 @@ from onepass.conversation.sources import load_conversations, print_skipped
 from onepass.prepare.config import DataConfig, data_config_from_args
 from onepass.model.dtypes import default_tolerance, torch_dtype
 from onepass.errors import DataError, UsageError
-from onepass.guard.divergence import judge, locate, max_rel_grad_diff
+from onepass.guard.divergence import judge, locate, max_rel_grad_diff, trains_nothing
 from onepass.loss import layout_loss, view_loss_reference
 from onepass.model.load import ModelSpec, load_causal_lm, load_model_config
 from onepass.layout.pack import pack_layouts
 from onepass.model.precision import float64_norms
 from onepass.render import render_conversation
-from onepass.layout.schedule import Schedule, parse_schedule, schedule_views, view_weights
+from onepass.layout.schedule import Schedule, parse_schedule, schedule_views
 from onepass.layout.share import share_rows
 from onepass.model.tiny import tiny_config
 from onepass.render.tokenizer import load_tokenizer
@@ -67,6 +67,8 @@ class VerifyReport:
     shared: bool = False  # ... and trees of conversations that share a prefix merged into one (onepass.layout.share)
     num_rows: int = 0
     row_tokens: int = 0  # tokens of the rows run (the trees', less the prefixes shared)
+    views_left_out: int = 0  # views prepare leaves out under max_tokens (over it alone, or in a tree over it)
+    first_left_out: str = ""  # the first of their skip lines
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,38 +90,48 @@ def parameter_grads(model: Any) -> dict[str, torch.Tensor]:
 def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
                schedule: Schedule | str = "one-pass", weighting: str = "token",
                max_tokens: int | None = None, pack: bool = False, share: bool = False) -> VerifyReport:
-    """Loss and gradients of N-pass vs ``schedule`` on the same views and model.
+    """Loss and gradients of N-pass vs ``schedule`` on the same views and model: the views ``prepare``
+    trains, each with the weight it has there.
 
-    ``pack``: the trees of all conversations are packed into rows of at most ``max_tokens``
-    (one row when it is None), so documents share rows as in packed training; ``share`` (with
-    ``pack``, under any schedule but n-pass): trees of conversations that share a token prefix are
-    merged into one tree per row (:mod:`onepass.layout.share`), as ``prepare --pack`` does by default.
+    ``max_tokens``: a view over it, or a tree over it under a schedule that does not split, is left out of
+    both sides as ``prepare`` leaves it out (counted in the report, with the first skip line); nothing left
+    is an error. ``pack``: the trees of all conversations are packed into rows of at most ``max_tokens``
+    (one row when it is None), so documents share rows as in packed training; ``share`` (with ``pack``,
+    under any schedule but n-pass): trees of conversations that share a token prefix are merged into one
+    tree per row (:mod:`onepass.layout.share`), as ``prepare --pack`` does by default. A reference that
+    trains nothing (every gradient zero) is an error, never EQUAL.
     """
     if isinstance(schedule, str):
         schedule = parse_schedule(schedule)
     if not any(len(views) for views in conversations):
         raise DataError("verify checked nothing: no view to compare (a verdict on nothing is no verdict)")
+    trees, units, trained, left_out = [], [], [], []
+    for c, views in enumerate(conversations):  # what prepare trains: the scheduled trees and the views they hold
+        scheduled = schedule_views(views, schedule, weighting=weighting, max_tokens=max_tokens)
+        left_out.extend(zip(scheduled.skipped, scheduled.skipped_views))
+        trees.extend(scheduled.layouts)
+        units.extend([c] * len(scheduled.layouts))
+        trained.extend((views[i], scheduled.weights[i]) for group in scheduled.groups for i in group)
+    num_left_out = sum(n for _, n in left_out)
+    if not trained:
+        raise DataError(f"verify checked nothing: prepare would train none of the {num_left_out} views under "
+                        f"max_tokens={max_tokens}; first: {left_out[0][0]}")
+
     model.zero_grad(set_to_none=True)
     loss_n = 0.0
-    num_views = n_tokens = 0
-    for views in conversations:
-        for view, w in zip(views, view_weights(views, weighting)):
-            loss = view_loss_reference(model, view, w)
-            loss.backward()
-            loss_n += loss.item()
-            num_views += 1
-            n_tokens += len(view)
+    n_tokens = 0
+    for view, w in trained:
+        loss = view_loss_reference(model, view, w)
+        loss.backward()
+        loss_n += loss.item()
+        n_tokens += len(view)
     grads_n = parameter_grads(model)
+    if trains_nothing(grads_n):
+        raise DataError("verify checked nothing: the N-pass loss has no gradient (nothing is trained), so both "
+                        "sides' zero gradients agree on nothing (a verdict on nothing is no verdict)")
 
     model.zero_grad(set_to_none=True)
     loss_1 = 0.0
-    trees, units = [], []
-    for c, views in enumerate(conversations):
-        scheduled = schedule_views(views, schedule, weighting=weighting, max_tokens=max_tokens)
-        if scheduled.skipped:
-            raise DataError("verify needs every view trained; skipped: " + "; ".join(scheduled.skipped))
-        trees.extend(scheduled.layouts)
-        units.extend([c] * len(scheduled.layouts))
     budget = max_tokens or sum(len(x) for x in trees)
     shared = pack and share and schedule.kind != "n-pass"
     if shared:
@@ -138,11 +150,12 @@ def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
     return VerifyReport(
         loss_n_pass=loss_n, loss_one_pass=loss_1, max_abs_loss_diff=abs_diff,
         rel_loss_diff=abs_diff / abs(loss_n) if loss_n else (0.0 if abs_diff == 0 else math.inf),
-        max_rel_grad_diff=rel_grad, num_conversations=len(conversations), num_views=num_views,
+        max_rel_grad_diff=rel_grad, num_conversations=len(set(units)), num_views=len(trained),
         num_trees=len(trees), n_pass_tokens=n_tokens, one_pass_tokens=sum(len(x) for x in trees),
         schedule=str(schedule), weighting=weighting, dtype=str(next(model.parameters()).dtype),
         worst_parameter=worst, packed=pack, shared=shared, num_rows=len(rows),
-        row_tokens=sum(len(x) for x in rows))
+        row_tokens=sum(len(x) for x in rows), views_left_out=num_left_out,
+        first_left_out=left_out[0][0] if left_out else "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,6 +260,9 @@ def run(args: argparse.Namespace) -> int:
                     where=lambda: locate(model, views, worst_parameter=result.worst_parameter, tolerance=tol))
     device = next(model.parameters()).device
     print(f"model: {label}, {args.dtype}, attention {backend}, device {device}")
+    if result.views_left_out:
+        print(f"{result.views_left_out} views left out, as prepare leaves them out under --max-tokens "
+              f"{args.max_tokens}; first: {result.first_left_out}")
     print(f"{result.num_conversations} conversations, {result.num_views} views: "
           f"N-pass {result.n_pass_tokens} tokens vs {result.schedule} {result.one_pass_tokens} tokens "
           f"in {result.num_trees} trees"
