@@ -64,6 +64,7 @@ from onepass.conversation.schemas import (
     unknown_schema,
 )
 from onepass.conversation.records import iter_records
+from onepass.conversation.tau2 import is_tau2, tau2_messages
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: as system, role kept
 _HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -117,6 +118,13 @@ class Conversation:
     def at(self, k: int) -> str:
         """``SOURCE, message N``: message ``k`` numbered as in the record, as parse errors name it."""
         return message_at(self.source, k + self.first_message)
+
+    @property
+    def greeting(self) -> int | None:
+        """The assistant message that opens the conversation (0), or None: it answers no user turn (tau2-bench's
+        agent greets first, ``"Hi! How can I help you today?"``, a text no model wrote), so it is in the
+        context of every later view but trained only when asked (``--train-greeting``; counted either way)."""
+        return 0 if self.messages and self.messages[0].role == "assistant" else None
 
     @property
     def num_assistant_turns(self) -> int:
@@ -189,6 +197,9 @@ def _message(raw: Any, where: Where, i: int) -> Message:
     if role not in ROLES:
         raise where(f"unknown role {role!r}; expected one of {', '.join(ROLES)}", i)
     unknown_fields(raw, MESSAGE_KEYS, where, i)
+    if role != "assistant" and raw.get("tool_calls") not in (None, []):
+        raise where(f"tool_calls on a {role} message: chat templates render an assistant's calls only, so they "
+                    "would be dropped; give them to the assistant message that made them", i)
     calls = _tool_calls(raw.get("tool_calls"), where, i) if role == "assistant" else ()
     content = message_content(raw, role, calls, where, i)
     reasoning = text = None
@@ -233,18 +244,19 @@ def _hermes_calls(m: Message, where: Where, i: int) -> Message:
 
 
 def validate(messages: tuple[Message, ...], where: Where, *, offset: int = 0) -> None:
-    """Role order: starts with a user turn; tool results follow a call; has an assistant turn.
+    """Role order: tool results follow a call; no two answers in a row; has an assistant turn.
 
-    ``offset`` is added to message numbers in errors (1 when a leading system
-    message was taken out), so they match the record's own list.
+    The first message is a user's, or an assistant's that opens the conversation (a greeting:
+    :attr:`Conversation.greeting`; tau2-bench's agent speaks first): valid where the template renders it,
+    a counted skip (the template's own error, naming the message) where it raises. ``offset`` is added to
+    message numbers in errors (1 when a leading system message was taken out), so they match the record's
+    own list.
     """
     if not messages:
         raise where("the conversation is empty")
     for i, m in enumerate(messages):
         if m.role in ("system", "developer"):
             raise where(f"a {m.role} message is only allowed first", i + offset)
-    if messages[0].role != "user":
-        raise where(f"the first message must be from the user, got {messages[0].role!r}", offset)
     for i, m in enumerate(messages):
         prev = messages[i - 1] if i else None
         i += offset
@@ -280,6 +292,8 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
     system, field_role = system_field(record, where)  # a blank field (a parquet column) is none; a message is kept
     if "messages" in record:
         raw = record["messages"]
+        if is_tau2(raw):  # a tau2-bench simulation's messages, as it saved them
+            raw = tau2_messages(raw, where)
     elif "conversations" in record:
         raw = record["conversations"]
         if isinstance(raw, list):

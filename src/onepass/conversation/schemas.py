@@ -71,11 +71,15 @@ CONTENT_NULL = "content null -> empty string"
 SYSTEM_MESSAGE = "system field given as a message -> its content"
 TRAILING = "messages after the last assistant turn -> in no view (never trained)"
 INLINE_KEPT = "leading <think> block kept in the content (the template reads no reasoning field)"  # at render
+GREETING = "assistant message opening the conversation (a greeting) -> context only, not trained (--train-greeting)"
+# ^ at render: it answers no user turn (tau2-bench's agent greets first)
+TAU2 = "tau2-bench messages -> OpenAI messages (turn_idx, timestamp, cost, usage: bookkeeping, left out)"
+TAU2_USER_TOOLS = "tau2-bench user-side tool calls and results -> left out (the agent never saw them)"
 INPUT_OUTPUT = "input/output pair -> messages"
 NOT_TRAINED = "assistant weight 0 -> not trained"
 FIELD_AND_INLINE = "reasoning field and a leading <think> block -> field, content kept"
 CONVERSIONS = (SHAREGPT_CALL, HERMES_CALL, CONTENT_PARTS, CONTENT_NULL, INPUT_OUTPUT, NOT_TRAINED, FIELD_AND_INLINE,
-               SYSTEM_MESSAGE, TRAILING, INLINE_KEPT)
+               SYSTEM_MESSAGE, TRAILING, INLINE_KEPT, GREETING, TAU2, TAU2_USER_TOOLS)
 
 
 def message_at(source: str, number: int) -> str:

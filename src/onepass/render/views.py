@@ -74,6 +74,7 @@ class RenderConfig:
     completion_format: str | None = None  # a name from COMPLETION_FORMATS or a format string
     reasoning: str = "keep"  # or "drop": a turn whose reasoning the template never renders is trained without it
     template_date: str | None = None
+    train_greeting: bool = False  # an assistant message opening the conversation (Conversation.greeting) gets a view
 
     def __post_init__(self) -> None:
         check_template_kwargs(self.template_kwargs)
@@ -173,9 +174,11 @@ def _turn_text(turn: Turn, config: RenderConfig, sources: Sequence[CompletionSou
         return text.flagged(retry.flag)
 
 
-def _trained_turns(conv: Conversation) -> list[int]:
-    """The assistant turns that get a view (not those the record marks not to train)."""
-    return [k for k, m in enumerate(conv.messages) if m.role == "assistant" and m.train]
+def _trained_turns(conv: Conversation, config: RenderConfig) -> list[int]:
+    """The assistant turns that get a view: not those the record marks not to train, nor the greeting that
+    opens the conversation unless ``config.train_greeting`` (it answers no user turn)."""
+    greeting = None if config.train_greeting else conv.greeting
+    return [k for k, m in enumerate(conv.messages) if m.role == "assistant" and m.train and k != greeting]
 
 
 def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig, preskip: Preskip | None = None
@@ -188,7 +191,7 @@ def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig, preski
     eos = getattr(tokenizer, "eos_token", None) or ""
     fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
     memo: dict[Any, Any] = {}  # the conversation's prefixes the template raised for, scanned once (template._blame)
-    for k in _trained_turns(conv):
+    for k in _trained_turns(conv, config):
         if preskip is not None and (over := preskip.skip(k)) is not None:
             yield k, over
             continue
@@ -260,13 +263,17 @@ class Rendered:
     not_trained: int = 0  # assistant turns the record marks not to train (weight 0): no view, context only
     arguments_parsed: int = 0  # tool calls given as a JSON string, parsed for a template that needs a dict
     inline_reasoning: int = 0  # messages whose <think> block stays in the content: the template reads no reasoning field
+    greeting_not_trained: int = 0  # an assistant message opening the conversation, left untrained (no --train-greeting)
 
 
 def _counts(conv: Conversation, tokenizer: Any, config: RenderConfig) -> dict[str, int]:
     """:class:`Rendered`'s counts of what the record says and the template needs, beside the views."""
     fields = template_fields(tokenizer, config.kwargs(), tools=bool(conv.tools))
     strings = sum(c.text is not None for m in conv.messages for c in m.tool_calls)
+    greeting = conv.greeting
     return {"not_trained": sum(m.role == "assistant" and not m.train for m in conv.messages),
+            "greeting_not_trained": int(greeting is not None and conv.messages[greeting].train
+                                        and not config.train_greeting),
             "arguments_parsed": 0 if fields.string_arguments else strings,
             "inline_reasoning": 0 if fields.reads_reasoning else sum(m.text is not None for m in conv.messages)}
 
@@ -287,7 +294,7 @@ def _unmeasured(conv: Conversation, tokenizer: Any, turn: int, text: _Text, max_
 def _preskip(conv: Conversation, tokenizer: Any, config: RenderConfig, max_tokens: int | None) -> Preskip | None:
     """The conversation's :class:`~onepass.render.preskip.Preskip` under ``max_tokens`` (None: no budget, or
     no turn after the first, which it could skip)."""
-    turns = _trained_turns(conv)
+    turns = _trained_turns(conv, config)
     if max_tokens is None or len(turns) < 2:
         return None
     kwargs = config.kwargs()
