@@ -19,6 +19,8 @@ where ``../shared`` is not beside the tree, as in ``tests/faults/old_main.sh``'s
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -102,17 +104,17 @@ def template(with_template):
     return use
 
 
-def _assert_views_are_the_templates_rendering(tok, views, messages, tools):
+def _assert_views_are_the_templates_rendering(tok, views, messages, tools, *, head=1):
     """Each view: prompt = template(messages up to the turn, generation prompt), completion = the rest of the
     template's rendering with the turn, both as the tokenizer encodes them (Qwen3.6 and gpt-oss render a
-    finished conversation's last turn as the model generates it)."""
+    finished conversation's last turn as the model generates it). ``head``: system messages before the turns."""
     def encode(text):
         return tok(text, add_special_tokens=False)["input_ids"]
 
     for view in views:
-        head = view.turn + 1  # the system message
-        prompt = tok.apply_chat_template(messages[:head], tools=tools, tokenize=False, add_generation_prompt=True)
-        full = tok.apply_chat_template(messages[:head + 1], tools=tools, tokenize=False)
+        upto = head + view.turn
+        prompt = tok.apply_chat_template(messages[:upto], tools=tools, tokenize=False, add_generation_prompt=True)
+        full = tok.apply_chat_template(messages[:upto + 1], tools=tools, tokenize=False)
         assert full.startswith(prompt)
         assert view.tokens[:view.num_prompt].tolist() == encode(prompt)
         assert view.tokens[view.num_prompt:].tolist() == encode(full[len(prompt):])
@@ -195,3 +197,129 @@ def test_what_would_train_another_text_than_the_agent_saw_is_refused_naming_the_
         parse_record(record, source="airline.jsonl", index=1, unit="line")
     assert str(e.value).startswith("airline.jsonl line 1, message 4: ") and why in str(e.value), str(e.value)
 
+
+
+# --- item 12: tools that appear mid-conversation -------------------------------------------------------------------
+# BFCL's multi_turn_miss_func (ShishirPatil/gorilla, berkeley-function-call-leaderboard): a function is held out of
+# the tool list until the turn ``missed_function`` names; there its handler extends the list, compiles the tools
+# again and sends "I have updated some more functions you can choose from. What about now?" (base_handler.py,
+# default_prompts.py at commit 6ea5797). Every later step renders the whole conversation with the longer list.
+# A record says so with ``tools`` on the message where the list changes: the full list from that message on.
+
+def _fn(name: str, description: str, *params: str) -> dict:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": {p: {"type": "string"} for p in params}, "required": list(params)}}}
+
+
+LS, CD, SORT = _fn("ls", "List the files of the current directory."), _fn("cd", "Change directory.", "folder"), \
+    _fn("sort", "Sort the lines of a file.", "file_name")
+UPDATED = "I have updated some more functions you can choose from. What about now?"
+
+
+def _call(i: int, name: str, arguments: dict) -> list[dict]:
+    return [{"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": arguments}}]
+
+
+def miss_func_record(topic: str = "report") -> dict:
+    """A miss_func conversation: ``sort`` is missing until message 8, where the user message carries the new list."""
+    return {"id": f"bfcl-multi_turn_miss_func-{topic}", "tools": [LS, CD], "messages": [
+        {"role": "user", "content": f"Go to documents and list the {topic} files."},
+        {"role": "assistant", "content": None, "tool_calls": _call(0, "cd", {"folder": "documents"})},
+        {"role": "tool", "tool_call_id": "call_0", "content": '{"current_working_directory": "documents"}'},
+        {"role": "assistant", "content": None, "tool_calls": _call(1, "ls", {})},
+        {"role": "tool", "tool_call_id": "call_1", "content": f'{{"current_directory_content": ["{topic}.txt"]}}'},
+        {"role": "assistant", "content": f"documents holds {topic}.txt."},
+        {"role": "user", "content": f"Sort {topic}.txt by line."},
+        {"role": "assistant", "content": "None of my functions sorts a file."},
+        {"role": "user", "content": UPDATED, "tools": [LS, CD, SORT]},
+        {"role": "assistant", "content": None, "tool_calls": _call(2, "sort", {"file_name": f"{topic}.txt"})},
+        {"role": "tool", "tool_call_id": "call_2", "content": '{"sorted_content": "a\\nb"}'},
+        {"role": "assistant", "content": f"{topic}.txt is sorted."}]}
+
+
+def _tools_seen(record: dict, k: int) -> list[dict]:
+    """The reference: the list BFCL's handler holds when it asks for message ``k``."""
+    return next((m["tools"] for m in reversed(record["messages"][:k + 1]) if "tools" in m), record["tools"])
+
+
+def _plain(record: dict) -> list[dict]:
+    return [{k: v for k, v in m.items() if k != "tools"} for m in record["messages"]]
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_each_view_is_rendered_with_the_tools_its_turn_saw(template, name):
+    tok = template(name)
+    record = miss_func_record()
+    conv = parse_record(record, source="miss_func.jsonl", index=1, unit="line")
+    rendered = render_conversation(conv, tok)
+    assert not rendered.skipped and [v.turn for v in rendered.views] == [1, 3, 5, 7, 9, 11]
+    for view in rendered.views:
+        tools = _tools_seen(record, view.turn)
+        assert ("sort" in json.dumps(tools)) == (view.turn >= 8)
+        _assert_views_are_the_templates_rendering(tok, [view], _plain(record), tools, head=0)
+
+
+def _reference_terms(tok, records: list[dict]) -> dict:
+    """(context tokens, target) -> weight of every view as the template renders it with its turn's tools, each
+    encoded on its own (prompt, then completion): N-pass, written without onepass's renderer."""
+    def encode(text):
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    terms: dict = {}
+    for record in records:
+        plain = _plain(record)
+        for k, m in enumerate(plain):
+            if m["role"] != "assistant":
+                continue
+            tools = _tools_seen(record, k)
+            prompt = tok.apply_chat_template(plain[:k], tools=tools, tokenize=False, add_generation_prompt=True)
+            full = tok.apply_chat_template(plain[:k + 1], tools=tools, tokenize=False)
+            ids = encode(prompt) + encode(full[len(prompt):])
+            for p in range(len(encode(prompt)), len(ids)):
+                key = (tuple(ids[:p]), ids[p])
+                terms[key] = terms.get(key, 0.0) + 1.0
+    return terms
+
+
+def test_one_pass_rows_sharing_prefixes_train_exactly_the_views_with_their_tools(qwen3_tokenizer):
+    """One tree per conversation, trees of several conversations merged where they share a prefix (the default with
+    packing): a view rendered with other tools has another prefix, so it is a branch of its own, never merged with
+    a view of the old list; the rows' loss terms are those of the template's own N-pass views."""
+    from onepass.layout.share import loss_terms_reference, same_terms
+
+    records = [miss_func_record(topic) for topic in ("report", "notes", "budget")]
+    convs = [parse_record(r, source="miss_func.jsonl", index=i, unit="line") for i, r in enumerate(records)]
+    rows, stats = prepare(convs, qwen3_tokenizer, PrepareConfig(pack=True, max_tokens=32768))
+    assert stats.views_trained == 18 and not stats.skipped and stats.shared["trees_shared"] == 3
+    terms = loss_terms_reference(rows)
+    assert same_terms({(k[0], k[1]): v for k, v in terms.items()}, _reference_terms(qwen3_tokenizer, records))
+
+
+def test_a_sharegpt_turn_carries_its_tools_too_and_the_record_round_trips(qwen3_tokenizer):
+    from onepass.conversation.sources import to_record
+
+    record = miss_func_record()
+    conv = parse_record(record, source="miss_func.jsonl", index=1, unit="line")
+    assert conv.tools_at(7) == tuple(record["tools"]) and conv.tools_at(9) == (LS, CD, SORT)
+    assert parse_record(to_record(conv)) == dataclasses.replace(conv, source="<memory> record 0")
+    sharegpt = {"tools": json.dumps([LS, CD]), "conversations": [
+        {"from": "human", "value": "List the files."}, {"from": "gpt", "value": "Done."},
+        {"from": "human", "value": UPDATED, "tools": json.dumps([LS, CD, SORT])}, {"from": "gpt", "value": "Ok."}]}
+    read = parse_record(sharegpt)
+    assert read.tools_at(1) == (LS, CD) and read.tools_at(3) == (LS, CD, SORT)
+    views = render_conversation(read, qwen3_tokenizer).views
+    assert ["sort" in qwen3_tokenizer.decode(v.tokens) for v in views] == [False, True]
+
+
+@pytest.mark.parametrize(("messages", "why"), [
+    ([{"role": "system", "content": "S", "tools": [LS]}, {"role": "user", "content": "q"},
+      {"role": "assistant", "content": "a"}], "message 0: 'tools' on the system message: give the first tool list"),
+    ([{"role": "user", "content": "q", "tools": {"name": "ls"}}, {"role": "assistant", "content": "a"}],
+     "message 0: a message's 'tools' must be a list of objects"),
+    ([{"role": "user", "content": "q", "tools": "[oops"}, {"role": "assistant", "content": "a"}],
+     "message 0: a message's 'tools' is a string that is not valid JSON"),
+])
+def test_a_tool_list_that_cannot_be_read_is_one_line_naming_the_message(messages, why):
+    with pytest.raises(ConversationError) as e:
+        parse_record({"messages": messages}, source="d.jsonl", index=1, unit="line")
+    assert str(e.value).startswith(f"d.jsonl line 1, {why}"), str(e.value)

@@ -41,9 +41,9 @@ from onepass.errors import ConversationError
 from onepass.conversation.records import unique_keys
 
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
-MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "name", "tool_call_id", "weight", *REASONING_KEYS})
+MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "name", "tool_call_id", "weight", "tools", *REASONING_KEYS})
 """The message fields onepass reads; any other with a value is refused naming it (:func:`unknown_fields`)."""
-SHAREGPT_KEYS = frozenset({"from", "value", "role", "content", "weight", "tool_calls", *REASONING_KEYS})
+SHAREGPT_KEYS = frozenset({"from", "value", "role", "content", "weight", "tool_calls", "tools", *REASONING_KEYS})
 INTERACTION_KEYS = frozenset({"query", "answer", "think"})
 REASONING_ALIASES = ("thought", "thoughts", "think", "thinking_content", "reasoning_text", "chain_of_thought", "cot",
                      "rationale", "analysis", "scratchpad", "reflection", "reasoningContent", "reasoning_trace")
@@ -201,8 +201,8 @@ def unknown_fields(raw: Mapping[str, Any], known: frozenset[str], where: Where, 
     ...
     onepass.errors.ConversationError: d.jsonl record 3, message 1: unknown field 'thought' (did you mean \
 reasoning_content? onepass reads reasoning from reasoning_content, reasoning, thinking); onepass reads \
-content, name, reasoning, reasoning_content, role, thinking, tool_call_id, tool_calls, weight: rename or remove \
-it (a template may render it at inference, so onepass will not drop it)
+content, name, reasoning, reasoning_content, role, thinking, tool_call_id, tool_calls, tools, weight: rename or \
+remove it (a template may render it at inference, so onepass will not drop it)
     """
     unknown = [str(k) for k, v in raw.items() if k not in known and not _empty(v)]
     if not unknown:
@@ -289,10 +289,10 @@ def sharegpt(raw: list[Any], where: Where) -> list[dict[str, Any]]:
             raise where(f"unknown speaker {who!r}; expected one of {', '.join(SHAREGPT_ROLES)}", i)
         value = turn.get("value", turn.get("content"))
         if who == "function_call":
-            out.append(_sharegpt_call(value, where, i))
+            out.append(_sharegpt_call(value, where, i) | ({"tools": turn["tools"]} if "tools" in turn else {}))
             continue
         msg = {"role": SHAREGPT_ROLES[who], "content": value}
-        for key in (*REASONING_KEYS, "weight", "tool_calls"):
+        for key in (*REASONING_KEYS, "weight", "tool_calls", "tools"):
             if key in turn:
                 msg[key] = turn[key]
         out.append(msg)

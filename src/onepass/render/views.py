@@ -189,13 +189,15 @@ def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig, preski
     sources = GIVEN_FORMAT if fmt is not None else TEMPLATE_SOURCES
     kwargs = config.kwargs()
     eos = getattr(tokenizer, "eos_token", None) or ""
-    fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
-    memo: dict[Any, Any] = {}  # the conversation's prefixes the template raised for, scanned once (template._blame)
+    memos: dict[int, dict[Any, Any]] = {}  # per tool list: the prefixes the template raised for, scanned once
     for k in _trained_turns(conv, config):
         if preskip is not None and (over := preskip.skip(k)) is not None:
             yield k, over
             continue
-        turn = Turn(conv=conv, k=k, tokenizer=tokenizer, kwargs=kwargs, fields=fields, eos=eos, fmt=fmt, memo=memo)
+        seen = conv.at_turn(k)  # with the tools turn k saw (a message's own list: Conversation.tools_at)
+        fields = template_fields(tokenizer, kwargs, tools=bool(seen.tools))
+        memo = memos.setdefault(id(seen.tools), {})  # template._blame: one memo per conversation and tool list
+        turn = Turn(conv=seen, k=k, tokenizer=tokenizer, kwargs=kwargs, fields=fields, eos=eos, fmt=fmt, memo=memo)
         try:
             text = _turn_text(turn, config, sources)
         except RenderError as e:
@@ -216,6 +218,7 @@ def render_prompt(conv: Conversation, tokenizer: Any, upto: int,
     prompt, with the fields this template expects (:func:`onepass.render.fields.template_fields`),
     exactly as training renders a view's prompt. Inference-time callers (``onepass eval``) use it."""
     kwargs = dict(template_kwargs or {})
+    conv = conv.at_turn(upto)  # the tools message ``upto`` is written with
     fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
     return render_turn(tokenizer, conv, template_messages(conv, upto, **fields.message_options), generation=True,
                        kwargs=kwargs, turn=upto, blame=True)
@@ -268,7 +271,7 @@ class Rendered:
 
 def _counts(conv: Conversation, tokenizer: Any, config: RenderConfig) -> dict[str, int]:
     """:class:`Rendered`'s counts of what the record says and the template needs, beside the views."""
-    fields = template_fields(tokenizer, config.kwargs(), tools=bool(conv.tools))
+    fields = template_fields(tokenizer, config.kwargs(), tools=bool(conv.tools or conv.tool_changes))
     strings = sum(c.text is not None for m in conv.messages for c in m.tool_calls)
     greeting = conv.greeting
     return {"not_trained": sum(m.role == "assistant" and not m.train for m in conv.messages),
@@ -298,10 +301,11 @@ def _preskip(conv: Conversation, tokenizer: Any, config: RenderConfig, max_token
     if max_tokens is None or len(turns) < 2:
         return None
     kwargs = config.kwargs()
-    fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
 
     def render_prompt(k: int) -> str | None:
-        return prober(tokenizer, conv, kwargs, k)(template_messages(conv, k, **fields.message_options), True)
+        seen = conv.at_turn(k)
+        fields = template_fields(tokenizer, kwargs, tools=bool(seen.tools))
+        return prober(tokenizer, seen, kwargs, k)(template_messages(seen, k, **fields.message_options), True)
 
     return Preskip(conv, tokenizer, max_tokens, last_turn=turns[-1], render_prompt=render_prompt)
 
