@@ -163,3 +163,44 @@ def test_the_layouts_bench_times_for_the_shared_setting_keep_the_loss_terms(qwen
     shared = bench.layout_setting(views, "one-pass-packed-shared", 16384)
     assert same_terms(loss_terms(one), loss_terms(shared))
     assert sum(map(len, shared)) < sum(map(len, one)) and all(len(r) <= 16384 for r in shared)
+
+
+def test_a_tool_held_out_until_a_later_turn_on_real_bfcl_data_keeps_the_loss_terms(qwen3_tokenizer):
+    """BFCL base conversations turned into BFCL's miss_func shape: the first function called after the second user
+    turn is left out of the record's tools and given back there (that message's own ``tools``: the full list). The
+    views before it render the shorter tool block, the later ones the full one; the one-pass rows sharing
+    prefixes across conversations hold exactly the loss terms of the N-pass views (each its own tree)."""
+    if not (AGENT / "bfcl_base.jsonl").exists():
+        pytest.skip(f"{AGENT / 'bfcl_base.jsonl'} is not here")
+    lines = (AGENT / "bfcl_base.jsonl").read_text(encoding="utf-8").splitlines()[::9]
+    records, held = [], []
+    for line in lines:
+        record = json.loads(line)
+        users = [i for i, m in enumerate(record["messages"]) if m["role"] == "user"]
+        if len(users) < 2:
+            continue
+        called = [c["function"]["name"] for m in record["messages"] for c in m.get("tool_calls") or ()]
+        before = {c["function"]["name"] for m in record["messages"][:users[1]] for c in m.get("tool_calls") or ()}
+        name = next((n for n in called if n not in before), None)
+        if name is None:
+            continue
+        record["messages"][users[1]]["tools"] = record["tools"]
+        record["tools"] = [t for t in record["tools"] if t["function"]["name"] != name]
+        records.append(record)
+        held.append(name)
+        if len(records) == 3:
+            break
+    assert len(records) == 3
+    from onepass.conversation.parse import parse_record
+
+    convs = [parse_record(r, source="bfcl_miss_func", index=i) for i, r in enumerate(records)]
+    def names(tools):
+        return {t["function"]["name"] for t in tools}
+
+    for conv, name in zip(convs, held):
+        change = conv.tool_changes[0]
+        assert name not in names(conv.tools_at(change - 1)) and name in names(conv.tools_at(change))
+    shared, stats = prepare(convs, qwen3_tokenizer, PrepareConfig(pack=True, max_tokens=65536))
+    npass, _ = prepare(convs, qwen3_tokenizer, PrepareConfig(schedule="n-pass"))
+    assert stats.shared["trees_shared"] >= 2 and not stats.skipped
+    assert same_terms(loss_terms(shared), loss_terms(npass))

@@ -24,7 +24,7 @@ import onepass.render.views as views_module
 from onepass.conversation.parse import parse_record
 from onepass.prepare.pipeline import PrepareConfig, prepare
 from onepass.render import RenderConfig, render_conversation, render_texts
-from onepass.render.preskip import Preskip, holds
+from onepass.render.preskip import History, Preskip, holds
 from onepass.render.token_floor import parts_floor
 from onepass.render.report import TOOL_CHAIN_RECORDS
 from onepass.layout.tree import COLUMNS
@@ -141,14 +141,23 @@ SETTINGS = [(f"vendored:{c.id}", chat_template(c.template), EOS.get(c.template),
 
 def _provable(conv, tokenizer, config: RenderConfig, rendered) -> int:
     """The floor of the conversation's last view when every check of the pre-skip passes on its views rendered
-    one by one (every turn the template's own split, each holding its messages' contents), else 0."""
+    one by one (every turn the template's own split, each holding its messages' contents), else 0: the floor of
+    its messages, or its history floor where every view's prompt also begins with its history (check 3)."""
     if rendered.skipped or any(v.provenance.flags() for v in rendered.views):
         return 0
-    pre = Preskip(conv, tokenizer, 1, last_turn=0, render_prompt=_off)
     texts = render_texts(conv, tokenizer, config)
-    if not texts or not all(holds(p, pre.prompt_parts(k)) and holds(c, [pre.completion_part(k)]) for k, p, c in texts):
+    if not texts:
         return 0
-    return parts_floor(tokenizer, pre.prompt_parts(texts[-1][0]))
+    last = texts[-1][0]
+    pre = Preskip(conv, tokenizer, 1, last_turn=last, render_prompt=lambda k: texts[-1][1])
+    if not all(holds(p, pre.prompt_parts(k)) and holds(c, [pre.completion_part(k)]) for k, p, c in texts):
+        return 0
+    floor = parts_floor(tokenizer, pre.prompt_parts(last))
+    pre._measure()
+    pre.history = History.read(tokenizer, conv, texts[-1][1], last)
+    if all(pre._holds_history(k, u, p) for k, p, _ in texts if (u := pre.history_user(k)) is not None):
+        floor = max(floor, pre.floors(last)[0])
+    return floor
 
 
 def agent_records(n: int = 2) -> list[dict]:
@@ -168,20 +177,21 @@ def test_the_floor_is_below_every_real_view_that_holds_its_messages(qwen3_tokeni
     and the tool-chain and chat conversations, every rendered view whose prompt and completion hold the messages'
     contents (what the pre-skip checks before it trusts a floor) has at least as many prompt and completion
     tokens as :meth:`Preskip.floors` says; and those floors, summed per message, are :func:`parts_floor` of the
-    parts themselves. (A template here that renders no view of these conversations, only its own skips, checks
+    parts themselves. The history floor (read off the last turn's prompt) is never below them and never above the
+    real count of a prompt that begins with its history (what check 3 verifies before it trusts one). (A template here that renders no view of these conversations, only its own skips, checks
     nothing: qwq_32b, gemma4_31b_interleaved, ... with their default settings.)"""
     before = qwen3_tokenizer.chat_template, qwen3_tokenizer.eos_token
     qwen3_tokenizer.chat_template, qwen3_tokenizer.eos_token = template, eos or qwen3_tokenizer.eos_token
     try:
         config = PrepareConfig(template_date=DATE, **settings).render
-        rendered = checked = floored = 0
+        rendered = checked = floored = histories = 0
         for i, record in enumerate([*agent_records(), long_tool_chain(3), plain_chat(8)]):
             conv = parse_record(record, index=i)
             pre = Preskip(conv, qwen3_tokenizer, 1, last_turn=0, render_prompt=_off)
             pre._measure()
-            for k, text in views_module._iter_texts(conv, qwen3_tokenizer, config):  # every turn, rendered
-                if not hasattr(text, "prompt"):  # the template's own skip (a RenderError)
-                    continue
+            texts = [(k, t) for k, t in views_module._iter_texts(conv, qwen3_tokenizer, config)  # every turn, rendered
+                     if hasattr(t, "prompt")]  # not the template's own skip (a RenderError)
+            for k, text in texts:
                 prompt, completion, floors = text.prompt, text.completion, pre.floors(k)
                 rendered += 1
                 assert floors == (parts_floor(qwen3_tokenizer, pre.prompt_parts(k)),
@@ -193,6 +203,20 @@ def test_the_floor_is_below_every_real_view_that_holds_its_messages(qwen3_tokeni
                 assert floors[0] <= real[0] and floors[1] <= real[1], (conv.at(k), floors, real)
                 checked += 1
                 floored += floors[0] > 1
+            if not texts:
+                continue
+            # The history floor, read off the last turn's prompt: at most the real count of every prompt that begins
+            # with its history and holds the contents after it (check 3), and close to it.
+            last, text = texts[-1]
+            hist = Preskip(conv, qwen3_tokenizer, 1, last_turn=last, render_prompt=_off)
+            hist._measure()
+            hist.history = History.read(qwen3_tokenizer, conv, text.prompt, last)
+            for k, text in texts:
+                if (u := hist.history_user(k)) is None or not hist._holds_history(k, u, text.prompt):
+                    continue
+                real = len(qwen3_tokenizer(text.prompt, add_special_tokens=False)["input_ids"])
+                assert pre.floors(k)[0] <= hist.floors(k)[0] <= real, (conv.at(k), hist.floors(k), real)
+                histories += 1
         assert floored or not rendered  # views were checked, with floors that say something, where any rendered
     finally:
         qwen3_tokenizer.chat_template, qwen3_tokenizer.eos_token = before
@@ -290,3 +314,22 @@ def test_a_view_skipped_unrendered_names_its_floor(qwen3_tokenizer):
     assert re.fullmatch(r"chat\.jsonl record 3, message \d+: view of at least \d+ tokens \(not rendered: the \d+ "
                         r"characters of its messages it must hold\) is longer than max_tokens=100",
                         over_budget(skipped[0], 100))
+
+
+def test_views_with_other_tools_than_the_last_turn_keep_the_rows_of_a_full_render(qwen3_tokenizer, monkeypatch):
+    """A tool added mid-way (a message's own ``tools``: BFCL's miss_func) changes the prompt's system block: the
+    history floor, read off the last turn's prompt (rendered with the longer list), bounds only the views rendered
+    with that list; the others keep the messages' floor. The same rows and counts as rendering every view, on both
+    sides of the change, and views are skipped unrendered."""
+    record = long_tool_chain(6)
+    big = {"type": "function", "function": {"name": "forecast_week", "description": "A week of forecasts. " * 40,
+                                            "parameters": {"type": "object", "properties": {}}}}
+    change = next(i for i, m in enumerate(record["messages"]) if m["role"] == "user" and i > len(record["messages"]) // 2)
+    record["messages"][change]["tools"] = [*record["tools"], big]
+    unrendered = 0
+    for max_tokens in (400, 900, 1500):
+        got, want, skipped = prepare_both([record], qwen3_tokenizer, PrepareConfig(max_tokens=max_tokens,
+                                                                                  template_date=DATE), monkeypatch)
+        assert_same_prepare(got, want)
+        unrendered += skipped
+    assert unrendered > 0

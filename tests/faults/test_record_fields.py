@@ -54,8 +54,8 @@ def test_a_lenient_read_counts_the_record_and_strict_stops(tmp_path, capsys):
     assert report.skipped == [f"{data} line 2, message 1: unknown field 'thought' (did you mean reasoning_content? "
                               "onepass reads reasoning from reasoning_content, reasoning, thinking); onepass reads "
                               "content, name, reasoning, reasoning_content, role, thinking, tool_call_id, tool_calls, "
-                              "weight: rename or remove it (a template may render it at inference, so onepass will "
-                              "not drop it)"]
+                              "tools, weight: rename or remove it (a template may render it at inference, so onepass "
+                              "will not drop it)"]
     assert main(["prepare", "--data", str(data), "--no-progress", "--out", str(tmp_path / "o")]) == 0
     stats = json.loads((tmp_path / "o" / "stats.json").read_text())
     assert stats["skipped_by_reason"] == {"invalid record": 1} and "unknown field 'thought'" in stats["skipped"][0]

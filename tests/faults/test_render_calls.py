@@ -87,8 +87,8 @@ def test_a_budgeted_conversation_hands_the_template_text_linear_in_its_turns(qwe
                                                                              turns=100):
     """With --max-tokens, a view whose messages alone are over it is skipped without rendering it
     (onepass.render.preskip): 4x the turns hand the template at most ~4x the messages and get at most ~4x the
-    text back (now 1,189 -> 1,789 messages, 61k -> 93k characters: the views rendered before the budget is
-    proven cost the same, then one prompt of every message). Before, every view was rendered to learn its
+    text back (now 409 -> 1,009 messages, 21k -> 53k characters: the views rendered before the budget is
+    proven cost the same, then one prompt of every message; 1,189 -> 1,789 before the history floor of issue 44). Before, every view was rendered to learn its
     length, the N-pass text: 16x (20,100 -> 320,400 messages, 1.0 MB -> 16.7 MB of text)."""
     render_conversation(_qa(1), qwen3_tokenizer)  # the template's fields are probed once, outside the count
     small_messages, small_chars, small_over = _handed(monkeypatch, qwen3_tokenizer, turns, 256)
@@ -96,3 +96,41 @@ def test_a_budgeted_conversation_hands_the_template_text_linear_in_its_turns(qwe
     assert small_over > turns // 2 and big_over > 4 * turns - turns // 2  # most views are over the budget
     assert big_messages / small_messages < 4 * 1.5, (small_messages, big_messages)
     assert big_chars / small_chars < 4 * 1.5, (small_chars, big_chars)
+
+
+class _TooManyMessages(Exception):
+    pass
+
+
+def test_short_messages_under_a_row_budget_render_about_the_views_that_fit(qwen3_tokenizer, monkeypatch,
+                                                                           turns=500, max_tokens=512):
+    """Issue 44, item 15: 8,000 short messages with a row budget took 266 s to prepare (2,000: 68 s). The views
+    proven over the budget were not rendered (the test above), but the proof was a floor of the messages'
+    contents alone: on messages of a few characters the template's role headers and added tokens are most of a
+    view, the floor a fraction of it, so every view from the budget to many times it was rendered to be skipped
+    (here 1,000 messages: 33 views fit; b757769 rendered 310 views, to message 619, handing the template 193,509
+    messages in 621 calls). Now the floor of a prompt counts the last turn's prompt up to the last user message
+    exactly (``onepass.render.preskip``, the history floor): the template is handed what the views that fit need,
+    prompt and full text, one view more and one prompt of every message (now 3,345 messages in 69 calls). The
+    counter stops a render that hands the template 50,000 messages (the old code, early)."""
+    messages = []
+    for i in range(turns):
+        messages += [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]
+    conv = parse_record({"messages": messages})
+    render_conversation(parse_record({"messages": messages[:2]}), qwen3_tokenizer)  # the probes, outside the count
+    handed = []
+    real = template_module.apply_template
+
+    def counting(tokenizer, msgs, **kw):
+        handed.append(len(msgs))
+        if sum(handed) > 50_000:
+            raise _TooManyMessages(f"{len(handed)} template calls handed {sum(handed):,} messages")
+        return real(tokenizer, msgs, **kw)
+
+    monkeypatch.setattr(template_module, "apply_template", counting)
+    rendered = render_conversation(conv, qwen3_tokenizer, max_tokens=max_tokens)
+    monkeypatch.undo()
+    kept = [v.turn for v in rendered.views if isinstance(v, View) and len(v) <= max_tokens]
+    assert len(kept) > 20 and len(rendered.views) == turns and not rendered.skipped
+    fit = sum(2 * k + 1 for k in kept)  # each view that fits: its prompt (k messages) and full text (k + 1)
+    assert sum(handed) <= fit + 2 * len(messages), (sum(handed), fit, len(kept))

@@ -33,6 +33,7 @@ expects) is :mod:`onepass.render.messages`. No torch here: this is pure data.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 from collections.abc import Mapping
@@ -64,6 +65,7 @@ from onepass.conversation.schemas import (
     unknown_schema,
 )
 from onepass.conversation.records import iter_records
+from onepass.conversation.tau2 import is_tau2, tau2_messages
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: as system, role kept
 _HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -92,6 +94,8 @@ class Message:
     name: str | None = None
     tool_call_id: str | None = None
     train: bool = True  # False: in the context of later turns, never trained (OpenAI fine-tuning "weight": 0)
+    tools: tuple[dict[str, Any], ...] | None = None  # the tool list from this message on (BFCL miss_func: a tool
+    # added after some turns); None: the one before it (Conversation.tools_at)
     text: str | None = field(default=None, compare=False)  # the content as the record gave it, when its leading
     # <think> block was read as reasoning: what a template that reads no reasoning field renders (inline_reasoning);
     # the same message either way (reasoning and content are equal), so it is not compared
@@ -113,10 +117,38 @@ class Conversation:
     id: str | None = None
     first_message: int = 0  # the record's own number of messages[0]: 1 after a system message in the list
     conversions: tuple[str, ...] = ()  # what was converted to read the record (schemas.CONVERSIONS), counted
+    tool_changes: tuple[int, ...] = ()  # the messages that carry a tool list of their own (Message.tools), in order
 
     def at(self, k: int) -> str:
         """``SOURCE, message N``: message ``k`` numbered as in the record, as parse errors name it."""
         return message_at(self.source, k + self.first_message)
+
+    def tools_at(self, k: int) -> tuple[dict[str, Any], ...]:
+        """The tools message ``k`` was written with (the view of assistant turn ``k`` is rendered with them): the
+        list the last message up to ``k`` carries, else the record's ``tools``.
+
+        >>> c = Conversation(messages=(Message(role="user", content="q"), Message(role="assistant", content="a"),
+        ...     Message(role="user", content="more", tools=({"name": "f"},)), Message(role="assistant", content="b")),
+        ...     tool_changes=(2,))
+        >>> c.tools_at(1), c.tools_at(3)
+        ((), ({'name': 'f'},))
+        """
+        at = bisect.bisect_right(self.tool_changes, k)
+        return self.tools if at == 0 else self.messages[self.tool_changes[at - 1]].tools  # type: ignore[return-value]
+
+    def at_turn(self, k: int) -> Conversation:
+        """This conversation as the template sees it at message ``k``: its ``tools`` are :meth:`tools_at` ``(k)``
+        (itself when no message carries a tool list)."""
+        if not self.tool_changes:
+            return self
+        return dataclasses.replace(self, tools=self.tools_at(k), tool_changes=())
+
+    @property
+    def greeting(self) -> int | None:
+        """The assistant message that opens the conversation (0), or None: it answers no user turn (tau2-bench's
+        agent greets first, ``"Hi! How can I help you today?"``, a text no model wrote), so it is in the
+        context of every later view but trained only when asked (``--train-greeting``; counted either way)."""
+        return 0 if self.messages and self.messages[0].role == "assistant" else None
 
     @property
     def num_assistant_turns(self) -> int:
@@ -189,6 +221,9 @@ def _message(raw: Any, where: Where, i: int) -> Message:
     if role not in ROLES:
         raise where(f"unknown role {role!r}; expected one of {', '.join(ROLES)}", i)
     unknown_fields(raw, MESSAGE_KEYS, where, i)
+    if role != "assistant" and raw.get("tool_calls") not in (None, []):
+        raise where(f"tool_calls on a {role} message: chat templates render an assistant's calls only, so they "
+                    "would be dropped; give them to the assistant message that made them", i)
     calls = _tool_calls(raw.get("tool_calls"), where, i) if role == "assistant" else ()
     content = message_content(raw, role, calls, where, i)
     reasoning = text = None
@@ -205,8 +240,22 @@ def _message(raw: Any, where: Where, i: int) -> Message:
                 where.converted(FIELD_AND_INLINE)
     name = _string(raw, "name", "name", where, i)
     call_id = _string(raw, "tool_call_id", "tool_call_id", where, i)
+    tools = raw.get("tools")
     return Message(role=role, content=content, reasoning=reasoning, tool_calls=calls,
-                   name=name, tool_call_id=call_id, train=trains(raw, role, where, i), text=text)
+                   name=name, tool_call_id=call_id, train=trains(raw, role, where, i), text=text,
+                   tools=None if tools in (None, [], "") else tool_list(tools, "a message's 'tools'", where, i))
+
+
+def tool_list(value: Any, what: str, where: Where, i: int | None = None) -> tuple[dict[str, Any], ...]:
+    """A tool list (the record's ``tools``, or a message's: the list from that message on): a list of objects,
+    or a JSON string of one (ShareGPT datasets write it so); numbers JSON can hold."""
+    if isinstance(value, str):
+        value = loads_json(value, f"{what} is a string that", where, i)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(t, Mapping) for t in value):
+        raise where(f"{what} must be a list of objects", i)
+    if (bad := finite_numbers(value)) is not None:
+        raise where(f"{what} holds {bad}, not a JSON number (a template would print it as NaN or Infinity)", i)
+    return tuple(dict(t) for t in value)
 
 
 def _hermes_calls(m: Message, where: Where, i: int) -> Message:
@@ -233,18 +282,19 @@ def _hermes_calls(m: Message, where: Where, i: int) -> Message:
 
 
 def validate(messages: tuple[Message, ...], where: Where, *, offset: int = 0) -> None:
-    """Role order: starts with a user turn; tool results follow a call; has an assistant turn.
+    """Role order: tool results follow a call; no two answers in a row; has an assistant turn.
 
-    ``offset`` is added to message numbers in errors (1 when a leading system
-    message was taken out), so they match the record's own list.
+    The first message is a user's, or an assistant's that opens the conversation (a greeting:
+    :attr:`Conversation.greeting`; tau2-bench's agent speaks first): valid where the template renders it,
+    a counted skip (the template's own error, naming the message) where it raises. ``offset`` is added to
+    message numbers in errors (1 when a leading system message was taken out), so they match the record's
+    own list.
     """
     if not messages:
         raise where("the conversation is empty")
     for i, m in enumerate(messages):
         if m.role in ("system", "developer"):
             raise where(f"a {m.role} message is only allowed first", i + offset)
-    if messages[0].role != "user":
-        raise where(f"the first message must be from the user, got {messages[0].role!r}", offset)
     for i, m in enumerate(messages):
         prev = messages[i - 1] if i else None
         i += offset
@@ -262,6 +312,9 @@ def _from_messages(raw: list[Any], where: Where) -> tuple[str | None, str, list[
         if m.role == "assistant" and not m.tool_calls and msgs[i + 1].role == "tool":
             msgs[i] = _hermes_calls(m, where, i)
     if msgs and msgs[0].role in ("system", "developer"):
+        if msgs[0].tools is not None:
+            raise where(f"'tools' on the {msgs[0].role} message: give the first tool list as the record's 'tools' "
+                        "(a message's 'tools' is the list from that message on)", 0)
         return msgs[0].content, msgs[0].role, msgs[1:]
     return None, "system", msgs
 
@@ -280,6 +333,8 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
     system, field_role = system_field(record, where)  # a blank field (a parquet column) is none; a message is kept
     if "messages" in record:
         raw = record["messages"]
+        if is_tau2(raw):  # a tau2-bench simulation's messages, as it saved them
+            raw = tau2_messages(raw, where)
     elif "conversations" in record:
         raw = record["conversations"]
         if isinstance(raw, list):
@@ -306,18 +361,13 @@ def parse_record(record: Any, *, source: str = "<memory>", index: int = 0,
     validate(messages, where, offset=offset)
     if messages[-1].role != "assistant":
         where.converted(TRAILING)  # a user's last word (149 of 200 tau-bench records): in no view, counted
-    tools = record.get("tools") or ()
-    if isinstance(tools, str):
-        tools = loads_json(tools, "'tools' is a string that", where)
-    if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
-        raise where("'tools' must be a list of objects")
-    if (bad := finite_numbers(tools)) is not None:
-        raise where(f"'tools' holds {bad}, not a JSON number (a template would print it as NaN or Infinity)")
+    tools = tool_list(record.get("tools") or (), "'tools'", where)
     rid = record.get("id")
     return Conversation(messages=messages, system=system, system_role=system_role,
-                        tools=tuple(dict(t) for t in tools), source=f"{source} {unit} {index}",
+                        tools=tools, source=f"{source} {unit} {index}",
                         id=str(rid) if rid is not None else None, first_message=offset,
-                        conversions=tuple(where.conversions))
+                        conversions=tuple(where.conversions),
+                        tool_changes=tuple(k for k, m in enumerate(messages) if m.tools is not None))
 
 
 @dataclass(kw_only=True, slots=True)

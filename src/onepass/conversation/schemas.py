@@ -41,9 +41,9 @@ from onepass.errors import ConversationError
 from onepass.conversation.records import unique_keys
 
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
-MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "name", "tool_call_id", "weight", *REASONING_KEYS})
+MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "name", "tool_call_id", "weight", "tools", *REASONING_KEYS})
 """The message fields onepass reads; any other with a value is refused naming it (:func:`unknown_fields`)."""
-SHAREGPT_KEYS = frozenset({"from", "value", "role", "content", "weight", "tool_calls", *REASONING_KEYS})
+SHAREGPT_KEYS = frozenset({"from", "value", "role", "content", "weight", "tool_calls", "tools", *REASONING_KEYS})
 INTERACTION_KEYS = frozenset({"query", "answer", "think"})
 REASONING_ALIASES = ("thought", "thoughts", "think", "thinking_content", "reasoning_text", "chain_of_thought", "cot",
                      "rationale", "analysis", "scratchpad", "reflection", "reasoningContent", "reasoning_trace")
@@ -71,11 +71,15 @@ CONTENT_NULL = "content null -> empty string"
 SYSTEM_MESSAGE = "system field given as a message -> its content"
 TRAILING = "messages after the last assistant turn -> in no view (never trained)"
 INLINE_KEPT = "leading <think> block kept in the content (the template reads no reasoning field)"  # at render
+GREETING = "assistant message opening the conversation (a greeting) -> context only, not trained (--train-greeting)"
+# ^ at render: it answers no user turn (tau2-bench's agent greets first)
+TAU2 = "tau2-bench messages -> OpenAI messages (turn_idx, timestamp, cost, usage: bookkeeping, left out)"
+TAU2_USER_TOOLS = "tau2-bench user-side tool calls and results -> left out (the agent never saw them)"
 INPUT_OUTPUT = "input/output pair -> messages"
 NOT_TRAINED = "assistant weight 0 -> not trained"
 FIELD_AND_INLINE = "reasoning field and a leading <think> block -> field, content kept"
 CONVERSIONS = (SHAREGPT_CALL, HERMES_CALL, CONTENT_PARTS, CONTENT_NULL, INPUT_OUTPUT, NOT_TRAINED, FIELD_AND_INLINE,
-               SYSTEM_MESSAGE, TRAILING, INLINE_KEPT)
+               SYSTEM_MESSAGE, TRAILING, INLINE_KEPT, GREETING, TAU2, TAU2_USER_TOOLS)
 
 
 def message_at(source: str, number: int) -> str:
@@ -197,8 +201,8 @@ def unknown_fields(raw: Mapping[str, Any], known: frozenset[str], where: Where, 
     ...
     onepass.errors.ConversationError: d.jsonl record 3, message 1: unknown field 'thought' (did you mean \
 reasoning_content? onepass reads reasoning from reasoning_content, reasoning, thinking); onepass reads \
-content, name, reasoning, reasoning_content, role, thinking, tool_call_id, tool_calls, weight: rename or remove \
-it (a template may render it at inference, so onepass will not drop it)
+content, name, reasoning, reasoning_content, role, thinking, tool_call_id, tool_calls, tools, weight: rename or \
+remove it (a template may render it at inference, so onepass will not drop it)
     """
     unknown = [str(k) for k, v in raw.items() if k not in known and not _empty(v)]
     if not unknown:
@@ -285,10 +289,10 @@ def sharegpt(raw: list[Any], where: Where) -> list[dict[str, Any]]:
             raise where(f"unknown speaker {who!r}; expected one of {', '.join(SHAREGPT_ROLES)}", i)
         value = turn.get("value", turn.get("content"))
         if who == "function_call":
-            out.append(_sharegpt_call(value, where, i))
+            out.append(_sharegpt_call(value, where, i) | ({"tools": turn["tools"]} if "tools" in turn else {}))
             continue
         msg = {"role": SHAREGPT_ROLES[who], "content": value}
-        for key in (*REASONING_KEYS, "weight", "tool_calls"):
+        for key in (*REASONING_KEYS, "weight", "tool_calls", "tools"):
             if key in turn:
                 msg[key] = turn[key]
         out.append(msg)

@@ -357,6 +357,9 @@ def to_record(conv: Conversation, **extra: Any) -> dict[str, Any]:
     if conv.id is not None:
         record["id"] = conv.id
     record["messages"] = template_messages(conv, verbatim_arguments=True, inline_reasoning=True)  # as the record gave them
+    head = len(record["messages"]) - len(conv.messages)  # the system message
+    for k in conv.tool_changes:  # a message's own tool list (never a template's message field)
+        record["messages"][head + k]["tools"] = list(conv.messages[k].tools or ())
     if conv.tools:
         record["tools"] = list(conv.tools)
     record.update(extra)

@@ -109,7 +109,7 @@ def _prompt_char_roles(conv: Conversation, turn: int, prompt: str, cuts: set[int
         return None if at < 0 else (at, at + len(piece))
 
     head = [Message(role="system", content=conv.system)] if conv.system is not None else []
-    head += [Message(role="system", content=json.dumps(t, ensure_ascii=False)) for t in conv.tools]
+    head += [Message(role="system", content=json.dumps(t, ensure_ascii=False)) for t in conv.tools_at(turn)]
     for message in head + list(conv.messages[:turn]):
         pieces, label = [message.content], "prompt-user"  # system, tool definitions, user, tool
         if message.role == "assistant":

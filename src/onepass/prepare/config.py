@@ -83,6 +83,9 @@ class DataConfig:
     template_date: str | datetime.date | None = field(default=None, metadata=_meta(  # a date: YAML's 2030-01-02
         "the date a chat template that reads the clock renders (gpt-oss' \"Current date\"), YYYY-MM-DD "
         "(default: today, recorded in stats.json and the run's config)", metavar="YYYY-MM-DD"))
+    train_greeting: bool = field(default=False, metadata=_meta(
+        "train an assistant message that opens a conversation (tau2-bench's agent greets first: it answers no "
+        "user turn); default: it is context only, counted as greetings_not_trained"))
     schedule_spec: Schedule = field(init=False, repr=False, compare=False)
     """The parsed ``schedule``: what every consumer reads (the string is parsed here, once)."""
     render: RenderConfig = field(init=False, repr=False, compare=False)
@@ -121,9 +124,12 @@ class DataConfig:
                 raise ConfigError(f"template_kwargs: {key!r} is not a name; template_kwargs are extra template "
                                   "variables, e.g. enable_thinking=false")
         object.__setattr__(self, "template_date", resolve_template_date(self.template_date))
+        if not isinstance(self.train_greeting, bool):
+            raise ConfigError(f"train_greeting must be true or false, got {self.train_greeting!r}")
         object.__setattr__(self, "render", RenderConfig(template_kwargs=dict(self.template_kwargs),
                                                         completion_format=self.completion_format,
-                                                        reasoning=self.reasoning, template_date=self.template_date))
+                                                        reasoning=self.reasoning, template_date=self.template_date,
+                                                        train_greeting=self.train_greeting))
 
     @property
     def shares(self) -> bool:
@@ -166,7 +172,7 @@ share_window)
 _FIELDS = {f.name: f for f in dataclasses.fields(DataConfig) if f.init}
 DATA_KEYS: tuple[str, ...] = tuple(_FIELDS)
 """The settings' names: config keys, and (dashes for underscores) flag names."""
-RENDER_KEYS = ("completion_format", "reasoning", "template_kwargs", "template_date")
+RENDER_KEYS = ("completion_format", "reasoning", "template_kwargs", "template_date", "train_greeting")
 """The settings that say how a view is rendered (:attr:`DataConfig.render`): what ``verify``, ``show`` and
 ``templates check`` take besides the schedule."""
 
@@ -219,7 +225,7 @@ def add_data_arguments(parser: Any, *, names: Collection[str] = DATA_KEYS, overr
         shown = "" if default in (None, {}) or f.type in ("bool", bool) or "(default" in meta["help"] \
             else f" (default: {default})"
         kwargs: dict[str, Any] = dict(dest=name, default=None)
-        if name in ("pack", "share_prefix"):
+        if f.type in ("bool", bool):  # pack, share_prefix, train_greeting
             kwargs["action"] = argparse.BooleanOptionalAction
         elif name == "template_kwargs":
             kwargs.update(action="append", type=key_value_arg if overrides else str, metavar=meta["metavar"])

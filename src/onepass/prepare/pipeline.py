@@ -34,7 +34,7 @@ from onepass.errors import DataError, DataNotFound
 from onepass.files import WriteError, atomic_dir, write_failure, write_marker
 from onepass.layout.flops import token_ratio
 from onepass.layout.pack import best_fit_decreasing, pack_layouts
-from onepass.conversation.schemas import INLINE_KEPT
+from onepass.conversation.schemas import GREETING, INLINE_KEPT
 from onepass.render import Rendered, render_conversation
 from onepass.layout.schedule import schedule_views
 from onepass.prepare.shards import RowWriter, TreeSpool
@@ -269,7 +269,8 @@ def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConf
         on_rendered(rendered)
     if strict and rendered.skipped:
         raise rendered.skipped[0]
-    for name in conv.conversions + (INLINE_KEPT,) * bool(rendered.inline_reasoning):
+    for name in conv.conversions + (INLINE_KEPT,) * bool(rendered.inline_reasoning) + (
+            GREETING,) * bool(rendered.greeting_not_trained):
         stats.conversions[name] = stats.conversions.get(name, 0) + 1
     stats.turns_not_trained += rendered.not_trained
     stats.tool_arguments_parsed += rendered.arguments_parsed

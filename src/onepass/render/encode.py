@@ -53,9 +53,7 @@ def _probe(tokenizer: Any) -> re.Pattern[str] | None:
     added = backend.get_added_tokens_decoder()  # id -> tokenizers.AddedToken
     if any(t.lstrip or t.rstrip or t.single_word for t in added.values()):
         return None
-    # Tokens matched on the raw text (normalized=False) split it first; normalized ones are matched
-    # later inside each piece, so the tokenizer handles them when it encodes the piece.
-    raw = {t.content: i for i, t in added.items() if not t.normalized and t.content}
+    raw = _raw_added(added)
     if not raw:
         return None
     # leftmost-longest, as the tokenizer's Aho-Corasick matcher: longer alternatives first
@@ -70,6 +68,19 @@ def _probe(tokenizer: Any) -> re.Pattern[str] | None:
     if _encode_by_pieces(tokenizer, pattern, texts) != whole:
         return None
     return pattern
+
+
+def _raw_added(added: dict[int, Any]) -> dict[str, int]:
+    """The added tokens matched on the raw text (``normalized=False``), content -> id: they split the text first;
+    normalized ones are matched later inside each piece, so the tokenizer handles them when it encodes the piece."""
+    return {t.content: i for i, t in added.items() if not t.normalized and t.content}
+
+
+def added_pieces(tokenizer: Any) -> frozenset[str]:
+    """The texts :func:`piece_splitter` cuts at (each is one token), or nothing where it cuts at none."""
+    if piece_splitter(tokenizer) is None:
+        return frozenset()
+    return frozenset(_raw_added(tokenizer.backend_tokenizer.get_added_tokens_decoder()))
 
 
 def piece_splitter(tokenizer: Any) -> re.Pattern[str] | None:
@@ -87,6 +98,25 @@ def piece_splitter(tokenizer: Any) -> re.Pattern[str] | None:
         cached = (key, _probe(tokenizer))
         _splitters[tokenizer] = cached
     return cached[1]
+
+
+def added_ends(tokenizer: Any, data: bytes) -> list[int]:
+    """The byte offsets in UTF-8 ``data`` where a piece ends, before and after every added token
+    :func:`piece_splitter` cuts at (the tokenizer ends a token there); nothing where it cuts at none."""
+    pattern = piece_splitter(tokenizer)
+    if pattern is None:
+        return []
+    return [at for m in _bytes_pattern(pattern).finditer(data) for at in m.span()]
+
+
+_bytes_patterns: dict[re.Pattern[str], re.Pattern[bytes]] = {}
+
+
+def _bytes_pattern(pattern: re.Pattern[str]) -> re.Pattern[bytes]:
+    """``pattern`` (literal alternatives, :func:`_probe`) over UTF-8 bytes, compiled once."""
+    if pattern not in _bytes_patterns:
+        _bytes_patterns[pattern] = re.compile(pattern.pattern.encode())
+    return _bytes_patterns[pattern]
 
 
 def split_pieces(pattern: re.Pattern[str], text: str) -> list[str]:

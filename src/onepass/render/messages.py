@@ -95,7 +95,10 @@ def template_messages(conv: Conversation, upto: int | None = None, *, arguments_
 
 
 def template_tools(conv: Conversation) -> list[dict[str, Any]] | None:
-    """The ``tools`` argument of ``apply_chat_template``: the record's tools, or None when it gave none."""
+    """The ``tools`` argument of ``apply_chat_template``: the record's tools, or None when it gave none. A
+    conversation whose messages carry tool lists of their own is rendered turn by turn, each with the tools
+    that turn saw (:meth:`~onepass.conversation.parse.Conversation.at_turn`), never whole."""
+    assert not conv.tool_changes, "render Conversation.at_turn(k): its messages carry tool lists of their own"
     return list(conv.tools) if conv.tools else None
 
 

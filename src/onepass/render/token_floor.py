@@ -45,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from onepass.render.encode import added_ends
+
 _GROWING_NORMALIZERS = {"Prepend"}
 _UNICODE_FORMS = {"NFC", "NFD", "NFKC", "NFKD"}
 _KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Metaspace", "Digits", "Punctuation", "Split"}
@@ -212,12 +214,40 @@ def token_cuts(tokenizer: Any, text: str) -> int:
     table = pair_table(tokenizer)
     if table is None or len(text) < 2:
         return 0
-    data = np.frombuffer(text.encode(), dtype=np.uint8).astype(np.int64)
-    cut = table[data[:-1] * 256 + data[1:]]
+    return int(_cut_mask(tokenizer, table, text.encode()).sum())
+
+
+def _cut_mask(tokenizer: Any, table: np.ndarray, data: bytes) -> np.ndarray:
+    """``bool[len(data) - 1]``: True at ``i`` where a token ends after byte ``i`` (a cut: :func:`token_cuts`)."""
+    codes = np.frombuffer(data, dtype=np.uint8).astype(np.int64)
+    cut = table[codes[:-1] * 256 + codes[1:]]
     if longest_token(tokenizer)[1]:  # type: ignore[index]  # a normal form: ASCII pairs with an ASCII third
-        ascii_ = data < 128
+        ascii_ = codes < 128
         cut = cut & ascii_[:-1] & ascii_[1:] & np.append(ascii_[2:], False)
-    return int(cut.sum())
+    return cut
+
+
+def text_floor(tokenizer: Any, text: str) -> int:
+    """At least this many tokens encode ``text`` on its own (no special tokens added), nearly as many as it has:
+    a token ends at every cut (:func:`token_cuts`), on both sides of every added token the tokenizer cuts the
+    text at (``<|im_start|>``: :func:`onepass.render.encode.added_ends`), and at the end. A rendered prompt is
+    mostly role headers between added tokens and short words, where the byte floor says little.
+
+    >>> from onepass.render.tokenizer import load_tokenizer
+    >>> tok = load_tokenizer("builtin:qwen3")
+    >>> text = "<|im_start|>user\\nwhat is 12 plus 13?<|im_end|>\\n"  # 15 tokens
+    >>> token_floor(tok, text), token_cuts(tok, text) + 1, text_floor(tok, text)
+    (1, 13, 15)
+    """
+    table = pair_table(tokenizer)
+    if table is None or len(text) < 2:
+        return token_floor(tokenizer, text)
+    data = text.encode()
+    ends = np.zeros(len(data) + 1, dtype=bool)  # ends[p]: a token ends before byte p
+    ends[1:-1] = _cut_mask(tokenizer, table, data)
+    ends[added_ends(tokenizer, data)] = True
+    ends[0], ends[-1] = False, True
+    return max(int(ends.sum()), token_floor(tokenizer, text))
 
 
 def held_floor(tokenizer: Any, cuts: int, size: int) -> int:

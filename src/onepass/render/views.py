@@ -74,6 +74,7 @@ class RenderConfig:
     completion_format: str | None = None  # a name from COMPLETION_FORMATS or a format string
     reasoning: str = "keep"  # or "drop": a turn whose reasoning the template never renders is trained without it
     template_date: str | None = None
+    train_greeting: bool = False  # an assistant message opening the conversation (Conversation.greeting) gets a view
 
     def __post_init__(self) -> None:
         check_template_kwargs(self.template_kwargs)
@@ -173,9 +174,11 @@ def _turn_text(turn: Turn, config: RenderConfig, sources: Sequence[CompletionSou
         return text.flagged(retry.flag)
 
 
-def _trained_turns(conv: Conversation) -> list[int]:
-    """The assistant turns that get a view (not those the record marks not to train)."""
-    return [k for k, m in enumerate(conv.messages) if m.role == "assistant" and m.train]
+def _trained_turns(conv: Conversation, config: RenderConfig) -> list[int]:
+    """The assistant turns that get a view: not those the record marks not to train, nor the greeting that
+    opens the conversation unless ``config.train_greeting`` (it answers no user turn)."""
+    greeting = None if config.train_greeting else conv.greeting
+    return [k for k, m in enumerate(conv.messages) if m.role == "assistant" and m.train and k != greeting]
 
 
 def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig, preskip: Preskip | None = None
@@ -186,13 +189,15 @@ def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig, preski
     sources = GIVEN_FORMAT if fmt is not None else TEMPLATE_SOURCES
     kwargs = config.kwargs()
     eos = getattr(tokenizer, "eos_token", None) or ""
-    fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
-    memo: dict[Any, Any] = {}  # the conversation's prefixes the template raised for, scanned once (template._blame)
-    for k in _trained_turns(conv):
+    memos: dict[int, dict[Any, Any]] = {}  # per tool list: the prefixes the template raised for, scanned once
+    for k in _trained_turns(conv, config):
         if preskip is not None and (over := preskip.skip(k)) is not None:
             yield k, over
             continue
-        turn = Turn(conv=conv, k=k, tokenizer=tokenizer, kwargs=kwargs, fields=fields, eos=eos, fmt=fmt, memo=memo)
+        seen = conv.at_turn(k)  # with the tools turn k saw (a message's own list: Conversation.tools_at)
+        fields = template_fields(tokenizer, kwargs, tools=bool(seen.tools))
+        memo = memos.setdefault(id(seen.tools), {})  # template._blame: one memo per conversation and tool list
+        turn = Turn(conv=seen, k=k, tokenizer=tokenizer, kwargs=kwargs, fields=fields, eos=eos, fmt=fmt, memo=memo)
         try:
             text = _turn_text(turn, config, sources)
         except RenderError as e:
@@ -213,6 +218,7 @@ def render_prompt(conv: Conversation, tokenizer: Any, upto: int,
     prompt, with the fields this template expects (:func:`onepass.render.fields.template_fields`),
     exactly as training renders a view's prompt. Inference-time callers (``onepass eval``) use it."""
     kwargs = dict(template_kwargs or {})
+    conv = conv.at_turn(upto)  # the tools message ``upto`` is written with
     fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
     return render_turn(tokenizer, conv, template_messages(conv, upto, **fields.message_options), generation=True,
                        kwargs=kwargs, turn=upto, blame=True)
@@ -260,13 +266,17 @@ class Rendered:
     not_trained: int = 0  # assistant turns the record marks not to train (weight 0): no view, context only
     arguments_parsed: int = 0  # tool calls given as a JSON string, parsed for a template that needs a dict
     inline_reasoning: int = 0  # messages whose <think> block stays in the content: the template reads no reasoning field
+    greeting_not_trained: int = 0  # an assistant message opening the conversation, left untrained (no --train-greeting)
 
 
 def _counts(conv: Conversation, tokenizer: Any, config: RenderConfig) -> dict[str, int]:
     """:class:`Rendered`'s counts of what the record says and the template needs, beside the views."""
-    fields = template_fields(tokenizer, config.kwargs(), tools=bool(conv.tools))
+    fields = template_fields(tokenizer, config.kwargs(), tools=bool(conv.tools or conv.tool_changes))
     strings = sum(c.text is not None for m in conv.messages for c in m.tool_calls)
+    greeting = conv.greeting
     return {"not_trained": sum(m.role == "assistant" and not m.train for m in conv.messages),
+            "greeting_not_trained": int(greeting is not None and conv.messages[greeting].train
+                                        and not config.train_greeting),
             "arguments_parsed": 0 if fields.string_arguments else strings,
             "inline_reasoning": 0 if fields.reads_reasoning else sum(m.text is not None for m in conv.messages)}
 
@@ -287,14 +297,15 @@ def _unmeasured(conv: Conversation, tokenizer: Any, turn: int, text: _Text, max_
 def _preskip(conv: Conversation, tokenizer: Any, config: RenderConfig, max_tokens: int | None) -> Preskip | None:
     """The conversation's :class:`~onepass.render.preskip.Preskip` under ``max_tokens`` (None: no budget, or
     no turn after the first, which it could skip)."""
-    turns = _trained_turns(conv)
+    turns = _trained_turns(conv, config)
     if max_tokens is None or len(turns) < 2:
         return None
     kwargs = config.kwargs()
-    fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
 
     def render_prompt(k: int) -> str | None:
-        return prober(tokenizer, conv, kwargs, k)(template_messages(conv, k, **fields.message_options), True)
+        seen = conv.at_turn(k)
+        fields = template_fields(tokenizer, kwargs, tools=bool(seen.tools))
+        return prober(tokenizer, seen, kwargs, k)(template_messages(seen, k, **fields.message_options), True)
 
     return Preskip(conv, tokenizer, max_tokens, last_turn=turns[-1], render_prompt=render_prompt)
 

@@ -26,7 +26,7 @@ The one-pass settings: ``schedule`` (default ``budget``: one tree per
 conversation, split into several trees where it is longer than ``max_length``),
 ``weighting``, ``completion_format``, ``template_kwargs``, ``reasoning``, ``template_date`` (the date a
 chat template that reads the clock renders; None: today, resolved when the config is built and shown in
-``to_dict()``), ``allow_inexact``; ``max_tokens`` is an alias of ``max_length``. They stay flat
+``to_dict()``), ``train_greeting``, ``allow_inexact``; ``max_tokens`` is an alias of ``max_length``. They stay flat
 fields (an ``SFTConfig`` drop-in, read by ``HfArgumentParser``) and are built
 once into a :class:`~onepass.prepare.config.DataConfig` (:attr:`OnePassConfig.data_config`,
 the schedule parsed there), which is all the data preparation reads; their
@@ -226,6 +226,7 @@ class OnePassConfig(TrainingArguments):
     share_prefix: bool = field(default=True, metadata=data_field_help("share_prefix"))  # with packing
     share_window: int | None = field(default=None, metadata=data_field_help("share_window"))
     template_date: str | None = field(default=None, metadata=data_field_help("template_date"))
+    train_greeting: bool = field(default=False, metadata=data_field_help("train_greeting"))
     allow_inexact: bool = field(
         default=False, metadata=_h("train even when the exactness guard finds one-pass != N-pass"))
 
@@ -294,7 +295,8 @@ class OnePassConfig(TrainingArguments):
         return {"schedule": self.schedule, "max_tokens": self.max_length, "weighting": self.weighting,
                 "completion_format": self.completion_format, "reasoning": self.reasoning,
                 "template_kwargs": dict(self.template_kwargs or {}), "template_date": self.template_date,
-                "share_prefix": self.share_prefix, "share_window": self.share_window}
+                "share_prefix": self.share_prefix, "share_window": self.share_window,
+                "train_greeting": self.train_greeting}
 
     @property
     def data_config(self) -> DataConfig:
