@@ -25,10 +25,10 @@ Two exact routes, picked by the head module:
 
 How it plugs into a HF model (:func:`onepass.loss.batch_loss`): the model runs
 its own forward through every wrapper (DDP, autocast, peft) with the head made
-an identity (:func:`head_as_identity`), so the "logits" it returns at the
-target positions are the hidden states; the first call checks the model
-returned them unchanged (else, e.g. Gemma's softcapping, it takes the plain
-path), then this module projects them.
+an identity (:func:`head_as_identity`), so the "logits" it returns (at every
+position: the loss gathers the targets' by index) are the hidden states; the
+first call checks the model returned them unchanged (else, e.g. Gemma's
+softcapping, it takes the plain path), then this module projects them.
 
 The slow reference is :func:`plain_lm_head_loss` (full logits, then
 :func:`weighted_ce`); tests/test_head.py holds them equal in
@@ -46,7 +46,8 @@ ran under autocast, else the weight's) and accumulate in float32 when that is bf
 outputs where the device has such a GEMM (CUDA: ``torch.mm(..., out_dtype=torch.float32)``, probed
 once on first use, :func:`fp32_out_gemm`), the weight gradient summed over chunks in float32
 and rounded once. Elsewhere (CPU) the logits and ``dh`` are the half-precision GEMM's (float32
-sums, half outputs, as a plain ``nn.Linear`` gives them) and ``dW`` the float32 GEMM. float32 and
+sums, half outputs, as a plain ``nn.Linear`` gives them) and ``dW`` the float32 GEMM (on the float32
+softmax gradient). float32 and
 float64 heads run the ops they always ran (bitwise). A half weight under another half autocast
 (fp16 weights, bf16 mixed precision) computes in the autocast dtype, as the model's own head does.
 Measured against float64 (docs/measured.md, tests/test_head.py): the bf16 head's loss and
@@ -148,13 +149,13 @@ def _mm(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
     return (a @ b).to(acc)
 
 
-def _addmm_(sum_: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """``sum_ += a @ b`` with the product summed in ``sum_``'s dtype (half inputs: on tensor cores where the
-    device can, else as the float32 GEMM)."""
-    if a.dtype != sum_.dtype and fp32_out_gemm(a.device.type):
-        torch.addmm(sum_, a, b, out_dtype=sum_.dtype, out=sum_)
+def _addmm_(sum_: torch.Tensor, a: torch.Tensor, b: torch.Tensor, compute: torch.dtype) -> None:
+    """``sum_ += a @ b`` summed in ``sum_``'s dtype: ``a`` (in that dtype) rounded to ``compute`` on tensor cores
+    where the device has a float32-output half GEMM, else the float32 GEMM on ``a`` as it is."""
+    if compute != sum_.dtype and fp32_out_gemm(a.device.type):
+        torch.addmm(sum_, a.to(compute), b, out_dtype=sum_.dtype, out=sum_)
     else:
-        sum_.addmm_(a.to(sum_.dtype), b.to(sum_.dtype))
+        sum_.addmm_(a, b.to(sum_.dtype))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -233,7 +234,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
                 if need_h:
                     grad_h[start:stop] = _mm(g_half_CV, ops.weight_VD, ops.acc).to(hidden_TD.dtype)
                 if need_w:
-                    _addmm_(grad_w, g_half_CV.t(), h_CD.to(ops.compute))
+                    _addmm_(grad_w, g_CV.t(), h_CD.to(ops.compute), ops.compute)
                 del g_half_CV
             else:  # float32 / float64: the ops they always were
                 if need_h:

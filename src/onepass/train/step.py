@@ -176,6 +176,8 @@ class Stepper:
         ``[loss sum, gradient norm, finite, *counts]``."""
         clip = clip_norm(self.config.max_grad_norm)  # None: no clipping (the norm is still measured)
         grad_norm = self.accelerator.clip_grad_norm_(self.params, float("inf") if clip is None else clip)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor (its whole value: a collective, not a wait)
+            grad_norm = grad_norm.full_tensor()
         grad_norm = torch.as_tensor(grad_norm, device=sums.device)
         finite = torch.isfinite(sums[0]) & torch.isfinite(grad_norm)
         numbers = torch.cat([torch.stack([sums[0], grad_norm.double(), finite.double()]), sums[1:]])
