@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _config(out, **overrides):
-    values = dict(tiny="qwen3", data="builtin:mathchat", limit=6, max_steps=4, per_device_train_batch_size=2,
+    values = dict(tiny="qwen3", data="builtin:mathchat", limit=6, max_steps=3, per_device_train_batch_size=2,
                   progress=False, save_model=False, output_dir=str(out), device="cpu", dtype="float64",
                   attention="sdpa", length_buckets=2)
     return load_config(None, values | overrides)
