@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from onepass.head import chunked_lm_head_loss, fp32_out_gemm
+from onepass.head import chunked_lm_head_loss, fp32_out_gemm, fp32_sum_gemm
 
 HERE = Path(__file__).resolve().parent
 
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"dtype": str(dtype).removeprefix("torch."), "head": name, "loss": loss, "dh": dh, "dW": dw})
     meta = {"device": args.device, "torch": torch.__version__, "python": platform.python_version(),
             "cpu": platform.processor(), "fp32_out_gemm": fp32_out_gemm(torch.device(args.device).type),
+            "fp32_sum_gemm": fp32_sum_gemm(torch.device(args.device).type),
             "shape": {"targets": args.targets, "hidden": args.hidden, "vocab": args.vocab, "chunk": args.chunk},
             "seeds": args.seeds, "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None}
     lines = ["| dtype | head | loss | dh | dW |", "|---|---|---|---|---|"]

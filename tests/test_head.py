@@ -280,6 +280,51 @@ def test_a_half_head_on_cuda_sums_in_float32_on_tensor_cores(dtype):
     test_a_half_head_is_as_close_to_float64_as_a_plain_half_head(dtype, device="cuda")
 
 
+@pytest.mark.parametrize("sums_in_place", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_tensor_core_route_multiplies_half_inputs_into_float32(monkeypatch, dtype, sums_in_place):
+    """The CUDA route, run on CPU: torch.mm / torch.addmm with ``out_dtype`` stood in for by what the kernel computes
+    (the half inputs' exact product summed in float32). Every head GEMM (logits, dh, dW) takes ``dtype`` inputs
+    (b757769: dW took the float32 softmax gradient and a float32 copy of h: CUDA cores), and the result is as
+    close to float64 as a plain head. ``sums_in_place=False``: a torch whose addmm refuses a float32 sum
+    (issue pytorch#154086) adds float32 products slice by slice."""
+    real_mm, real_addmm = torch.mm, torch.addmm
+    calls = []
+
+    def tensor_core(a, b, out_dtype):
+        assert a.dtype == b.dtype and a.dtype in head_mod.HALF and out_dtype == torch.float32, (a.dtype, b.dtype)
+        calls.append((a.dtype, tuple(a.shape)))
+        return a.float() @ b.float()  # the half values' products, summed in float32
+
+    def mm(a, b, *, out_dtype=None, **kwargs):
+        return real_mm(a, b, **kwargs) if out_dtype is None else tensor_core(a, b, out_dtype)
+
+    def addmm(sum_, a, b, *, out_dtype=None, out=None, **kwargs):
+        if out_dtype is None:
+            return real_addmm(sum_, a, b, out=out, **kwargs)
+        if not sums_in_place:
+            raise RuntimeError("self and mat2 must have the same dtype, but got Float and BFloat16")
+        return out.copy_(sum_ + tensor_core(a, b, out_dtype))
+
+    monkeypatch.setattr(torch, "mm", mm)
+    monkeypatch.setattr(torch, "addmm", addmm)
+    monkeypatch.setattr(head_mod, "SUM_SLICE", 700)  # V = 2000: three slices
+    head_mod.fp32_out_gemm.cache_clear()
+    head_mod.fp32_sum_gemm.cache_clear()
+    try:
+        assert head_mod.fp32_out_gemm("cpu") and head_mod.fp32_sum_gemm("cpu") == sums_in_place
+        calls.clear()
+        ours, plain = half_head_errors("cpu", dtype, 0)
+    finally:
+        head_mod.fp32_out_gemm.cache_clear()
+        head_mod.fp32_sum_gemm.cache_clear()
+    T, D, V, C = 256, 128, 2000, 64  # half_head_errors' shape and chunk
+    d_w = [(V, C)] if sums_in_place else [(700, C), (700, C), (600, C)]
+    per_chunk_backward = [(C, D), (C, V), *d_w]  # the logits again, dh = g W, dW += g^T h
+    assert calls == [(dtype, s) for s in [(C, D)] * (T // C) + per_chunk_backward * (T // C)], calls
+    assert ours[0] <= 1.5 * plain[0] + 1e-6 and ours[1] <= 1.05 * plain[1] and ours[2] <= 1.05 * plain[2], (ours, plain)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_float32_and_float64_heads_run_the_ops_they_always_ran(monkeypatch, dtype):
     """No cast, no float32-output GEMM: the float32 / float64 head is the op sequence it was (bitwise)."""

@@ -45,7 +45,8 @@ ran under autocast, else the weight's) and accumulate in float32 when that is bf
 ``logits = h W^T``, ``dh = g W`` and ``dW += g^T h`` on tensor cores with float32 sums and float32
 outputs where the device has such a GEMM (CUDA: ``torch.mm(..., out_dtype=torch.float32)``, probed
 once on first use, :func:`fp32_out_gemm`), the weight gradient summed over chunks in float32
-and rounded once. Elsewhere (CPU) the logits and ``dh`` are the half-precision GEMM's (float32
+(in place where ``addmm`` takes a float32 sum, :func:`fp32_sum_gemm`, else slice by slice) and
+rounded once. Elsewhere (CPU) the logits and ``dh`` are the half-precision GEMM's (float32
 sums, half outputs, as a plain ``nn.Linear`` gives them) and ``dW`` the float32 GEMM (on the float32
 softmax gradient). float32 and
 float64 heads run the ops they always ran (bitwise). A half weight under another half autocast
@@ -122,24 +123,49 @@ def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in HALF else dtype
 
 
-@functools.cache
-def fp32_out_gemm(device_type: str) -> bool:
-    """Whether this torch on ``device_type`` multiplies half matrices into float32 outputs
-    (``torch.mm`` / ``torch.addmm`` with ``out_dtype``, the sum into an existing float32 matrix in
-    place). Probed once, on first use, against a float64 product: a GEMM that rounds its output to
-    half precision misses it by ~1e-3, float32 sums by ~1e-7."""
+def _probe_operands(device_type: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two small bf16 matrices on ``device_type`` and their exact product (float64, on the host)."""
     gen = torch.Generator().manual_seed(0)
     a_MK, b_KN = torch.randn(16, 64, generator=gen), torch.randn(64, 24, generator=gen)
     want_MN = a_MK.bfloat16().double() @ b_KN.bfloat16().double()
-    a_MK, b_KN = a_MK.to(device_type, torch.bfloat16), b_KN.to(device_type, torch.bfloat16)
+    return a_MK.to(device_type, torch.bfloat16), b_KN.to(device_type, torch.bfloat16), want_MN
+
+
+def _sums_in_float32(got_MN: torch.Tensor, want_MN: torch.Tensor) -> bool:
+    """A float32 result of a bf16 GEMM that summed in float32: ~1e-7 from the exact product (a half output: ~1e-3)."""
+    return got_MN.dtype == torch.float32 and float((got_MN.double().cpu() - want_MN).abs().max()) < 1e-4
+
+
+@functools.cache
+def fp32_out_gemm(device_type: str) -> bool:
+    """Whether this torch on ``device_type`` multiplies half matrices into a float32 output
+    (``torch.mm(..., out_dtype=torch.float32)``: tensor cores, float32 sums, no half rounding of the result;
+    torch >= 2.8 on CUDA). Probed once, on first use, against a float64 product."""
+    a_MK, b_KN, want_MN = _probe_operands(device_type)
     try:
-        out_MN = torch.mm(a_MK, b_KN, out_dtype=torch.float32)
-        sum_MN = torch.ones(16, 24, device=device_type)
+        return _sums_in_float32(torch.mm(a_MK, b_KN, out_dtype=torch.float32), want_MN)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+@functools.cache
+def fp32_sum_gemm(device_type: str) -> bool:
+    """Whether this torch on ``device_type`` adds a half product into an existing float32 matrix in place
+    (``torch.addmm(sum, a, b, out_dtype=torch.float32, out=sum)`` with a float32 ``sum``). Some releases
+    with :func:`fp32_out_gemm` refuse it ("self and mat2 must have the same dtype"); the weight gradient then
+    adds float32 products a slice at a time (:func:`_addmm_`). Probed once, on first use."""
+    if not fp32_out_gemm(device_type):
+        return False
+    a_MK, b_KN, want_MN = _probe_operands(device_type)
+    sum_MN = torch.ones(a_MK.shape[0], b_KN.shape[1], device=device_type)
+    try:
         torch.addmm(sum_MN, a_MK, b_KN, out_dtype=torch.float32, out=sum_MN)
     except (RuntimeError, TypeError, NotImplementedError):
         return False
-    close = float((out_MN.double().cpu() - want_MN).abs().max()) < 1e-4
-    return out_MN.dtype == torch.float32 and close and float((sum_MN.double().cpu() - 1 - want_MN).abs().max()) < 1e-4
+    return _sums_in_float32(sum_MN - 1, want_MN)
+
+
+SUM_SLICE = 8192  # rows of dW per float32 product where addmm cannot sum in place: a bounded scratch ([8192, D])
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
@@ -151,11 +177,18 @@ def _mm(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
 
 def _addmm_(sum_: torch.Tensor, a: torch.Tensor, b: torch.Tensor, compute: torch.dtype) -> None:
     """``sum_ += a @ b`` summed in ``sum_``'s dtype: ``a`` (in that dtype) rounded to ``compute`` on tensor cores
-    where the device has a float32-output half GEMM, else the float32 GEMM on ``a`` as it is."""
-    if compute != sum_.dtype and fp32_out_gemm(a.device.type):
-        torch.addmm(sum_, a.to(compute), b, out_dtype=sum_.dtype, out=sum_)
-    else:
+    where the device has a float32-output half GEMM (in place, else a float32 product per slice of
+    :data:`SUM_SLICE` rows, added), else the float32 GEMM on ``a`` as it is."""
+    device = a.device.type
+    if compute == sum_.dtype or not fp32_out_gemm(device):
         sum_.addmm_(a, b.to(sum_.dtype))
+        return
+    a = a.to(compute)
+    if fp32_sum_gemm(device):
+        torch.addmm(sum_, a, b, out_dtype=sum_.dtype, out=sum_)
+        return
+    for start in range(0, a.shape[0], SUM_SLICE):
+        sum_[start:start + SUM_SLICE].add_(torch.mm(a[start:start + SUM_SLICE], b, out_dtype=sum_.dtype))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
