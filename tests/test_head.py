@@ -222,3 +222,167 @@ def test_accuracy_and_entropy_sums_are_the_same_on_every_head_path():
         chunked_lm_head_loss(hidden_TD, head, targets_T, weights_T, chunk=chunk, mode=mode, stats=stats)
         for key, value in expected.items():
             assert torch.allclose(stats[key].double(), value, rtol=1e-5), (mode, chunk, key)
+
+
+# ---------------------------------------------------------------------------------------------
+# precision: one dtype rule for every head matmul (head_dtype)
+
+def half_head_errors(device: str, dtype: torch.dtype, seed: int, *, T=256, D=128, V=2000, chunk=64):
+    """Relative errors (loss, dh, dW) against float64 on the same (half-representable) inputs: the chunked
+    head in ``dtype``, and a plain HF head (``nn.Linear`` in ``dtype``, logits upcast, cross entropy)."""
+    gen = torch.Generator().manual_seed(seed)
+    weight_VD = (torch.randn(V, D, generator=gen, dtype=torch.float64) * 3 / D ** 0.5).to(dtype).double()
+    hidden_TD = torch.randn(T, D, generator=gen, dtype=torch.float64).to(dtype).double()
+    targets_T = torch.randint(0, V, (T,), generator=gen)
+    weights_T = torch.rand(T, generator=gen, dtype=torch.float64)
+
+    def run(loss_fn, dt):
+        head = nn.Linear(D, V, bias=False, dtype=dt, device=device)
+        with torch.no_grad():
+            head.weight.copy_(weight_VD)
+        h_TD = hidden_TD.detach().to(device, dt).requires_grad_(True)
+        loss = loss_fn(h_TD, head, targets_T.to(device), weights_T.to(device))
+        loss.backward()
+        return [x.detach().double().cpu() for x in (loss, h_TD.grad, head.weight.grad)]
+
+    def chunked(h, head, t, w):
+        return chunked_lm_head_loss(h, head, t, w, chunk=chunk)
+
+    def hf(h, head, t, w):
+        return (torch.nn.functional.cross_entropy(head(h).float(), t, reduction="none") * w.float()).sum()
+
+    want = run(chunked, torch.float64)
+
+    def rel(got):
+        return [float((g - r).norm() / r.norm()) for g, r in zip(got, want)]
+
+    return rel(run(chunked, dtype)), rel(run(hf, dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_head_is_as_close_to_float64_as_a_plain_half_head(dtype, device="cpu"):
+    """The bf16 / fp16 chunked head against float64, beside a plain HF head in the same dtype (measured,
+    docs/measured.md: bf16 CPU loss ~1e-5, gradients ~4e-3, the plain head's to 1%; the gradients' error is
+    their own rounding to the weight's dtype)."""
+    for seed in range(3):
+        ours, plain = half_head_errors(device, dtype, seed)
+        assert ours[0] <= 1.5 * plain[0] + 1e-6, (seed, ours, plain)  # loss
+        assert ours[1] <= 1.05 * plain[1] and ours[2] <= 1.05 * plain[2], (seed, ours, plain)  # dh, dW
+        assert ours[0] < 1e-4 and max(ours[1:]) < 1e-2, (seed, ours)
+
+
+@pytest.mark.requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_head_on_cuda_sums_in_float32_on_tensor_cores(dtype):
+    """On CUDA the head's half GEMMs sum and write in float32 (torch.mm's out_dtype), and stay as close to
+    float64 as a plain HF head in the same dtype (gpu-check runs this: the figure for docs/measured.md)."""
+    assert head_mod.fp32_out_gemm("cuda"), "this torch has no float32-output half GEMM on CUDA"
+    test_a_half_head_is_as_close_to_float64_as_a_plain_half_head(dtype, device="cuda")
+
+
+@pytest.mark.parametrize("sums_in_place", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_tensor_core_route_multiplies_half_inputs_into_float32(monkeypatch, dtype, sums_in_place):
+    """The CUDA route, run on CPU: torch.mm / torch.addmm with ``out_dtype`` stood in for by what the kernel computes
+    (the half inputs' exact product summed in float32). Every head GEMM (logits, dh, dW) takes ``dtype`` inputs
+    (b757769: dW took the float32 softmax gradient and a float32 copy of h: CUDA cores), and the result is as
+    close to float64 as a plain head. ``sums_in_place=False``: a torch whose addmm refuses a float32 sum
+    (issue pytorch#154086) adds float32 products slice by slice."""
+    real_mm, real_addmm = torch.mm, torch.addmm
+    calls = []
+
+    def tensor_core(a, b, out_dtype):
+        assert a.dtype == b.dtype and a.dtype in head_mod.HALF and out_dtype == torch.float32, (a.dtype, b.dtype)
+        calls.append((a.dtype, tuple(a.shape)))
+        return a.float() @ b.float()  # the half values' products, summed in float32
+
+    def mm(a, b, *, out_dtype=None, **kwargs):
+        return real_mm(a, b, **kwargs) if out_dtype is None else tensor_core(a, b, out_dtype)
+
+    def addmm(sum_, a, b, *, out_dtype=None, out=None, **kwargs):
+        if out_dtype is None:
+            return real_addmm(sum_, a, b, out=out, **kwargs)
+        if not sums_in_place:
+            raise RuntimeError("self and mat2 must have the same dtype, but got Float and BFloat16")
+        return out.copy_(sum_ + tensor_core(a, b, out_dtype))
+
+    monkeypatch.setattr(torch, "mm", mm)
+    monkeypatch.setattr(torch, "addmm", addmm)
+    monkeypatch.setattr(head_mod, "SUM_SLICE", 700)  # V = 2000: three slices
+    head_mod.fp32_out_gemm.cache_clear()
+    head_mod.fp32_sum_gemm.cache_clear()
+    try:
+        assert head_mod.fp32_out_gemm("cpu") and head_mod.fp32_sum_gemm("cpu") == sums_in_place
+        calls.clear()
+        ours, plain = half_head_errors("cpu", dtype, 0)
+    finally:
+        head_mod.fp32_out_gemm.cache_clear()
+        head_mod.fp32_sum_gemm.cache_clear()
+    T, D, V, C = 256, 128, 2000, 64  # half_head_errors' shape and chunk
+    d_w = [(V, C)] if sums_in_place else [(700, C), (700, C), (600, C)]
+    per_chunk_backward = [(C, D), (C, V), *d_w]  # the logits again, dh = g W, dW += g^T h
+    assert calls == [(dtype, s) for s in [(C, D)] * (T // C) + per_chunk_backward * (T // C)], calls
+    assert ours[0] <= 1.5 * plain[0] + 1e-6 and ours[1] <= 1.05 * plain[1] and ours[2] <= 1.05 * plain[2], (ours, plain)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_float32_and_float64_heads_run_the_ops_they_always_ran(monkeypatch, dtype):
+    """No cast, no float32-output GEMM: the float32 / float64 head is the op sequence it was (bitwise)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a half-precision route was taken")
+
+    monkeypatch.setattr(head_mod, "_mm", refuse)
+    monkeypatch.setattr(head_mod, "_addmm_", refuse)
+    head, hidden_TD, targets_T, weights_T = linear_case(9, bias=True)
+    head, hidden_TD = head.to(dtype), hidden_TD.detach().to(dtype).requires_grad_(True)
+    chunked_lm_head_loss(hidden_TD, head, targets_T, weights_T.to(dtype), chunk=4).backward()
+    assert hidden_TD.grad is not None and head.weight.grad.dtype == dtype
+
+
+def test_the_head_dtype_rule():
+    """The model's own head under autocast multiplies in the autocast dtype (float64 excepted), else in its own."""
+    bf16, fp16 = torch.bfloat16, torch.float16
+    assert head_mod.head_dtype(fp16, bf16) == bf16  # fp16 weights under bf16 mixed precision (issue 45)
+    assert head_mod.head_dtype(torch.float32, bf16) == bf16 and head_mod.head_dtype(torch.float64, bf16) == torch.float64
+    assert head_mod.head_dtype(bf16, None) == bf16 and head_mod.head_dtype(torch.float32, None) == torch.float32
+    assert head_mod.accumulate_dtype(bf16) == head_mod.accumulate_dtype(fp16) == torch.float32
+    assert head_mod.fp32_out_gemm("cpu") is False  # torch has no such CPU kernel: the float32 GEMM sums dW
+
+
+def autocast_forward(model, dtype):
+    """The model as accelerate runs it under mixed precision: its forward under autocast, the loss outside."""
+    forward = torch.autocast("cpu", dtype=dtype)(model.forward)
+
+    class Autocast:
+        config, get_output_embeddings = model.config, model.get_output_embeddings
+        dtype = model.dtype
+
+        def __call__(self, **kwargs):
+            return forward(**kwargs)
+
+    return Autocast()
+
+
+@pytest.mark.parametrize("mode", ["chunked", "plain"])
+def test_fp16_weights_under_bf16_autocast_train(one_thread, mode):
+    """Issue 45: fp16 weights under bf16 mixed precision crashed in the LM head (``expected m1 and m2 to have the
+    same dtype``: the model hands its head float32 states, the head's weight is fp16). Now the head multiplies in
+    bf16, as the model's own head does under that autocast: the loss equals the model's own logits' loss."""
+    from onepass.layout.tree import row_from_columns
+    from onepass.loss import layouts_to_batch
+
+    model = tiny_model("qwen3", VOCAB, dtype=torch.float16, attn_implementation="sdpa")
+    ids = [(7 * i + 3) % VOCAB for i in range(16)]
+    batch = layouts_to_batch([row_from_columns({"input_ids": ids, "position_ids": list(range(16)),
+                                                "kv_end": [16] * 16, "targets": ids[1:] + [IGNORE],
+                                                "weights": [0.0] * 4 + [1.0] * 11 + [0.0]})])
+    view = autocast_forward(model, torch.bfloat16)
+    loss = batch_loss(view, batch, lm_head=mode)
+    loss.backward()
+    assert torch.isfinite(loss) and model.get_output_embeddings().weight.grad is not None
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(input_ids=batch["input_ids"]).logits[0].float()  # one causal row: the plain forward
+    keep = batch["targets"][0] != IGNORE
+    want = (torch.nn.functional.cross_entropy(logits[keep], batch["targets"][0, keep], reduction="none")
+            * batch["weights"][0, keep].float()).sum()
+    assert float((loss.detach() - want).abs()) <= 1e-3 * float(want), (float(loss), float(want))

@@ -25,10 +25,10 @@ Two exact routes, picked by the head module:
 
 How it plugs into a HF model (:func:`onepass.loss.batch_loss`): the model runs
 its own forward through every wrapper (DDP, autocast, peft) with the head made
-an identity (:func:`head_as_identity`), so the "logits" it returns at the
-target positions are the hidden states; the first call checks the model
-returned them unchanged (else, e.g. Gemma's softcapping, it takes the plain
-path), then this module projects them.
+an identity (:func:`head_as_identity`), so the "logits" it returns (at every
+position: the loss gathers the targets' by index) are the hidden states; the
+first call checks the model returned them unchanged (else, e.g. Gemma's
+softcapping, it takes the plain path), then this module projects them.
 
 The slow reference is :func:`plain_lm_head_loss` (full logits, then
 :func:`weighted_ce`); tests/test_head.py holds them equal in
@@ -39,14 +39,31 @@ cut-cross-entropy importable, a plain Linear head goes through its
 ``linear_cross_entropy``. It is opt-in because it is not exact (bf16 logits,
 gradient filtering) and it is untested here (no GPU in CI).
 
+Precision, one rule for every head matmul (:func:`head_dtype`): the matmuls take their inputs in
+the dtype the model's own head would have computed in (the autocast dtype when the model's forward
+ran under autocast, else the weight's) and accumulate in float32 when that is bf16 or fp16:
+``logits = h W^T``, ``dh = g W`` and ``dW += g^T h`` on tensor cores with float32 sums and float32
+outputs where the device has such a GEMM (CUDA: ``torch.mm(..., out_dtype=torch.float32)``, probed
+once on first use, :func:`fp32_out_gemm`), the weight gradient summed over chunks in float32
+(in place where ``addmm`` takes a float32 sum, :func:`fp32_sum_gemm`, else slice by slice) and
+rounded once. Elsewhere (CPU) the logits and ``dh`` are the half-precision GEMM's (float32
+sums, half outputs, as a plain ``nn.Linear`` gives them) and ``dW`` the float32 GEMM (on the float32
+softmax gradient). float32 and
+float64 heads run the ops they always ran (bitwise). A half weight under another half autocast
+(fp16 weights, bf16 mixed precision) computes in the autocast dtype, as the model's own head does.
+Measured against float64 (docs/measured.md, tests/test_head.py): the bf16 head's loss and
+gradients are at least as close as a plain bf16 ``nn.Linear`` + cross entropy.
+
 Legend: T targets, D hidden, V vocabulary, C chunk.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -81,9 +98,122 @@ def head_chunk(chunk: int | None = None) -> int:
     return chunk
 
 
-def _float_logits(hidden_CD: torch.Tensor, weight_VD: torch.Tensor, bias_V: torch.Tensor | None) -> torch.Tensor:
-    logits_CV = F.linear(hidden_CD, weight_VD, bias_V)
-    return logits_CV.float() if logits_CV.dtype in (torch.float16, torch.bfloat16) else logits_CV
+HALF = (torch.float16, torch.bfloat16)
+
+
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast computes matmuls in on ``device_type`` here, or None when autocast is off."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
+def head_dtype(weight_dtype: torch.dtype, autocast: torch.dtype | None) -> torch.dtype:
+    """The dtype of the head matmuls' inputs: what the model's own ``nn.Linear`` head would multiply in.
+
+    Under autocast (``autocast``: its dtype, as the model's forward saw it) a float32 or half weight
+    is multiplied in the autocast dtype (fp16 weights under bf16 mixed precision: bf16); float64 is
+    never cast (autocast leaves it); without autocast, the weight's dtype.
+    """
+    if autocast is not None and weight_dtype != torch.float64:
+        return autocast
+    return weight_dtype
+
+
+def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Where the head sums: float32 for half inputs, else the inputs' own dtype."""
+    return torch.float32 if dtype in HALF else dtype
+
+
+def _probe_operands(device_type: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two small bf16 matrices on ``device_type`` and their exact product (float64, on the host)."""
+    gen = torch.Generator().manual_seed(0)
+    a_MK, b_KN = torch.randn(16, 64, generator=gen), torch.randn(64, 24, generator=gen)
+    want_MN = a_MK.bfloat16().double() @ b_KN.bfloat16().double()
+    return a_MK.to(device_type, torch.bfloat16), b_KN.to(device_type, torch.bfloat16), want_MN
+
+
+def _sums_in_float32(got_MN: torch.Tensor, want_MN: torch.Tensor) -> bool:
+    """A float32 result of a bf16 GEMM that summed in float32: ~1e-7 from the exact product (a half output: ~1e-3)."""
+    return got_MN.dtype == torch.float32 and float((got_MN.double().cpu() - want_MN).abs().max()) < 1e-4
+
+
+@functools.cache
+def fp32_out_gemm(device_type: str) -> bool:
+    """Whether this torch on ``device_type`` multiplies half matrices into a float32 output
+    (``torch.mm(..., out_dtype=torch.float32)``: tensor cores, float32 sums, no half rounding of the result;
+    torch >= 2.8 on CUDA). Probed once, on first use, against a float64 product."""
+    a_MK, b_KN, want_MN = _probe_operands(device_type)
+    try:
+        return _sums_in_float32(torch.mm(a_MK, b_KN, out_dtype=torch.float32), want_MN)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+@functools.cache
+def fp32_sum_gemm(device_type: str) -> bool:
+    """Whether this torch on ``device_type`` adds a half product into an existing float32 matrix in place
+    (``torch.addmm(sum, a, b, out_dtype=torch.float32, out=sum)`` with a float32 ``sum``). Some releases
+    with :func:`fp32_out_gemm` refuse it ("self and mat2 must have the same dtype"); the weight gradient then
+    adds float32 products a slice at a time (:func:`_addmm_`). Probed once, on first use."""
+    if not fp32_out_gemm(device_type):
+        return False
+    a_MK, b_KN, want_MN = _probe_operands(device_type)
+    sum_MN = torch.ones(a_MK.shape[0], b_KN.shape[1], device=device_type)
+    try:
+        torch.addmm(sum_MN, a_MK, b_KN, out_dtype=torch.float32, out=sum_MN)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    return _sums_in_float32(sum_MN - 1, want_MN)
+
+
+SUM_SLICE = 8192  # rows of dW per float32 product where addmm cannot sum in place: a bounded scratch ([8192, D])
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """``a @ b`` summed in ``acc`` and returned in ``acc`` (half inputs: float32 out where the device can)."""
+    if a.dtype != acc and fp32_out_gemm(a.device.type):
+        return torch.mm(a, b, out_dtype=acc)
+    return (a @ b).to(acc)
+
+
+def _addmm_(sum_: torch.Tensor, a: torch.Tensor, b: torch.Tensor, compute: torch.dtype) -> None:
+    """``sum_ += a @ b`` summed in ``sum_``'s dtype: ``a`` (in that dtype) rounded to ``compute`` on tensor cores
+    where the device has a float32-output half GEMM (in place, else a float32 product per slice of
+    :data:`SUM_SLICE` rows, added), else the float32 GEMM on ``a`` as it is."""
+    device = a.device.type
+    if compute == sum_.dtype or not fp32_out_gemm(device):
+        sum_.addmm_(a, b.to(sum_.dtype))
+        return
+    a = a.to(compute)
+    if fp32_sum_gemm(device):
+        torch.addmm(sum_, a, b, out_dtype=sum_.dtype, out=sum_)
+        return
+    for start in range(0, a.shape[0], SUM_SLICE):
+        sum_[start:start + SUM_SLICE].add_(torch.mm(a[start:start + SUM_SLICE], b, out_dtype=sum_.dtype))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Operands:
+    """The head's matmul operands in the one dtype (:func:`head_dtype`), cast once per call."""
+
+    weight_VD: torch.Tensor  # in the compute dtype
+    bias_V: torch.Tensor | None  # in the accumulate dtype
+    compute: torch.dtype
+    acc: torch.dtype
+
+    @classmethod
+    def of(cls, weight_VD: torch.Tensor, bias_V: torch.Tensor | None,
+           autocast: torch.dtype | None) -> _Operands:
+        compute = head_dtype(weight_VD.dtype, autocast)
+        acc = accumulate_dtype(compute)
+        return cls(weight_VD=weight_VD.to(compute), bias_V=None if bias_V is None else bias_V.to(acc),
+                   compute=compute, acc=acc)
+
+    def logits(self, hidden_CD: torch.Tensor) -> torch.Tensor:
+        """``h W^T + b`` in the accumulate dtype."""
+        if self.compute not in HALF:  # float32 / float64: the op it always was
+            return F.linear(hidden_CD.to(self.compute), self.weight_VD, self.bias_V)
+        logits_CV = _mm(hidden_CD.to(self.compute), self.weight_VD.t(), self.acc)
+        return logits_CV if self.bias_V is None else logits_CV.add_(self.bias_V)
 
 
 class _ChunkedLinearCE(torch.autograd.Function):
@@ -92,10 +222,11 @@ class _ChunkedLinearCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, hidden_TD: torch.Tensor, weight_VD: torch.Tensor, bias_V: torch.Tensor | None,
                 targets_T: torch.Tensor, weights_T: torch.Tensor, chunk: int,
-                stats: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+                stats: dict[str, torch.Tensor] | None = None, autocast: torch.dtype | None = None) -> torch.Tensor:
+        ops = _Operands.of(weight_VD, bias_V, autocast)
         lse_parts, total = [], None
         for start in range(0, hidden_TD.shape[0], chunk):
-            logits_CV = _float_logits(hidden_TD[start:start + chunk], weight_VD, bias_V)
+            logits_CV = ops.logits(hidden_TD[start:start + chunk])
             lse_C = torch.logsumexp(logits_CV, dim=-1)
             if stats is not None:
                 add_logit_stats(stats, logits_CV, targets_T[start:start + chunk], weights_T[start:start + chunk],
@@ -106,18 +237,19 @@ class _ChunkedLinearCE(torch.autograd.Function):
             lse_parts.append(lse_C)
             del logits_CV  # before the next chunk's: one [C, V] at a time, however many chunks
         if total is None:  # no targets: a zero that still depends on the weight's dtype
-            total = hidden_TD.new_zeros((), dtype=torch.promote_types(hidden_TD.dtype, torch.float32))
+            total = hidden_TD.new_zeros((), dtype=torch.promote_types(ops.acc, torch.float32))
             lse_T = hidden_TD.new_zeros(0, dtype=total.dtype)
         else:
             lse_T = torch.cat(lse_parts)
         ctx.save_for_backward(hidden_TD, weight_VD, bias_V, targets_T, weights_T, lse_T)
-        ctx.chunk = chunk
+        ctx.chunk, ctx.autocast = chunk, autocast
         return total
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         hidden_TD, weight_VD, bias_V, targets_T, weights_T, lse_T = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        ops = _Operands.of(weight_VD, bias_V, ctx.autocast)
         grad_h = torch.empty_like(hidden_TD) if need_h else None
         grad_w = torch.zeros_like(weight_VD, dtype=lse_T.dtype) if need_w else None  # float32 sum over chunks
         grad_b = torch.zeros_like(bias_V, dtype=lse_T.dtype) if need_b else None
@@ -126,19 +258,27 @@ class _ChunkedLinearCE(torch.autograd.Function):
             h_CD = hidden_TD[start:stop]
             # softmax in place in the logits' buffer, and that buffer freed before the next chunk's:
             # one [C, V] alive at a time (else a row with more chunks, e.g. a one-pass row, peaks higher)
-            g_CV = _float_logits(h_CD, weight_VD, bias_V).sub_(lse_T[start:stop, None]).exp_()
+            g_CV = ops.logits(h_CD).sub_(lse_T[start:stop, None]).exp_()
             g_CV.scatter_add_(1, targets_T[start:stop, None],
                               torch.full_like(lse_T[start:stop, None], -1.0))
             g_CV.mul_((weights_T[start:stop].to(g_CV.dtype) * grad_out)[:, None])
-            if need_h:
-                grad_h[start:stop] = (g_CV.to(weight_VD.dtype) @ weight_VD).to(hidden_TD.dtype)  # as autograd would
-            if need_w:
-                grad_w.addmm_(g_CV.t(), h_CD.to(g_CV.dtype))
+            if ops.compute in HALF:  # tensor cores: half inputs, float32 sums (and outputs where the device can)
+                g_half_CV = g_CV.to(ops.compute)
+                if need_h:
+                    grad_h[start:stop] = _mm(g_half_CV, ops.weight_VD, ops.acc).to(hidden_TD.dtype)
+                if need_w:
+                    _addmm_(grad_w, g_CV.t(), h_CD.to(ops.compute), ops.compute)
+                del g_half_CV
+            else:  # float32 / float64: the ops they always were
+                if need_h:
+                    grad_h[start:stop] = (g_CV.to(weight_VD.dtype) @ weight_VD).to(hidden_TD.dtype)  # as autograd
+                if need_w:
+                    grad_w.addmm_(g_CV.t(), h_CD.to(g_CV.dtype))
             if need_b:
                 grad_b.add_(g_CV.sum(0))
             del g_CV
         return (grad_h, None if grad_w is None else grad_w.to(weight_VD.dtype),
-                None if grad_b is None else grad_b.to(bias_V.dtype), None, None, None, None)
+                None if grad_b is None else grad_b.to(bias_V.dtype), None, None, None, None, None)
 
 
 def weighted_ce(logits_TV: torch.Tensor, targets_T: torch.Tensor, weights_T: torch.Tensor) -> torch.Tensor:
@@ -168,11 +308,16 @@ def add_logit_stats(stats: dict[str, torch.Tensor], logits_CV: torch.Tensor, tar
             stats[key] = stats[key] + value if key in stats else value
 
 
+def _as_model_head(autocast: torch.dtype | None, device_type: str) -> contextlib.AbstractContextManager[Any]:
+    """A module head called here runs under the autocast its model's forward ran under (its own dtype rule)."""
+    return torch.autocast(device_type, dtype=autocast) if autocast is not None else contextlib.nullcontext()
+
+
 def head_stats(stats: dict[str, torch.Tensor], hidden_TD: torch.Tensor, head: nn.Module, targets_T: torch.Tensor,
-               weights_T: torch.Tensor, chunk: int) -> None:
+               weights_T: torch.Tensor, chunk: int, *, autocast: torch.dtype | None = None) -> None:
     """:func:`add_logit_stats` for a head whose logits the loss does not hand back (one more
     projection, chunk by chunk, without gradient)."""
-    with torch.no_grad():
+    with torch.no_grad(), _as_model_head(autocast, hidden_TD.device.type):
         for start in range(0, hidden_TD.shape[0], chunk):
             add_logit_stats(stats, head(hidden_TD[start:start + chunk].detach()), targets_T[start:start + chunk],
                             weights_T[start:start + chunk])
@@ -190,39 +335,50 @@ def _cce_loss(head: nn.Linear, hidden_TD: torch.Tensor, targets_T: torch.Tensor,
     return (ce_T.float() * weights_T.float()).sum()
 
 
+def _linear_ce(hidden_TD: torch.Tensor, head: nn.Linear, targets_T: torch.Tensor, weights_T: torch.Tensor,
+               chunk: int, stats: dict[str, torch.Tensor] | None, autocast: torch.dtype | None) -> torch.Tensor:
+    """:class:`_ChunkedLinearCE` on the head's device, outside autocast: its dtype rule is :func:`head_dtype`'s."""
+    device = head.weight.device  # a device_map model may keep the head on another GPU
+    with torch.autocast(device.type, enabled=False):
+        return _ChunkedLinearCE.apply(hidden_TD.to(device), head.weight, head.bias, targets_T.to(device),
+                                      weights_T.to(device), chunk, stats, autocast)
+
+
 def chunked_lm_head_loss(hidden_TD: torch.Tensor, head: nn.Module, targets_T: torch.Tensor,
                          weights_T: torch.Tensor, *, chunk: int | None = None, mode: str | None = None,
-                         stats: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+                         stats: dict[str, torch.Tensor] | None = None,
+                         autocast: torch.dtype | None = None) -> torch.Tensor:
     """``sum_t weights_T[t] * cross_entropy(head(hidden_TD[t]), targets_T[t])`` without [T, V] logits.
 
     ``head`` is the model's output embedding module (``model.get_output_embeddings()``).
     Equal to :func:`plain_lm_head_loss` (float64: to rounding) for any chunk >= 1.
     ``stats``: a dict that :func:`add_logit_stats` adds the accuracy and entropy sums to.
+    ``autocast``: the dtype the model's forward ran under autocast in (:func:`head_as_identity` sees it),
+    else the autocast in effect here, if any: the head multiplies as the model's own would (:func:`head_dtype`).
     """
     mode, chunk = head_mode(mode), head_chunk(chunk)
     targets_T = targets_T.long()
+    autocast = autocast or autocast_dtype(hidden_TD.device.type)
     if mode == "plain":
-        return plain_lm_head_loss(hidden_TD, head, targets_T, weights_T, stats=stats)
+        with _as_model_head(autocast, hidden_TD.device.type):
+            return plain_lm_head_loss(hidden_TD, head, targets_T, weights_T, stats=stats)
     if type(head) is nn.Linear and not (mode == "cce" and hidden_TD.is_cuda):
-        device = head.weight.device  # a device_map model may keep the head on another GPU
-        return _ChunkedLinearCE.apply(hidden_TD.to(device), head.weight, head.bias, targets_T.to(device),
-                                      weights_T.to(device), chunk, stats)
+        return _linear_ce(hidden_TD, head, targets_T, weights_T, chunk, stats, autocast)
     if stats is not None:
-        head_stats(stats, hidden_TD, head, targets_T, weights_T, chunk)
+        head_stats(stats, hidden_TD, head, targets_T, weights_T, chunk, autocast=autocast)
     if type(head) is nn.Linear:  # pragma: no cover - needs CUDA
         try:
             return _cce_loss(head, hidden_TD, targets_T, weights_T)
         except ImportError:
-            device = head.weight.device
-            return _ChunkedLinearCE.apply(hidden_TD.to(device), head.weight, head.bias, targets_T.to(device),
-                                          weights_T.to(device), chunk, None)
+            return _linear_ce(hidden_TD, head, targets_T, weights_T, chunk, None, autocast)
     total = None
-    for start in range(0, hidden_TD.shape[0], chunk):
-        part = checkpoint(_module_chunk_loss, head, hidden_TD[start:start + chunk], targets_T[start:start + chunk],
-                          weights_T[start:start + chunk], use_reentrant=False)
-        total = part if total is None else total + part
-    if total is None:
-        return plain_lm_head_loss(hidden_TD, head, targets_T, weights_T)
+    with _as_model_head(autocast, hidden_TD.device.type):  # checkpoint's recompute keeps it
+        for start in range(0, hidden_TD.shape[0], chunk):
+            part = checkpoint(_module_chunk_loss, head, hidden_TD[start:start + chunk],
+                              targets_T[start:start + chunk], weights_T[start:start + chunk], use_reentrant=False)
+            total = part if total is None else total + part
+        if total is None:
+            return plain_lm_head_loss(hidden_TD, head, targets_T, weights_T)
     return total
 
 
@@ -264,22 +420,32 @@ class _UsesParams(torch.autograd.Function):
         return (grad, *([None] * ctx.num_params))
 
 
+@dataclass(kw_only=True, slots=True)
+class HeadCalls:
+    """What the model's forward gave its (identity) head: each tensor, and the autocast dtype it ran under
+    (None: no autocast), which the head's own matmul would have used (:func:`head_dtype`)."""
+
+    hidden: list[torch.Tensor] = field(default_factory=list)
+    autocast: torch.dtype | None = None
+
+
 @contextlib.contextmanager
-def head_as_identity(head: nn.Module) -> Iterator[list[torch.Tensor]]:
+def head_as_identity(head: nn.Module) -> Iterator[HeadCalls]:
     """Inside, ``head(x)`` returns ``x``: the model's forward then hands back the hidden states it would project.
 
-    Yields a list that receives each tensor the head was given, so the caller can
-    check the model returned it unchanged. Restores any instance-level forward
-    (accelerate's device hooks) on exit.
+    Yields a :class:`HeadCalls` that receives each tensor the head was given, so the caller can
+    check the model returned it unchanged, and the autocast in effect there. Restores any
+    instance-level forward (accelerate's device hooks) on exit.
     """
-    seen: list[torch.Tensor] = []
+    seen = HeadCalls()
     had_own = "forward" in vars(head)
     own = vars(head).get("forward")
 
     trainable = [p for p in head.parameters() if p.requires_grad]
 
     def identity(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        seen.append(hidden)
+        seen.hidden.append(hidden)
+        seen.autocast = autocast_dtype(hidden.device.type)
         return _UsesParams.apply(hidden, *trainable) if trainable and torch.is_grad_enabled() else hidden
 
     head.forward = identity
@@ -318,26 +484,28 @@ def _module_chunk_logprobs(head: nn.Module, hidden_CD: torch.Tensor, targets_C: 
 
 
 def chunked_token_logprobs(hidden_TD: torch.Tensor, head: nn.Module, targets_T: torch.Tensor, *,
-                           chunk: int | None = None, entropy: bool = False
+                           chunk: int | None = None, entropy: bool = False, autocast: torch.dtype | None = None
                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-target log-prob ``log softmax(head(hidden))[target]`` (and entropy), ``chunk`` targets at a time.
 
     Each chunk runs under non-reentrant checkpointing: forward keeps [C] values, backward
     recomputes the chunk's [C, V] logits, so [T, V] never exists. The RL losses take these
     per token (:mod:`onepass.rl`); the slow reference is :func:`logprobs_from_logits` on the
-    full logits. Any module head works (a LoRA'd Linear runs its own forward).
+    full logits. Any module head works (a LoRA'd Linear runs its own forward); ``autocast``: as
+    :func:`chunked_lm_head_loss`'s.
     """
     chunk = head_chunk(chunk)
     device = next(head.parameters()).device  # a device_map model may keep the head on another GPU
     hidden_TD, targets_T = hidden_TD.to(device), targets_T.to(device)
     picked, entropies = [], []
-    for start in range(0, hidden_TD.shape[0], chunk):
-        args = (head, hidden_TD[start:start + chunk], targets_T[start:start + chunk], entropy)
-        out = checkpoint(_module_chunk_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled() \
-            else _module_chunk_logprobs(*args)
-        picked.append(out[0])
-        if entropy:
-            entropies.append(out[1])
+    with _as_model_head(autocast or autocast_dtype(device.type), device.type):
+        for start in range(0, hidden_TD.shape[0], chunk):
+            args = (head, hidden_TD[start:start + chunk], targets_T[start:start + chunk], entropy)
+            out = checkpoint(_module_chunk_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled() \
+                else _module_chunk_logprobs(*args)
+            picked.append(out[0])
+            if entropy:
+                entropies.append(out[1])
     if not picked:
         empty = hidden_TD.new_zeros(0, dtype=torch.promote_types(hidden_TD.dtype, torch.float32))
         return empty, (empty if entropy else None)

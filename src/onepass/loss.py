@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from onepass.attention.backends import attention_mask_for, forward_kwargs
+from onepass.batch import HOST, HostRows, host_rows, to_device
 from onepass.model.couplings import check_row_mask
 from onepass.head import (
     add_logit_stats,
@@ -40,9 +41,11 @@ from onepass.layout.view import View
 
 
 def layouts_to_batch(layouts: Sequence[Layout], *, device: torch.device | str = "cpu",
-                     length: int | None = None) -> dict[str, torch.Tensor]:
+                     length: int | None = None) -> dict[str, Any]:
     """Stack rows into [B, L] tensors; shorter rows are padded with self-only, untrained positions
-    (to ``length`` when given, at least the longest row)."""
+    (to ``length`` when given, at least the longest row). The numpy rows stay beside them as
+    ``batch[HOST]`` (:class:`onepass.batch.HostRows`): masks, chains and target positions are planned
+    from those, never read back from the device; the tensors are copied without waiting (:func:`to_device`)."""
     length = max([len(x) for x in layouts] + [length or 0])
     batch: dict[str, list[np.ndarray]] = {k: [] for k in ROW_SCHEMA}
     for x in layouts:
@@ -52,8 +55,12 @@ def layouts_to_batch(layouts: Sequence[Layout], *, device: torch.device | str = 
         batch["kv_end"].append(np.concatenate([x.kv_end, np.arange(len(x), length) + 1]))
         batch["targets"].append(np.pad(x.targets, (0, pad), constant_values=IGNORE))
         batch["weights"].append(np.pad(x.weights, (0, pad)))
-    return {k: torch.as_tensor(np.stack(v).astype(ROW_SCHEMA[k], copy=False), device=device)
-            for k, v in batch.items()}
+    stacked = {k: np.stack(v).astype(ROW_SCHEMA[k], copy=False) for k, v in batch.items()}
+    out: dict[str, Any] = {k: to_device(v, device) for k, v in stacked.items()}
+    out[HOST] = HostRows.of(kv_end_BL=stacked["kv_end"], position_ids_BL=stacked["position_ids"],
+                            targets_BL=stacked["targets"], weights_BL=stacked["weights"],
+                            row_tokens_B=np.array([len(x) for x in layouts], dtype=np.int64))
+    return out
 
 
 class ForwardView:
@@ -84,12 +91,12 @@ def batch_loss(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | 
     same whole rows and gets the loss sum of its shard's targets (the sums add up to the rows').
     """
     mode = head_mode(lm_head)
-    out, head, targets_T, weights_T = forward_at_targets(model, batch, lm_head=mode, shard=shard)
+    out, head, targets_T, weights_T, autocast = forward_at_targets(model, batch, lm_head=mode, shard=shard)
     if head is None:
         if stats is not None:
             add_logit_stats(stats, out, targets_T.long(), weights_T)
         return weighted_ce(out, targets_T, weights_T)
-    return chunked_lm_head_loss(out, head, targets_T, weights_T, mode=mode, stats=stats)
+    return chunked_lm_head_loss(out, head, targets_T, weights_T, mode=mode, stats=stats, autocast=autocast)
 
 
 def row_losses(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | None = None,
@@ -100,8 +107,8 @@ def row_losses(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | 
     processes pad their last batch with rows counted already: the pairs (row loss, row weight) are
     gathered and the duplicates dropped by the row)."""
     mode = head_mode(lm_head)
-    out, head, targets_T, weights_T = forward_at_targets(model, batch, lm_head=mode)
-    ends = torch.cumsum((batch["targets"] != IGNORE).sum(dim=1), 0).tolist()  # targets are kept row-major
+    out, head, targets_T, weights_T, autocast = forward_at_targets(model, batch, lm_head=mode)
+    ends = host_rows(batch).row_ends.tolist()  # targets are kept row-major
     parts = []
     for start, end in zip([0, *ends[:-1]], ends):
         if head is None:
@@ -110,7 +117,7 @@ def row_losses(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | 
             parts.append(weighted_ce(out[start:end], targets_T[start:end], weights_T[start:end]))
         else:
             parts.append(chunked_lm_head_loss(out[start:end], head, targets_T[start:end], weights_T[start:end],
-                                              mode=mode, stats=stats))
+                                              mode=mode, stats=stats, autocast=autocast))
     return torch.stack(parts) if parts else out.new_zeros(0)
 
 
@@ -120,7 +127,7 @@ def batch_dft_loss(model: Any, batch: Mapping[str, torch.Tensor], *,
     cross entropy times its own probability, detached. Exact on a tree: views that share a target share
     its context, so its probability, and their weights add as their N-pass terms would. Logits are formed
     at the targets only (the plain head)."""
-    logits_TV, _, targets_T, weights_T = forward_at_targets(model, batch, lm_head="plain")
+    logits_TV, _, targets_T, weights_T, _ = forward_at_targets(model, batch, lm_head="plain")
     if stats is not None:
         add_logit_stats(stats, logits_TV, targets_T.long(), weights_T)
     return dft_sum(logits_TV, targets_T, weights_T)
@@ -134,9 +141,18 @@ def dft_sum(logits_TV: torch.Tensor, targets_T: torch.Tensor, weights_T: torch.T
     return (-logp_T * logp_T.exp().detach() * weights_T.to(logp_T.dtype)).sum()
 
 
-def forward_at_targets(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | None = None,
-                       shard: SequenceShard | None = None
-                       ) -> tuple[torch.Tensor, nn.Module | None, torch.Tensor, torch.Tensor]:
+class AtTargets(NamedTuple):
+    """:func:`forward_at_targets`' result: the model's output at the targets, with what the head needs."""
+
+    out: torch.Tensor  # [T, D] hidden states with the head still to apply, or [T, V] logits (head None)
+    head: nn.Module | None
+    targets_T: torch.Tensor
+    weights_T: torch.Tensor
+    autocast: torch.dtype | None  # the autocast dtype the model's forward ran under, for the head's dtype rule
+
+
+def forward_at_targets(model: Any, batch: Mapping[str, Any], *, lm_head: str | None = None,
+                       shard: SequenceShard | None = None) -> AtTargets:
     """The model's output at the target positions (row-major), their targets and weights.
 
     Returns ``(hidden_TD, head, ...)`` with the LM head still to apply, or ``(logits_TV, None, ...)``
@@ -145,24 +161,32 @@ def forward_at_targets(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head
     caller projects in chunks (:mod:`onepass.head`); a model that changes what its head
     returns (softcapping, scaling) is detected and takes the plain path. With a ``shard``, the
     targets are those of this rank's positions (:func:`_forward_kept`).
+
+    Nothing here waits for the device (after a model's first call, which checks its head once):
+    the mask, the chains and the target positions come from the batch's host rows
+    (:mod:`onepass.batch`); the identity head returns every position and the targets' are gathered
+    by index. The one exception is the plain head on several rows, which hands the model a
+    per-row boolean mask (its own ``logits_to_keep`` indexing reads it).
     """
     mode = head_mode(lm_head)
     head = None if mode == "plain" else head_of(model)
     if head is not None and not getattr(head, _PLAIN_MARK, False):
         with head_as_identity(head) as seen:
-            out_TD, targets_T, weights_T = _forward_kept(model, batch, shard)
-        if getattr(head, _CHECKED_MARK, False) and len(seen) == 1:  # checked once per model: no sync per step
-            hidden_TD = out_TD if out_TD.dtype == seen[0].dtype else seen[0].reshape(out_TD.shape)
+            out_TD, targets_T, weights_T = _forward_kept(model, batch, shard, every_position=True)
+        given = seen.hidden
+        if getattr(head, _CHECKED_MARK, False) and len(given) == 1:  # checked once per model: no sync per step
+            hidden_TD = out_TD if out_TD.dtype == given[0].dtype else given[0].reshape(out_TD.shape)
         else:
-            hidden_TD = _returned_unchanged(out_TD, seen)
+            hidden_TD = _returned_unchanged(out_TD, given)
         if hidden_TD is not None:
             setattr(head, _CHECKED_MARK, True)
-            return hidden_TD, head, targets_T, weights_T
+            return AtTargets(hidden_TD.index_select(0, targets_T.index), head, targets_T.values, weights_T,
+                             seen.autocast)
         setattr(head, _PLAIN_MARK, True)
         warnings.warn(f"onepass: {type(model).__name__} changes what its LM head returns; "
                       "using the plain LM head (full logits at the targets)", stacklevel=3)
     logits_TV, targets_T, weights_T = _forward_kept(model, batch, shard)
-    return logits_TV, None, targets_T, weights_T
+    return AtTargets(logits_TV, None, targets_T.values, weights_T, None)
 
 
 _PLAIN_MARK, _CHECKED_MARK = "_onepass_head_plain", "_onepass_head_checked"
@@ -184,11 +208,18 @@ def _returned_unchanged(out_TD: torch.Tensor, seen: Sequence[torch.Tensor]) -> t
     return given if upcast and torch.equal(given.float(), out_TD) else None
 
 
-def _forward_kept(model: Any, batch: Mapping[str, torch.Tensor], shard: SequenceShard | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The model's output at the target positions ([T, V] logits, or [T, D] with an identity head),
-    the targets and their weights.
+class _Targets(NamedTuple):
+    values: torch.Tensor  # [T] the target ids
+    index: torch.Tensor  # [T] their flat positions in the rows this rank's forward returned ([B * L] based)
 
+
+def _forward_kept(model: Any, batch: Mapping[str, Any], shard: SequenceShard | None = None, *,
+                  every_position: bool = False) -> tuple[torch.Tensor, _Targets, torch.Tensor]:
+    """The model's output ([T, V] logits, or with ``every_position`` the [B * L, D] output of an identity
+    head, the caller gathering the targets' by ``index``), the targets and their weights.
+
+    The target positions are the host rows' (:class:`onepass.batch.HostRows`), sent to the device without
+    waiting; the targets and weights are gathered there by index (no boolean index, no ``nonzero``).
     With a ``shard`` (sequence parallelism) the rows are padded to a multiple of the degree; the
     mask, the chains, ``kv_end`` and the position ids stay those of the whole rows (global: nothing
     is re-based), the model holds this rank's positions (:meth:`SequenceShard.local`) and returns
@@ -196,28 +227,36 @@ def _forward_kept(model: Any, batch: Mapping[str, torch.Tensor], shard: Sequence
     needs its neighbour's tokens.
     """
     extra: dict[str, Any] = {}
+    host = host_rows(batch)
     if shard is not None:
         batch = pad_batch(batch, shard.degree)
+        host = host.padded(shard.degree)
         extra[SP_KWARG] = shard
-    mask = attention_mask_for(model, batch["kv_end"], position_ids_BL=batch["position_ids"])
-    extra.update(tree_kwargs(model, batch["kv_end"]))  # recurrent layers scan the tree chain by chain
+    mask = attention_mask_for(model, batch["kv_end"], position_ids_BL=batch["position_ids"],
+                              host_kv_end=host.kv_end_BL, host_position_ids=host.position_ids_BL)
+    extra.update(tree_kwargs(model, host.kv_end_BL))  # recurrent layers scan the tree chain by chain
     held = {k: batch[k] if shard is None else shard.local(batch[k])
             for k in ("input_ids", "position_ids", "targets", "weights")}
-    targets_BL = held["targets"]
-    keep_BL = targets_BL != IGNORE
-    if targets_BL.shape[0] == 1:
-        keep = keep_BL[0].nonzero().squeeze(1)  # 1-D indices: supported by every transformers 5.x
+    mine = host if shard is None else host.local(shard.degree, shard.rank)
+    index_T = to_device(mine.keep_T, held["targets"].device)
+    targets_T = held["targets"].reshape(-1).index_select(0, index_T)
+    weights_T = held["weights"].reshape(-1).index_select(0, index_T)
+    B = mine.shape[0]
+    if every_position:
+        keep: Any = 0  # every position: the identity head's output is the hidden states, gathered by index after
+    elif B == 1:
+        keep = index_T  # 1-D positions: supported by every transformers 5.x
     else:
-        check_row_mask(model, targets_BL.shape[0])  # a release without row masks: one line, not a traceback
-        keep = keep_BL  # 2-D bool: logits come back flattened to [T, V]
+        check_row_mask(model, B)  # a release without row masks: one line, not a traceback
+        keep = held["targets"] != IGNORE  # 2-D bool: logits come back flattened to [T, V] (the model indexes)
     out = model(input_ids=held["input_ids"], position_ids=held["position_ids"],
                 attention_mask=mask, logits_to_keep=keep, use_cache=False, **forward_kwargs(model), **extra)
-    return out.logits.reshape(-1, out.logits.shape[-1]), targets_BL[keep_BL], held["weights"][keep_BL]
+    return out.logits.reshape(-1, out.logits.shape[-1]), _Targets(targets_T, index_T), weights_T
 
 
-def pad_batch(batch: Mapping[str, torch.Tensor], multiple: int) -> dict[str, torch.Tensor]:
+def pad_batch(batch: Mapping[str, Any], multiple: int) -> dict[str, Any]:
     """``batch`` with its rows padded to a multiple of ``multiple`` positions, as :func:`layouts_to_batch`
-    pads (a pad sees only itself, trains nothing)."""
+    pads (a pad sees only itself, trains nothing); its host rows too."""
     B, L = batch["kv_end"].shape
     pad = -L % multiple
     if not pad:
@@ -225,9 +264,12 @@ def pad_batch(batch: Mapping[str, torch.Tensor], multiple: int) -> dict[str, tor
     kv_end = batch["kv_end"]
     tail = torch.arange(L + 1, L + pad + 1, dtype=kv_end.dtype, device=kv_end.device).expand(B, pad)
     fill = {"targets": IGNORE}
-    return {k: (torch.cat([v, tail], 1) if k == "kv_end" else
-                torch.nn.functional.pad(v, (0, pad), value=fill.get(k, 0)) if k in ROW_SCHEMA else v)
-            for k, v in batch.items()}
+    padded = {k: (torch.cat([v, tail], 1) if k == "kv_end" else
+                  torch.nn.functional.pad(v, (0, pad), value=fill.get(k, 0)) if k in ROW_SCHEMA else v)
+              for k, v in batch.items()}
+    if HOST in batch:
+        padded[HOST] = host_rows(batch).padded(multiple)
+    return padded
 
 
 def layout_loss(model: Any, layout: Layout) -> torch.Tensor:

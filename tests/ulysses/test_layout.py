@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 
@@ -57,6 +58,7 @@ def test_a_row_is_padded_to_equal_contiguous_shards():
 
 def test_rows_are_padded_as_layouts_to_batch_pads_them():
     """pad_batch (a collated batch to a multiple of the degree) == layouts_to_batch at that length."""
+    from onepass.batch import HOST, HostRows
     from onepass.loss import pad_batch
     from onepass.layout.tree import row_from_columns
 
@@ -66,7 +68,10 @@ def test_rows_are_padded_as_layouts_to_batch_pads_them():
                               "weights": [1.0, 0.0]})]
     padded = pad_batch(layouts_to_batch(rows), 4)
     want = layouts_to_batch(rows, length=4)
+    host, want_host = padded.pop(HOST), want.pop(HOST)  # the rows on the host are padded alike
     assert padded.keys() == want.keys() and all(torch.equal(padded[k], want[k]) for k in want)
+    assert all(np.array_equal(getattr(host, f), getattr(want_host, f)) for f in HostRows.__dataclass_fields__)
+    want[HOST] = want_host
     assert padded["kv_end"].tolist() == [[3, 3, 3, 4], [2, 2, 3, 4]]
     assert pad_batch(want, 2)["kv_end"] is want["kv_end"]  # already a multiple: unchanged
 

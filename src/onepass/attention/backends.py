@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from onepass.attention.cpu import BACKEND as ONEPASS_CPU
@@ -164,27 +165,34 @@ def forward_kwargs(model: Any) -> dict[str, Any]:
 
 
 def attention_mask_for(model: Any, kv_end_BL: torch.Tensor, *, position_ids_BL: torch.Tensor | None = None,
-                       dtype: torch.dtype | None = None, block_size: int = 128) -> Any:
+                       dtype: torch.dtype | None = None, block_size: int = 128, host_kv_end: np.ndarray | None = None,
+                       host_position_ids: np.ndarray | None = None) -> Any:
     """The mask object ``model`` takes for rows ``kv_end_BL`` (on the model's device).
 
     A dict ``{layer type: mask}`` for a model with windowed layer types, else one mask.
     ``position_ids_BL`` (the rows' ``position_ids``) are needed when a layer is windowed.
+    ``host_kv_end`` / ``host_position_ids``: the same rows as numpy (a batch's
+    :class:`onepass.batch.HostRows`): the plans (flex tiles, CPU segments) are made from them, so
+    nothing is read back from the device; without them the plans read the tensors (a wait on CUDA).
     """
     backend = model_backend(model)
     if backend.startswith("flash_attention"):
         check_backend(backend, kv_end_BL.device)
     built: dict[int | None, Any] = {}
+    plan_kv_end = kv_end_BL if host_kv_end is None else host_kv_end
+    plan_positions = position_ids_BL if host_kv_end is None or host_position_ids is None else host_position_ids
 
     def build(window: int | None) -> Any:
         if backend == ONEPASS_CPU:
-            return cpu_attention_mask(kv_end_BL, position_ids=position_ids_BL, window=window)
+            return cpu_attention_mask(plan_kv_end, position_ids=plan_positions, window=window)
         if backend == VARLEN:  # documents, not a tree: N-pass rows only
             if window is not None:
                 raise BackendError(f"{VARLEN} does not implement sliding windows (window {window})")
             return varlen_attention_mask(kv_end_BL)
         if backend == "flex_attention":  # built from the block plan: no L x L evaluation
-            return block_mask(kv_end_BL, block_size=block_size, device=kv_end_BL.device,
-                              position_ids=position_ids_BL, window=window)
+            return block_mask(plan_kv_end, block_size=block_size, device=kv_end_BL.device,
+                              position_ids=plan_positions, window=window, kv_end_BL=kv_end_BL,
+                              position_ids_BL=position_ids_BL)
         mask_B1LL = dense_mask(kv_end_BL, position_ids=position_ids_BL, window=window)[:, None]
         return mask_B1LL if backend == "sdpa" else additive_mask(mask_B1LL, dtype or model.dtype)
 

@@ -41,6 +41,7 @@ def cpu_attention_mask(kv_end_BL: Any, *, chunk: int = 128, position_ids: Any = 
     An int64 ``[B, 1, 1, L]`` copy of ``kv_end`` with its segment plan attached
     (cut for a sliding ``window`` over ``position_ids`` when given).
     """
+    given = kv_end_BL  # numpy (a batch's host rows) is planned as it is: no tensor read back
     kv_end_BL = torch.as_tensor(kv_end_BL)
     if kv_end_BL.ndim == 1:
         kv_end_BL = kv_end_BL[None]
@@ -48,7 +49,7 @@ def cpu_attention_mask(kv_end_BL: Any, *, chunk: int = 128, position_ids: Any = 
         raise ValueError(f"kv_end_BL must be [B, L], got shape {tuple(kv_end_BL.shape)}")
     B, L = kv_end_BL.shape
     mask_B11L = kv_end_BL.to(torch.long).reshape(B, 1, 1, L).clone()
-    setattr(mask_B11L, _PLAN_ATTR, segment_plan(kv_end_BL, chunk=chunk, position_ids=position_ids, window=window))
+    setattr(mask_B11L, _PLAN_ATTR, segment_plan(given, chunk=chunk, position_ids=position_ids, window=window))
     return mask_B11L
 
 

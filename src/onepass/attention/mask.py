@@ -75,6 +75,7 @@ import torch
 
 from onepass.attention.blocks import FULL, PARTIAL, BlockPlan, as_kv_end_BL, block_plan, ordered_blocks
 from onepass.attention.window import as_positions_BL, check_window
+from onepass.batch import to_device
 
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
@@ -240,35 +241,42 @@ def tree_block_mask(kv_end: ArrayLike, *, block_size: int = 128, device: torch.d
 
 
 def block_mask_from_plan(plan: BlockPlan, kv_end: Any, *, device: torch.device | str | None = None,
-                         position_ids: Any = None) -> BlockMask:
+                         position_ids: Any = None, kv_end_BL: torch.Tensor | None = None,
+                         position_ids_BL: torch.Tensor | None = None) -> BlockMask:
     """FlexAttention ``BlockMask`` (shared by all heads) from ``plan``, on ``device``.
 
     ``kv_end`` (and, for a windowed plan, ``position_ids``) are the plan's own;
     they back the ``mask_mod`` that the kernel evaluates on partial tiles.
-    ``device`` defaults to ``kv_end``'s device for a tensor, else CPU.
+    ``device`` defaults to ``kv_end``'s device for a tensor, else CPU. ``kv_end_BL`` /
+    ``position_ids_BL``: the same rows already on ``device`` (a batch's tensors), used for the
+    ``mask_mod`` as they are; with numpy ``kv_end`` nothing is then read back from the device, and
+    the tiles go there without waiting (:func:`onepass.batch.to_device`).
     """
     from torch.nn.attention.flex_attention import BlockMask
 
     if device is None:
-        device = kv_end.device if isinstance(kv_end, torch.Tensor) else "cpu"
-    checked_BL = as_kv_end_BL(kv_end)
-    if isinstance(kv_end, torch.Tensor):  # keep the caller's tensor (no host round trip for the mask_mod)
-        kv_end_BL = kv_end.to(device=device, dtype=torch.long).reshape(checked_BL.shape)
-    else:
-        kv_end_BL = torch.as_tensor(checked_BL, device=device)
+        device = (kv_end_BL.device if kv_end_BL is not None else
+                  kv_end.device if isinstance(kv_end, torch.Tensor) else "cpu")
+    checked_BL = as_kv_end_BL(kv_end)  # a tensor is read back here: pass numpy and kv_end_BL to avoid it
+    if kv_end_BL is None and isinstance(kv_end, torch.Tensor):  # keep the caller's tensor for the mask_mod
+        kv_end_BL = kv_end
+    kv_end_BL = (to_device(checked_BL, device) if kv_end_BL is None
+                 else kv_end_BL.to(device=device, dtype=torch.long).reshape(checked_BL.shape))
     if kv_end_BL.shape[1] != plan.length or kv_end_BL.shape[0] != plan.kind_BMN.shape[0]:
         raise ValueError(f"kv_end of shape {tuple(kv_end_BL.shape)} does not belong to a plan of "
                          f"{plan.kind_BMN.shape[0]} rows of {plan.length}")
     pos_BL = None
     if plan.window is not None:  # a tensor stays on its device; anything else goes through numpy
-        pos_BL = (position_ids.to(device=device, dtype=torch.long).reshape(checked_BL.shape)
-                  if isinstance(position_ids, torch.Tensor)
-                  else torch.as_tensor(as_positions_BL(position_ids, checked_BL.shape), device=device))
+        if position_ids_BL is None and isinstance(position_ids, torch.Tensor):
+            position_ids_BL = position_ids
+        pos_BL = (position_ids_BL.to(device=device, dtype=torch.long).reshape(checked_BL.shape)
+                  if position_ids_BL is not None
+                  else to_device(as_positions_BL(position_ids, checked_BL.shape), device))
     num_BM, idx_BMN = ordered_blocks(plan.kind_BMN == PARTIAL)
     full_num_BM, full_idx_BMN = ordered_blocks(plan.kind_BMN == FULL)
 
     def put(x: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(x[:, None], device=device)  # [B, 1 head, ...]
+        return to_device(x[:, None], device)  # [B, 1 head, ...]
 
     return BlockMask.from_kv_blocks(put(num_BM), put(idx_BMN), put(full_num_BM), put(full_idx_BMN),
                                     BLOCK_SIZE=plan.block_size,
@@ -277,12 +285,15 @@ def block_mask_from_plan(plan: BlockPlan, kv_end: Any, *, device: torch.device |
 
 
 def block_mask(kv_end: Any, *, block_size: int = 128, device: torch.device | str | None = None,
-               position_ids: Any = None, window: int | None = None) -> BlockMask:
+               position_ids: Any = None, window: int | None = None, kv_end_BL: torch.Tensor | None = None,
+               position_ids_BL: torch.Tensor | None = None) -> BlockMask:
     """The tree ``BlockMask`` for ``kv_end`` ([L] or [B, L]), built from :func:`block_plan`.
 
     Equals :func:`tree_block_mask` (``create_block_mask``) tile for tile,
     without evaluating the mask on L x L pairs (with a window: the same FULL tiles, no visible
-    tile skipped; see the module docstring).
+    tile skipped; see the module docstring). Numpy ``kv_end`` (and ``position_ids``) with the
+    batch's device tensors as ``kv_end_BL`` (``position_ids_BL``): built without a device read.
     """
     plan = block_plan(kv_end, block_size, position_ids=position_ids, window=window)
-    return block_mask_from_plan(plan, kv_end, device=device, position_ids=position_ids)
+    return block_mask_from_plan(plan, kv_end, device=device, position_ids=position_ids, kv_end_BL=kv_end_BL,
+                                position_ids_BL=position_ids_BL)

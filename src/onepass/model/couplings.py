@@ -117,6 +117,18 @@ COUPLINGS: tuple[Coupling, ...] = (
              detected_by="op lookup when onepass_cpu is registered, never at import (PRIVATE_NAMES)",
              fails_as="CouplingError when onepass_cpu is chosen, saying to use sdpa",
              where="onepass.attention.cpu_tiles, onepass.attention.cpu.register", checked="torch 2.11-2.15"),
+    Coupling(name="torch fused optimizer step skip",
+             relies_on="torch.optim's fused Adam/AdamW/SGD read optimizer.found_inf (the flag torch's GradScaler "
+                       "hands them) and then leave weights, moments and step counts unchanged",
+             detected_by="the installed optimizers' step source reads found_inf (PRIVATE_NAMES)",
+             fails_as="none: the non-finite guard reads the step's numbers before the update (one wait per step)",
+             where="onepass.train.step.Stepper", checked="torch 2.13"),
+    Coupling(name="torch dynamo static shapes",
+             relies_on="torch._dynamo.config (automatic_dynamic_shapes, recompile_limit, patch) and "
+                       "torch._dynamo.utils.counters['frames']['ok'] (private)",
+             detected_by="attribute lookup when a flex_attention run starts (PRIVATE_NAMES)",
+             fails_as="none: without them flex compiles as torch decides and no compile is counted",
+             where="onepass.train.compiles", checked="torch 2.13"),
     Coupling(name="causal-LM class of a config",
              relies_on="AutoModelForCausalLM._model_mapping[type(config)] (private)",
              detected_by="attribute lookup (PRIVATE_NAMES)", fails_as="CouplingError where a class is looked up",

@@ -118,6 +118,30 @@ def _insource_of(owner: str, name: str) -> Callable[[], Any]:
     return find
 
 
+def _fused_step_skip() -> Any:
+    """torch's fused optimizers still take GradScaler's ``found_inf`` flag (and skip their update when it is set)."""
+    import torch
+
+    for cls in (torch.optim.Adam, torch.optim.SGD):
+        if '"found_inf"' not in source_of(cls) or not hasattr(cls, "step"):
+            raise LookupError(f"{cls.__name__}.step no longer reads found_inf")
+    return torch.optim.Adam
+
+
+def _dynamo_config() -> Any:
+    config = _attr("torch._dynamo.config")
+    for name in ("automatic_dynamic_shapes", "recompile_limit", "patch"):
+        getattr(config, name)
+    return config
+
+
+def _dynamo_counters() -> Any:
+    counters = _attr("torch._dynamo.utils.counters")
+    if not hasattr(counters, "__getitem__"):
+        raise LookupError("torch._dynamo.utils.counters is not a mapping")
+    return counters
+
+
 _TILES = "the onepass_cpu attention backend (tree attention on CPU runs on this fused kernel)"
 _SDPA = "use --attn sdpa (exact, computes every pair)"
 PRIVATE_NAMES: dict[str, PrivateName] = {p.label: p for p in (
@@ -132,6 +156,19 @@ PRIVATE_NAMES: dict[str, PrivateName] = {p.label: p for p in (
                 needs="the float64 probe that finds float32 ops inside recurrent mixers",
                 instead="verify hybrid models on a torch release that has it",
                 find=lambda: _attr("torch.utils._python_dispatch.TorchDispatchMode")),
+    PrivateName(label="torch.optim fused step skip (found_inf)", package="torch",
+                coupling="torch fused optimizer step skip",
+                needs="skipping a non-finite step's update on the device (a training step that never waits)",
+                instead="nothing: the guard then reads each step's loss and gradient norm before its update",
+                find=_fused_step_skip),
+    PrivateName(label="torch._dynamo.config.automatic_dynamic_shapes", package="torch",
+                coupling="torch dynamo static shapes",
+                needs="compiling flex_attention once per length bucket, never for dynamic lengths",
+                instead="nothing: flex then compiles as torch decides (a second length: one more, dynamic, compile)",
+                find=_dynamo_config),
+    PrivateName(label="torch._dynamo.utils.counters", package="torch", coupling="torch dynamo static shapes",
+                needs="counting flex_attention's compiles per length bucket (metrics.json)",
+                instead="nothing: the compiles are then not counted", find=_dynamo_counters),
     PrivateName(label="torch.nn.Module._parameters/_buffers", package="torch", coupling="parameters kept in float32",
                 needs="casting parameters kept in float32 up to float64 for verification",
                 instead="verify in float64 on a torch release that has them",

@@ -74,11 +74,11 @@ def row_logprobs(model: Any, batch: RolloutBatch, row: int, *, entropy: bool = F
     check_rows([layout], vocab_size=model_vocab(model), source="rollout batch", require_weight=False, start=row,
                hint="the rollouts' token ids must be ids of this model's vocabulary")
     rows = layouts_to_batch([layout], device=_device(model))
-    out, head, targets_T, _ = forward_at_targets(model, rows, lm_head=lm_head, shard=shard)
+    out, head, targets_T, _, autocast = forward_at_targets(model, rows, lm_head=lm_head, shard=shard)
     if head is None:
         lp_T, ent_T = logprobs_from_logits(out, targets_T, entropy=entropy)
     else:
-        lp_T, ent_T = chunked_token_logprobs(out, head, targets_T, entropy=entropy)
+        lp_T, ent_T = chunked_token_logprobs(out, head, targets_T, entropy=entropy, autocast=autocast)
     if shard is not None:  # this rank's targets -> the row's, in row order
         kept_BL = pad_batch(rows, shard.degree)["targets"] != IGNORE
         counts = [int(c.sum()) for c in kept_BL.chunk(shard.degree, dim=1)]

@@ -138,6 +138,9 @@ class TrainConfig:
     attention: str = _f("auto", "auto (flex_attention on CUDA, else sdpa) | sdpa | eager | flex_attention | a "
                         "registered backend", "numerics and hardware", flags=("--backend",))
     device: str = _f("auto", "auto (default) | cpu | cuda | cuda:N", "numerics and hardware")
+    length_buckets: int = _f(4, "flex_attention: each forward pass (its rows side by side) padded to one of at most "
+                             "N lengths chosen from the run's passes, one compile each; 0: every new length "
+                             "compiles", "numerics and hardware")
     sp_size: int = _f(1, "sequence parallelism: split each row over this many processes (Ulysses; accelerate's "
                       "parallelism_config_sp_size works too); the processes must be a multiple of it",
                       "numerics and hardware")
@@ -213,6 +216,8 @@ def _validate(c: TrainConfig) -> None:
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps", "lora_r", "sp_size"):
         if getattr(c, name) < 1:
             _fail(f"{name} must be >= 1, got {getattr(c, name)}")
+    if c.length_buckets < 0:
+        _fail(f"length_buckets must be >= 0 (0: no length buckets), got {c.length_buckets}")
     for name in ("max_batch_tokens", "max_steps", "save_steps", "eval_steps", "limit",
                  "save_total_limit"):
         value = getattr(c, name)

@@ -384,6 +384,23 @@ def step_passes(data: TrainData, units: Sequence[int], config: TrainConfig, *, r
     return passes + [[empty_row()] for _ in range(most - len(passes))], len(passes)
 
 
+def forward_lengths(data: TrainData, config: TrainConfig, steps: Sequence[int], *, rank: int, world: int,
+                    even: bool = False, eval_data: TrainData | None = None) -> list[int]:
+    """The tokens of every forward pass ``rank`` runs in ``steps`` (and over ``eval_data``), its rows side by side:
+    what the run's length buckets are chosen from (:func:`onepass.layout.buckets.length_buckets`)."""
+    per_step = units_per_step(config, world)
+    lengths = []
+    for step in steps:
+        units = step_units(data.num_units, step, seed=config.seed, per_step=per_step, keys=data.keys,
+                           window=config.data_config.share_window)
+        lengths += [sum(len(r) for r in rows) for rows in step_passes(data, units, config, rank=rank, world=world,
+                                                                      even=even)[0]]
+    if eval_data is not None:
+        lengths += [sum(len(r) for r in rows) for rows in eval_passes(eval_data, config, rank=rank, world=world,
+                                                                      even=even)]
+    return lengths
+
+
 def eval_passes(data: TrainData, config: TrainConfig, *, rank: int, world: int, even: bool = False
                 ) -> list[list[Layout]]:
     """This rank's forward passes over the whole of ``data``: every world-th unit, in micro-batches.

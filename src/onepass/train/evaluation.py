@@ -15,13 +15,16 @@ one forward pass). Two ways in:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from onepass.layout.buckets import static_rows
 from onepass.loss import ForwardView, batch_loss, layouts_to_batch
 from onepass.train.checkpoint import is_sharded
+from onepass.train.compiles import StaticShapes
 from onepass.train.config import TrainConfig
 from onepass.train.data import TrainData, eval_passes
 from onepass.train.sequence_parallel import data_parallel
@@ -30,13 +33,14 @@ from onepass.ulysses.comm import SequenceShard
 
 
 def evaluate(accelerator: Any, model: Any, data: TrainData, config: TrainConfig,
-             shard: SequenceShard | None = None) -> float:
+             shard: SequenceShard | None = None, shapes: StaticShapes | None = None) -> float:
     """Weighted mean loss of ``data``: every process takes every world-th unit; sums are reduced.
 
     Under DDP the unwrapped module runs (a DDP forward may broadcast buffers, a collective
     that processes with different numbers of passes would not match); sharded models run
     wrapped, with every process padded to the same number of passes. With sequence parallelism
     (``shard``) the ranks of a row take the same units, each adds its shard's loss, one its weight.
+    ``shapes`` (flex_attention): each pass as one row padded to its length bucket, as the steps run.
     """
     (world, rank), sharded = data_parallel(accelerator, shard), is_sharded(accelerator)
     counts = shard is None or shard.rank == 0
@@ -49,8 +53,10 @@ def evaluate(accelerator: Any, model: Any, data: TrainData, config: TrainConfig,
     total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     with torch.no_grad():
         for group in todo:
-            batch = layouts_to_batch(group, device=accelerator.device)
-            total[0] += batch_loss(view, batch, shard=shard).double()
+            group, length = static_rows(group, shapes.buckets) if shapes is not None else (group, None)
+            batch = layouts_to_batch(group, device=accelerator.device, length=length)
+            with shapes.forward(length, training=False) if shapes is not None else contextlib.nullcontext():
+                total[0] += batch_loss(view, batch, shard=shard).double()
             total[1] += batch["weights"].sum() if counts else 0.0
     total = accelerator.reduce(total, reduction="sum")
     unwrapped.train(was_training)

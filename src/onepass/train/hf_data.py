@@ -441,7 +441,9 @@ def prepared_dataset(path: str | Path) -> Any:
 @dataclass
 class OnePassCollator:
     """Stacks rows into ``[B, L]`` tensors (``input_ids``, ``position_ids``, ``kv_end``, ``targets``,
-    ``weights``) and ``row_tokens`` ``[B]`` (each row's length before padding: TRL's ``num_tokens``).
+    ``weights``) and ``row_tokens`` ``[B]`` (each row's length before padding: TRL's ``num_tokens``), the
+    rows kept on the host beside them (:class:`onepass.batch.HostRows`: the loss plans from those, never
+    reading the tensors back).
 
     ``padding_free``: the micro-batch's rows concatenated into one row (``B = 1``, no padding; a
     row's positions never see another's, as in separate rows). ``pad_to_multiple_of``: ``L``

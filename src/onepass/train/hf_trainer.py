@@ -56,6 +56,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from onepass.attention.backends import check_backend, model_backend, attention_mask_for
+from onepass.batch import host_rows
 from onepass.conversation.parse import Conversation
 from onepass.model.couplings import check_row_mask, checkpointing_on
 from onepass.errors import UsageError
@@ -301,7 +302,8 @@ class OnePassTrainer(Trainer):
         self.model_accepts_loss_kwargs = True
         self._metric_sums: dict[str, dict[str, torch.Tensor]] = {"train": {}, "eval": {}}
         self._eval_pairs: list[torch.Tensor] | None = None  # (row loss, row weight) of the evaluation running
-        self._total_train_tokens = 0
+        self._total_train_tokens = 0  # all processes, up to the last log
+        self._unlogged_tokens = 0  # this process's, since (counted on the host: no wait per micro-batch)
         # what TRL's callbacks and scripts read: no load-balancing loss is added (see router_aux_loss_coef)
         self.aux_loss_enabled = False
         self.router_aux_loss_coef = 0.0
@@ -402,6 +404,10 @@ class OnePassTrainer(Trainer):
             metrics["mean_token_accuracy"] = values.get("correct", 0.0) / weight if weight > 0 else 0.0
             sums.clear()
         if mode == "train":
+            tokens, self._unlogged_tokens = self._unlogged_tokens, 0
+            if self.args.world_size > 1:
+                tokens = int(self.accelerator.reduce(torch.tensor([tokens], device=self.args.device), "sum")[0])
+            self._total_train_tokens += tokens
             metrics["num_tokens"] = float(self._total_train_tokens)
         if mode == "eval":
             metrics = {f"eval_{k}": v for k, v in metrics.items() if k != "num_tokens"}
@@ -441,11 +447,8 @@ class OnePassTrainer(Trainer):
         sums = self._metric_sums[mode]
         for key, value in stats.items():
             sums[key] = sums[key] + value.detach() if key in sums else value.detach()
-        if mode == "train" and "row_tokens" in inputs:
-            tokens = inputs["row_tokens"].sum()
-            if self.args.world_size > 1:
-                tokens = self.accelerator.gather(tokens.reshape(1)).sum()
-            self._total_train_tokens += int(tokens)
+        if mode == "train" and "row_tokens" in inputs:  # the collator's host rows: no read of the device
+            self._unlogged_tokens += int(host_rows(inputs).row_tokens_B.sum())
         if num_items_in_batch is None:  # evaluation: this batch's own mean
             loss = total / inputs["weights"].sum().clamp_min(1e-12).to(total.dtype)
         else:
@@ -515,10 +518,11 @@ class OnePassTrainer(Trainer):
             length = inputs["input_ids"].shape[1]
             out = model(input_ids=inputs["input_ids"], attention_mask=_causal_rows_mask(inputs), use_cache=False)
             return out.logits[:, -length:]
-        view = ForwardView(model, self.accelerator.unwrap_model(model))
-        mask = attention_mask_for(view, inputs["kv_end"], position_ids_BL=inputs["position_ids"])
+        view, host = ForwardView(model, self.accelerator.unwrap_model(model)), host_rows(inputs)
+        mask = attention_mask_for(view, inputs["kv_end"], position_ids_BL=inputs["position_ids"],
+                                  host_kv_end=host.kv_end_BL, host_position_ids=host.position_ids_BL)
         return model(input_ids=inputs["input_ids"], position_ids=inputs["position_ids"], attention_mask=mask,
-                     use_cache=False, **tree_kwargs(view, inputs["kv_end"])).logits
+                     use_cache=False, **tree_kwargs(view, host.kv_end_BL)).logits
 
     def _prompt_learning_loss(self, model: Any, inputs: Mapping[str, torch.Tensor],
                               stats: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -28,8 +28,6 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
-import threading
 import uuid
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -46,6 +44,7 @@ from onepass.model.private_names import private
 from onepass.errors import OnePassError
 from onepass.layout.row_check import check_ids
 from onepass.train import distributed
+from onepass.train.compiles import run_shapes
 from onepass.train.checkpoint import (
     CheckpointWriteError,
     check_compatible,
@@ -89,29 +88,8 @@ from onepass.train.model import (
 )
 from onepass.train.report import Reporter, make_trackers
 from onepass.train.sequence_parallel import data_parallel, sequence_mesh, sequence_parallel_size
-from onepass.train.step import NonFiniteError, Stepper, deliver
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (what SLURM, Kubernetes and systemd send before they kill): handled like Ctrl-C."""
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """SIGTERM raises :class:`Terminated` in the main thread while training, so a scheduler's stop writes a
-    checkpoint and status "stopped" like Ctrl-C does; the previous handler is restored after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, _frame: Any) -> None:
-        raise Terminated(f"signal {signal.Signals(signum).name}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+from onepass.train.signals import deliver, sigterm_as_interrupt
+from onepass.train.step import InFlight, NonFiniteError, Stepper
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,7 +216,7 @@ def train_steps(config: TrainConfig, *, resume: str | bool | None = None, log: C
     interleaves one-pass and N-pass this way: :mod:`onepass.demo`). Run it to the end: a generator
     closed early closes its reporter and saves nothing. The output folder is locked while it runs."""
     main = int(os.environ.get("RANK", "0")) == 0  # one lock per run, held by its first process
-    with _sigterm_as_interrupt(), output_lock(config.output_dir, command="train") if main else contextlib.nullcontext():
+    with sigterm_as_interrupt(), output_lock(config.output_dir, command="train") if main else contextlib.nullcontext():
         return (yield from _train(config, resume=resume, log=log, resume_anyway=resume_anyway))
 
 
@@ -396,8 +374,15 @@ def _build_model(config: TrainConfig, loaded: _Loaded, attention: str, total: in
     scheduler = make_scheduler(optimizer, config, total)
     model, optimizer = procs.accelerator.prepare(model, optimizer)
     stepper = Stepper(procs.accelerator, model, optimizer, scheduler, data, config, shard=procs.shard)
+    if attention in COMPILED_BACKENDS and config.length_buckets:  # a compile per shape: a few shapes
+        world, rank = data_parallel(procs.accelerator, procs.shard)
+        stepper.shapes = run_shapes(config, loaded.data, total, rank=rank, world=world, even=stepper.even,
+                                    eval_data=loaded.eval_data, say=procs.say)
     return _Parts(model=model, optimizer=optimizer, scheduler=scheduler, stepper=stepper, params=params,
                   trainable=trainable)
+
+
+COMPILED_BACKENDS = ("flex_attention",)  # attention that compiles per shape: its forwards run in length buckets
 
 
 def _resume(prior: _Prior, parts: _Parts, procs: _Processes) -> tuple[int, list[Any], list[Any]]:
@@ -427,7 +412,8 @@ def _start_report(config: TrainConfig, prior: _Prior, loaded: _Loaded, parts: _P
               "parameters": parts.params, "trainable_parameters": parts.trainable, "units": data.num_units,
               "unit": data.kind, "units_per_step": stepper.per_step, "total_steps": total,
               "data_stats": {k: v for k, v in stats.items() if k != "skipped"}, "vocab_size": loaded.vocab_size,
-              "exactness": exactness, "sequence_parallel": split}
+              "exactness": exactness, "sequence_parallel": split,
+              "length_buckets": list(stepper.shapes.buckets) if stepper.shapes is not None else None}
     procs.say(f"training {config.model or f'tiny {config.tiny} (random)'}: {parts.params:,} parameters, "
               f"{parts.trainable:,} trainable ({config.finetune}), {config.dtype}, attention {attention}, {device}, "
               f"{procs.world} process(es)")
@@ -472,39 +458,71 @@ def _save(run: _Run, at: int, *, plot: bool = True) -> None:
 def _step_loop(run: _Run) -> Generator[dict[str, Any], None, tuple[int, float, int]]:
     """The optimizer steps, each yielded, with evals and checkpoints on schedule; returns the last step, this
     call's seconds and tokens. A stop between updates (Ctrl-C, SIGTERM, an error) writes status "stopped" and,
-    on one process, a checkpoint of the last step to resume from."""
+    on one process, a checkpoint of the last step to resume from.
+
+    Step k + 1 is launched before step k is read (:class:`~onepass.train.step.InFlight`): the host plans and
+    queues the next step while the device runs this one. A step after which an eval or a checkpoint is due,
+    and the last one, are read before anything else runs."""
     config, reporter, stepper, model = run.config, run.reporter, run.parts.stepper, run.parts.model
-    eval_data, total = run.loaded.eval_data, run.total
-    step, run_tokens, run_seconds = run.start, 0, 0.0
+    inflight, step, totals = InFlight(stepper), run.start, {"seconds": 0.0, "tokens": 0}
+
+    def logged(record: dict[str, Any]) -> dict[str, Any]:
+        for key in totals:
+            totals[key] += record[key]
+        reporter.log_step(record, write=record["step"] % config.logging_steps == 0 or record["step"] == run.total)
+        return record
+
     try:
         model.train()
-        while step < total:
-            record = stepper(step)
+        while step < run.total:
+            inflight.launch(step)
             step += 1
-            run_seconds += record["seconds"]
-            run_tokens += record["tokens"]
-            reporter.log_step(record, write=step % config.logging_steps == 0 or step == total)
+            evals, saves = _due(run, step)
+            for record in inflight.ready(now=evals or saves or step == run.total):  # the step before, now queued
+                yield logged(record)
             deliver(stepper.held)  # a stop that arrived during the update stops the run now that the step counts
-            yield record
-            if eval_data is not None and config.eval_steps and step % config.eval_steps == 0 and step < total:
-                reporter.log_eval(step, evaluate(run.procs.accelerator, model, eval_data, config, run.procs.shard))
-            if config.save_steps and step % config.save_steps == 0 and step < total:
+            if evals:
+                reporter.log_eval(step, evaluate(run.procs.accelerator, model, run.loaded.eval_data, config,
+                                                 run.procs.shard, stepper.shapes))
+            if saves:
                 _save(run, step)
     except GeneratorExit:  # train_steps abandoned by its caller: not an interruption to checkpoint
         reporter.close()
         raise
     except BaseException as e:  # Ctrl-C, SIGTERM or an error between updates: keep what was trained (one process)
-        reporter.close()
-        reporter.write(status=f"stopped at step {step}" + (" (non-finite loss)" if isinstance(e, NonFiniteError)
-                                                           else ""))
-        if run.procs.world == 1 and not stepper.updating and step > run.start:
-            run.procs.say(f"interrupted after step {step}: saving a checkpoint to resume from")
-            try:
-                _save(run, step)
-            except OnePassError as unsaved:  # weights not finite, a full disk: said; the stop stays the error
-                run.procs.say(f"no checkpoint of step {step}: {unsaved}")
+        stop, step = _stopped(run, inflight, logged, e, step)
+        if stop is not e:
+            raise stop from None
         raise
-    return step, run_seconds, run_tokens
+    return step, totals["seconds"], totals["tokens"]
+
+
+def _due(run: _Run, step: int) -> tuple[bool, bool]:
+    """(an eval, a checkpoint) due after step ``step`` (the last step's come with the end)."""
+    config, within = run.config, step < run.total
+    return (bool(run.loaded.eval_data is not None and config.eval_steps and step % config.eval_steps == 0 and within),
+            bool(config.save_steps and step % config.save_steps == 0 and within))
+
+
+def _stopped(run: _Run, inflight: InFlight, logged: Callable[[dict[str, Any]], Any], error: BaseException,
+             step: int) -> tuple[BaseException, int]:
+    """A run stopped by ``error`` after launching ``step`` steps: the steps launched are read (one may be the
+    first that was not finite: the run's last good step is then the one before it), status "stopped", a
+    checkpoint of the last good step on one process. Returns the error to raise and that step."""
+    stepper, reporter = run.parts.stepper, run.reporter
+    stop = inflight.drain(logged) or error
+    if isinstance(stop, NonFiniteError):  # that step and any launched after it were skipped on the device
+        step = stop.step - 1
+    reporter.close()
+    reporter.write(status=f"stopped at step {step}" + (" (non-finite loss)" if isinstance(stop, NonFiniteError)
+                                                       else ""))
+    if run.procs.world == 1 and not stepper.updating and step > run.start:
+        run.procs.say(f"interrupted after step {step}: saving a checkpoint to resume from")
+        try:
+            _save(run, step)
+        except OnePassError as unsaved:  # weights not finite, a full disk: said; the stop stays the error
+            run.procs.say(f"no checkpoint of step {step}: {unsaved}")
+    return stop, step
 
 
 def _finish(run: _Run, step: int) -> tuple[float | None, Path | None]:
@@ -516,7 +534,8 @@ def _finish(run: _Run, step: int) -> tuple[float | None, Path | None]:
     reporter.write_summary(status="finishing")  # "finished" is written last, once the final save is done
     try:
         try:  # the final eval reaches the trackers: they close after it
-            final_eval = evaluate(accelerator, model, eval_data, config, procs.shard) if eval_data is not None else None
+            final_eval = (evaluate(accelerator, model, eval_data, config, procs.shard, run.parts.stepper.shapes)
+                          if eval_data is not None else None)
             if final_eval is not None:
                 reporter.log_eval(step, final_eval)
         finally:
@@ -545,6 +564,10 @@ def _done(run: _Run, step: int, *, final_eval: float | None, final_dir: Path | N
     plot = reporter.plot()
     summary = {"status": "finished", "steps": step, "final_loss": reporter.history[-1]["loss"],
                "eval_loss": final_eval, "train_seconds": seconds, "train_tokens": tokens}
+    shapes = run.parts.stepper.shapes
+    if shapes is not None:  # flex_attention: what compiled, per length bucket (recompiles: 0 when each shape did once)
+        summary["compiles"] = shapes.summary()
+        run.procs.say(f"flex_attention compiles: {shapes.summary()['compiles']}, recompiles {shapes.recompiles}")
     reporter.write(**summary)
     run.procs.say(f"done: {step} steps, final loss {summary['final_loss']:.4f}"
                   + (f", eval loss {final_eval:.4f}" if final_eval is not None else "")

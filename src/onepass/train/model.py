@@ -243,14 +243,26 @@ def make_optimizer(model: Any, config: TrainConfig) -> torch.optim.Optimizer:
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
     if config.optim == "sgd":
-        return torch.optim.SGD(groups, lr=config.learning_rate)
+        return _fused_if_possible(torch.optim.SGD, groups, lr=config.learning_rate)
     betas = (config.adam_beta1, config.adam_beta2)
     if config.optim == "adamw":
-        return torch.optim.AdamW(groups, lr=config.learning_rate, betas=betas, eps=config.adam_epsilon)
+        return _fused_if_possible(torch.optim.AdamW, groups, lr=config.learning_rate, betas=betas,
+                                  eps=config.adam_epsilon)
     import bitsandbytes as bnb
 
     cls = getattr(bnb.optim, BNB_OPTIMIZERS[config.optim])
     return cls(groups, lr=config.learning_rate, betas=betas, eps=config.adam_epsilon)
+
+
+def _fused_if_possible(cls: type[torch.optim.Optimizer], groups: list[dict[str, Any]],
+                       **kwargs: Any) -> torch.optim.Optimizer:
+    """``cls(groups, fused=True)`` (one kernel per update, transformers' Trainer default since torch 2.8, and an
+    update the step can skip on the device: :class:`onepass.train.step.Stepper`), else the default
+    implementation where the parameters' device or dtype has no fused kernel."""
+    try:
+        return cls(groups, fused=True, **kwargs)
+    except (RuntimeError, ValueError):
+        return cls(groups, **kwargs)
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig, total: int) -> Any:
