@@ -272,9 +272,18 @@ def test_interleaved_ratios_are_paired_and_the_flash_baseline_is_compared_across
     assert "vs N-pass packed on torch's flash varlen kernel: 1.20x, memory 2.00x" in line
 
 
-def test_the_flash_baseline_is_refused_on_cpu_in_one_line(capsys, tmp_path):
-    assert main(["bench", "--out", str(tmp_path), "--backends", "onepass_varlen", "--device", "cpu"]) == 2
-    assert "onepass_varlen (torch's flash varlen kernel) runs on CUDA only" in capsys.readouterr().err
+def test_onepass_varlen_times_tree_rows_too_and_says_it_runs_its_reference_off_cuda(capsys, tmp_path, one_thread):
+    """The gathered tree path serves one-pass rows (they used to be skipped: a varlen kernel could not
+    express a tree); off CUDA it is the CPU reference kernel, said in one line."""
+    out = tmp_path / "bench"
+    assert main(["bench", "--out", str(out), "--conversations", "2", "--repeats", "1", "--interleave",
+                 "--settings", "n-pass-packed,one-pass-packed", "--backends", "onepass_varlen", "--device", "cpu",
+                 "--max-tokens", "2048"]) == 0
+    assert "onepass_varlen off CUDA runs its reference kernel" in capsys.readouterr().out
+    settings = json.loads((out / "summary.json").read_text())["settings"]
+    assert [(s["backend"], s["setting"]) for s in settings] == [("onepass_varlen", "n-pass-packed"),
+                                                                ("onepass_varlen", "one-pass-packed")]
+    assert settings[1]["speedup_vs_flash_n_pass_packed"] == pytest.approx(settings[1]["speedup_vs_n_pass_packed"])
 
 
 def test_bench_interleave_end_to_end_on_cpu(tmp_path, one_thread):

@@ -71,16 +71,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--backends", default=None,
                    help="comma-separated attention backends (default: sdpa,onepass_cpu on CPU; flex_attention,sdpa on "
-                        "CUDA; onepass_varlen: N-pass rows through torch's flash varlen kernel, the FA2-class "
-                        "baseline, CUDA)")
+                        "CUDA; onepass_varlen: torch's flash varlen kernel, the FA2-class baseline on N-pass rows "
+                        "and the gathered tree path on one-pass rows, CUDA)")
     p.add_argument("--settings", default=None, help="comma-separated settings (default: all)")
     p.add_argument("--max-tokens", type=int, default=None, help="row budget (default 4096; 16384 for --workload agent)")
     p.add_argument("--repeats", type=int, default=None, help="timed epochs per setting (default 2 quick, 5 full)")
     p.add_argument("--depth-groups", action="store_true", help="also time G1/G2/G3 separately")
     p.add_argument("--interleave", action="store_true",
                    help="time every backend x setting in this one process, their epochs interleaved (A B C A B C: "
-                        "drift lands on all alike, ratios paired); all models stay resident (GPU). onepass_varlen "
-                        "(torch's flash varlen kernel, CUDA) then times the N-pass settings only")
+                        "drift lands on all alike, ratios paired); all models stay resident (GPU)")
     p.set_defaults(func="onepass.bench.command:run")
 
 
