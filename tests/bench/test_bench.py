@@ -10,6 +10,7 @@ import pytest
 
 from onepass.bench import harness as bench
 from onepass.bench.report import headline, markdown
+from onepass.bench.settings import layout_setting
 from onepass.layout.flops import ModelShape, train_flops, visible_pairs
 from onepass.cli import main
 from onepass.layout.tree import build_layout
@@ -192,7 +193,7 @@ def test_hybrid_arch_times_a_qwen35_and_reports_state_passing(qwen3_tokenizer, o
     with pytest.raises(UsageError, match="unknown bench architecture"):
         bench.arch_kwargs("mamba", shape)
     views, vocab = compact_vocab([render_views(c, qwen3_tokenizer) for c in load_sample(limit=2)])
-    rows = bench.layout_setting(views, "one-pass-packed", 4096)
+    rows = layout_setting(views, "one-pass-packed", 4096)
     job = bench.Job(rows=rows, vocab=vocab, shape_kwargs=shape, dtype="float32", backend="sdpa", device="cpu",
                     seed=0, repeats=1, threads=1, warmup=0, arch="qwen3.5")
     timing = bench.time_training(job)
@@ -235,7 +236,7 @@ def test_interleaved_timing_alternates_settings_and_a_failing_one_leaves_the_oth
     """``--interleave`` (the GPU check's speed step): epochs A B A B, every model resident; a setting that
     fails before timing is one line and no figures, the others are timed."""
     views = [[V([1, 2, 3, 4], 2), V([1, 2, 3, 4, 5, 6], 4)], [V([7, 8, 9], 1)]]
-    rows = {s: bench.layout_setting(views, s, 64) for s in ("n-pass-packed", "one-pass-packed")}
+    rows = {s: layout_setting(views, s, 64) for s in ("n-pass-packed", "one-pass-packed")}
     job = bench.Job(rows=rows["n-pass-packed"], vocab=10, shape_kwargs={}, dtype="float32", backend="sdpa",
                     device="cpu", seed=0, repeats=2, threads=1, warmup=1, tensor_memory=False)
     jobs = [job, dataclasses.replace(job, rows=rows["one-pass-packed"]),

@@ -23,6 +23,7 @@ from onepass.bench import harness as bench
 from onepass.bench import trl as bench_trl
 from onepass.bench.cli import WORKLOADS, load_workload, workload_spec
 from onepass.bench.report import markdown, plots
+from onepass.bench.settings import SETTINGS, SHARED_SETTINGS, layout_setting
 from onepass.conversation.sources import conversation_source
 from onepass.model.dtypes import torch_dtype
 from onepass.errors import UsageError
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if "onepass_varlen" in backends and device.type != "cuda":
         print("onepass_varlen off CUDA runs its reference kernel (SDPA per run of segments): exact, not fast",
               flush=True)
-    known = [*bench.SETTINGS, *bench_trl.SETTINGS]
+    known = [*SETTINGS, *bench_trl.SETTINGS]
     settings = (args.settings or ",".join(known)).split(",")
     unknown = [s for s in settings if s not in known]
     if unknown:
@@ -105,14 +106,14 @@ def run(args: argparse.Namespace) -> int:
 
     @functools.cache
     def rows_of(group: str, name: str) -> list[Any]:  # the same rows for every backend (and TRL's count)
-        return bench.layout_setting([views[i] for i in groups[group]], name, max_tokens)
+        return layout_setting([views[i] for i in groups[group]], name, max_tokens)
 
     results: list[dict[str, Any]] = []
     ideal = {group: train_flops(rows_of(group, "n-pass"), shape)
              / train_flops(rows_of(group, "one-pass"), shape) for group in groups}
     # sharing prefixes across conversations: the FLOP bound against the one-pass packed rows it merges
-    shared_settings = [s for s in settings if s in bench.SHARED_SETTINGS]
-    ideal_shared = {group: train_flops(rows_of(group, bench.SHARED_SETTINGS[s]), shape)
+    shared_settings = [s for s in settings if s in SHARED_SETTINGS]
+    ideal_shared = {group: train_flops(rows_of(group, SHARED_SETTINGS[s]), shape)
                     / train_flops(rows_of(group, s), shape) for group in groups for s in shared_settings[:1]}
     planned: list[tuple[str, str, str, list[Any], int]] = []  # backend, group, setting, rows, conversations
     for backend in backends:
@@ -120,10 +121,10 @@ def run(args: argparse.Namespace) -> int:
             names = settings if group == "all" else ["n-pass-packed", "one-pass-packed", *shared_settings]
             for setting in names:  # not `name`: that is the workload's, written to the summary
                 rows = rows_of(group, setting)
-                if setting in bench.SHARED_SETTINGS and not args.settings and sum(map(len, rows)) == sum(
-                        map(len, rows_of(group, bench.SHARED_SETTINGS[setting]))):
+                if setting in SHARED_SETTINGS and not args.settings and sum(map(len, rows)) == sum(
+                        map(len, rows_of(group, SHARED_SETTINGS[setting]))):
                     print(f"{backend:>12} {group:>3} {setting:>16}: no prefix shared across conversations (the rows "
-                          f"are {bench.SHARED_SETTINGS[setting]}'s): not timed", flush=True)
+                          f"are {SHARED_SETTINGS[setting]}'s): not timed", flush=True)
                     continue
                 planned.append((backend, group, setting, rows, len(members)))
 
