@@ -2,8 +2,9 @@
 
 Why this module exists: it is the orchestration around ``harness.py`` (workload,
 model, backends, depth groups) and the command line for it. ``--quick`` is
-sized to finish in a few minutes on 2 CPU cores. The workload is any
-``--data`` spec of conversations, resolved like every other command's
+sized to finish in a few minutes on 2 CPU cores and times its settings interleaved in one
+process (epochs A B C A B C, as the demo takes turns), so a ratio never spans minutes of a
+machine's drift. The workload is any ``--data`` spec of conversations, resolved like every other command's
 (:func:`onepass.conversation.sources.resolve_data`); ``--workload mathchat|synthetic`` are
 names for ``builtin:mathchat`` and ``synthetic:mathchat-sync``.
 
@@ -39,7 +40,8 @@ WORKLOADS = {"mathchat": "builtin:mathchat", "synthetic": "synthetic:mathchat-sy
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("bench", help="training throughput and memory of every schedule, side by side")
     p.add_argument("--out", required=True, help="output directory (summary.json, table.md, *.png)")
-    p.add_argument("--quick", action="store_true", help="small workload and few repeats (minutes on CPU)")
+    p.add_argument("--quick", action="store_true", help="small workload and few repeats (minutes on CPU), its "
+                                                          "settings interleaved in one process (--interleave)")
     data = p.add_mutually_exclusive_group()
     data.add_argument("--data", help="conversations to time: any --data spec of onepass prepare (a file, a "
                                      "folder, a saved dataset, builtin:mathchat, synthetic:NAME, a hub id)")

@@ -39,7 +39,7 @@ from onepass.conversation.sources import load_conversations
 from onepass.layout.flops import MODEL_SHAPES, ModelShape, speed_bound, train_flops, visible_pairs
 from onepass.layout.tree import Layout
 from onepass.layout.view import View
-from onepass.render import render_views
+from onepass.render.views import render_conversation
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository (src/onepass/bench/gpu_plan.py)
 ROW_TOKENS = 32768
@@ -157,8 +157,9 @@ def workload_views(workload: Workload, tokenizer: Any, root: Path = ROOT,
     notes = [f"{workload.name}: record skipped: {s}" for s in report.skipped]
     views = []
     for conversation in report.conversations:
-        rendered = render_views(conversation, tokenizer)
-        views.append(rendered)
+        rendered = render_conversation(conversation, tokenizer)
+        notes += [f"{workload.name}: view skipped: {e}" for e in rendered.skipped]
+        views.append([v for v in rendered.views if isinstance(v, View)])
     return views, notes
 
 

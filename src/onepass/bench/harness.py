@@ -249,12 +249,7 @@ def time_training(job: Job) -> Timing:
         timing.chains = chains.chains // job.repeats
     timing.peak_memory_bytes = peak_memory_since(device, before)
     if job.tensor_memory:  # after the RSS window: the profiler's own memory stays out of it
-        for batch in session.batches:
-            persistent = tensor_bytes(persistent_tensors(session.model, session.opt, batch))
-            mem = step_memory(functools.partial(session.step, batch), persistent, device)
-            timing.peak_tensor_bytes = max(timing.peak_tensor_bytes or 0, mem.peak_bytes)
-            timing.peak_forward_backward_bytes = max(timing.peak_forward_backward_bytes or 0,
-                                                     mem.forward_backward_bytes)
+        _tensor_memory(session, timing)
     t0 = time.perf_counter()
     for batch in session.batches:
         attention_mask_for(session.model, batch["kv_end"], position_ids_BL=batch["position_ids"])
@@ -308,7 +303,19 @@ def time_interleaved(jobs: Sequence[Job], *, log: Callable[[str], None] = print)
     for i, session in enumerate(sessions):
         if session is not None:
             timings[i].peak_memory_bytes = resident[i] + transient[i]
+            if session.job.tensor_memory:  # after every epoch: the profiler's own cost stays out of the timing
+                _tensor_memory(session, timings[i])
     return timings
+
+
+def _tensor_memory(session: Session, timing: Timing) -> None:
+    """Live tensor bytes at the step's peak over ``session``'s rows, all included and up to the optimizer step
+    (:mod:`onepass.bench.memory`), into ``timing``."""
+    for batch in session.batches:
+        persistent = tensor_bytes(persistent_tensors(session.model, session.opt, batch))
+        mem = step_memory(functools.partial(session.step, batch), persistent, session.device)
+        timing.peak_tensor_bytes = max(timing.peak_tensor_bytes or 0, mem.peak_bytes)
+        timing.peak_forward_backward_bytes = max(timing.peak_forward_backward_bytes or 0, mem.forward_backward_bytes)
 
 
 def time_in_subprocess(job: Any, timer: Callable[[Any], Timing] | None = None) -> Timing:
