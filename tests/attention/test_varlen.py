@@ -181,8 +181,12 @@ def test_the_transformers_glue_equals_sdpa_with_the_tree_mask(arch, one_pass):
 
 def test_what_it_cannot_do_exactly_is_refused_in_one_line():
     q = torch.zeros(1, 2, 4, 8)
-    with pytest.raises(VarlenError, match="needs the mask of onepass.attention.varlen.varlen_attention_mask"):
-        onepass_varlen_attention(torch.nn.Module(), q, q, q, torch.tensor([[[[4, 4, 4, 4]]]]))  # kv_end alone
+    with pytest.raises(VarlenError, match="needs the mask of onepass.attention.varlen.varlen_attention_mask cut for"):
+        onepass_varlen_attention(torch.nn.Module(), q, q, q, torch.tensor([[[[4, 4, 4, 4]]]]), sliding_window=2)
+    r = torch.randn(1, 2, 4, 8, generator=torch.Generator().manual_seed(0))
+    kv_end_alone = onepass_varlen_attention(torch.nn.Module(), r, r, r, torch.tensor([[[[2, 2, 4, 4]]]]))[0]
+    assert torch.equal(kv_end_alone, onepass_varlen_attention(
+        torch.nn.Module(), r, r, r, varlen_attention_mask([[2, 2, 4, 4]]))[0])  # its plan rebuilt from it
     mask = varlen_attention_mask(torch.tensor([[4, 4, 4, 4]]))
     with pytest.raises(VarlenError, match=r"cannot train attention sinks .*use flex_attention on CUDA or "
                                           r"onepass_cpu on CPU$"):

@@ -242,7 +242,8 @@ def test_the_cuda_steps_rehearsed_on_cpu_record_what_they_measured(tmp_path, mon
     assert speed["status"] == "passed", speed
     figures = speed["result"]["figures"]
     assert [(f["setting"], f["backend"]) for f in figures] == [
-        ("n-pass-packed", "onepass_varlen"), ("one-pass-packed", "flex_attention"), ("one-pass-packed", "onepass_varlen")]
+        ("n-pass-packed", "onepass_varlen"), ("one-pass-packed", "flex_attention"),
+        ("one-pass-packed", "onepass_varlen")]
     assert all(f["tokens/s"] and f["epoch_seconds"] for f in figures)
     assert figures[1]["vs flash N-pass"] and figures[1]["fraction of bound"] and figures[2]["useful-FLOP utilisation"]
     assert len([line for line in speed["epochs_logged"] if line.startswith("epoch ")]) == 3 * speed["result"]["rounds"]

@@ -163,6 +163,11 @@ def varlen_attention_reference(q_THD: torch.Tensor, k_KJD: torch.Tensor, v_KJD: 
     return torch.cat(pieces) if pieces else q_THD.new_empty(q_THD.shape[:2] + v_KJD.shape[-1:])
 
 
+def _is_kv_end(attention_mask: Any) -> bool:
+    return (isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.long
+            and attention_mask.ndim == 4 and attention_mask.shape[1] == attention_mask.shape[2] == 1)
+
+
 def onepass_varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              attention_mask: Any, dropout: float = 0.0, scaling: float | None = None,
                              sliding_window: int | None = None, softcap: float | None = None,
@@ -179,9 +184,12 @@ def onepass_varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: 
                           "gradient through its log-sum-exp, which a sink renormalises; use flex_attention on CUDA "
                           "or onepass_cpu on CPU")
     plan = plan_of(attention_mask)
-    if plan is None and isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.long:
-        raise VarlenError(f"{BACKEND} (layer {layer}) needs the mask of onepass.attention.varlen."
-                          "varlen_attention_mask (onepass.attention.attention_mask_for builds it), not kv_end alone")
+    if plan is None and _is_kv_end(attention_mask):  # a model that sliced our mask: kv_end without its plan
+        if sliding_window:
+            raise VarlenError(f"{BACKEND} (layer {layer}) needs the mask of onepass.attention.varlen."
+                              "varlen_attention_mask cut for its window (onepass.attention.attention_mask_for builds "
+                              "it), not kv_end alone: a window needs the rows' position ids")
+        plan = plan_of(varlen_attention_mask(attention_mask[:, 0, 0], device=attention_mask.device))
     if plan is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

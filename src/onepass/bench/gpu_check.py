@@ -310,7 +310,8 @@ class Check:
             return {"status": status_of(rc), "returncode": rc}
         worst = max(result["cases"], key=lambda c: max(c["out_diff"], c["grad_diff"]))
         contrast = min(c["top_left_out_diff"] for c in result["cases"] if c["top_left_out_diff"] is not None)
-        self.report.finding(f"varlen on {DEVICE.upper()}: tree rows {'ALIGNED at the bottom right' if result['aligned'] else 'NOT ALIGNED'}"
+        word = "ALIGNED at the bottom right" if result["aligned"] else "NOT ALIGNED"
+        self.report.finding(f"varlen on {DEVICE.upper()}: tree rows {word}"
                             f" ({len(result['cases'])} cases; worst {worst['dtype']} window {worst['window']}: output "
                             f"{worst['out_diff']:.1e}, gradients {worst['grad_diff']:.1e} of the reference's scale, "
                             f"tolerance {result['tolerance']:g}; top-left alignment would differ by {contrast:.2f})")

@@ -49,7 +49,8 @@ def tree_rows(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     queries are far shorter than their keys), a 90-token document beside them, 9 pads."""
     rng = np.random.default_rng(seed)
     head = list(rng.integers(0, 9, 300))
-    views = [View(tokens=np.array(head + list(rng.integers(0, 9, n))), num_prompt=300, turn=0) for n in (200, 129, 64, 7)]
+    views = [View(tokens=np.array(head + list(rng.integers(0, 9, n))), num_prompt=300, turn=0)
+             for n in (200, 129, 64, 7)]
     row = concat([build_layout(views), build_layout([View(tokens=np.arange(90), num_prompt=1, turn=0)])])
     kv_end_BL = pad_kv_end([row.kv_end], len(row) + 9)
     pos_BL = np.zeros(kv_end_BL.shape, dtype=np.int64)
@@ -196,7 +197,8 @@ def float32_question(device: str, backends: tuple[str, ...] = ("flex_attention",
     if len(ranked) >= 2:
         best, other = ranked[0], ranked[1]
         factor = judged[other]["max_rel_grad_diff"] / max(judged[best]["max_rel_grad_diff"], 1e-300)
-        verdict = (f"{best} is closer to float64: its largest gradient difference {judged[best]['max_rel_grad_diff']:.2e} "
+        verdict = (f"{best} is closer to float64: its largest gradient difference "
+                   f"{judged[best]['max_rel_grad_diff']:.2e} "
                    f"is {factor:.1f}x smaller than {other}'s {judged[other]['max_rel_grad_diff']:.2e} (first-step "
                    f"loss {judged[best]['first_loss_rel_diff']:.1e} vs {judged[other]['first_loss_rel_diff']:.1e})")
         print(f"float32: {verdict}", flush=True)
