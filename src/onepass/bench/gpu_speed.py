@@ -27,10 +27,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from onepass.attention.cpu import register as register_cpu
+from onepass.attention.varlen import register as register_varlen
 from onepass.bench import gpu_plan
 from onepass.bench.gpu_plan import FLEX, VARLEN, SpeedPlan, Timed
+from onepass.bench.harness import Job, Session, environment, peak_memory_since, start_peak_memory, sync_device
 from onepass.files import atomic_write_text
-from onepass.layout.flops import MODEL_SHAPES
+from onepass.layout.flops import MODEL_SHAPES, model_kwargs
+from onepass.loss import layouts_to_batch
+from onepass.model.dtypes import torch_dtype
+from onepass.model.tiny import tiny_model
+from onepass.render.tokenizer import load_tokenizer
 from onepass.layout.vocab import remap, used_ids
 
 
@@ -61,8 +70,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def make_plan(args: argparse.Namespace) -> SpeedPlan:
     """The plan for ``args`` (tokenizer loaded, conversations rendered), its notes printed."""
-    from onepass.render.tokenizer import load_tokenizer
-
     tokenizer = load_tokenizer(args.tokenizer)
     views, notes = {}, []
     for workload in gpu_plan.WORKLOADS:
@@ -110,10 +117,6 @@ def dry_run(plan: SpeedPlan, seconds: float) -> int:
 def layer_matmul_flops(device: Any, dtype: Any, *, tokens: int, hidden: int, ffn: int, repeats: int = 5) -> float:
     """FLOP/s of the dense matmul an 8B layer's MLP runs on a row: ``[tokens, hidden] @ [hidden, ffn]``, best
     of ``repeats`` after a warm-up: the rate the useful-FLOP utilisation is measured against."""
-    import torch
-
-    from onepass.bench.harness import sync_device
-
     x = torch.randn(tokens, hidden, device=device, dtype=dtype)
     w = torch.randn(hidden, ffn, device=device, dtype=dtype)
     best = 0.0
@@ -128,16 +131,6 @@ def layer_matmul_flops(device: Any, dtype: Any, *, tokens: int, hidden: int, ffn
 
 
 def run(plan: SpeedPlan, args: argparse.Namespace) -> int:
-    import torch
-
-    from onepass.attention.cpu import register as register_cpu
-    from onepass.attention.varlen import register as register_varlen
-    from onepass.bench.harness import Job, Session, environment, peak_memory_since, start_peak_memory, sync_device
-    from onepass.layout.flops import model_kwargs
-    from onepass.loss import layouts_to_batch
-    from onepass.model.dtypes import torch_dtype
-    from onepass.model.tiny import tiny_model
-
     start = time.monotonic()
     deadline = start + args.seconds - 5  # the last JSON line and the exit
     device, dtype = torch.device(args.device), torch_dtype(args.dtype)
