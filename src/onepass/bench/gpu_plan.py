@@ -7,8 +7,9 @@ with no torch, and the suite runs it on CPU (the dry run: ``python -m onepass.be
 :mod:`onepass.bench.gpu_speed` times the same plan on CUDA.
 
 The plan (issue 42): Qwen3-8B width (:data:`LAYERS` of its 36 layers, the full 151,936-id vocabulary,
-bf16), rows of :data:`ROW_TOKENS` tokens, three workloads of about two one-pass rows each::
+bf16), rows of :data:`ROW_TOKENS` tokens, four workloads of about two one-pass rows each::
 
+    mathchat             builtin:mathchat: MathChat as users have it, 2-3 turns (ships with onepass)
     mathchat-deep-long   synthetic:mathchat-deep-long: 6-16 turns, long reasoning (seeded, made there)
     tau-bench-airline    benchmarks/data/gpu-check/taubench_airline.jsonl (7 conversations, real)
     bfcl                 benchmarks/data/gpu-check/bfcl_base.jsonl (11 conversations, real)
@@ -69,6 +70,8 @@ class Workload:
 
 
 WORKLOADS = (
+    Workload(name="mathchat", data="builtin:mathchat", conversations=100,
+             what="MathChat, 2-3 turns (the workload issue 42's cost model predicts 1.24x for)"),
     Workload(name="mathchat-deep-long", data="synthetic:mathchat-deep-long", conversations=9,
              what="MathChat-shaped, 6-16 turns, long reasoning (synthetic, seeded)"),
     Workload(name="tau-bench-airline", data="benchmarks/data/gpu-check/taubench_airline.jsonl", conversations=7,
