@@ -94,8 +94,8 @@ test-min:
 # per session. `make gpu-bundle` here downloads the few wheels its image lacks (<= 40 MiB, one folder,
 # git-ignored); `make gpu-check` there, with gpu-bundle carried, is the whole check in one command that
 # ends by itself within 7 minutes: the machine's own python and torch (no venv, no torch install), the
-# bundle installed with pip --no-index --no-deps --target, CUDA steps skipped in one line without CUDA,
-# gpu-check.json + gpu-check.log into $OUT (else gpu-check-results/).
+# bundle installed with pip --no-index --no-deps --target, CUDA steps skipped in one line without CUDA (and
+# then exit 3: nothing was measured), gpu-check.json + gpu-check.log into $OUT (else gpu-check-results/).
 # `make gpu-sim` runs it here, offline, as it runs there: a venv with torch 2.11.0 (PyPI's build, on CPU)
 # and the image's packages (configs/gpu-image.txt), the bundle for this Python, pip pointed at no index.
 GPU_PYTHON ?= python3
@@ -122,7 +122,8 @@ $(GPU_SIM_VENV)/.installed: configs/gpu-image.txt
 gpu-sim: $(GPU_SIM_VENV)/.installed
 	$(MAKE) gpu-bundle GPU_BUNDLE=$(GPU_SIM_VENV)/bundle GPU_BUNDLE_PYTHON=$$($(GPU_SIM_PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null PIP_NO_INDEX=1 $(MAKE) gpu-check GPU_PYTHON=$(GPU_SIM_PY) \
-	  GPU_BUNDLE=$(GPU_SIM_VENV)/bundle GPU_CHECK_ARGS="--out gpu-check-results/sim --site /tmp/onepass-gpu-site-sim --work /tmp/onepass-gpu-check-sim"
+	  GPU_BUNDLE=$(GPU_SIM_VENV)/bundle GPU_CHECK_ARGS="--rehearsal --out gpu-check-results/sim --site /tmp/onepass-gpu-site-sim \
+	  --work /tmp/onepass-gpu-check-sim"
 
 clean:
 	rm -rf $(VENV) .venv-latest .venv-min $(GPU_SIM_VENV) runs .pytest_cache .hypothesis

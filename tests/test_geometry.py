@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from onepass.layout.geometry import (ancestor_at, ancestor_at_reference, batch_chains, branches, branches_reference,
                                      chains_reference, check_tree, depths, depths_reference, is_tree,
                                      is_tree_reference, leaf_paths, leaf_paths_reference, parents, parents_reference,
-                                     row_chains, segment_starts, segments_reference, tree_breaks)
+                                     row_chains, segment_ancestors_reference, segment_starts, segments,
+                                     segments_reference, tree_breaks)
 from strategies import DOC_EXAMPLE, SCATTERED, batch_strategy, layout_st
 
 
@@ -21,6 +22,8 @@ def test_the_docstring_tree_by_eye():
     assert segments_reference(SCATTERED) == [(0, 3), (3, 5), (5, 6), (6, 7)]
     assert [p.tolist() for p in leaf_paths(SCATTERED)] == [[0, 1, 2], [0, 1, 3, 4], [0, 1, 3, 5], [0, 1, 6]]
     assert segments_reference(DOC_EXAMPLE) == [(0, 4), (4, 8)]
+    segs = segments(SCATTERED)
+    assert [segs.ancestors(i).tolist() for i in range(segs.num_segments)] == [[], [0, 1], [0, 1, 3], [0, 1]]
     assert branches(SCATTERED) and not branches([3, 3, 3, 5, 5, 6])  # two views and a pad side by side
 
 
@@ -40,9 +43,18 @@ def test_depths_parents_and_ancestors_equal_the_reference(kv_end_BL):
         assert [p.tolist() for p in leaf_paths(kv_end)] == [p.tolist() for p in leaf_paths_reference(kv_end)]
         starts = np.flatnonzero(segment_starts(kv_end)).tolist()
         assert starts == [s for s, _ in segments_reference(kv_end)]
+        segs = segments(kv_end)
+        assert list(zip(segs.start_S.tolist(), segs.stop_S.tolist())) == segments_reference(kv_end)
+        assert [segs.ancestors(i).tolist() for i in range(segs.num_segments)] == [
+            a.tolist() for a in segment_ancestors_reference(kv_end)]
         assert chains_B[b] == row_chains(kv_end) == chains_reference(kv_end)
         assert branches(kv_end) == branches_reference(kv_end)
     assert branches(kv_end_BL) == any(branches_reference(kv_end) for kv_end in kv_end_BL)
+    B, L = kv_end_BL.shape  # the batch's segments are its rows' laid end to end, in flat positions
+    flat = segments(kv_end_BL)
+    per_row = [segments(kv_end) for kv_end in kv_end_BL]
+    assert flat.start_S.tolist() == [b * L + s for b, r in enumerate(per_row) for s in r.start_S.tolist()]
+    assert flat.anc_index.tolist() == [b * L + a for b, r in enumerate(per_row) for a in r.anc_index.tolist()]
 
 
 def arbitrary_kv_end():

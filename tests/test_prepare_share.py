@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from onepass.bench import harness as bench
+from onepass.bench.settings import layout_setting
 from onepass.bench.report import markdown
 from onepass.cli import main
 from onepass.conversation.sources import load_conversations
@@ -159,8 +160,8 @@ def test_the_layouts_bench_times_for_the_shared_setting_keep_the_loss_terms(qwen
 
     convs = load_conversations("synthetic:agent", strict=False, limit=4).conversations
     views = [render_views(c, qwen3_tokenizer) for c in convs]
-    one = bench.layout_setting(views, "one-pass-packed", 16384)
-    shared = bench.layout_setting(views, "one-pass-packed-shared", 16384)
+    one = layout_setting(views, "one-pass-packed", 16384)
+    shared = layout_setting(views, "one-pass-packed-shared", 16384)
     assert same_terms(loss_terms(one), loss_terms(shared))
     assert sum(map(len, shared)) < sum(map(len, one)) and all(len(r) <= 16384 for r in shared)
 

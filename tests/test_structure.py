@@ -19,7 +19,8 @@ SRC = Path(onepass.__file__).parent
 PURE_STAGES = ("conversation", "render", "layout", "prepare")  # the stages before the model: every module
 PURE = (*sorted(".".join(("onepass", *p.relative_to(SRC).with_suffix("").parts)) for stage in PURE_STAGES
                 for p in (SRC / stage).glob("*.py") if p.name != "__init__.py"),
-        "onepass.render", "onepass.attention.blocks", "onepass.attention.segments", "onepass.attention.paper",
+        "onepass.render", "onepass.attention.blocks", "onepass.attention.segments", "onepass.attention.gather",
+        "onepass.attention.paper",
         "onepass.model.config", "onepass.model.dtypes", "onepass.rl.rollouts", "onepass.rl.layout",
         "onepass.rl.synthetic", "onepass.ulysses.plan", "onepass.guard.sample", "onepass.train.data", "onepass.lazy",
         "onepass.data.synthetic")
@@ -147,10 +148,10 @@ def test_the_layout_imports_no_rendering_module():
 # reads the tree again its own way (the names the old copies had included); the modules that need the
 # tree import it from there.
 TREE_READERS = {"onepass.mixers.tree", "onepass.attention.window", "onepass.attention.segments",
-                "onepass.guard.divergence", "onepass.layout.row_check"}
+                "onepass.attention.gather", "onepass.guard.divergence", "onepass.layout.row_check"}
 GEOMETRY_NAMES = {"parents", "parents_reference", "depths", "tree_depth", "ancestor_at", "leaf_paths", "_leaf_paths",
-                  "row_chains", "batch_chains", "chains_reference", "segment_starts", "tree_breaks", "is_tree",
-                  "check_tree", "_range_min"}
+                  "row_chains", "batch_chains", "chains_reference", "segment_starts", "segments", "tree_breaks",
+                  "is_tree", "check_tree", "_range_min"}
 
 
 def defined_functions(path: Path) -> set[str]:

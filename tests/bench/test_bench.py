@@ -10,6 +10,7 @@ import pytest
 
 from onepass.bench import harness as bench
 from onepass.bench.report import headline, markdown
+from onepass.bench.settings import layout_setting
 from onepass.layout.flops import ModelShape, train_flops, visible_pairs
 from onepass.cli import main
 from onepass.layout.tree import build_layout
@@ -192,7 +193,7 @@ def test_hybrid_arch_times_a_qwen35_and_reports_state_passing(qwen3_tokenizer, o
     with pytest.raises(UsageError, match="unknown bench architecture"):
         bench.arch_kwargs("mamba", shape)
     views, vocab = compact_vocab([render_views(c, qwen3_tokenizer) for c in load_sample(limit=2)])
-    rows = bench.layout_setting(views, "one-pass-packed", 4096)
+    rows = layout_setting(views, "one-pass-packed", 4096)
     job = bench.Job(rows=rows, vocab=vocab, shape_kwargs=shape, dtype="float32", backend="sdpa", device="cpu",
                     seed=0, repeats=1, threads=1, warmup=0, arch="qwen3.5")
     timing = bench.time_training(job)
@@ -235,21 +236,47 @@ def test_interleaved_timing_alternates_settings_and_a_failing_one_leaves_the_oth
     """``--interleave`` (the GPU check's speed step): epochs A B A B, every model resident; a setting that
     fails before timing is one line and no figures, the others are timed."""
     views = [[V([1, 2, 3, 4], 2), V([1, 2, 3, 4, 5, 6], 4)], [V([7, 8, 9], 1)]]
-    rows = {s: bench.layout_setting(views, s, 64) for s in ("n-pass-packed", "one-pass-packed")}
+    rows = {s: layout_setting(views, s, 64) for s in ("n-pass-packed", "one-pass-packed")}
     job = bench.Job(rows=rows["n-pass-packed"], vocab=10, shape_kwargs={}, dtype="float32", backend="sdpa",
                     device="cpu", seed=0, repeats=2, threads=1, warmup=1, tensor_memory=False)
-    jobs = [job, dataclasses.replace(job, rows=rows["one-pass-packed"]),
+    jobs = [job, dataclasses.replace(job, rows=rows["one-pass-packed"], tensor_memory=True),
             dataclasses.replace(job, backend="surely_no_such_backend")]
     lines: list[str] = []
     timings = bench.time_interleaved(jobs, log=lines.append)
     assert [len(t.epoch_seconds) for t in timings] == [2, 2, 0]
     assert [t.peak_memory_bytes is not None for t in timings] == [True, True, False]
+    # the allocator's figures after the epochs, where asked (--quick): the part a layout changes beside the whole
+    assert timings[0].peak_tensor_bytes is None
+    assert 0 < timings[1].peak_forward_backward_bytes <= timings[1].peak_tensor_bytes
     failed = [line for line in lines if "failed before timing" in line]
     assert len(failed) == 1 and failed[0].startswith("surely_no_such_backend (")
     epochs = [line.split(" (")[0] for line in lines if line.startswith("epoch ")]
     assert epochs == ["epoch 1 sdpa", "epoch 1 sdpa", "epoch 2 sdpa", "epoch 2 sdpa"]
     rows_per_epoch = [line.split("(")[1].split(" rows")[0] for line in lines if line.startswith("epoch ")]
     assert rows_per_epoch[:2] == [str(len(rows["n-pass-packed"])), str(len(rows["one-pass-packed"]))]
+
+
+def test_quick_interleaves_its_settings_in_one_process(monkeypatch, tmp_path):
+    """``--quick`` times its settings' epochs interleaved in this process (A B A B), as the demo does; on
+    b757769 each ran in a process of its own minutes apart, and one-pass packed read 134% of its FLOP bound."""
+    calls = []
+
+    def interleaved(jobs, log=print):
+        calls.append([(j.backend, len(j.rows), j.tensor_memory) for j in jobs])
+        return [bench.Timing(epoch_seconds=[2.0, 2.0], epoch_cpu_seconds=[1.0, 1.0]) for _ in jobs]
+
+    def separately(job, timer=None):
+        raise AssertionError("--quick timed a setting in a process of its own")
+
+    monkeypatch.setattr(bench, "time_interleaved", interleaved)
+    monkeypatch.setattr(bench, "time_in_subprocess", separately)
+    out = tmp_path / "quick"
+    assert main(["bench", "--quick", "--out", str(out), "--conversations", "2", "--backends", "onepass_cpu",
+                 "--settings", "n-pass-packed,one-pass-packed"]) == 0
+    assert len(calls) == 1 and [b for b, _, _ in calls[0]] == ["onepass_cpu", "onepass_cpu"]
+    assert all(memory for _, _, memory in calls[0])  # the tensor-memory figures are kept
+    settings = json.loads((out / "summary.json").read_text())["settings"]
+    assert all(s["interleaved"] for s in settings) and settings[1]["speed_ratio_vs_n_pass_packed"]["paired"]
 
 
 def test_interleaved_ratios_are_paired_and_the_flash_baseline_is_compared_across_backends():
@@ -272,9 +299,18 @@ def test_interleaved_ratios_are_paired_and_the_flash_baseline_is_compared_across
     assert "vs N-pass packed on torch's flash varlen kernel: 1.20x, memory 2.00x" in line
 
 
-def test_the_flash_baseline_is_refused_on_cpu_in_one_line(capsys, tmp_path):
-    assert main(["bench", "--out", str(tmp_path), "--backends", "onepass_varlen", "--device", "cpu"]) == 2
-    assert "onepass_varlen (torch's flash varlen kernel) runs on CUDA only" in capsys.readouterr().err
+def test_onepass_varlen_times_tree_rows_too_and_says_it_runs_its_reference_off_cuda(capsys, tmp_path, one_thread):
+    """The gathered tree path serves one-pass rows (they used to be skipped: a varlen kernel could not
+    express a tree); off CUDA it is the CPU reference kernel, said in one line."""
+    out = tmp_path / "bench"
+    assert main(["bench", "--out", str(out), "--conversations", "2", "--repeats", "1", "--interleave",
+                 "--settings", "n-pass-packed,one-pass-packed", "--backends", "onepass_varlen", "--device", "cpu",
+                 "--max-tokens", "2048"]) == 0
+    assert "onepass_varlen off CUDA runs its reference kernel" in capsys.readouterr().out
+    settings = json.loads((out / "summary.json").read_text())["settings"]
+    assert [(s["backend"], s["setting"]) for s in settings] == [("onepass_varlen", "n-pass-packed"),
+                                                                ("onepass_varlen", "one-pass-packed")]
+    assert settings[1]["speedup_vs_flash_n_pass_packed"] == pytest.approx(settings[1]["speedup_vs_n_pass_packed"])
 
 
 def test_bench_interleave_end_to_end_on_cpu(tmp_path, one_thread):

@@ -16,6 +16,7 @@ from onepass.bench.gpu_bundle import (
     LIMIT_BYTES,
     NEVER,
     PACKAGES,
+    data_bytes,
     download_command,
     mismatches,
     over_limit,
@@ -23,9 +24,10 @@ from onepass.bench.gpu_bundle import (
 )
 from onepass.bench.gpu_check import (
     BOXES,
+    CUDA_STEPS,
     MARGIN_SECONDS,
+    NOTHING_MEASURED,
     SKIP,
-    SPEED_RUNS,
     STEP_NAMES,
     TOTAL_SECONDS,
     VERIFY_RUNS,
@@ -41,12 +43,14 @@ def test_the_time_boxes_fit_one_call_of_seven_minutes():
     assert TOTAL_SECONDS <= 7 * 60
     assert sum(BOXES.values()) + MARGIN_SECONDS <= TOTAL_SECONDS
     assert sum(s for _, _, s in VERIFY_RUNS) == BOXES["verify"]  # a step's parts share its box, no more
-    assert sum(s for _, s in SPEED_RUNS) == BOXES["speed"]
-    assert STEP_NAMES == ("env", "cuda-tests", "verify", "speed", "qlora")  # in order of value
+    # in order of value; the alignment the gathered tree path relies on first
+    assert STEP_NAMES == ("env", "varlen", "cuda-tests", "speed", "float32", "verify", "qlora")
+    assert CUDA_STEPS == STEP_NAMES[1:]
 
 
 def test_the_bundle_fits_its_limit_and_never_holds_the_machines_stack():
-    assert planned_bytes() <= LIMIT_BYTES <= 40 * 2**20
+    # the speed step's agent data travels in the tree and is counted with the wheels
+    assert 0 < data_bytes() < 2**20 and planned_bytes() + data_bytes() <= LIMIT_BYTES <= 40 * 2**20
     manifest = ROOT / "gpu-bundle" / "manifest.json"  # a bundle made here (git-ignored): its real size
     if manifest.is_file():
         assert json.loads(manifest.read_text())["bytes"] <= LIMIT_BYTES
@@ -65,24 +69,31 @@ def test_the_bundle_is_wheels_for_the_gpu_machines_python(tmp_path):
     assert f"transformers=={PACKAGES['transformers'][0]}" in cmd
 
 
-def test_cuda_steps_skip_in_one_line_each_into_one_json_and_one_log(tmp_path):
+def test_cuda_steps_skip_in_one_line_each_and_a_run_that_measured_nothing_is_not_a_pass(tmp_path):
+    """Without CUDA every GPU step is skipped in one line, into one JSON and one log; then the run says that
+    nothing was measured and exits 3 (on b757769 it exited 0: a vacuous pass), unless it is a rehearsal."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OUT": str(tmp_path / "out")}  # no CUDA even on a GPU
     cmd = [sys.executable, "-m", "onepass.bench.gpu_check", "--bundle", str(tmp_path / "no-bundle"),
            "--site", str(tmp_path / "site"), "--work", str(tmp_path / "work")]
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.returncode == NOTHING_MEASURED == 3, run.stdout[-3000:] + run.stderr[-3000:]
     lines = run.stdout.splitlines()
-    for step in ("cuda-tests", "verify", "speed", "qlora"):
+    for step in CUDA_STEPS:
         assert lines.count(SKIP.format(step=step)) == 1
+    assert lines[-1].startswith("gpu-check: NOTHING MEASURED: every GPU step (varlen, cuda-tests, speed, ")
+    assert lines[-1].endswith("not a pass: exit 3 (--rehearsal for a run without CUDA on purpose)")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu-check.json", "gpu-check.log"]  # $OUT
     record = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert [(n, r["status"]) for n, r in record["steps"].items()] == [
-        ("env", "passed"), ("cuda-tests", "skipped"), ("verify", "skipped"), ("speed", "skipped"),
-        ("qlora", "skipped")]
+        ("env", "passed"), *((step, "skipped") for step in CUDA_STEPS)]
+    assert record["verdict"] == "nothing measured"
     env_record = record["steps"]["env"]
     assert env_record["cuda_available"] is False and env_record["bundle"]["status"] == "skipped"
     assert env_record["imports"]["transformers"][0].isdigit()
     assert (tmp_path / "out" / "gpu-check.log").read_text().splitlines() == lines  # the log is what was printed
+    rehearsal = subprocess.run([*cmd, "--rehearsal", "--steps", "qlora", "--out", str(tmp_path / "r")], cwd=ROOT,
+                               env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert rehearsal.returncode == 0 and rehearsal.stdout.splitlines()[-1].endswith("a rehearsal (--rehearsal): exit 0")
 
 
 def test_an_unknown_step_is_a_usage_error():
@@ -199,13 +210,19 @@ def test_a_command_past_its_box_is_stopped_with_its_children(tmp_path):
 @pytest.mark.slow
 def test_the_cuda_steps_rehearsed_on_cpu_record_what_they_measured(tmp_path, monkeypatch):
     """The GPU run is one call: the steps' own code (commands, parsing, findings, the JSON) is rehearsed here
-    with CPU stand-ins for what needs CUDA: verify on sdpa, bench at the tiny shape on sdpa, the CUDA tests of
-    one file (they skip). Real subprocesses, as there."""
+    with CPU stand-ins for what needs CUDA: the varlen probe against its own reference (float32 and bfloat16),
+    the CUDA tests of one file (they skip), the speed plan at the tiny shape on one short conversation
+    (onepass_cpu for flex: it has no CPU backward), the float32 question with onepass_cpu for flex, verify on
+    sdpa. Real subprocesses, as there."""
     monkeypatch.setattr(gpu_check, "DEVICE", "cpu")
+    monkeypatch.setattr(gpu_check, "VARLEN_INPUTS", "float32,bfloat16")
     monkeypatch.setattr(gpu_check, "VERIFY_RUNS", (("float64", "sdpa", 200),))
-    monkeypatch.setattr(gpu_check, "SPEED_RUNS", (("tiny", 300),))
-    monkeypatch.setattr(gpu_check, "SPEED_ARGS", ("--conversations", "3", "--repeats", "2", "--backends", "sdpa",
-                                                  "--settings", "n-pass-packed,one-pass-packed", "--interleave"))
+    monkeypatch.setattr(gpu_check, "SPEED_ARGS", ("--workloads", "mathchat-deep-long", "--conversations", "1",
+                                                  "--shape", "tiny", "--layers", "1", "--row-tokens", "8192",
+                                                  "--compact-vocab", "--dtype", "float32",
+                                                  "--flex-backend", "onepass_cpu"))
+    monkeypatch.setattr(gpu_check, "FLOAT32_ARGS", ("--backends", "onepass_cpu,sdpa", "--conversations", "1",
+                                                    "--steps", "2"))
     monkeypatch.setattr(gpu_check, "cuda_test_files", lambda tests: [tests / "attention" / "test_mask.py"])
     args = gpu_check.parse_args(["--bundle", str(tmp_path / "none"), "--site", str(tmp_path / "site"),
                                  "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")])
@@ -213,23 +230,33 @@ def test_the_cuda_steps_rehearsed_on_cpu_record_what_they_measured(tmp_path, mon
     report = gpu_check.Report(tmp_path / "out")
     check = gpu_check.Check(args, report)
 
+    varlen = check.step_varlen(300)
+    assert varlen["status"] == "passed" and varlen["result"]["aligned"] and len(varlen["result"]["cases"]) == 6
+    assert report.record["findings"][-1].startswith("varlen on CPU: tree rows ALIGNED at the bottom right (6 cases")
+
     tests = check.step_cuda_tests(300)
     assert tests["status"] == "passed" and tests["counts"] == {"passed": 0, "failed": 0, "error": 0, "skipped": 2}
     assert {t["message"] for t in tests["tests"]} == {"needs a CUDA GPU"}
+
+    speed = check.step_speed(600)
+    assert speed["status"] == "passed", speed
+    figures = speed["result"]["figures"]
+    assert [(f["setting"], f["backend"]) for f in figures] == [
+        ("n-pass-packed", "onepass_varlen"), ("one-pass-packed", "flex_attention"),
+        ("one-pass-packed", "onepass_varlen")]
+    assert all(f["tokens/s"] and f["epoch_seconds"] for f in figures)
+    assert figures[1]["vs flash N-pass"] and figures[1]["fraction of bound"] and figures[2]["useful-FLOP utilisation"]
+    assert len([line for line in speed["epochs_logged"] if line.startswith("epoch ")]) == 3 * speed["result"]["rounds"]
+    assert len([f for f in report.record["findings"] if f.startswith("speed mathchat-deep-long ")]) == 3
+
+    float32 = check.step_float32(600)
+    assert float32["status"] == "passed" and set(float32["result"]["backends"]) == {"onepass_cpu", "sdpa"}
+    assert "is closer to float64" in report.record["findings"][-1]
 
     verify = check.step_verify(200)
     (run,) = verify["runs"]
     assert verify["status"] == "passed" and run["result"]["equal"] and run["result"]["device"] == "cpu"
     assert report.record["findings"][-1].startswith("verify float64 sdpa on CPU: EQUAL (loss rel diff ")
-
-    speed = check.step_speed(300)
-    (run,) = speed["runs"]
-    assert speed["status"] == "passed", run
-    assert [(s["backend"], s["setting"]) for s in run["summary"]["settings"]] == [
-        ("sdpa", "n-pass-packed"), ("sdpa", "one-pass-packed")]
-    assert run["summary"]["settings"][1]["speed_ratio_vs_n_pass_packed"]["paired"]
-    assert len(run["epochs_logged"]) == 4  # 2 settings x 2 interleaved epochs, each logged as it ended
-    assert [f for f in report.record["findings"] if f.startswith("speed tiny: one-pass packed vs N-pass packed")]
 
 
 def test_a_rerun_chooses_its_verify_runs_and_boxes(capsys):

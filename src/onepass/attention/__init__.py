@@ -6,7 +6,8 @@
     segments.py   the segment plan: segments (onepass.layout.geometry) tiled for the CPU kernel
     cpu_tiles.py  ``tree_attention``: a segment plan's tiles through the fused CPU flash kernel, and its reference
     cpu.py        ``onepass_cpu``: that kernel as a transformers backend (its mask object, registration)
-    varlen.py     ``onepass_varlen``: N-pass rows through torch's flash varlen kernel (the bench's baseline)
+    gather.py     the gather plan: each segment against its gathered root path, one varlen call (numpy)
+    varlen.py     ``onepass_varlen``: the gather plan on torch's flash varlen kernel (CUDA), its CPU reference
     window.py     sliding windows over a tree: where each query's window starts
     paper.py      the seed paper's layout and role-id mask, kept as a separate reference
 """

@@ -8,8 +8,9 @@ knows which object each backend takes:
     sdpa               bool [B, 1, L, L]      True = may attend
     eager              float [B, 1, L, L]     0 / finfo.min, added to the scores
     flex_attention     BlockMask              blocks with no visible pair are skipped
-    onepass_varlen     int64 [B, 1, 1, L]     kv_end + documents: torch's flash varlen kernel, rows that
-                                              never branch only (N-pass; the bench's baseline, CUDA)
+    onepass_varlen     int64 [B, 1, 1, L]     kv_end + gather plan: each segment against its gathered root
+                                              path in one call of torch's flash varlen kernel (CUDA; its
+                                              CPU reference elsewhere)
     flash_attention_*  refused                it cannot express a tree mask
 
 flex_attention always runs torch's main flex kernel (:data:`FLEX_KERNEL_OPTIONS`, passed with every
@@ -43,12 +44,13 @@ from onepass.attention.cpu import cpu_attention_mask
 from onepass.attention.cpu import register as register_onepass_cpu
 from onepass.attention.mask import additive_mask, block_mask, dense_mask
 from onepass.attention.varlen import BACKEND as VARLEN
+from onepass.attention.varlen import register as register_varlen
 from onepass.attention.varlen import varlen_attention_mask
 from onepass.errors import ConfigError
 from onepass.model.config import text_config
 from onepass.model.private_names import private
 
-BACKENDS = ("onepass_cpu", "sdpa", "eager", "flex_attention")
+BACKENDS = ("onepass_cpu", "sdpa", "eager", "flex_attention", VARLEN)
 ONE_MASK = ""  # layer_windows' key for a model that takes one mask for every layer
 FULL, WINDOW = "full_attention", "sliding_attention"
 SP_PREFIX = "onepass_sp:"  # a backend wrapped for sequence parallelism (onepass.ulysses.attention): same mask
@@ -91,6 +93,12 @@ def check_backend(backend: str, device: torch.device | str, dtype: torch.dtype |
                            "float32 at most); use sdpa or eager for float64")
     if backend == ONEPASS_CPU and torch.device(device).type != "cpu":
         raise BackendError("onepass_cpu runs on CPU only; on CUDA use flex_attention (block-sparse) or sdpa")
+    if backend == VARLEN and torch.device(device).type == "cuda" and dtype not in (None, torch.float16,
+                                                                                    torch.bfloat16):
+        raise BackendError(f"{VARLEN} on CUDA is torch's flash kernel: bfloat16 and float16 only, not {dtype}; "
+                           "use sdpa or eager for float32 and float64")
+    if backend == VARLEN:
+        register_varlen()
 
 
 def layer_windows(config: Any) -> dict[str, int | None]:
@@ -139,7 +147,7 @@ def supported_backend(model_or_config: Any, device: torch.device | str, dtype: t
     return "eager"
 
 
-CPU_BACKENDS = ("onepass_cpu", "sdpa", "eager")
+CPU_BACKENDS = ("onepass_cpu", "sdpa", "eager", VARLEN)  # onepass_varlen: its CPU reference kernel
 
 
 def cpu_backend(config: Any, requested: str | None = None) -> str:
@@ -185,10 +193,9 @@ def attention_mask_for(model: Any, kv_end_BL: torch.Tensor, *, position_ids_BL: 
     def build(window: int | None) -> Any:
         if backend == ONEPASS_CPU:
             return cpu_attention_mask(plan_kv_end, position_ids=plan_positions, window=window)
-        if backend == VARLEN:  # documents, not a tree: N-pass rows only
-            if window is not None:
-                raise BackendError(f"{VARLEN} does not implement sliding windows (window {window})")
-            return varlen_attention_mask(kv_end_BL)
+        if backend == VARLEN:  # the gather plan: segments against their root paths, one varlen call
+            return varlen_attention_mask(plan_kv_end, position_ids=plan_positions, window=window,
+                                         device=kv_end_BL.device)
         if backend == "flex_attention":  # built from the block plan: no L x L evaluation
             return block_mask(plan_kv_end, block_size=block_size, device=kv_end_BL.device,
                               position_ids=plan_positions, window=window, kv_end_BL=kv_end_BL,

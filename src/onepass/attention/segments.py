@@ -49,7 +49,7 @@ import numpy as np
 
 from onepass.attention.blocks import as_kv_end_BL
 from onepass.attention.window import check_window, window_start
-from onepass.layout.geometry import check_tree, segment_starts
+from onepass.layout.geometry import segments
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -137,29 +137,10 @@ def segment_plan(kv_end: Any, *, chunk: int = 128, position_ids: Any = None,
         window_start(kv_end_BL, position_ids, window)  # checks positions = depths
         chunk = min(chunk, max(window - 1, 1))  # every query of a chunk sees the key just before it
     B, L = kv_end_BL.shape
-    kv_T = (kv_end_BL + (np.arange(B) * L)[:, None]).reshape(-1)  # rows become documents of one row
-    T = B * L
-    pos_T = np.arange(T)
-    parent_T = check_tree(kv_end_BL).reshape(-1)  # ValueError unless subtrees nest: the plan relies on it
-    start_S = np.flatnonzero(segment_starts(kv_T))
-    stop_S = np.append(start_S[1:], T)
-
-    # the ancestors of segment i: those of the segment j holding the parent a of its first node, then
-    # j's nodes up to a (a segment is a path); j comes before i
-    ancestors: dict[int, np.ndarray] = {}
-    up_S = parent_T[start_S]
-    held = np.flatnonzero(up_S >= 0)
-    up_S[held] += start_S[held] // L * L  # row coordinates to flat ones
-    holder = np.searchsorted(start_S, up_S[held], "right") - 1
-    for i, a, j in zip(held.tolist(), up_S[held].tolist(), holder.tolist()):
-        ancestors[i] = np.concatenate([ancestors.get(j, pos_T[:0]), np.arange(start_S[j], a + 1)])
-
-    S = len(start_S)
-    num_anc_S = np.zeros(S, dtype=np.int64)
-    for i, anc in ancestors.items():
-        num_anc_S[i] = len(anc)
-    anc_ptr_S1 = np.concatenate([[0], np.cumsum(num_anc_S)])
-    anc_index = np.concatenate([ancestors[i] for i in sorted(ancestors)]) if ancestors else pos_T[:0]
+    segs = segments(kv_end_BL)  # ValueError unless subtrees nest: the plan relies on it
+    start_S, stop_S, anc_ptr_S1, anc_index = segs.start_S, segs.stop_S, segs.anc_ptr_S1, segs.anc_index
+    S = segs.num_segments
+    num_anc_S = segs.num_ancestors_S
 
     # tiles: chunks of each segment; a diagonal square each, a rectangle where there are earlier keys
     n_S = stop_S - start_S

@@ -1,8 +1,10 @@
-"""The benchmark behind ``onepass bench``: every setting timed side by side, in fresh processes.
+"""The benchmark behind ``onepass bench``: every setting timed side by side, interleaved or in fresh processes.
 
-    harness.py   settings, layouts, the timed training step in a subprocess, summaries
+    settings.py  the settings and the rows of each (numpy)
+    harness.py   the timed training step, interleaved or in a subprocess, summaries
     trl.py       the TRL ``SFTTrainer`` baseline on the same N-pass views
     report.py    JSON, Markdown table and PNG plots
     cli.py       ``onepass bench``
-    gpu_bundle.py / gpu_check.py   ``make gpu-bundle`` / ``make gpu-check``: the first GPU run, one call
+    gpu_bundle.py / gpu_check.py   ``make gpu-bundle`` / ``make gpu-check``: the GPU run, one call
+    gpu_plan.py / gpu_speed.py / gpu_probes.py   its speed plan, speed step and probes
 """

@@ -2,8 +2,9 @@
 
 Why this module exists: it is the orchestration around ``harness.py`` (workload,
 model, backends, depth groups) and the command line for it. ``--quick`` is
-sized to finish in a few minutes on 2 CPU cores. The workload is any
-``--data`` spec of conversations, resolved like every other command's
+sized to finish in a few minutes on 2 CPU cores and times its settings interleaved in one
+process (epochs A B C A B C, as the demo takes turns), so a ratio never spans minutes of a
+machine's drift. The workload is any ``--data`` spec of conversations, resolved like every other command's
 (:func:`onepass.conversation.sources.resolve_data`); ``--workload mathchat|synthetic`` are
 names for ``builtin:mathchat`` and ``synthetic:mathchat-sync``.
 
@@ -39,7 +40,8 @@ WORKLOADS = {"mathchat": "builtin:mathchat", "synthetic": "synthetic:mathchat-sy
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("bench", help="training throughput and memory of every schedule, side by side")
     p.add_argument("--out", required=True, help="output directory (summary.json, table.md, *.png)")
-    p.add_argument("--quick", action="store_true", help="small workload and few repeats (minutes on CPU)")
+    p.add_argument("--quick", action="store_true", help="small workload and few repeats (minutes on CPU), its "
+                                                          "settings interleaved in one process (--interleave)")
     data = p.add_mutually_exclusive_group()
     data.add_argument("--data", help="conversations to time: any --data spec of onepass prepare (a file, a "
                                      "folder, a saved dataset, builtin:mathchat, synthetic:NAME, a hub id)")
@@ -71,16 +73,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--backends", default=None,
                    help="comma-separated attention backends (default: sdpa,onepass_cpu on CPU; flex_attention,sdpa on "
-                        "CUDA; onepass_varlen: N-pass rows through torch's flash varlen kernel, the FA2-class "
-                        "baseline, CUDA)")
+                        "CUDA; onepass_varlen: torch's flash varlen kernel, the FA2-class baseline on N-pass rows "
+                        "and the gathered tree path on one-pass rows, CUDA)")
     p.add_argument("--settings", default=None, help="comma-separated settings (default: all)")
     p.add_argument("--max-tokens", type=int, default=None, help="row budget (default 4096; 16384 for --workload agent)")
     p.add_argument("--repeats", type=int, default=None, help="timed epochs per setting (default 2 quick, 5 full)")
     p.add_argument("--depth-groups", action="store_true", help="also time G1/G2/G3 separately")
     p.add_argument("--interleave", action="store_true",
                    help="time every backend x setting in this one process, their epochs interleaved (A B C A B C: "
-                        "drift lands on all alike, ratios paired); all models stay resident (GPU). onepass_varlen "
-                        "(torch's flash varlen kernel, CUDA) then times the N-pass settings only")
+                        "drift lands on all alike, ratios paired); all models stay resident (GPU)")
     p.set_defaults(func="onepass.bench.command:run")
 
 

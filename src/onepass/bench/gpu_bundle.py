@@ -11,6 +11,10 @@ downloaded here for its platform (``pip download --no-deps --only-binary=:all: -
     gpu-bundle/*.whl            installed there by gpu_check: pip install --no-index --no-deps --target
     gpu-bundle/manifest.json    python version, platforms, every wheel and its size, the total
 
+The data the speed step times travels in the tree, not in the bundle (:data:`DATA`: agent
+conversations ``../shared`` holds but the GPU machine never sees), and is counted with the wheels
+against the limit.
+
 Never bundled: torch, triton, nvidia-*, or anything the image has at a version we can use; there,
 ``gpu_check`` compares what was not bundled with what onepass and the bundled wheels require
 (:func:`mismatches`), one line per mismatch. bitsandbytes (QLoRA) is left out: its one wheel (41 MiB) alone exceeds the limit.
@@ -29,6 +33,8 @@ import sys
 from pathlib import Path
 
 LIMIT_BYTES = 40 * 2**20  # with the tracked tree (~4 MiB) well under the 64 MiB one call carries
+ROOT = Path(__file__).resolve().parents[3]  # the repository (src/onepass/bench/gpu_bundle.py)
+DATA = "benchmarks/data/gpu-check"  # the speed step's agent data (onepass.bench.gpu_plan), in the tree
 MANIFEST = "manifest.json"
 
 # name: (version, MiB of its cp312 manylinux wheel when chosen, why the image's own will not do)
@@ -49,6 +55,11 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x
 def planned_bytes() -> int:
     """The bundle's size as planned (the wheel sizes recorded in :data:`PACKAGES`)."""
     return int(sum(mib for _, mib, _ in PACKAGES.values()) * 2**20)
+
+
+def data_bytes(root: Path = ROOT) -> int:
+    """Bytes of :data:`DATA`: counted with the wheels against the limit."""
+    return sum(f.stat().st_size for f in (root / DATA).rglob("*") if f.is_file())
 
 
 def over_limit(sizes: dict[str, int], *, limit: int = LIMIT_BYTES) -> str | None:
@@ -128,16 +139,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-bundle: pip download failed (exit {rc})", file=sys.stderr)
         return rc
     sizes = {w.name: w.stat().st_size for w in sorted(out.glob("*.whl"))}
-    too_big = over_limit(sizes)
+    too_big = over_limit({**sizes, DATA: data_bytes()})
     if too_big:
         print(f"gpu-bundle: {too_big}", file=sys.stderr)
         return 1
     manifest = {"python_version": args.python_version, "platforms": list(PLATFORMS),
                 "packages": {n: v for n, (v, _, _) in PACKAGES.items()}, "wheels": sizes,
-                "bytes": sum(sizes.values()), "limit_bytes": LIMIT_BYTES}
+                "bytes": sum(sizes.values()), "data": DATA, "data_bytes": data_bytes(), "limit_bytes": LIMIT_BYTES}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-    print(f"gpu-bundle: {len(sizes)} wheels, {sum(sizes.values()) / 2**20:.1f} MiB in {out}/ (limit "
-          f"{LIMIT_BYTES / 2**20:.0f} MiB); carry it with the working tree and run make gpu-check there")
+    print(f"gpu-bundle: {len(sizes)} wheels, {sum(sizes.values()) / 2**20:.1f} MiB in {out}/, and "
+          f"{data_bytes() / 2**20:.1f} MiB of data in {DATA}/ (limit {LIMIT_BYTES / 2**20:.0f} MiB together); carry it "
+          "with the working tree and run make gpu-check there")
     return 0
 
 

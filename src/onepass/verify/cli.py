@@ -41,9 +41,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                      help="random tiny model of this architecture (default qwen3; see onepass.model.tiny.TINY_ARCHS)")
     p.add_argument("--dtype", choices=dtype_names(verified=True), default="float64")
     add_data_arguments(p, names=VERIFY_KEYS + VERIFY_ROW_KEYS)
-    p.add_argument("--attn", default="auto", choices=("auto", "onepass_cpu", "sdpa", "eager", "flex_attention"),
+    p.add_argument("--attn", default="auto",
+                   choices=("auto", "onepass_cpu", "sdpa", "eager", "flex_attention", "onepass_varlen"),
                    help="attention backend (auto: one the model supports exactly on --device; flex_attention: "
-                        "CUDA only)")
+                        "CUDA only; onepass_varlen: torch's flash varlen kernel on CUDA, its CPU reference on CPU)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda: where both sides run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tolerance", type=float, default=None,
