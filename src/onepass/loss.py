@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from onepass.attention.backends import attention_mask_for, forward_kwargs
-from onepass.model.couplings import check_row_mask
+from onepass.model.couplings import logits_to_keep_for
 from onepass.head import (
     add_logit_stats,
     chunked_lm_head_loss,
@@ -150,19 +150,26 @@ def forward_at_targets(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head
     head = None if mode == "plain" else head_of(model)
     if head is not None and not getattr(head, _PLAIN_MARK, False):
         with head_as_identity(head) as seen:
-            out_TD, targets_T, weights_T = _forward_kept(model, batch, shard)
+            out_TD, targets_T, weights_T, pick = _forward_kept(model, batch, shard)
         if getattr(head, _CHECKED_MARK, False) and len(seen) == 1:  # checked once per model: no sync per step
             hidden_TD = out_TD if out_TD.dtype == seen[0].dtype else seen[0].reshape(out_TD.shape)
         else:
             hidden_TD = _returned_unchanged(out_TD, seen)
         if hidden_TD is not None:
             setattr(head, _CHECKED_MARK, True)
-            return hidden_TD, head, targets_T, weights_T
+            return _picked(hidden_TD, pick), head, targets_T, weights_T
         setattr(head, _PLAIN_MARK, True)
         warnings.warn(f"onepass: {type(model).__name__} changes what its LM head returns; "
                       "using the plain LM head (full logits at the targets)", stacklevel=3)
-    logits_TV, targets_T, weights_T = _forward_kept(model, batch, shard)
-    return logits_TV, None, targets_T, weights_T
+    logits_TV, targets_T, weights_T, pick = _forward_kept(model, batch, shard)
+    return _picked(logits_TV, pick), None, targets_T, weights_T
+
+
+def _picked(out: torch.Tensor, pick: torch.Tensor | None) -> torch.Tensor:
+    """The kept positions' outputs, [T, X] row-major: ``out`` as it came, or each row's own picked from the union
+    of the rows' positions (:func:`onepass.model.couplings.logits_to_keep_for`)."""
+    out = out if pick is None else out[pick]
+    return out.reshape(-1, out.shape[-1])
 
 
 _PLAIN_MARK, _CHECKED_MARK = "_onepass_head_plain", "_onepass_head_checked"
@@ -185,9 +192,10 @@ def _returned_unchanged(out_TD: torch.Tensor, seen: Sequence[torch.Tensor]) -> t
 
 
 def _forward_kept(model: Any, batch: Mapping[str, torch.Tensor], shard: SequenceShard | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The model's output at the target positions ([T, V] logits, or [T, D] with an identity head),
-    the targets and their weights.
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The model's output at the target positions (logits, or hidden states with an identity head), the
+    targets, their weights, and the mask that picks each row's own outputs (None: the outputs are the kept
+    positions already; see :func:`onepass.model.couplings.logits_to_keep_for`).
 
     With a ``shard`` (sequence parallelism) the rows are padded to a multiple of the degree; the
     mask, the chains, ``kv_end`` and the position ids stay those of the whole rows (global: nothing
@@ -205,14 +213,10 @@ def _forward_kept(model: Any, batch: Mapping[str, torch.Tensor], shard: Sequence
             for k in ("input_ids", "position_ids", "targets", "weights")}
     targets_BL = held["targets"]
     keep_BL = targets_BL != IGNORE
-    if targets_BL.shape[0] == 1:
-        keep = keep_BL[0].nonzero().squeeze(1)  # 1-D indices: supported by every transformers 5.x
-    else:
-        check_row_mask(model, targets_BL.shape[0])  # a release without row masks: one line, not a traceback
-        keep = keep_BL  # 2-D bool: logits come back flattened to [T, V]
+    keep, pick = logits_to_keep_for(model, keep_BL)  # 1-D positions, a [B, L] mask, or the rows' union
     out = model(input_ids=held["input_ids"], position_ids=held["position_ids"],
                 attention_mask=mask, logits_to_keep=keep, use_cache=False, **forward_kwargs(model), **extra)
-    return out.logits.reshape(-1, out.logits.shape[-1]), targets_BL[keep_BL], held["weights"][keep_BL]
+    return out.logits, targets_BL[keep_BL], held["weights"][keep_BL], pick
 
 
 def pad_batch(batch: Mapping[str, torch.Tensor], multiple: int) -> dict[str, torch.Tensor]:
