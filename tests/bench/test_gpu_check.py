@@ -42,7 +42,7 @@ def test_the_time_boxes_fit_one_call_of_seven_minutes():
     assert sum(BOXES.values()) + MARGIN_SECONDS <= TOTAL_SECONDS
     assert sum(s for _, _, s in VERIFY_RUNS) == BOXES["verify"]  # a step's parts share its box, no more
     assert sum(s for _, s in SPEED_RUNS) == BOXES["speed"]
-    assert STEP_NAMES == ("env", "cuda-tests", "verify", "speed", "qlora")  # in order of value
+    assert STEP_NAMES == ("env", "cuda-tests", "verify", "speed", "skyrl", "qlora")  # in order of value
 
 
 def test_the_bundle_fits_its_limit_and_never_holds_the_machines_stack():
@@ -72,13 +72,13 @@ def test_cuda_steps_skip_in_one_line_each_into_one_json_and_one_log(tmp_path):
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = run.stdout.splitlines()
-    for step in ("cuda-tests", "verify", "speed", "qlora"):
+    for step in ("cuda-tests", "verify", "speed", "skyrl", "qlora"):
         assert lines.count(SKIP.format(step=step)) == 1
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu-check.json", "gpu-check.log"]  # $OUT
     record = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert [(n, r["status"]) for n, r in record["steps"].items()] == [
         ("env", "passed"), ("cuda-tests", "skipped"), ("verify", "skipped"), ("speed", "skipped"),
-        ("qlora", "skipped")]
+        ("skyrl", "skipped"), ("qlora", "skipped")]
     env_record = record["steps"]["env"]
     assert env_record["cuda_available"] is False and env_record["bundle"]["status"] == "skipped"
     assert env_record["imports"]["transformers"][0].isdigit()
@@ -230,6 +230,10 @@ def test_the_cuda_steps_rehearsed_on_cpu_record_what_they_measured(tmp_path, mon
     assert run["summary"]["settings"][1]["speed_ratio_vs_n_pass_packed"]["paired"]
     assert len(run["epochs_logged"]) == 4  # 2 settings x 2 interleaved epochs, each logged as it ended
     assert [f for f in report.record["findings"] if f.startswith("speed tiny: one-pass packed vs N-pass packed")]
+
+    skyrl = check.step_skyrl(300)  # onepass.bench.skyrl_step: sharded on one gloo rank, onepass_cpu
+    assert skyrl["status"] == "passed" and skyrl["attention"] == "onepass_cpu", skyrl
+    assert skyrl["max_abs_logprob_diff"] <= skyrl["tolerance"] and report.record["findings"][-1].startswith("skyrl: {")
 
 
 def test_a_rerun_chooses_its_verify_runs_and_boxes(capsys):

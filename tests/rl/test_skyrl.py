@@ -193,6 +193,58 @@ def test_every_registered_policy_loss_and_its_gradients_equal_skyrls(wrappers, b
 
 
 # --------------------------------------------------------------------------------------------
+# under SkyRL's FSDP2 layout (its apply_fsdp2: fully_shard per decoder layer and embedding, then the model), on one
+# gloo rank; SkyRL's FSDPStrategy.prepare itself moves buffers with .cuda(), and FSDP has no float64 mixed precision:
+# float32, both wrappers sharded alike
+
+
+@pytest.fixture(scope="module")
+def gloo():
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def fsdp2_wrapped(wrapper_cls, vocab):
+    from skyrl.backends.skyrl_train.distributed.fsdp_utils import apply_fsdp2
+    from skyrl.train.config.config import FSDPConfig
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    wrapper = wrapper_cls(tiny_model("qwen3", vocab, dtype=torch.float32, seed=0))
+    mp = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=True)
+    apply_fsdp2(wrapper.model, {"mesh": init_device_mesh("cpu", (1,), mesh_dim_names=["fsdp"]), "mp_policy": mp,
+                                "offload_policy": None, "reshard_after_forward": True}, FSDPConfig())
+    return wrapper
+
+
+def test_under_skyrls_fsdp2_layout_the_log_probs_and_gradients_are_skyrls(stepwise, batch, gloo, one_thread):
+    """The LM head is applied after the model's forward returns; FSDP2 reshards the root after forward (torch
+    2.13), so onepass's wrapper keeps the root gathered until backward (before: a mixed Tensor/DTensor error)."""
+    _, vocab = stepwise
+    w, keep = batch["num_actions"], scored(batch)
+    got = {}
+    for name, cls in (("skyrl", HFModelWrapper), ("onepass", onepass_skyrl.OnePassModelWrapper)):
+        wrapper = fsdp2_wrapped(cls, vocab)
+        assert type(next(wrapper.model.parameters())).__name__ == "DTensor"
+        lp, out = wrapper(batch["sequences"], w, attention_mask=batch["attention_mask"], return_output=True,
+                          compute_entropy=True)
+        entropy = out["entropy"][:, -w - 1:-1]
+        (lp[keep].sum() + (entropy * batch["loss_mask"]).sum()).backward()
+        got[name] = lp.detach(), {n: p.grad.full_tensor() for n, p in wrapper.model.named_parameters()}
+    (lp_s, grads_s), (lp_o, grads_o) = got["skyrl"], got["onepass"]
+    assert rel(lp_o[keep], lp_s[keep]) <= 1e-5
+    assert max_rel_grad_diff(grads_s, grads_o)[0] <= 1e-4
+
+
+# --------------------------------------------------------------------------------------------
 # the switch: workers, trainer, config (their Ray/FSDP run needs CUDA: make gpu-check)
 
 

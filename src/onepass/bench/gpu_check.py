@@ -16,6 +16,8 @@ a step cut at its box keeps what finished):
     speed       onepass bench --interleave at real widths (Qwen3-0.6B and -4B shapes, a few layers,
                 bf16): one-pass packed vs N-pass packed with flex, and N-pass packed on torch's flash
                 varlen kernel (onepass_varlen); tokens/s, peak memory, ratios, the FLOP bound
+    skyrl       onepass's SkyRL forward and backward sharded as SkyRL's FSDP workers shard it (bf16, NCCL,
+                flex), against each row's plain forward (onepass.bench.skyrl_step)
     qlora       QLoRA where bitsandbytes is importable (the CUDA tests then ran its test), else one line
 
 Without CUDA each CUDA step is skipped in one line. Everything printed goes to stdout as it comes
@@ -55,11 +57,11 @@ MARGIN_SECONDS = 20  # the interpreter's start, torch's import, the last JSON
 # seconds per step, sized on the two H100 runs of 2026-11-26 (docs/gpu.md): env 17-19 s, cuda-tests 50-56 s, a
 # verify run 20 s (sdpa) to over 25 s (flex: its compile), the 0.6B shape's three settings built and warmed up
 # in 67 s and timed in 20 s more, the 4B shape's first two in 129 s
-BOXES = {"env": 20, "cuda-tests": 60, "verify": 55, "speed": 263, "qlora": 2}
+BOXES = {"env": 20, "cuda-tests": 60, "verify": 55, "speed": 238, "skyrl": 25, "qlora": 2}
 # onepass verify --device cuda: (dtype, attention, seconds), most telling first; flex compiles on first use
 # (flex has no float64 kernel: that pairing is refused in one line, attention.backends.check_backend)
 VERIFY_RUNS = (("float64", "sdpa", 12), ("float32", "flex_attention", 33), ("float32", "sdpa", 10))
-SPEED_RUNS = (("qwen3-0.6b", 115), ("qwen3-4b", 148))  # onepass bench --shape, seconds
+SPEED_RUNS = (("qwen3-0.6b", 90), ("qwen3-4b", 148))  # onepass bench --shape, seconds
 DEVICE = "cuda"  # where verify and speed run (tests rehearse the steps with "cpu")
 SPEED_ARGS = ("--layers", "4", "--conversations", "96", "--repeats", "3", "--dtype", "bfloat16",
               "--backends", "flex_attention,onepass_varlen", "--settings", "n-pass-packed,one-pass-packed",
@@ -312,6 +314,15 @@ class Check:
                 self.report.finding(line)
         return {"status": "passed" if all(r["status"] == "passed" for r in runs) else "failed", "runs": runs}
 
+    # -- skyrl (onepass.bench.skyrl_step) --------------------------------------------------------
+
+    def step_skyrl(self, seconds: float) -> dict[str, Any]:
+        output, rc = run_streamed(self.python("-m", "onepass.bench.skyrl_step", "--device", DEVICE), seconds=seconds,
+                                  report=self.report, env=self.env)
+        result = last_json(output) or {}
+        self.report.finding(f"skyrl: {json.dumps(result)}" if result else f"skyrl: {status_of(rc)}")
+        return {**result, "status": status_of(rc), "returncode": rc}
+
     # -- qlora ----------------------------------------------------------------------------------
 
     def step_qlora(self, seconds: float) -> dict[str, Any]:
@@ -426,7 +437,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-CUDA_STEPS = ("cuda-tests", "verify", "speed", "qlora")
+CUDA_STEPS = ("cuda-tests", "verify", "speed", "skyrl", "qlora")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -153,13 +153,18 @@ def _classes() -> dict[str, Any]:
             self.onepass_max_tokens = onepass_max_tokens
             self._onepass_backend_on: str | None = None
 
-        def _use_tree_backend(self) -> None:
-            """The attention backend that serves a tree mask on the model's device (flex_attention on CUDA,
-            onepass_cpu on CPU), set once the parameters sit where they run (after FSDP placed them)."""
+        def _prepare_model(self) -> None:
+            """Once the parameters sit where they run (after SkyRL's FSDPStrategy placed them): the attention
+            backend that serves a tree mask there (flex_attention on CUDA, onepass_cpu on CPU); and, under FSDP2
+            (``fully_shard`` per decoder layer, then the model), the model's own parameters (the LM head's) kept
+            gathered after its forward until backward, since onepass applies the head in chunks after the
+            forward returns (torch 2.13 reshards the root after forward too: the head would be a DTensor)."""
             parameter = next(self.model.parameters())
             device = parameter.device.type
             if self._onepass_backend_on != device:
                 self.model.set_attn_implementation(supported_backend(self.model, device, parameter.dtype))
+                if hasattr(self.model, "set_reshard_after_forward"):  # an FSDP2 module (FSDPModule)
+                    self.model.set_reshard_after_forward(False, recurse=False)
                 self._onepass_backend_on = device
 
         def forward(self, sequences: Any, num_actions: Any, attention_mask: Any = None, temperature: float = 1.0,
@@ -170,7 +175,7 @@ def _classes() -> dict[str, Any]:
                                   "mm_token_type_ids": mm_token_type_ids})
             if attention_mask is None:
                 attention_mask = torch.ones_like(sequences)
-            self._use_tree_backend()
+            self._prepare_model()
             logprobs_BW, entropy_BW = window_token_logprobs(
                 self.model, sequences, attention_mask, call.num_actions, entropy=call.entropy,
                 max_tokens=self.onepass_max_tokens, temperature=call.temperature)
