@@ -5,4 +5,5 @@
     report.py    JSON, Markdown table and PNG plots
     cli.py       ``onepass bench``
     gpu_bundle.py / gpu_check.py   ``make gpu-bundle`` / ``make gpu-check``: the first GPU run, one call
+    skyrl_step.py                  gpu-check's skyrl step (onepass's SkyRL forward, sharded as SkyRL shards it)
 """
