@@ -123,8 +123,8 @@ def wrappers(stepwise):
         float64_norms(m)
         return m
 
-    return {"skyrl": (HFModelWrapper(model(0)), HFModelWrapper(model(1))),
-            "onepass": (onepass_skyrl.OnePassModelWrapper(model(0)), onepass_skyrl.OnePassModelWrapper(model(1)))}
+    ours = onepass_skyrl.skyrl_classes().model_wrapper
+    return {"skyrl": (HFModelWrapper(model(0)), HFModelWrapper(model(1))), "onepass": (ours(model(0)), ours(model(1)))}
 
 
 def scored(batch):
@@ -231,7 +231,7 @@ def test_under_skyrls_fsdp2_layout_the_log_probs_and_gradients_are_skyrls(stepwi
     _, vocab = stepwise
     w, keep = batch["num_actions"], scored(batch)
     got = {}
-    for name, cls in (("skyrl", HFModelWrapper), ("onepass", onepass_skyrl.OnePassModelWrapper)):
+    for name, cls in (("skyrl", HFModelWrapper), ("onepass", onepass_skyrl.skyrl_classes().model_wrapper)):
         wrapper = fsdp2_wrapped(cls, vocab)
         assert type(next(wrapper.model.parameters())).__name__ == "DTensor"
         lp, out = wrapper(batch["sequences"], w, attention_mask=batch["attention_mask"], return_output=True,
@@ -253,20 +253,22 @@ def test_the_workers_build_onepass_wrapper_while_they_init_and_skyrls_after():
     with onepass_skyrl._wrapper_in_workers(lambda *a, **k: seen.append(k)):
         fsdp_worker.HFModelWrapper("model", bf16=False)
     assert seen == [{"bf16": False}] and fsdp_worker.HFModelWrapper is HFModelWrapper
-    assert issubclass(onepass_skyrl.OnePassPolicyWorkerBase, fsdp_worker.FSDPPolicyWorkerBase)
-    assert issubclass(onepass_skyrl.OnePassRefWorkerBase, fsdp_worker.FSDPRefWorkerBase)
+    classes = onepass_skyrl.skyrl_classes()
+    assert issubclass(classes.policy_worker_base, fsdp_worker.FSDPPolicyWorkerBase)
+    assert issubclass(classes.ref_worker_base, fsdp_worker.FSDPRefWorkerBase)
 
 
 def test_the_trainer_builds_the_onepass_policy_and_reference_workers(monkeypatch):
     built = []
     monkeypatch.setattr(RayPPOTrainer, "build_models", lambda self, *workers: built.append(workers))
-    trainer = object.__new__(onepass_skyrl.OnePassRayPPOTrainer)
+    classes = onepass_skyrl.skyrl_classes()
+    trainer = object.__new__(classes.trainer)
     trainer.build_models(fsdp_worker.PolicyWorker, fsdp_worker.CriticWorker, fsdp_worker.RefWorker)
-    assert built == [(onepass_skyrl.OnePassPolicyWorker, fsdp_worker.CriticWorker, onepass_skyrl.OnePassRefWorker)]
+    assert built == [(classes.policy_worker, fsdp_worker.CriticWorker, classes.ref_worker)]
 
 
 def test_the_config_key_and_the_entry_point(tmp_path):
-    cfg = onepass_skyrl._named("OnePassSkyRLConfig").from_cli_overrides(
+    cfg = onepass_skyrl.skyrl_classes().config.from_cli_overrides(
         ["trainer.onepass.max_tokens=4096", "generator.step_wise_trajectories=true"])
     assert cfg.trainer.onepass.max_tokens == 4096 and cfg.generator.step_wise_trajectories
     assert onepass_skyrl._onepass_settings(cfg.trainer).max_tokens == 4096

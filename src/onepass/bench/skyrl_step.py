@@ -24,6 +24,15 @@ import sys
 import time
 from typing import Any
 
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from onepass.attention.backends import supported_backend
+from onepass.model.tiny import tiny_model
+from onepass.rl.padded import window_token_logprobs
+
 VOCAB, ROWS, PROMPT, RESPONSE = 256, 6, 40, 24
 # against a float32 reference: bf16 parameters and activations on CUDA round to ~0.1 (a bound, not exactness);
 # float32 on CPU (the rehearsal) to ~1e-6
@@ -32,8 +41,6 @@ TOLERANCE = {"cuda": 0.15, "cpu": 1e-4}
 
 def skyrl_batch(seed: int = 0) -> tuple[Any, Any, int]:
     """A micro-batch in SkyRL's layout: groups of rows sharing a prompt, responses of varied length, left-padded."""
-    import torch
-
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(1, VOCAB, (PROMPT,), generator=gen) for _ in range(2)]
     rows = []
@@ -49,8 +56,6 @@ def skyrl_batch(seed: int = 0) -> tuple[Any, Any, int]:
 
 
 def _process_group(device: str) -> None:
-    import torch.distributed as dist
-
     if dist.is_initialized():
         return
     with socket.socket() as s:
@@ -62,10 +67,6 @@ def _process_group(device: str) -> None:
 
 def _shard(model: Any, device: str) -> str:
     """``model`` sharded as SkyRL's FSDPStrategy shards it (SkyRL's ``apply_fsdp2`` where importable); which one."""
-    import torch
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     dtype = torch.bfloat16 if device == "cuda" else torch.float32  # SkyRL's default param_dtype; CPU: float32
     kwargs = {"mesh": init_device_mesh(device, (1,), mesh_dim_names=["fsdp"]), "reshard_after_forward": True,
               "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=True)}
@@ -84,12 +85,6 @@ def _shard(model: Any, device: str) -> str:
 
 def run(device: str = "cuda") -> dict[str, Any]:
     """One micro-batch through onepass's sharded forward and backward, against each row's plain forward."""
-    import torch
-
-    from onepass.attention.backends import supported_backend
-    from onepass.model.tiny import tiny_model
-    from onepass.rl.padded import window_token_logprobs
-
     have = {m: importlib.util.find_spec(m) is not None for m in ("skyrl", "ray", "flash_attn")}
     _process_group(device)
     sequences, mask, window = skyrl_batch()

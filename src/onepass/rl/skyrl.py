@@ -24,8 +24,8 @@ packed under it; unset: one row per micro-batch). The micro-batch is what shares
 shares the most. FSDP only (``trainer.strategy=fsdp``); the critic, the generator and everything else
 are SkyRL's.
 
-skyrl is imported when one of the names below is first used (PEP 562), so this module imports
-without it; each class is built once per process, under this module's name (Ray pickles it by name).
+skyrl is imported by :func:`skyrl_classes`, which builds the SkyRL-side classes once per process (as
+:func:`onepass.rl.trl_grpo.onepass_grpo_trainer` builds TRL's), so this module imports without skyrl.
 """
 
 from __future__ import annotations
@@ -39,8 +39,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from onepass.attention.backends import supported_backend
-from onepass.errors import ConfigError
+from onepass.errors import ConfigError, run_main
 from onepass.model.couplings import CouplingError
 from onepass.model.private_names import private
 from onepass.rl.padded import window_token_logprobs
@@ -49,9 +51,6 @@ WRAPPER_GLOBAL = "skyrl.backends.skyrl_train.workers.fsdp.fsdp_worker.HFModelWra
 # the arguments of HFModelWrapper.forward (SkyRL 0.3.0) this wrapper handles; a new one is a CouplingError
 FORWARD_ARGS = ("self", "sequences", "num_actions", "attention_mask", "temperature", "return_output",
                 "compute_entropy", "entropy_requires_grad", "pixel_values", "image_grid_thw", "mm_token_type_ids")
-NAMES = ("OnePassTrainerConfig", "OnePassSkyRLConfig", "OnePassModelWrapper",
-         "OnePassPolicyWorkerBase", "OnePassRefWorkerBase", "OnePassPolicyWorker", "OnePassRefWorker",
-         "OnePassRayPPOTrainer", "OnePassPPOExp")
 
 
 class SkyRLSettingError(ConfigError):
@@ -119,11 +118,26 @@ def _wrapper_in_workers(wrapper: Any) -> Iterator[None]:
         module.HFModelWrapper = before
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SkyRLClasses:
+    """The SkyRL-side classes (:func:`skyrl_classes`): the config with ``trainer.onepass``, the model wrapper, the
+    policy and reference workers (their bases and their Ray actors), the trainer and the experiment."""
+
+    config: type
+    trainer_config: type
+    model_wrapper: type
+    policy_worker_base: type
+    ref_worker_base: type
+    policy_worker: Any  # ray.remote(num_gpus=1)(policy_worker_base), as SkyRL declares its FSDP actors
+    ref_worker: Any
+    trainer: type
+    experiment: type
+
+
 @functools.cache
-def _classes() -> dict[str, Any]:
-    """Every SkyRL-side class, built once (skyrl imported here)."""
+def skyrl_classes() -> SkyRLClasses:
+    """Every SkyRL-side class, built once per process (skyrl imported here)."""
     import ray
-    import torch
     from skyrl.backends.skyrl_train.workers.fsdp.fsdp_worker import FSDPPolicyWorkerBase, FSDPRefWorkerBase
     from skyrl.backends.skyrl_train.workers.model_wrapper import HFModelWrapper
     from skyrl.train.config import TrainerConfig, make_config
@@ -211,7 +225,7 @@ def _classes() -> dict[str, Any]:
         """SkyRL's trainer, building the onepass policy and reference workers (the critic stays SkyRL's)."""
 
         def build_models(self, PolicyWorker: Any, CriticWorker: Any, RefWorker: Any) -> Any:  # noqa: N803
-            return super().build_models(_named("OnePassPolicyWorker"), CriticWorker, _named("OnePassRefWorker"))
+            return super().build_models(PolicyActor, CriticWorker, RefActor)
 
     class OnePassPPOExp(BasePPOExp):
         """SkyRL's experiment with :class:`OnePassRayPPOTrainer`."""
@@ -222,26 +236,12 @@ def _classes() -> dict[str, Any]:
                                         eval_dataset=eval_dataset, inference_engine_client=inference_engine_client,
                                         generator=generator, colocate_pg=colocate_pg)
 
-    built = dict(OnePassTrainerConfig=OnePassTrainerConfig,
-                 OnePassSkyRLConfig=OnePassSkyRLConfig, OnePassModelWrapper=OnePassModelWrapper,
-                 OnePassPolicyWorkerBase=OnePassPolicyWorkerBase, OnePassRefWorkerBase=OnePassRefWorkerBase,
-                 OnePassRayPPOTrainer=OnePassRayPPOTrainer, OnePassPPOExp=OnePassPPOExp)
-    for name, cls in built.items():  # importable by name: Ray and pickle find them as onepass.rl.skyrl.<name>
-        cls.__module__, cls.__qualname__ = __name__, name
-    # the Ray actors, as SkyRL declares its own FSDP ones (one GPU each)
-    built["OnePassPolicyWorker"] = ray.remote(num_gpus=1)(OnePassPolicyWorkerBase)
-    built["OnePassRefWorker"] = ray.remote(num_gpus=1)(OnePassRefWorkerBase)
-    return built
-
-
-def _named(name: str) -> Any:
-    return _classes()[name]
-
-
-def __getattr__(name: str) -> Any:  # PEP 562: the SkyRL classes, built when first named
-    if name in NAMES:
-        return _named(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    PolicyActor = ray.remote(num_gpus=1)(OnePassPolicyWorkerBase)
+    RefActor = ray.remote(num_gpus=1)(OnePassRefWorkerBase)
+    return SkyRLClasses(config=OnePassSkyRLConfig, trainer_config=OnePassTrainerConfig,
+                        model_wrapper=OnePassModelWrapper, policy_worker_base=OnePassPolicyWorkerBase,
+                        ref_worker_base=OnePassRefWorkerBase, policy_worker=PolicyActor, ref_worker=RefActor,
+                        trainer=OnePassRayPPOTrainer, experiment=OnePassPPOExp)
 
 
 def _onepass_settings(cfg: Any) -> Any:
@@ -255,7 +255,7 @@ def parse_config(argv: list[str]) -> Any:
     from skyrl.train.utils import validate_cfg
 
     overrides = [a for a in argv if not a.startswith("trainer.override_entrypoint=")]
-    cfg = _named("OnePassSkyRLConfig").from_cli_overrides(overrides)
+    cfg = skyrl_classes().config.from_cli_overrides(overrides)
     if cfg.trainer.strategy != "fsdp":
         raise SkyRLSettingError(f"onepass's SkyRL workers are FSDP workers; trainer.strategy={cfg.trainer.strategy!r} "
                                 "is not supported: use trainer.strategy=fsdp, or drop the switch")
@@ -265,15 +265,13 @@ def parse_config(argv: list[str]) -> Any:
 
 def _run(cfg: Any) -> None:
     """One training run in a Ray task, as SkyRL's ``skyrl_entrypoint`` runs its own."""
-    _named("OnePassPPOExp")(cfg).run()
+    skyrl_classes().experiment(cfg).run()
 
 
 def main(argv: list[str] | None = None) -> int:
     """SkyRL's training entry point with the onepass workers (``trainer.override_entrypoint=onepass.rl.skyrl``)."""
     import ray
     from skyrl.train.utils.utils import initialize_ray
-
-    from onepass.errors import run_main
 
     def start(args: list[str]) -> int:
         cfg = parse_config(args)
