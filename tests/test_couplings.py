@@ -315,3 +315,32 @@ def test_onepass_train_runs_batches_of_rows_on_a_model_without_row_masks(tmp_pat
     config = load_config(None, dict(tiny="qwen3", data="builtin:mathchat", limit=2, max_steps=1, progress=False,
                                     save_model=False, output_dir=str(tmp_path / "two"), per_device_train_batch_size=2))
     assert train(config, log=lambda _m: None).steps == 1
+
+
+def _no_wraps(forward):
+    def hooked(*args, **kwargs):  # as transformers 5.15's force_accelerate_hooks: no functools.wraps
+        return forward(*args, **kwargs)
+
+    return hooked
+
+
+class _OldApiMixerBehindADecorator(torch.nn.Module):
+    layer_idx = 0
+
+    @_no_wraps
+    def forward(self, hidden_states, cache_params=None, attention_mask=None):
+        if cache_params is not None and cache_params.has_previous_state(self.layer_idx):
+            return hidden_states + cache_params.layers[self.layer_idx].conv_states[0]
+        return hidden_states
+
+
+def test_a_mixer_whose_forward_a_decorator_hides_is_still_found_and_refused():
+    """transformers 5.15: the hybrids' forward behind a decorator shows ``(*args, **kwargs)``; before, the cache
+    argument was in no parameter, the mixer passed as no mixer and the hybrid ran silently inexact (0.02 in a
+    log-prob). Now its parameters come from its ``def`` line and the old cache API is refused in one line."""
+    from onepass.model.couplings import forward_parameters
+
+    assert forward_parameters(_OldApiMixerBehindADecorator) == ["self", "hidden_states", "cache_params",
+                                                                "attention_mask"]
+    with pytest.raises(CouplingError, match=r"cache_params\.conv_states, cache_params\.has_previous_state"):
+        recurrent_mixer(_OldApiMixerBehindADecorator)

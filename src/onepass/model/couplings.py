@@ -355,6 +355,30 @@ def _version(cls: type) -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def forward_parameters(cls: type) -> list[str]:
+    """The parameter names of ``cls.forward`` as its ``def`` line spells them. A decorator without
+    ``functools.wraps`` (transformers 5.15's ``force_accelerate_hooks``) shows its signature as ``(*args,
+    **kwargs)``: the cache argument would then be found in no parameter, and a mixer pass as no mixer."""
+    import ast
+    import textwrap
+
+    try:
+        names = list(inspect.signature(inspect.unwrap(cls.forward)).parameters)
+    except (TypeError, ValueError):
+        names = []
+    if set(names) - {"self", "args", "kwargs"}:
+        return names
+    try:
+        tree = ast.parse(textwrap.dedent(source_of(cls)))
+    except SyntaxError:
+        return names
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "forward":
+            a = node.args
+            return [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+    return names
+
+
 def recurrent_mixer(cls: type) -> MixerCoupling | None:
     """``cls``'s cache argument and cache calls if it is a recurrent mixer, else None.
 
@@ -367,10 +391,7 @@ def recurrent_mixer(cls: type) -> MixerCoupling | None:
     if forward is None:
         return None
     source = source_of(cls)
-    try:
-        params = inspect.signature(inspect.unwrap(forward)).parameters
-    except (TypeError, ValueError):
-        params = {}
+    params = forward_parameters(cls)
     if not any(f".{read}(" in source for read in STATE_READS):
         old = sorted({f"{arg}.{what}" for arg, what in _OLD_STATE_READS.findall(source) if arg in params})
         if old:  # a mixer, but one reading its states where a chain state cannot hand them over
