@@ -16,7 +16,7 @@ export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 LOCK ?= constraints.txt
-.PHONY: setup demo test test-fast test-latest test-min lock clean gpu-check gpu-bundle gpu-sim
+.PHONY: setup demo test test-fast test-latest test-min test-compat test-skyrl lock clean gpu-check gpu-bundle gpu-sim
 
 $(VENV)/.installed: pyproject.toml Makefile $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -89,6 +89,53 @@ test-min:
 	$(call NO_CAP,.venv-min) install --quiet -c constraints-min.txt -e ".[test]"
 	@.venv-min/bin/python -m pip list 2>/dev/null | grep -iE "^(torch|transformers|peft|accelerate|datasets|trl|numpy) "
 	.venv-min/bin/python -m pytest -q $(PYTEST_PAR) $(MIN_SUITES)
+
+# The transformers releases the RL stacks pin (docs/rl.md: ART 5.2.0, prime-rl 5.6.2, SkyRL <=5.8.0, verl
+# <5.11, OpenRLHF 5.15.0), each in its own venv (.venv-compat/transformers-X, made once and reused; the
+# machine-wide pip cap lifted for these venvs only), everything else from constraints.txt where that
+# release allows it; COMPAT_SUITES on each, then one table: per architecture, exact, refused (the one line)
+# or absent from that release, per release. A failure anywhere is FAIL in the table and the target fails.
+RELEASES ?= 5.2.0 5.6.2 5.8.0 5.10.4 5.15.0
+COMPAT_TORCH ?= torch==2.13.0
+COMPAT_SUITES ?= tests/test_equivalence.py tests/test_architectures.py tests/mixers tests/test_couplings.py \
+	tests/rl/test_exactness.py
+test-compat: setup
+	@mkdir -p .venv-compat/results && : > .venv-compat/no-constraints.txt
+	@grep -viE "^(transformers|tokenizers|huggingface[-_]hub)==" $(LOCK) > .venv-compat/lock-but-transformers.txt
+	@for r in $(RELEASES); do v=.venv-compat/transformers-$$r; \
+	  if [ ! -f $$v/.installed ]; then echo "making $$v"; rm -rf $$v && $(PYTHON) -m venv $$v && \
+	    PIP_CONSTRAINT=$(CURDIR)/.venv-compat/no-constraints.txt $$v/bin/python -m pip install --quiet "$(COMPAT_TORCH)" && \
+	    PIP_CONSTRAINT=$(CURDIR)/.venv-compat/no-constraints.txt $$v/bin/python -m pip install --quiet \
+	      -c .venv-compat/lock-but-transformers.txt -e ".[test]" "transformers==$$r" && touch $$v/.installed \
+	    || { echo "test-compat: could not install transformers $$r"; exit 1; }; fi; \
+	  echo "== transformers $$r"; \
+	  $$v/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_PAR) $(COMPAT_SUITES) \
+	    --junitxml=.venv-compat/results/$$r.xml > .venv-compat/results/$$r.log 2>&1; \
+	  tail -1 .venv-compat/results/$$r.log; done
+	$(PY) tests/compat_table.py $(addprefix .venv-compat/results/,$(addsuffix .xml,$(RELEASES)))
+
+# SkyRL's own code against onepass's tree (docs/rl.md#skyrl): .venv-skyrl (made once, reused) holds
+# skyrl==0.3.0 (it pins transformers<=5.8.0 and peft==0.18.1) and the part of its skyrl-train extra that
+# CPU can install; flash-attn 2.8.3 is installed without its CUDA kernels (FLASH_ATTENTION_SKIP_CUDA_BUILD),
+# for the pure-torch bert_padding SkyRL's model wrapper imports. ray, vLLM and FSDP's CUDA path do not run
+# here: `make gpu-check` runs SkyRL's FSDP workers on a GPU.
+SKYRL_VENV ?= .venv-skyrl
+SKYRL_PIN ?= skyrl==0.3.0
+SKYRL_CPU_DEPS ?= skyrl-gym==0.4.0 aiohttp loguru omegaconf hydra-core==1.3.2 jaxtyping einops ray==2.56.0 tensordict torchdata \
+	func_timeout
+$(SKYRL_VENV)/.installed:
+	rm -rf $(SKYRL_VENV) && $(PYTHON) -m venv $(SKYRL_VENV) && : > $(SKYRL_VENV)/no-constraints.txt
+	$(call NO_CAP,$(SKYRL_VENV)) install --quiet --upgrade pip
+	$(call NO_CAP,$(SKYRL_VENV)) install --quiet "$(COMPAT_TORCH)" "setuptools>=77" wheel psutil ninja packaging
+	FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE FLASH_ATTENTION_FORCE_BUILD=TRUE $(call NO_CAP,$(SKYRL_VENV)) install --quiet \
+	  --no-build-isolation \
+	  --no-deps flash-attn==2.8.3
+	$(call NO_CAP,$(SKYRL_VENV)) install --quiet "$(SKYRL_PIN)" $(SKYRL_CPU_DEPS) -e ".[test]"
+	touch $@
+
+test-skyrl: $(SKYRL_VENV)/.installed
+	@$(SKYRL_VENV)/bin/python -m pip list 2>/dev/null | grep -iE "^(torch|transformers|peft|skyrl|ray|flash.attn) "
+	$(SKYRL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/rl/test_skyrl.py
 
 # The GPU machine (docs/gpu.md): no network, its own Python 3.12 and CUDA torch, 15 minutes of device time
 # per session. `make gpu-bundle` here downloads the few wheels its image lacks (<= 40 MiB, one folder,

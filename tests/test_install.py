@@ -100,3 +100,45 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     report = json.loads(verify.stdout.strip().splitlines()[-1])
     assert report["equal"] is True and report["num_conversations"] == 2
     print(f"\nwheel build + fresh venv install: {built:.0f}s; whole test {time.monotonic() - start:.0f}s")
+
+
+# --------------------------------------------------------------------------------------------
+# beside the RL stacks: pip resolves onepass with each stack's pins (docs/rl.md)
+
+STACKS = ["skyrl==0.3.0", "verl==0.9.1"]  # OpenRLHF 0.11.2 resolves too (transformers 5.15.0), but its flash-attn
+# sdist needs torch to report its requirements (--no-build-isolation) and the resolution takes minutes: docs/rl.md
+
+
+@pytest.fixture(scope="module")
+def local_wheel(tmp_path_factory):
+    """onepass's wheel, built from this checkout (no network: setuptools from this venv)."""
+    dist = tmp_path_factory.mktemp("wheel")
+    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(dist),
+          str(ROOT)])
+    (wheel,) = dist.glob("onepass-*.whl")
+    return wheel
+
+
+@pytest.mark.registry
+@pytest.mark.parametrize("stack", STACKS)
+def test_onepass_resolves_beside_each_rl_stack(local_wheel, tmp_path, stack):
+    """``pip install onepass <stack>`` resolves (pip's dry run, beside this venv's torch): the stack's transformers
+    pin is inside onepass's range (issue 43: with transformers>=5.23 none of them resolved)."""
+    report = tmp_path / "report.json"
+    empty = tmp_path / "no-constraints.txt"
+    empty.write_text("")
+    env = dict(os.environ, PIP_CONSTRAINT=str(empty))  # a machine-wide pip cap is not what a user has
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--timeout", "30",
+                             "--report", str(report), str(local_wheel), stack],
+                            capture_output=True, text=True, timeout=900, env=env)
+    if result.returncode != 0 and any(s in result.stderr for s in ("NewConnectionError", "Could not fetch URL",
+                                                                    "Temporary failure in name resolution")):
+        pytest.skip(f"the package index is not reachable: {result.stderr.strip().splitlines()[-1]}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    chosen = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+    name, version = stack.split("==")
+    assert chosen["onepass"] == project_version() and chosen[name] == version
+    from packaging.version import Version
+
+    transformers = Version(chosen.get("transformers") or __import__("transformers").__version__)
+    assert Version("5.2") <= transformers < Version("6"), transformers

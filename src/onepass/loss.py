@@ -25,7 +25,7 @@ from torch import nn
 
 from onepass.attention.backends import attention_mask_for, forward_kwargs
 from onepass.batch import HOST, HostRows, host_rows, to_device
-from onepass.model.couplings import check_row_mask
+from onepass.model.couplings import logits_to_keep_for
 from onepass.head import (
     add_logit_stats,
     chunked_lm_head_loss,
@@ -238,20 +238,21 @@ def _forward_kept(model: Any, batch: Mapping[str, Any], shard: SequenceShard | N
     held = {k: batch[k] if shard is None else shard.local(batch[k])
             for k in ("input_ids", "position_ids", "targets", "weights")}
     mine = host if shard is None else host.local(shard.degree, shard.rank)
-    index_T = to_device(mine.keep_T, held["targets"].device)
+    device = held["targets"].device
+    index_T = to_device(mine.keep_T, device)
     targets_T = held["targets"].reshape(-1).index_select(0, index_T)
     weights_T = held["weights"].reshape(-1).index_select(0, index_T)
-    B = mine.shape[0]
+    pick_T = None
     if every_position:
         keep: Any = 0  # every position: the identity head's output is the hidden states, gathered by index after
-    elif B == 1:
-        keep = index_T  # 1-D positions: supported by every transformers 5.x
-    else:
-        check_row_mask(model, B)  # a release without row masks: one line, not a traceback
-        keep = held["targets"] != IGNORE  # 2-D bool: logits come back flattened to [T, V] (the model indexes)
+    else:  # one row's positions, a [B, L] mask per row (5.23 on), or the rows' union and each row's own after
+        keep_host, pick_host = logits_to_keep_for(model, mine.targets_BL != IGNORE)
+        keep = to_device(keep_host, device)
+        pick_T = None if pick_host is None else to_device(pick_host, device)
     out = model(input_ids=held["input_ids"], position_ids=held["position_ids"],
                 attention_mask=mask, logits_to_keep=keep, use_cache=False, **forward_kwargs(model), **extra)
-    return out.logits.reshape(-1, out.logits.shape[-1]), _Targets(targets_T, index_T), weights_T
+    logits = out.logits.reshape(-1, out.logits.shape[-1])
+    return (logits if pick_T is None else logits.index_select(0, pick_T)), _Targets(targets_T, index_T), weights_T
 
 
 def pad_batch(batch: Mapping[str, Any], multiple: int) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def test_the_time_boxes_fit_one_call_of_seven_minutes():
     assert sum(BOXES.values()) + MARGIN_SECONDS <= TOTAL_SECONDS
     assert sum(s for _, _, s in VERIFY_RUNS) == BOXES["verify"]  # a step's parts share its box, no more
     # in order of value; the alignment the gathered tree path relies on first
-    assert STEP_NAMES == ("env", "varlen", "cuda-tests", "speed", "float32", "verify", "qlora")
+    assert STEP_NAMES == ("env", "varlen", "cuda-tests", "speed", "float32", "verify", "skyrl", "qlora")
     assert CUDA_STEPS == STEP_NAMES[1:]
 
 
@@ -257,6 +257,10 @@ def test_the_cuda_steps_rehearsed_on_cpu_record_what_they_measured(tmp_path, mon
     (run,) = verify["runs"]
     assert verify["status"] == "passed" and run["result"]["equal"] and run["result"]["device"] == "cpu"
     assert report.record["findings"][-1].startswith("verify float64 sdpa on CPU: EQUAL (loss rel diff ")
+
+    skyrl = check.step_skyrl(300)  # onepass.bench.skyrl_step: sharded on one gloo rank, onepass_cpu
+    assert skyrl["status"] == "passed" and skyrl["attention"] == "onepass_cpu", skyrl
+    assert skyrl["max_abs_logprob_diff"] <= skyrl["tolerance"] and report.record["findings"][-1].startswith("skyrl: {")
 
 
 def test_a_rerun_chooses_its_verify_runs_and_boxes(capsys):

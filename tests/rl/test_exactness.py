@@ -135,7 +135,8 @@ def test_the_clipped_surrogate_by_hand():
 
 
 @pytest.mark.parametrize("arch", DENSE + WINDOWED + HYBRID)
-def test_onepass_verify_rollouts_with_a_model_directory_says_equal(rollouts, tmp_path, capsys, arch):
+def test_onepass_verify_rollouts_with_a_model_directory_says_equal(rollouts, tmp_path, capsys, monkeypatch, arch):
+    monkeypatch.setenv("ONEPASS_DEBUG", "1")  # an older release's refusal raises (conftest.promised_refusal)
     trajs, vocab = rollouts
     tiny_model(arch, vocab, dtype=torch.float64, attn_implementation="eager").save_pretrained(tmp_path / "model")
     path = tmp_path / "rollouts.jsonl"

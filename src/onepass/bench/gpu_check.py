@@ -20,6 +20,8 @@ cut at its box keeps what finished):
     float32     flex and sdpa float32 training, each against float64 on the same inputs
     verify      onepass verify --device cuda: a tiny Qwen3 in float64 (sdpa), bfloat16 (onepass_varlen)
                 and float32 (flex)
+    skyrl       onepass's SkyRL forward and backward sharded as SkyRL's FSDP workers shard it (bf16, NCCL,
+                flex), against each row's plain forward (onepass.bench.skyrl_step)
     qlora       QLoRA where bitsandbytes is importable (the CUDA tests then ran its test), else one line
 
 Without CUDA each CUDA step is skipped in one line, and the run says that nothing was measured and
@@ -75,11 +77,12 @@ class Step:
 
 # Boxes sized on the two H100 runs of 2026-11-26 (docs/gpu.md): env 17-19 s, cuda-tests 50-56 s, a verify run
 # 10-12 s (sdpa) to over 25 s (flex: its compile); speed by the cost model of onepass.bench.gpu_plan (its dry
-# run checks that its setup, compile, warm-up and two timed rounds fit at 300 TFLOP/s)
+# run checks that its setup, compile, warm-up and two timed rounds fit at 300 TFLOP/s: 175 s of 185); skyrl by
+# onepass.bench.skyrl_step on CPU (its one sharded step)
 STEPS = (Step(name="env", box=20, cuda=False), Step(name="varlen", box=18, cuda=True),
-         Step(name="cuda-tests", box=60, cuda=True), Step(name="speed", box=200, cuda=True),
-         Step(name="float32", box=45, cuda=True), Step(name="verify", box=55, cuda=True),
-         Step(name="qlora", box=2, cuda=True))
+         Step(name="cuda-tests", box=60, cuda=True), Step(name="speed", box=185, cuda=True),
+         Step(name="float32", box=35, cuda=True), Step(name="verify", box=55, cuda=True),
+         Step(name="skyrl", box=25, cuda=True), Step(name="qlora", box=2, cuda=True))
 BOXES = {s.name: s.box for s in STEPS}
 STEP_NAMES = tuple(BOXES)
 CUDA_STEPS = tuple(s.name for s in STEPS if s.cuda)
@@ -377,6 +380,15 @@ class Check:
         self.report.finding(f"float32 on {DEVICE.upper()}, each against float64 on the same rows and weights: "
                             f"{result['verdict']} (float32 matmul precision {result['float32_matmul_precision']})")
         return {"status": status_of(rc), "returncode": rc, "result": result}
+
+    # -- skyrl (onepass.bench.skyrl_step) --------------------------------------------------------
+
+    def step_skyrl(self, seconds: float) -> dict[str, Any]:
+        output, rc = run_streamed(self.python("-m", "onepass.bench.skyrl_step", "--device", DEVICE), seconds=seconds,
+                                  report=self.report, env=self.env)
+        result = last_json(output) or {}
+        self.report.finding(f"skyrl: {json.dumps(result)}" if result else f"skyrl: {status_of(rc)}")
+        return {**result, "status": status_of(rc), "returncode": rc}
 
     # -- qlora ----------------------------------------------------------------------------------
 

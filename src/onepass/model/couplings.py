@@ -18,7 +18,7 @@ with N-pass on a tiny twin whatever this module concluded.
 transformers, trl and accelerate that onepass reads, calls or overrides is a row of
 :data:`onepass.model.private_names.PRIVATE_NAMES`, found in the installed code before use. Besides
 the recurrent mixers (below): whether a causal LM takes one ``logits_to_keep`` mask per row
-(:func:`check_row_mask`: transformers 5.17 does not), and which name a release gives
+(:func:`logits_to_keep_for`: before 5.23 the rows' positions are joined instead), and which name a release gives
 activation checkpointing (:func:`checkpointing_field`). Add a coupling: a row of
 :data:`COUPLINGS` (what, detected how, fails how, where, checked on which releases), the
 detection here (or a row of ``PRIVATE_NAMES``), its call at model load, and a test that plays
@@ -53,6 +53,8 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from onepass.errors import OnePassError
 
@@ -155,12 +157,12 @@ COUPLINGS: tuple[Coupling, ...] = (
              where="onepass.rl.trl_grpo", checked="trl 1.16"),
     Coupling(name="logits_to_keep row mask",
              relies_on="the causal LM's forward takes logits_to_keep as a [B, L] boolean mask (slice_logits_to_keep, "
-                       "5.23 on); 5.17 slices hidden_states[:, logits_to_keep, :] (one set of positions for all rows)",
+                       "5.23 on); 5.2-5.22 slice hidden_states[:, logits_to_keep, :] (one set of positions for all rows)",
              detected_by="the function the forward hands logits_to_keep to, probed on a 2 x 3 mask",
-             fails_as="CouplingError at model load where batches of several rows can occur, and before any "
-                      "multi-row forward (never the traceback from inside the model)",
-             where="onepass.model.couplings.check_row_mask, onepass.loss, onepass.train.loop, onepass.train.hf_trainer",
-             checked="transformers 5.17 (refused), 5.23, 5.24"),
+             fails_as="nothing: older releases get the union of the rows' kept positions and each row's own is "
+                      "picked after (onepass.model.couplings.logits_to_keep_for)",
+             where="onepass.model.couplings.logits_to_keep_for, onepass.loss",
+             checked="transformers 5.2.0, 5.6.2, 5.8.0, 5.10.4, 5.15.0, 5.17.0 (union), 5.23, 5.24 (mask)"),
     Coupling(name="activation checkpointing name",
              relies_on="TrainingArguments.activation_checkpointing (5.24 on; gradient_checkpointing, its deprecated "
                        "alias, warns a FutureWarning and goes in v6); PreTrainedModel.activation_checkpointing_enable",
@@ -197,6 +199,15 @@ COUPLINGS: tuple[Coupling, ...] = (
              fails_as="a sequence-parallel request that cannot run here stops in one line (tests/train/"
                       "test_sequence_parallel.py launches the shipped config)",
              where="onepass.train.sequence_parallel, onepass.train.distributed", checked="accelerate 1.15"),
+    Coupling(name="SkyRL model wrapper",
+             relies_on="SkyRL's FSDP policy and reference workers build HFModelWrapper(...) by their module's global "
+                       "name in init_model; HFModelWrapper.forward(sequences, num_actions, attention_mask, temperature, "
+                       "return_output, compute_entropy, entropy_requires_grad, pixel_values, image_grid_thw, "
+                       "mm_token_type_ids) returns [B, num_actions] log-probs and output['entropy'] [B, S]",
+             detected_by="the workers' init_model source (PRIVATE_NAMES); the forward's parameters, compared with "
+                         "those onepass's wrapper handles",
+             fails_as="CouplingError when the onepass SkyRL classes are built (python -m onepass.rl.skyrl)",
+             where="onepass.rl.skyrl", checked="skyrl 0.3.0"),
     Coupling(name="accelerate state reset",
              relies_on="AcceleratorState._reset_state (private) between two train() calls in one process",
              detected_by="attribute lookup", fails_as="AttributeError", where="onepass.train.loop",
@@ -276,17 +287,27 @@ def takes_row_mask(cls: type) -> bool:
     return False
 
 
-def check_row_mask(model: Any, rows: int) -> None:
-    """One :class:`CouplingError` line when ``model`` would get a batch of ``rows`` > 1 one-pass rows and its
-    causal LM cannot take one ``logits_to_keep`` mask per row (it would crash inside the forward)."""
-    if rows <= 1:
-        return
-    cls = causal_lm_class(model)
-    if not takes_row_mask(cls):
-        raise CouplingError(
-            f"{cls.__name__} ({_version(cls)}) takes logits_to_keep as a count or as positions shared by every "
-            f"row, not one mask per row: batches of several one-pass rows ({rows} here) need transformers>=5.23 "
-            "(or one row per forward: per_device_train_batch_size 1 and the one-pass schedule)")
+def logits_to_keep_for(model: Any, keep_BL: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """What ``model``'s forward takes as ``logits_to_keep`` for rows whose kept positions are ``keep_BL`` [B, L]
+    (host-side, numpy: nothing here reads the device), and the flat indices [T] that pick each row's own outputs,
+    row-major, from the ``[B * K, .]`` it returns (None: the outputs come back as the kept positions, row-major).
+
+    One row: its positions, 1-D (every transformers 5.x). Several rows, on a causal LM that takes one mask per row
+    (:func:`takes_row_mask`, 5.23 on): the mask. On older releases, which slice ``hidden_states[:, logits_to_keep,
+    :]`` (one set of positions for every row): the union of the rows' kept positions, then each row's own among
+    them (exact: a position's output does not depend on which are kept; more head work on the plain head path).
+
+    >>> keep_BL = np.array([[True, False, True, False], [False, True, True, False]])
+    >>> union = np.flatnonzero(keep_BL.any(0)); union.tolist(), np.flatnonzero(keep_BL[:, union]).tolist()
+    ([0, 1, 2], [0, 2, 4, 5])
+    """
+    keep_BL = np.asarray(keep_BL, dtype=bool)
+    if keep_BL.shape[0] == 1:
+        return np.flatnonzero(keep_BL[0]), None
+    if takes_row_mask(causal_lm_class(model)):
+        return keep_BL, None
+    union = np.flatnonzero(keep_BL.any(0))
+    return union, np.flatnonzero(keep_BL[:, union])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,9 +333,12 @@ def checkpointing_on(args: Any) -> bool:
 
 # the cache methods a mixer reads states with: their presence makes a module a recurrent mixer
 STATE_READS = frozenset({"get_conv_state", "get_recurrent_state"})
-# how mixers of older releases (5.17) read states instead: cache.layers[i].conv_states, cache.has_previous_state(...)
+# how mixers of older releases read states instead: cache.layers[i].conv_states, cache.has_previous_state(...)
+# (5.6-5.20), cache.conv_states[i] / ssm_states (5.2), cache.conv_cache[i] (LFM2 on 5.2)
 _OLD_STATE_READS = re.compile(r"\b(\w+)\.(?:layers\[[^\]]*\]\.)?(conv_states|recurrent_states|ssm_states|"
-                              r"has_previous_state)\b")
+                              r"has_previous_state|conv_cache)\b")
+# the first release whose mixers read their states through get_conv_state / get_recurrent_state (make test-compat)
+CACHE_API_SINCE = "5.21"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -345,6 +369,30 @@ def _version(cls: type) -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def forward_parameters(cls: type) -> list[str]:
+    """The parameter names of ``cls.forward`` as its ``def`` line spells them. A decorator without
+    ``functools.wraps`` (transformers 5.15's ``force_accelerate_hooks``) shows its signature as ``(*args,
+    **kwargs)``: the cache argument would then be found in no parameter, and a mixer pass as no mixer."""
+    import ast
+    import textwrap
+
+    try:
+        names = list(inspect.signature(inspect.unwrap(cls.forward)).parameters)
+    except (TypeError, ValueError):
+        names = []
+    if set(names) - {"self", "args", "kwargs"}:
+        return names
+    try:
+        tree = ast.parse(textwrap.dedent(source_of(cls)))
+    except SyntaxError:
+        return names
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "forward":
+            a = node.args
+            return [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+    return names
+
+
 def recurrent_mixer(cls: type) -> MixerCoupling | None:
     """``cls``'s cache argument and cache calls if it is a recurrent mixer, else None.
 
@@ -357,17 +405,14 @@ def recurrent_mixer(cls: type) -> MixerCoupling | None:
     if forward is None:
         return None
     source = source_of(cls)
-    try:
-        params = inspect.signature(inspect.unwrap(forward)).parameters
-    except (TypeError, ValueError):
-        params = {}
+    params = forward_parameters(cls)
     if not any(f".{read}(" in source for read in STATE_READS):
         old = sorted({f"{arg}.{what}" for arg, what in _OLD_STATE_READS.findall(source) if arg in params})
         if old:  # a mixer, but one reading its states where a chain state cannot hand them over
             raise CouplingError(
                 f"{cls.__name__} ({_version(cls)}) reads its recurrent states as {', '.join(old)} (the cache API "
-                f"of transformers before 5.23), not through {' / '.join(sorted(STATE_READS))}: onepass cannot run "
-                f"its recurrent layers chain by chain on a tree; use transformers>=5.23")
+                f"of transformers before {CACHE_API_SINCE}), not through {' / '.join(sorted(STATE_READS))}: onepass "
+                f"cannot run its recurrent layers chain by chain on a tree; use transformers>={CACHE_API_SINCE}")
         return None
     for name in params:
         methods = frozenset(re.findall(rf"\b{re.escape(name)}\.(\w+)\(", source))

@@ -142,6 +142,19 @@ def _dynamo_counters() -> Any:
     return counters
 
 
+def _skyrl_fsdp_workers() -> Any:
+    """SkyRL's FSDP worker module, whose policy and reference workers build their model as
+    ``HFModelWrapper(...)`` by that module's global name (onepass's SkyRL workers put theirs there)."""
+    import importlib
+
+    module = importlib.import_module("skyrl.backends.skyrl_train.workers.fsdp.fsdp_worker")
+    for worker in (module.FSDPPolicyWorkerBase, module.FSDPRefWorkerBase):
+        if "HFModelWrapper(" not in source_of(worker.init_model):
+            raise LookupError(f"{worker.__name__}.init_model no longer builds HFModelWrapper(...)")
+    module.HFModelWrapper  # noqa: B018 - the global it reads
+    return module
+
+
 _TILES = "the onepass_cpu attention backend (tree attention on CPU runs on this fused kernel)"
 _SDPA = "use --attn sdpa (exact, computes every pair)"
 PRIVATE_NAMES: dict[str, PrivateName] = {p.label: p for p in (
@@ -215,6 +228,10 @@ PRIVATE_NAMES: dict[str, PrivateName] = {p.label: p for p in (
                 coupling="TRL GRPO log-probs", needs="OnePassGRPOTrainer scoring a group's samples in one tree",
                 instead="use TRL's own GRPOTrainer, or a trl release onepass supports",
                 find=_called_override("trl.GRPOTrainer", "_get_per_token_logps_and_entropies", returns=3)),
+    PrivateName(label="skyrl.backends.skyrl_train.workers.fsdp.fsdp_worker.HFModelWrapper", package="skyrl",
+                coupling="SkyRL model wrapper", needs="onepass's SkyRL policy and reference workers building "
+                "their model as onepass's wrapper", instead="drop trainer.override_entrypoint=onepass.rl.skyrl, or "
+                "use skyrl 0.3.0", find=_skyrl_fsdp_workers),
     PrivateName(label="accelerate launch_command_parser()._actions", package="accelerate",
                 coupling="accelerate config check", needs="checking an accelerate config's keys against accelerate "
                 "launch's arguments", instead="use an accelerate release onepass supports", find=_launch_arguments),
@@ -254,8 +271,20 @@ def private(label: str) -> Any:
 
 
 def missing_private_names() -> list[str]:
-    """The labels the installed releases lack (``make test-latest`` prints them)."""
-    return [label for label in PRIVATE_NAMES if find_private(label) is None]
+    """The labels the installed releases lack (``make test-latest`` prints them); a package that is not installed
+    at all (skyrl, an optional integration) lacks nothing."""
+    return [label for label, p in PRIVATE_NAMES.items() if installed(p.package) and find_private(label) is None]
+
+
+def installed(package: str) -> bool:
+    """Whether the distribution ``package`` is installed here."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version(package)
+    except PackageNotFoundError:
+        return False
+    return True
 
 
 def _package_version(package: str) -> str:
@@ -267,4 +296,4 @@ def _package_version(package: str) -> str:
         return "(version unknown)"
 
 
-__all__ = ["PRIVATE_NAMES", "PrivateName", "find_private", "missing_private_names", "private"]
+__all__ = ["PRIVATE_NAMES", "PrivateName", "find_private", "installed", "missing_private_names", "private"]

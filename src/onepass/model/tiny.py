@@ -80,6 +80,10 @@ _ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+class ArchitectureAbsent(UsageError):
+    """The installed transformers has no config class for this architecture (it came in a later release)."""
+
+
 def tiny_config(arch: str, vocab_size: int, **overrides: Any) -> Any:
     """A small config of ``arch`` (one of :data:`TINY_ARCHS`), 2 layers (3 for nemotron-h's block pattern)."""
     import transformers as tf
@@ -87,6 +91,9 @@ def tiny_config(arch: str, vocab_size: int, **overrides: Any) -> Any:
     if arch not in _ARCHS:
         raise UsageError(f"unknown tiny architecture {arch!r}; use one of {', '.join(TINY_ARCHS)}")
     class_name, settings = _ARCHS[arch]
+    if not hasattr(tf, class_name):
+        raise ArchitectureAbsent(f"transformers {tf.__version__} has no {class_name}: the tiny {arch} needs a "
+                                 "release that has the architecture")
     kwargs = dict(_SHAPE, vocab_size=vocab_size, tie_word_embeddings=False, **settings)
     if "layers_block_type" in kwargs:  # nemotron-h: the layer count is the pattern's length
         kwargs.pop("num_hidden_layers")

@@ -5,8 +5,9 @@
     logprobs.py   ``token_logprobs(model, batch)``: one forward per row; the per-turn reference beside it
     losses.py     clipped surrogate (GRPO / DAPO / Dr.GRPO), KL, truncated IS, reverse-KL distillation
     verify.py     one-pass vs per-turn log-probs and gradients (``onepass verify --rollouts``); cli.py its command
-    padded.py     the same for a padded [B, P + C] batch (TRL GRPOTrainer's layout)
+    padded.py     the same for a padded batch (TRL GRPOTrainer's [B, P + C]; SkyRL's left-padded blocks)
     trl_grpo.py   TRL's GRPOTrainer with its per-token log-probs from one-pass rows
+    skyrl.py      SkyRL's model wrapper, policy/reference workers and entry point on one-pass rows (skyrl optional)
     synthetic.py  rollouts from a real chat template, and agent-trace-shaped ones for the benchmark; no torch
     grpo_example.py  a tiny GRPO loop on a scripted multi-turn task, on CPU
 
@@ -26,7 +27,7 @@ _WHERE = {
     "RolloutBatch": "layout", "layout_rollouts": "layout",
     "TokenLogprobs": "logprobs", "token_logprobs": "logprobs", "token_logprobs_reference": "logprobs",
     "PolicyLossConfig": "losses", "policy_loss": "losses", "policy_loss_reference": "losses",
-    "padded_token_logprobs": "padded",
+    "padded_token_logprobs": "padded", "window_token_logprobs": "padded",
 }
 __all__ = sorted(_WHERE)  # torch is imported only by the modules that need it
 

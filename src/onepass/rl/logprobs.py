@@ -10,6 +10,9 @@ chain and the LM head applied in chunks (:func:`onepass.loss.forward_at_targets`
 two turns share (the same ancestors, the same next token) is computed once and
 its gradient is the sum of its users', as the per-turn backward would sum them.
 
+``temperature``: the log-probs of the distribution the sampler drew from, ``softmax(logits / T)``
+(as SkyRL and verl score a rollout sampled at temperature T); 1 is the model's own.
+
 :func:`token_logprobs_reference` is the slow, obviously-correct version: one plain HF
 forward per turn, no position ids, no mask, full logits, the usual shift.
 
@@ -18,6 +21,7 @@ Legend: T targets of a row, C completion tokens of a turn, V vocabulary.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -59,8 +63,25 @@ def _device(model: Any) -> torch.device:
     return next(model.parameters()).device
 
 
+class _Tempered(torch.nn.Module):
+    """An LM head whose logits are divided by the sampling temperature (its parameters are the head's)."""
+
+    def __init__(self, head: torch.nn.Module, temperature: float) -> None:
+        super().__init__()
+        self.head, self.temperature = head, temperature
+
+    def forward(self, hidden_CD: torch.Tensor) -> torch.Tensor:
+        return self.head(hidden_CD) / self.temperature
+
+
+def _check_temperature(temperature: float) -> None:
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+
+
 def row_logprobs(model: Any, batch: RolloutBatch, row: int, *, entropy: bool = False, lm_head: str | None = None,
-                 shard: SequenceShard | None = None) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor | None]]:
+                 shard: SequenceShard | None = None, temperature: float = 1.0
+                 ) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor | None]]:
     """One forward of ``batch.rows[row]``; yields ``(trajectory, turn, logprobs_C, entropy_C)`` of its turns.
 
     ``shard``: the row split over a sequence-parallel group (:mod:`onepass.ulysses`); each rank scores its
@@ -70,14 +91,16 @@ def row_logprobs(model: Any, batch: RolloutBatch, row: int, *, entropy: bool = F
     ids within the model's vocabulary, ``kv_end`` the tree of ``position_ids``): one line naming the row,
     not a raw ``IndexError`` (or a device-side assert on CUDA) deep in the forward.
     """
+    _check_temperature(temperature)
     layout = batch.rows[row]
     check_rows([layout], vocab_size=model_vocab(model), source="rollout batch", require_weight=False, start=row,
                hint="the rollouts' token ids must be ids of this model's vocabulary")
     rows = layouts_to_batch([layout], device=_device(model))
     out, head, targets_T, _, autocast = forward_at_targets(model, rows, lm_head=lm_head, shard=shard)
     if head is None:
-        lp_T, ent_T = logprobs_from_logits(out, targets_T, entropy=entropy)
+        lp_T, ent_T = logprobs_from_logits(out if temperature == 1 else out / temperature, targets_T, entropy=entropy)
     else:
+        head = head if temperature == 1 else _Tempered(head, temperature)
         lp_T, ent_T = chunked_token_logprobs(out, head, targets_T, entropy=entropy, autocast=autocast)
     if shard is not None:  # this rank's targets -> the row's, in row order
         kept_BL = pad_batch(rows, shard.degree)["targets"] != IGNORE
@@ -91,7 +114,7 @@ def row_logprobs(model: Any, batch: RolloutBatch, row: int, *, entropy: bool = F
 
 
 def token_logprobs(model: Any, batch: RolloutBatch, *, entropy: bool = False, lm_head: str | None = None,
-                   shard: SequenceShard | None = None) -> TokenLogprobs:
+                   shard: SequenceShard | None = None, temperature: float = 1.0) -> TokenLogprobs:
     """Log-prob (and entropy) of every completion token, one forward per row; differentiable.
 
     Equal to :func:`token_logprobs_reference` (float64: to rounding). All rows' graphs stay
@@ -104,27 +127,30 @@ def token_logprobs(model: Any, batch: RolloutBatch, *, entropy: bool = False, lm
     lps: list[list[Any]] = [[None] * len(t.turns) for t in batch.trajectories]
     ents: list[list[Any]] = [[None] * len(t.turns) for t in batch.trajectories]
     for row in range(len(batch.rows)):
-        for i, k, lp, ent in row_logprobs(model, batch, row, entropy=entropy, lm_head=lm_head, shard=shard):
+        for i, k, lp, ent in row_logprobs(model, batch, row, entropy=entropy, lm_head=lm_head, shard=shard,
+                                          temperature=temperature):
             lps[i][k], ents[i][k] = lp, ent
     return TokenLogprobs(logprobs=tuple(map(tuple, lps)), entropy=tuple(map(tuple, ents)) if entropy else None)
 
 
-def turn_logprobs_reference(model: Any, trajectory: Trajectory, k: int, *, entropy: bool = False
-                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One turn alone: a plain forward of ``prompt_ids + completion_ids``, full logits, the usual shift."""
+def turn_logprobs_reference(model: Any, trajectory: Trajectory, k: int, *, entropy: bool = False,
+                            temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One turn alone: a plain forward of ``prompt_ids + completion_ids``, full logits / temperature, the usual
+    shift."""
     t = trajectory.turns[k]
     ids_1N = torch.as_tensor(np.concatenate([t.prompt_ids, t.completion_ids]), device=_device(model))[None]
     logits_NV = model(input_ids=ids_1N, use_cache=False, **forward_kwargs(model)).logits[0]
     p = len(t.prompt_ids)
-    return logprobs_from_logits(logits_NV[p - 1:-1], ids_1N[0, p:], entropy=entropy)
+    return logprobs_from_logits(logits_NV[p - 1:-1] / temperature, ids_1N[0, p:], entropy=entropy)
 
 
 def token_logprobs_reference(model: Any, trajectories: tuple[Trajectory, ...] | list[Trajectory], *,
-                             entropy: bool = False) -> TokenLogprobs:
+                             entropy: bool = False, temperature: float = 1.0) -> TokenLogprobs:
     """Slow reference of :func:`token_logprobs`: one plain forward per turn."""
     lps, ents = [], []
     for traj in trajectories:
-        pairs = [turn_logprobs_reference(model, traj, k, entropy=entropy) for k in range(len(traj.turns))]
+        pairs = [turn_logprobs_reference(model, traj, k, entropy=entropy, temperature=temperature)
+                 for k in range(len(traj.turns))]
         lps.append(tuple(lp for lp, _ in pairs))
         ents.append(tuple(e for _, e in pairs))
     return TokenLogprobs(logprobs=tuple(lps), entropy=tuple(ents) if entropy else None)  # type: ignore[arg-type]

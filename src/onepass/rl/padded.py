@@ -1,4 +1,4 @@
-"""Per-token log-probs for a padded [B, P + C] batch (TRL's GRPO layout), computed from one-pass rows.
+"""Per-token log-probs for a padded batch (TRL's and SkyRL's layouts), computed from one-pass rows.
 
 Why this module exists: RL trainers (TRL's ``GRPOTrainer``, and most others) hold a
 batch as left-padded prompts next to right-padded completions and ask for a
@@ -17,8 +17,17 @@ Example, B = 2 rows sharing the prompt ``h1 h2`` (``.`` is padding)::
                      h1 h2 h3 | c . .                   h1 h2 h3 c    (h1 h2 stored once)
     logits_to_keep = 3        -> logps [[lp(a), lp(b), 0], [lp(c), 0, 0]]
 
-What is not covered: multimodal inputs, MoE auxiliary losses and sampling
-temperature != 1 (the caller keeps its own path for those).
+SkyRL holds each sample as one left-padded block whose response is right-aligned, and asks for
+the log-probs of the last W = ``num_actions`` positions (``log_probs[:, -W - 1:-1]`` of the
+shifted forward; a short response's window starts inside its prompt)::
+
+    sequences        . . h1 h2 a b          window W = 3: the real tokens of the last 3 positions
+                     . h1 h2 h3 c d         -> logps [[lp(h2), lp(a), lp(b)], [lp(h3), lp(c), lp(d)]]
+
+:func:`window_token_logprobs` scores every real token of the window that has a real token before it
+(0 elsewhere: padding, and a row's first token), as SkyRL's own forward does at those positions.
+
+What is not covered: multimodal inputs and MoE auxiliary losses (the caller keeps its own path for those).
 """
 
 from __future__ import annotations
@@ -52,11 +61,12 @@ def padded_trajectories(input_ids: torch.Tensor, attention_mask: torch.Tensor, l
 
 
 def padded_token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-                          *, entropy: bool = False, max_tokens: int | None = None
+                          *, entropy: bool = False, max_tokens: int | None = None, temperature: float = 1.0
                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[B, logits_to_keep] log-probs (and entropies) of the completion tokens, 0 past each row's last kept one."""
     trajectories = padded_trajectories(input_ids, attention_mask, logits_to_keep)
-    scored = token_logprobs(model, layout_rollouts(trajectories, max_tokens=max_tokens), entropy=entropy)
+    scored = token_logprobs(model, layout_rollouts(trajectories, max_tokens=max_tokens), entropy=entropy,
+                            temperature=temperature)
 
     def scatter(per_turn: Any) -> torch.Tensor:
         parts = [turns[0] for turns in per_turn]
@@ -67,3 +77,52 @@ def padded_token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: t
         return out
 
     return scatter(scored.logprobs), (scatter(scored.entropy) if entropy else None)
+
+
+def window_trajectories(sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int
+                        ) -> list[Trajectory | None]:
+    """Each row of SkyRL's layout (one left-padded block per row) as a one-turn trajectory whose completion is the
+    real tokens of the last ``num_actions`` positions that follow a real token, and whose prompt is the rest; None
+    for a row with fewer than two real tokens (nothing to score)."""
+    ids = sequences.detach().cpu().numpy()
+    keep = attention_mask.detach().cpu().numpy().astype(bool)
+    if not 0 < num_actions < ids.shape[1]:
+        raise ValueError(f"num_actions={num_actions} must be between 1 and the row length - 1 ({ids.shape[1] - 1})")
+    out: list[Trajectory | None] = []
+    for b in range(ids.shape[0]):
+        real = int(keep[b].sum())
+        if keep[b, ids.shape[1] - real:].sum() != real:
+            raise ValueError(f"row {b}: its real tokens (attention_mask 1) are not one block at the end of the row; "
+                             "SkyRL's batch is left-padded only ([pad.. prompt response])")
+        scored = min(num_actions, real - 1)
+        if scored < 1:
+            out.append(None)
+            continue
+        tokens = ids[b, ids.shape[1] - real:].astype(np.int64)
+        turn = Turn(prompt_ids=tokens[:real - scored], completion_ids=tokens[real - scored:],
+                    advantages=np.zeros(scored), mask=np.ones(scored))
+        out.append(Trajectory(group="batch", turns=(turn,), source="padded batch", index=b, unit="row"))
+    return out
+
+
+def window_token_logprobs(model: Any, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, *,
+                          entropy: bool = False, max_tokens: int | None = None, temperature: float = 1.0
+                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[B, num_actions] log-probs (and entropies) of SkyRL's window (the module docstring), from one-pass rows:
+    every row of the batch in prefix trees (a group's samples, and the turns of its step-wise trajectories, share
+    their prompts), right-aligned back into the window, 0 where no real token follows a real one."""
+    per_row = window_trajectories(sequences, attention_mask, num_actions)
+    rows = [b for b, t in enumerate(per_row) if t is not None]
+    scored = token_logprobs(model, layout_rollouts([per_row[b] for b in rows], max_tokens=max_tokens),
+                            entropy=entropy, temperature=temperature) if rows else None
+
+    def scatter(per_turn: Any) -> torch.Tensor:
+        parts = [turns[0] for turns in per_turn] if per_turn is not None else []
+        dtype = next((p.dtype for p in parts if len(p)), torch.float32)
+        out = torch.zeros(len(per_row), num_actions, dtype=dtype, device=sequences.device)
+        for b, part in zip(rows, parts):
+            out[b, num_actions - len(part):] = part.to(out.device)  # a differentiable copy, right-aligned
+        return out
+
+    return (scatter(scored.logprobs if scored else None),
+            scatter(scored.entropy if scored else None) if entropy else None)

@@ -58,7 +58,7 @@ from transformers import Trainer, TrainingArguments
 from onepass.attention.backends import check_backend, model_backend, attention_mask_for
 from onepass.batch import host_rows
 from onepass.conversation.parse import Conversation
-from onepass.model.couplings import check_row_mask, checkpointing_on
+from onepass.model.couplings import checkpointing_on
 from onepass.errors import UsageError
 from onepass.layout.geometry import branches
 from onepass.guard.check import check_exact_once, enforce
@@ -127,8 +127,7 @@ def _check_overridable(compute_loss_func: Callable | None) -> None:
 
 
 def _model_of(model: Any, args: OnePassConfig, quantization_config: Any) -> tuple[Any, Any]:
-    """The model (loaded when given by name) and where it was loaded from; its row mask checked for the
-    batch's rows (one line now, not a traceback inside the model at the first step)."""
+    """The model (loaded when given by name) and where it was loaded from."""
     if isinstance(model, str):
         model_id = model
         model = load_model(model, args, quantization_config)
@@ -138,8 +137,6 @@ def _model_of(model: Any, args: OnePassConfig, quantization_config: Any) -> tupl
             warn_once("quantization_config", "quantization_config is ignored: the model is already loaded")
         if args.model_init_kwargs is not None:
             warn_once("model_init_kwargs", "model_init_kwargs are ignored: the model is already loaded")
-    rows = 1 if args.padding_free else max(args.per_device_train_batch_size, args.per_device_eval_batch_size)
-    check_row_mask(model, rows)
     return model, model_id
 
 

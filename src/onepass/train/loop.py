@@ -37,7 +37,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from onepass.model.couplings import check_row_mask
 from onepass.conversation.sources import CONVERSATIONS, DataSource, resolve_data
 from onepass.files import atomic_dir, check_writable, output_lock, write_failure
 from onepass.model.private_names import private
@@ -154,16 +153,6 @@ def _load_data(config: TrainConfig, sources: Sequence[DataSource | None], *, mai
 
 
 _MAX_VOCAB = 1 << 21  # more ids than any released tokenizer has (the largest are ~260k)
-
-
-def _most_rows(config: TrainConfig, data: TrainData) -> int:
-    """The most rows one forward can batch (:func:`onepass.train.data.forward_groups`): a micro-batch's trees,
-    at most ``max_batch_tokens // shortest row`` of them under a token budget."""
-    rows = config.per_device_train_batch_size * max((len(unit) for unit in data.units), default=1)
-    if config.max_batch_tokens:
-        shortest = min((len(x) for unit in data.units for x in unit), default=1)
-        rows = min(rows, max(1, config.max_batch_tokens // max(1, shortest)))
-    return rows
 
 
 def _check_ids(model: Any, *datas: TrainData | None) -> None:
@@ -364,10 +353,9 @@ class _Parts:
 
 
 def _build_model(config: TrainConfig, loaded: _Loaded, attention: str, total: int, procs: _Processes) -> _Parts:
-    """The model (its row mask and the rows' ids checked against it), optimizer, scheduler and stepper."""
+    """The model (the rows' ids checked against it), optimizer, scheduler and stepper."""
     data = loaded.data
     model = load_model(config, device=procs.device, attention=attention, vocab_size=loaded.vocab_size)
-    check_row_mask(model, _most_rows(config, data))  # one line now, not a traceback inside the model
     _check_ids(model, data, loaded.eval_data)
     trainable, params = count_parameters(model)
     optimizer = make_optimizer(model, config)
