@@ -93,12 +93,14 @@ if os.environ.get("TRL_SUITE_STREAM"):
 
 
 def pytest_runtest_logreport(report: Any) -> None:
-    """Each failure's last error line, written as it happens (a run cut short still says why)."""
+    """Each failure's exception line (else its first error line), written as it happens (a run cut short still
+    says why)."""
     out = os.environ.get("TRL_SUITE_FAILURES")
     if out and report.failed:
         text = str(report.longrepr)
         errors = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
-        why = errors[-1] if errors else text.strip().splitlines()[-1] if text.strip() else ""
+        named = [e for e in errors if re.match(r"[\w.]*(Error|Exception|Exit)\b", e)]
+        why = (named or errors or text.strip().splitlines()[-1:] or [""])[0]
         with open(out, "a", encoding="utf-8") as f:
             f.write(f"{report.nodeid}\t{report.when}\t{why[:300]}\n")
 
