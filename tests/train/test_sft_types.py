@@ -398,6 +398,30 @@ def test_a_mixed_stream_trains_every_record(model, qwen3_tokenizer, tmp_path):
     assert losses["stream"] == losses["map"]
 
 
+def test_a_packed_stream_shares_the_prefix_of_conversations_that_share_one(qwen3_tokenizer, tmp_path):
+    """``packing=True, share_prefix=True`` on conversations with one system prompt and 4 tools: the stream and
+    the map-style dataset merge them into shared trees (the prompt and tools once per row), the same rows and
+    the same loss terms as unshared (b757769: neither path called the sharing code, the same tokens either way;
+    main's fix for the map-style path, issue 44.4, left the stream unshared)."""
+    from onepass.data.synthetic import AgentConfig, agent_record
+    from onepass.layout.share import loss_terms, same_terms
+    from onepass.layout.tree import row_from_columns
+
+    small = AgentConfig(harnesses=1, prompt=(300,), tools=4, min_turns=1, max_turns=2, user=(4, 8), reasoning=(2, 5),
+                        tool_result=(2, 6), answer=(2, 5), calls=(0, 1))
+    records = [{k: v for k, v in agent_record(i, 7, small).items() if k != "harness"} for i in range(6)]
+    out = {}
+    for share in (True, False):
+        kw = {"packing": True, "max_length": 8192, "share_prefix": share, "schedule": "one-pass"}
+        for name, data in (("map", datasets.Dataset.from_list(records)), ("stream", _streamed(records))):
+            out[name, share] = [row_from_columns(item) for item in _trainer_rows(data, qwen3_tokenizer, tmp_path, **kw)]
+    tokens = {key: sum(len(r) for r in rows) for key, rows in out.items()}
+    assert tokens["stream", True] == tokens["map", True] < 0.6 * tokens["stream", False], tokens
+    as_lists = {key: [[list(map(int, getattr(r, c))) for c in COLUMNS] for r in rows] for key, rows in out.items()}
+    assert as_lists["stream", True] == as_lists["map", True]
+    assert same_terms(loss_terms(out["stream", True]), loss_terms(out["stream", False]))
+
+
 def test_a_streamed_eval_dataset_has_the_map_style_loss(model, qwen3_tokenizer, tmp_path):
     """Streamed eval data of TRL's types, given at init or to evaluate(): the map-style eval loss."""
     from onepass.train import OnePassTrainer

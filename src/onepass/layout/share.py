@@ -196,13 +196,20 @@ class SharedRows:
         return sum(len(r) for r in self.rows)
 
 
+def merge_shared(trees: Sequence[Layout], units: Sequence[int] | None, max_tokens: int, *,
+                 window: int | None = None) -> list[Merged]:
+    """The trees of :func:`share_trees` for trees held in memory: ``units[i]`` is the conversation of tree i
+    (None: each its own). What :func:`share_and_pack` packs, and what a caller packs with other rows (TRL's
+    documents beside conversations in ``OnePassTrainer``)."""
+    units = list(range(len(trees))) if units is None else list(units)
+    return list(share_trees([prefix_key(x) for x in trees], units, trees.__getitem__, max_tokens, window=window))
+
+
 def share_and_pack(trees: Sequence[Layout], units: Sequence[int] | None, max_tokens: int, *,
                    window: int | None = None) -> SharedRows:
-    """Trees merged where they share a prefix (:func:`share_trees`), then packed best-fit decreasing
+    """Trees merged where they share a prefix (:func:`merge_shared`), then packed best-fit decreasing
     into rows of at most ``max_tokens``. ``units[i]``: the conversation of tree i (None: each its own)."""
-    units = list(range(len(trees))) if units is None else list(units)
-    merged = list(share_trees([prefix_key(x) for x in trees], units, trees.__getitem__, max_tokens,
-                              window=window))
+    merged = merge_shared(trees, units, max_tokens, window=window)
     bins = best_fit_decreasing([len(m.layout) for m in merged], max_tokens)
     rows: list[Layout] = []
     where: list[tuple[int, np.ndarray]] = [(0, np.zeros(0, dtype=np.int64))] * len(trees)

@@ -25,7 +25,9 @@ from typing import Any
 from onepass.conversation.records import without_nulls
 from onepass.errors import UsageError
 from onepass.layout.pack import pack_layouts
+from onepass.layout.share import merge_shared
 from onepass.layout.tree import COLUMNS, Layout, concat, rows_to_columns
+from onepass.prepare.config import DataConfig
 from onepass.prepare.pipeline import PrepareStats
 from onepass.train import sft_rows
 from onepass.train.hf_config import OnePassConfig, warn_once
@@ -295,7 +297,7 @@ def _rows_of(conversations: Sequence[tuple[int, Any]], trl_rows: Sequence[Any], 
     if packing:
         if args.max_length is None:
             raise ValueError("When packing is enabled, `max_length` can't be `None`.")
-        trees = [tree for unit in units for tree in unit]
+        trees = _shared(units, args.data_config, args.max_length)
         if args.packing_strategy == "wrapped" and trl_rows:
             rows = pack_layouts(trees, args.max_length) if trees else []
             wrapped = sft_rows.wrapped_rows(trl_rows, args.max_length)
@@ -320,6 +322,23 @@ def _rows_of(conversations: Sequence[tuple[int, Any]], trl_rows: Sequence[Any], 
     labels = [labels[k] for k in kept] if labels is not None else [list(sft_rows.labels_view(r)) for r in rows]
     return MadeRows(rows=rows, labels=labels, seq_lengths=[sft_rows.seq_lengths(r) for r in rows] if packing else None,
                     guard=guard, stats=stats)
+
+
+def _shared(units: Sequence[Sequence[Layout]], data_config: DataConfig, max_tokens: int) -> list[Layout]:
+    """The conversations' trees to pack: with ``share_prefix`` (under every schedule but n-pass), trees of
+    conversations that share a token prefix merged into one tree (:func:`onepass.layout.share.merge_shared`,
+    the code ``prepare --pack`` and :func:`~onepass.train.hf_data.prepare_rows` pack with), each tree alone
+    otherwise. A stream shares within each batch it packs (:mod:`onepass.train.hf_stream`)."""
+    trees = [tree for unit in units for tree in unit]
+    packed = data_config.replace(pack=True, max_tokens=max_tokens)
+    if not packed.shares or len(trees) < 2:
+        return trees
+    merged = merge_shared(trees, [u for u, unit in enumerate(units) for _ in unit], max_tokens,
+                          window=packed.share_window)
+    if len(merged) < len(trees):
+        log.info("onepass: shared prefixes: %d trees merged into %d across conversations, %d tokens fewer",
+                 len(trees), len(merged), sum(map(len, trees)) - sum(len(m.layout) for m in merged))
+    return [m.layout for m in merged]
 
 
 def _cut(args: OnePassConfig) -> Any:
