@@ -59,7 +59,7 @@ def test_one_pass_trainer_data_parses_the_schedule_once(parses, qwen3_tokenizer)
     import datasets
 
     from onepass.train.hf_config import OnePassConfig
-    from onepass.train.hf_data import as_rows
+    from onepass.train.hf_records import as_rows
 
     args = OnePassConfig("o", schedule="k-pass:2", report_to="none", use_cpu=True)
     rows = as_rows(datasets.Dataset.from_list(synthetic_conversations(3)), qwen3_tokenizer, args, source="train")

@@ -1,16 +1,17 @@
-"""Offline stand-ins for the hub models and datasets TRL's SFT tests load.
+"""Offline stand-ins for the hub models and datasets TRL's SFT and GRPO tests load.
 
-Why this module exists: TRL's ``tests/test_sft_trainer.py`` loads ``trl-internal-testing/tiny-*`` models and
-the ``zen`` / ``toolcall`` / ``harmony`` datasets from the hub; here there is no hub. The stand-ins are built
-the way TRL's own scripts build them, offline:
+Why this module exists: TRL's ``tests/test_sft_trainer.py`` and ``tests/test_grpo_trainer.py`` load
+``trl-internal-testing/tiny-*`` models (causal LMs, and sequence classifiers as reward models) and the ``zen`` /
+``toolcall`` / ``harmony`` datasets from the hub; here there is no hub. The stand-ins are built the way TRL's
+own scripts build them, offline:
 
 - models: the architecture's config scaled down as in TRL's ``scripts/generate_tiny_models`` (hidden size 8,
-  two layers, ...), random weights in bfloat16, on a real Qwen vocabulary (``builtin:qwen3``: Qwen's BPE
-  ranks and added tokens; every stand-in shares it, where the hub models have their own vocabularies) with
-  the architecture's own chat template from the TRL checkout's ``trl/chat_templates`` (none for GPT-NeoX, as
-  the hub model; Olmo 3, whose template TRL does not ship, gets Qwen 2.5's ChatML). They are written as a
-  Hugging Face hub cache (``models--ORG--NAME/snapshots/...``), so ``from_pretrained(NAME)`` finds them with
-  ``HF_HUB_OFFLINE=1``;
+  two layers, ...; a sequence classifier with ``num_labels=1``), random weights in bfloat16, on a real Qwen
+  vocabulary (``builtin:qwen3``: Qwen's BPE ranks and added tokens; every stand-in shares it, where the hub
+  models have their own vocabularies) with the architecture's own chat template from the *installed* trl's
+  ``trl/chat_templates`` (what users get; none for GPT-NeoX, as the hub model; Olmo 3 and Mistral, whose
+  templates TRL does not ship, get Qwen 2.5's ChatML). They are written as a Hugging Face hub cache
+  (``models--ORG--NAME/snapshots/...``), so ``from_pretrained(NAME)`` finds them with ``HF_HUB_OFFLINE=1``;
 - datasets: the TRL checkout's own ``scripts/generate_{zen,toolcall,harmony}_dataset.py`` run with their
   ``push_to_hub`` saving to disk instead (no TRL code is copied: it runs from the checkout).
 
@@ -31,7 +32,8 @@ from typing import Any
 ORG = "trl-internal-testing"
 SNAPSHOT = "0" * 40
 
-# hub name -> (transformers config class, config overrides, chat template file in trl/chat_templates or None)
+# hub name -> (transformers config class, config overrides, chat template file in trl/chat_templates or None);
+# a name ending in ForSequenceClassification[-...] is a reward model (one label)
 TINY = {"hidden_size": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
         "intermediate_size": 32}
 MODELS: dict[str, tuple[str, dict[str, Any], str | None]] = {
@@ -60,6 +62,12 @@ MODELS: dict[str, tuple[str, dict[str, Any], str | None]] = {
                                         "lfm2_2_5.jinja"),
     f"{ORG}/tiny-GPTNeoXForCausalLM": ("GPTNeoXConfig", {}, None),
     "Qwen/Qwen3-4B": ("Qwen3Config", {}, "qwen3.jinja"),
+    f"{ORG}/tiny-LlamaForCausalLM-3.2": ("LlamaConfig", {}, "llama3_2.jinja"),
+    f"{ORG}/tiny-MistralForCausalLM-0.2": ("MistralConfig", {}, "qwen2_5.jinja"),
+    f"{ORG}/tiny-Gemma2ForCausalLM": ("Gemma2Config", {"head_dim": 2}, "gemma.jinja"),
+    f"{ORG}/tiny-Qwen2ForSequenceClassification-2.5": ("Qwen2Config", {}, "qwen2_5.jinja"),
+    f"{ORG}/tiny-Qwen3ForSequenceClassification": ("Qwen3Config", {}, "qwen3.jinja"),
+    f"{ORG}/tiny-LlamaForSequenceClassification-3.2": ("LlamaConfig", {}, "llama3_2.jinja"),
 }
 DATASETS = {f"{ORG}/zen": "generate_zen_dataset.py", f"{ORG}/toolcall": "generate_toolcall_dataset.py",
             f"{ORG}/harmony": "generate_harmony_dataset.py"}
@@ -70,11 +78,18 @@ def _hub_dir(cache: Path, name: str) -> Path:
     return cache / f"models--{org}--{repo}"
 
 
-def build_model(name: str, cache: Path, trl_dir: Path, tokenizer: Any) -> Path:
+def templates_dir() -> Path:
+    """The chat templates of the installed trl (the ones its users get)."""
+    import trl
+
+    return Path(trl.__file__).parent / "chat_templates"
+
+
+def build_model(name: str, cache: Path, templates: Path, tokenizer: Any) -> Path:
     """The stand-in of hub model ``name`` in the hub cache ``cache`` (built once)."""
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, GenerationConfig
 
     root = _hub_dir(cache, name)
     snap = root / "snapshots" / SNAPSHOT
@@ -84,11 +99,14 @@ def build_model(name: str, cache: Path, trl_dir: Path, tokenizer: Any) -> Path:
     values = {**TINY, **overrides}
     values = {k: v for k, v in values.items() if v is not None}
     tok = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
-    tok.chat_template = (trl_dir / "trl" / "chat_templates" / template).read_text() if template else None
+    tok.chat_template = (templates / template).read_text() if template else None
+    reward = "ForSequenceClassification" in name
     config = getattr(transformers, config_cls)(vocab_size=len(tok), eos_token_id=tok.eos_token_id,
-                                                pad_token_id=tok.pad_token_id, **values)
+                                                pad_token_id=tok.pad_token_id, **values,
+                                                **({"num_labels": 1} if reward else {}))
     torch.manual_seed(int(hashlib.sha256(name.encode()).hexdigest()[:8], 16))
-    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    auto = AutoModelForSequenceClassification if reward else AutoModelForCausalLM
+    model = auto.from_config(config).to(torch.bfloat16)
     tmp = snap.with_name(snap.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
@@ -137,10 +155,10 @@ def build(root: Path, trl_dir: Path) -> dict[str, Any]:
 
     root.mkdir(parents=True, exist_ok=True)
     base = load_tokenizer("builtin:qwen3")
-    report: dict[str, Any] = {"models": {}, "failed": {}, "datasets": {}}
+    report: dict[str, Any] = {"models": {}, "failed": {}, "datasets": {}, "chat_templates": str(templates_dir())}
     for name in MODELS:
         try:
-            report["models"][name] = str(build_model(name, root / "hub", trl_dir, base))
+            report["models"][name] = str(build_model(name, root / "hub", templates_dir(), base))
         except Exception as e:  # noqa: BLE001  (a config this transformers lacks: its tests fail in both runs)
             report["failed"][name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     report["datasets"] = build_datasets(root / "datasets", trl_dir)

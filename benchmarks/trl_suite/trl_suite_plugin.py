@@ -1,10 +1,19 @@
 """A pytest plugin (``-p trl_suite_plugin``): ``load_dataset`` of a stand-in hub dataset reads the copy the
 harness saved (``$TRL_SUITE_DATASETS/ORG/NAME/CONFIG``), with the same ``split`` (slices included) and
 ``streaming``. Models need no patch: the stand-ins are a hub cache (``HF_HUB_CACHE``, ``HF_HUB_OFFLINE=1``).
-Loaded before the test module is collected, so its ``from datasets import load_dataset`` gets this one."""
+Loaded before the test module is collected, so its ``from datasets import load_dataset`` gets this one.
+
+With ``TRL_SUITE_STREAM=1`` (the streamed variants), every ``datasets.Dataset`` given to ``trl.SFTTrainer`` or
+``OnePassTrainer`` as ``train_dataset`` / ``eval_dataset`` (or in a dict of eval datasets) is given as
+``Dataset.to_iterable_dataset()`` instead, the same records in the same order; a test that left ``max_steps``
+unset gets the map-style run's number of steps (a stream has no length to count epochs by): both trainers are
+given exactly the same, so a test passes streamed unmodified and fails renamed only where onepass differs."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+import math
 import os
 import re
 from pathlib import Path
@@ -44,13 +53,54 @@ def load_dataset(path: str, name: str | None = None, *args: Any, split: str | No
 datasets.load_dataset = load_dataset
 
 
+def _stream(ds: Any) -> Any:
+    custom = isinstance(getattr(ds, "format", None), dict) and ds.format.get("type") == "custom"
+    return ds.to_iterable_dataset() if isinstance(ds, datasets.Dataset) and not custom else ds
+
+
+def streamed(init: Any) -> Any:
+    """A trainer's ``__init__`` that is given its datasets streamed (see the module doc)."""
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(*args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(*args, **kwargs)
+        given = bound.arguments
+        train = given.get("train_dataset")
+        if isinstance(train, datasets.Dataset):
+            config = given.get("args")
+            if config is not None and getattr(config, "max_steps", 0) <= 0:
+                per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps
+                config.max_steps = math.ceil(len(train) / per_step) * math.ceil(config.num_train_epochs)
+            given["train_dataset"] = _stream(train)
+        evals = given.get("eval_dataset")
+        if isinstance(evals, dict):
+            given["eval_dataset"] = {k: _stream(v) for k, v in evals.items()}
+        elif evals is not None:
+            given["eval_dataset"] = _stream(evals)
+        init(*bound.args, **bound.kwargs)
+
+    return __init__
+
+
+if os.environ.get("TRL_SUITE_STREAM"):
+    import trl
+
+    from onepass.train import OnePassTrainer
+
+    trl.SFTTrainer.__init__ = streamed(trl.SFTTrainer.__init__)
+    OnePassTrainer.__init__ = streamed(OnePassTrainer.__init__)
+
+
 def pytest_runtest_logreport(report: Any) -> None:
-    """Each failure's last error line, written as it happens (a run cut short still says why)."""
+    """Each failure's exception line (else its first error line), written as it happens (a run cut short still
+    says why)."""
     out = os.environ.get("TRL_SUITE_FAILURES")
     if out and report.failed:
         text = str(report.longrepr)
         errors = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
-        why = errors[-1] if errors else text.strip().splitlines()[-1] if text.strip() else ""
+        named = [e for e in errors if re.match(r"[\w.]*(Error|Exception|Exit)\b", e)]
+        why = (named or errors or text.strip().splitlines()[-1:] or [""])[0]
         with open(out, "a", encoding="utf-8") as f:
             f.write(f"{report.nodeid}\t{report.when}\t{why[:300]}\n")
 

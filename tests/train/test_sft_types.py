@@ -18,7 +18,8 @@ import torch
 from onepass.loss import ForwardView, batch_loss
 from onepass.model.tiny import tiny_model
 from onepass.train import OnePassConfig
-from onepass.train.hf_data import OnePassCollator, as_rows
+from onepass.train.hf_data import OnePassCollator
+from onepass.train.hf_records import as_rows
 from onepass.layout.tree import COLUMNS
 
 trl = pytest.importorskip("trl")
@@ -305,3 +306,161 @@ def test_dft_on_a_tree_is_sfttrainers_dft_on_the_turns(model, qwen3_tokenizer, t
         ours = float(batch_dft_loss(ForwardView(model, model), batch))
     theirs, n_theirs, _ = trl_loss(conversational_pc(REASONING), model, qwen3_tokenizer, tmp_path, loss_type="dft")
     assert n_ours == n_theirs and rel(ours, theirs) <= TOL
+
+
+# Streams (issue 45.1, 44.2, 44.9): every type above, given as an IterableDataset, trains the rows the same
+# records make as a map-style Dataset (at b757769 every stream but one of conversations was refused, "has no
+# conversations", and a mixed stream dropped its non-conversation records).
+
+def _streamed(records):
+    return datasets.Dataset.from_list(records).to_iterable_dataset()
+
+
+def _trainer_rows(dataset, tokenizer, tmp_path, **kw):
+    from onepass.train.hf_stream import trainer_rows
+
+    args = _args(OnePassConfig, tmp_path, **kw)
+    return trainer_rows(dataset, tokenizer, args, source="train_dataset", vocab_size=len(tokenizer)).dataset
+
+
+def _items(dataset):
+    return [{c: list(item[c]) for c in (*COLUMNS, "labels")} for item in dataset]
+
+
+MIXED = ([{"text": t} for t in ZEN[:3]] + [{"prompt": p, "completion": c} for p, c in PROMPTS] + [REASONING])
+
+
+@pytest.mark.parametrize("case", sorted(CASES) + ["conversations", "mixed"])
+def test_a_streamed_dataset_trains_the_rows_of_the_map_style_dataset(case, model, qwen3_tokenizer, tmp_path):
+    """The same records map-style and streamed (``Dataset.to_iterable_dataset()``): the same rows in the same
+    order, so the same loss (and, by the test above, SFTTrainer's)."""
+    records, kw = CASES.get(case, ([REASONING, TOOLCALL] if case == "conversations" else MIXED, {}))
+    if case == "mixed":  # one table: each record fills its own columns, the others null
+        keys = ("text", "prompt", "completion", "messages")
+        records = [{k: r.get(k) for k in keys} for r in records]
+    mapped = _items(_trainer_rows(datasets.Dataset.from_list(records), qwen3_tokenizer, tmp_path, **kw))
+    streamed = _items(_trainer_rows(_streamed(records), qwen3_tokenizer, tmp_path, **kw))
+    assert len(streamed) == len(mapped) > 0
+    assert streamed == mapped
+    collate = OnePassCollator()
+    with torch.no_grad():
+        losses = [float(batch_loss(ForwardView(model, model), collate(items))) for items in (mapped, streamed)]
+    assert losses[0] == losses[1]
+
+
+def test_a_streamed_json_file_of_each_type_trains_like_sfttrainer(model, qwen3_tokenizer, tmp_path):
+    """A user's own JSONL read with ``load_dataset("json", streaming=True)`` (language modeling, issue 44.9, and
+    conversational prompt-completion; the other types make the map-style rows, above), one OnePassTrainer
+    step: the logged loss is SFTTrainer's on the same stream."""
+    import json
+
+    from onepass.train import OnePassTrainer
+
+    records = {"text": CASES["text"][0],
+               "conversational_prompt_completion": CASES["conversational_prompt_completion"][0]}
+    for name, rows in records.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        losses = {}
+        for cls, config in ((OnePassTrainer, OnePassConfig), (trl.SFTTrainer, trl.SFTConfig)):
+            stream = datasets.load_dataset("json", data_files=str(path), split="train", streaming=True)
+            trainer = cls(model=copy.deepcopy(model), processing_class=qwen3_tokenizer, train_dataset=stream,
+                          args=_args(config, tmp_path / name / cls.__name__, max_steps=1, logging_steps=1,
+                                     learning_rate=1e-3, per_device_train_batch_size=len(rows),
+                                     gradient_checkpointing=False, save_strategy="no"))
+            trainer.train()
+            losses[cls.__name__] = trainer.state.log_history[0]["loss"]
+        assert rel(losses["OnePassTrainer"], losses["SFTTrainer"]) <= 1e-6, (name, losses)
+
+
+def test_a_mixed_stream_trains_every_record(model, qwen3_tokenizer, tmp_path):
+    """Issue 44.2: a stream of 10 text, 10 prompt-completion and 10 conversation records gives 30 rows, as the
+    same records map-style (b757769: 10, the conversations; the rest dropped with a log line), and a step over
+    all of them logs the map-style step's loss."""
+    from onepass.train import OnePassTrainer
+
+    keys = ("text", "prompt", "completion", "messages")
+    convs = [{"messages": [{"role": "user", "content": f"What is {i}+{i}?"},
+                           {"role": "assistant", "content": f"{2 * i}."}]} for i in range(10)]
+    records = ([{"text": f"{ZEN[i % 5]} ({i})"} for i in range(10)]
+               + [{"prompt": f"{PROMPTS[i % 3][0]} {i}", "completion": PROMPTS[i % 3][1]} for i in range(10)] + convs)
+    records = [{k: r.get(k) for k in keys} for r in records]
+    losses, rows = {}, {}
+    for name, data in (("map", datasets.Dataset.from_list(records)), ("stream", _streamed(records))):
+        trainer = OnePassTrainer(model=copy.deepcopy(model), processing_class=qwen3_tokenizer, train_dataset=data,
+                                 args=_args(OnePassConfig, tmp_path / name, max_steps=1, logging_steps=1,
+                                            per_device_train_batch_size=30, gradient_checkpointing=False,
+                                            save_strategy="no"))
+        rows[name] = len(list(trainer.train_dataset))
+        trainer.train()
+        losses[name] = trainer.state.log_history[0]["loss"]
+    assert rows == {"map": 30, "stream": 30}
+    assert losses["stream"] == losses["map"]
+
+
+def test_a_packed_stream_shares_the_prefix_of_conversations_that_share_one(qwen3_tokenizer, tmp_path):
+    """``packing=True, share_prefix=True`` on conversations with one system prompt and 4 tools: the stream and
+    the map-style dataset merge them into shared trees (the prompt and tools once per row), the same rows and
+    the same loss terms as unshared (b757769: neither path called the sharing code, the same tokens either way;
+    main's fix for the map-style path, issue 44.4, left the stream unshared)."""
+    from onepass.data.synthetic import AgentConfig, agent_record
+    from onepass.layout.share import loss_terms, same_terms
+    from onepass.layout.tree import row_from_columns
+
+    small = AgentConfig(harnesses=1, prompt=(300,), tools=4, min_turns=1, max_turns=2, user=(4, 8), reasoning=(2, 5),
+                        tool_result=(2, 6), answer=(2, 5), calls=(0, 1))
+    records = [{k: v for k, v in agent_record(i, 7, small).items() if k != "harness"} for i in range(6)]
+    out = {}
+    for share in (True, False):
+        kw = {"packing": True, "max_length": 8192, "share_prefix": share, "schedule": "one-pass"}
+        for name, data in (("map", datasets.Dataset.from_list(records)), ("stream", _streamed(records))):
+            out[name, share] = [row_from_columns(item) for item in _trainer_rows(data, qwen3_tokenizer, tmp_path, **kw)]
+    tokens = {key: sum(len(r) for r in rows) for key, rows in out.items()}
+    assert tokens["stream", True] == tokens["map", True] < 0.6 * tokens["stream", False], tokens
+    as_lists = {key: [[list(map(int, getattr(r, c))) for c in COLUMNS] for r in rows] for key, rows in out.items()}
+    assert as_lists["stream", True] == as_lists["map", True]
+    assert same_terms(loss_terms(out["stream", True]), loss_terms(out["stream", False]))
+
+
+def test_a_streamed_eval_dataset_has_the_map_style_loss(model, qwen3_tokenizer, tmp_path):
+    """Streamed eval data of TRL's types, given at init or to evaluate(): the map-style eval loss."""
+    from onepass.train import OnePassTrainer
+
+    records = [{"text": None, **r} for r in CASES["prompt_completion"][0]] + \
+              [{"prompt": None, "completion": None, **r} for r in CASES["text"][0]]
+    trainer = OnePassTrainer(model=copy.deepcopy(model), processing_class=qwen3_tokenizer,
+                             train_dataset=datasets.Dataset.from_list(CASES["text"][0]),
+                             eval_dataset={"stream": _streamed(records)},
+                             args=_args(OnePassConfig, tmp_path, per_device_eval_batch_size=4))
+    mapped = trainer.evaluate(eval_dataset=datasets.Dataset.from_list(records))["eval_loss"]
+    assert trainer.evaluate(eval_dataset=_streamed(records))["eval_loss"] == pytest.approx(mapped, rel=1e-12)
+    assert trainer.evaluate()["eval_stream_loss"] == pytest.approx(mapped, rel=1e-12)
+
+
+def test_conversations_under_the_default_loss_say_it_once(model, qwen3_tokenizer, tmp_path, caplog, monkeypatch):
+    """Issue 45.3: a conversation trains its assistant turns in OnePassTrainer, every token in SFTTrainer (by
+    default); a script moved from SFTTrainer is told so at construction, in one line naming the setting, once
+    (b757769: nothing said). Asking for either loss says nothing; data without conversations says nothing."""
+    import logging
+
+    from onepass.train import OnePassTrainer
+    from onepass.train import hf_config
+
+    monkeypatch.setattr(hf_config, "_WARNED", set())
+
+    def lines():
+        return [r.getMessage() for r in caplog.records if "assistant_only_loss" in r.getMessage()]
+
+    caplog.set_level(logging.WARNING, logger="onepass")
+    for setting in (True, False):
+        _trainer_rows(datasets.Dataset.from_list([REASONING]), qwen3_tokenizer, tmp_path, assistant_only_loss=setting)
+    _trainer_rows(_streamed(CASES["text"][0]), qwen3_tokenizer, tmp_path)
+    assert lines() == []
+    OnePassTrainer(model=copy.deepcopy(model), processing_class=qwen3_tokenizer, args=_args(OnePassConfig, tmp_path),
+                   train_dataset=datasets.Dataset.from_list([REASONING, TOOLCALL]))
+    _trainer_rows(_streamed([REASONING]), qwen3_tokenizer, tmp_path)
+    assert len(lines()) == 1
+    assert "SFTTrainer" in lines()[0] and "assistant_only_loss=False" in lines()[0]
+    monkeypatch.setattr(hf_config, "_WARNED", set())  # a stream says it at construction too, before a step
+    _trainer_rows(_streamed([REASONING]), qwen3_tokenizer, tmp_path)
+    assert len(lines()) == 2

@@ -63,8 +63,20 @@ def padded_trajectories(input_ids: torch.Tensor, attention_mask: torch.Tensor, l
 def padded_token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                           *, entropy: bool = False, max_tokens: int | None = None, temperature: float = 1.0
                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """[B, logits_to_keep] log-probs (and entropies) of the completion tokens, 0 past each row's last kept one."""
+    """[B, logits_to_keep] log-probs (and entropies) of the completion tokens, 0 past each row's last kept one.
+
+    A batch that keeps no completion token at all (TRL's ``mask_truncated_completions`` on a batch whose
+    completions were all truncated) still comes back connected to the model's graph, as TRL's own path does
+    (its forward runs on every row, the mask zeroes the loss): each row's first completion token is scored
+    and the result zeroed, so the loss is 0 with a zero gradient, not a backward through nothing ("element 0
+    of tensors does not require grad")."""
     trajectories = padded_trajectories(input_ids, attention_mask, logits_to_keep)
+    masked = (torch.is_grad_enabled() and logits_to_keep > 0
+              and not any(len(t.turns[0].completion_ids) for t in trajectories))
+    if masked:
+        anchor = attention_mask.clone()
+        anchor[:, -logits_to_keep] = 1  # every row's first sampled token (a completion has one at least)
+        trajectories = padded_trajectories(input_ids, anchor, logits_to_keep)
     scored = token_logprobs(model, layout_rollouts(trajectories, max_tokens=max_tokens), entropy=entropy,
                             temperature=temperature)
 
@@ -74,6 +86,8 @@ def padded_token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: t
         out = torch.zeros(len(parts), logits_to_keep, dtype=dtype, device=input_ids.device)
         for b, part in enumerate(parts):
             out[b, :len(part)] = part.to(out.device)  # a differentiable copy into the padded tensor
+        if masked:  # zeros that keep the graph (and a zero gradient, even where a log-prob is -inf)
+            out = out.masked_fill(torch.ones_like(out, dtype=torch.bool), 0.0)
         return out
 
     return scatter(scored.logprobs), (scatter(scored.entropy) if entropy else None)

@@ -112,7 +112,9 @@ SFT_FIELDS: dict[str, str] = {
 DEFAULT_DIFFERENCES: dict[str, str] = {
     "assistant_only_loss": "None (TRL: False): a conversation trains its assistant turns, each turn in the context "
                            "the model sees at that turn (the per-turn N-pass loss, in one pass); TRL's False trains "
-                           "one rendering of the conversation, prompts included (set False for that)",
+                           "one rendering of the conversation, prompts included (set False for that). Left None on "
+                           "data with conversations, the trainer says so at construction in one WARNING line, once; "
+                           "True keeps onepass's loss and says nothing",
 }
 
 _WARNED: set[str] = set()

@@ -19,14 +19,14 @@ packing it is one row of at most ``max_length`` tokens (TRL: the same).
     packing=True   rows  [c1] [c2 c0]              2 rows of <= 1024 tokens, batch size counts rows
 
 The settings are one :class:`~onepass.prepare.config.DataConfig` (``OnePassConfig.data_config``), read
-here and nowhere else. What the exactness guard checks on (the schedule, some of the conversations,
+here and by :mod:`onepass.train.hf_records` (which sorts a trainer's records by TRL's dataset types and hands
+the conversations here). What the exactness guard checks on (the schedule, some of the conversations,
 the tokenizer, the render settings) comes back with the rows as :class:`GuardInputs`, which the
 trainer hands to the guard (``OnePassTrainer.check_exactness``); rows given as they are have none.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +38,7 @@ import torch
 from onepass.conversation.parse import Conversation
 from onepass.conversation.sources import RawRecord, parse_records
 from onepass.prepare.config import DataConfig
-from onepass.errors import DataError, UsageError
+from onepass.errors import DataError
 from onepass.guard.sample import GUARD_CONVERSATIONS, ViewSample
 from onepass.loss import layouts_to_batch
 from onepass.layout.pack import pack_layouts
@@ -46,11 +46,8 @@ from onepass.prepare.pipeline import PrepareStats, count_rows, count_shared, loa
 from onepass.conversation.records import without_nulls
 from onepass.render import RenderConfig
 from onepass.layout.schedule import Schedule
-from onepass.layout.share import merge_shared, share_and_pack
-from onepass.train import sft_rows
+from onepass.layout.share import share_and_pack
 from onepass.train.data import conversation_units
-from onepass.train.hf_config import OnePassConfig
-from onepass.train.sft_rows import SftSettings
 from onepass.layout.tree import COLUMNS, Layout, concat, row_from_columns, rows_to_columns
 from onepass.layout.view import View
 
@@ -125,8 +122,9 @@ class Units:
 
 
 def prepare_units(conversations: Iterable[Conversation], tokenizer: Any, data_config: DataConfig, *,
-                  num_proc: int | None = None, progress: bool = False) -> Units:
-    """The trees of each conversation (``data_config.schedule``), their statistics and the guard's inputs."""
+                  num_proc: int | None = None, progress: bool = False, required: bool = True) -> Units:
+    """The trees of each conversation (``data_config.schedule``), their statistics and the guard's inputs;
+    none trainable is a ``ValueError`` where ``required`` (a batch of a stream may have none)."""
     config = data_config.replace(pack=False)  # packing happens across conversations, by the caller
     conversations = list(conversations)
     sample = ViewSample(limit=GUARD_CONVERSATIONS)
@@ -134,7 +132,7 @@ def prepare_units(conversations: Iterable[Conversation], tokenizer: Any, data_co
                                       sample=sample)
     if stats.skipped:
         log.warning("onepass: skipped %s", stats.skip_summary())
-    if not units:
+    if not units and required:
         raise DataError(f"nothing to train: {stats.none_trained()}")
     guard = GuardInputs(schedule=config.schedule_spec, conversations=tuple(conversations[:GUARD_CONVERSATIONS]),
                         tokenizer=tokenizer, render=config.render, views=sample.views())
@@ -185,16 +183,17 @@ def parse_dataset(ds: Any, *, source: str, formatting_func: Callable[[dict], Any
     return _parse_conversations(list(enumerate(records)), source=source)
 
 
-def _parse_conversations(records: Sequence[tuple[int, Any]], *, source: str) -> list[Conversation]:
+def _parse_conversations(records: Sequence[tuple[int, Any]], *, source: str, required: bool = True
+                         ) -> list[Conversation]:
     """``records`` (each with its index in the dataset) as conversations; a record that is not one is a
-    counted skip, logged with the first reason; none left is a :class:`DataError`."""
+    counted skip, logged with the first reason; none left is a :class:`DataError` where ``required``."""
     skipped: list[str] = []
     raws = (RawRecord(source=source, index=i, unit="record", record=r) for i, r in records)
     convs = list(parse_records(raws, strict=False, skipped=skipped))
     if skipped:
         log.warning("onepass: skipped %d of %d records of %s; first: %s", len(skipped), len(skipped) + len(convs),
                     source, skipped[0])
-    if not convs:
+    if not convs and required:
         raise DataError(f"{source} has no conversations"
                         + (f"; first skip: {skipped[0]}" if skipped else " (it is empty)"))
     return convs
@@ -209,224 +208,6 @@ def _formatted(formatting_func: Callable[[dict], Any], record: Any, text_field: 
     return {"messages": out} if isinstance(out, list) else out
 
 
-def _settings(args: OnePassConfig, tokenizer: Any, packing: bool) -> Any:
-    """TRL's tokenizing and labelling settings of ``args`` (:class:`onepass.train.sft_rows.SftSettings`)."""
-    return SftSettings(text_field=args.dataset_text_field, completion_only_loss=args.completion_only_loss,
-                       assistant_only_loss=bool(args.assistant_only_loss),
-                       chat_template=training_template(tokenizer) if args.assistant_only_loss else None,
-                       template_kwargs=dict(args.template_kwargs or {}), template_date=args.template_date,
-                       max_length=args.max_length,
-                       truncation_mode=args.truncation_mode, truncate=not packing)
-
-
-def has_generation_markers(template: Any) -> bool:
-    import re
-
-    return isinstance(template, str) and re.search(r"\{%-?\s*generation\s*-?%\}", template) is not None
-
-
-def training_template(tokenizer: Any) -> str | None:
-    """The chat template to read TRL's assistant masks with: the tokenizer's when it has ``{% generation %}``
-    markers (None: use it as it is), else TRL's training version of it (trl's ``get_training_chat_template``);
-    without trl, or for a template TRL does not know, one line."""
-    template = getattr(tokenizer, "chat_template", None)
-    if template is None or has_generation_markers(template):
-        return None
-    try:
-        from trl.chat_template_utils import get_training_chat_template
-    except ImportError:
-        get_training_chat_template = None
-    if get_training_chat_template is not None:
-        try:
-            return get_training_chat_template(tokenizer)
-        except ValueError:
-            pass
-
-    raise UsageError("assistant_only_loss=True on prompt-completion or TRL-rendered rows needs a chat template "
-                     "with {% generation %} markers (or trl installed, which has training templates of known "
-                     "models); conversations in a messages column train their assistant turns by default")
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Sorted:
-    """A dataset's records by kind: conversations (one-pass) and TRL rows, each with its record index."""
-
-    conversations: list[tuple[int, Any]]
-    trl_rows: list[tuple[int, Any]]  # SftRow
-
-
-def _records(ds: Any) -> Iterable[Any]:
-    return ds if isinstance(ds, (list, tuple)) else (without_nulls(r) for r in ds)  # Arrow's nulls
-
-
-def _sort_records(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str,
-                  formatting_func: Callable[[dict], Any] | None, packing: bool) -> _Sorted:
-    """Each record as TRL's kind says: conversations stay records (rendered one-pass later); every other
-    kind becomes TRL's row (:mod:`onepass.train.sft_rows`), truncated as TRL truncates it."""
-    settings = None
-    convs: list[tuple[int, Any]] = []
-    rows: list[tuple[int, Any]] = []
-    for i, record in enumerate(_records(ds)):
-        if formatting_func is not None and not (isinstance(record, Mapping) and "input_ids" in record):
-            record = _formatted(formatting_func, record, args.dataset_text_field)
-        if not isinstance(record, Mapping):
-            convs.append((i, record))  # parse_record names what is wrong
-            continue
-        if sft_rows.is_sharegpt(record) and args.assistant_only_loss is False:
-            record = {**record, "messages": [{"role": m.get("from"), "content": m.get("value")}
-                                             for m in record["conversations"]]}
-        kind = sft_rows.record_kind(record, args.dataset_text_field)
-        if kind == sft_rows.MESSAGES and not (args.assistant_only_loss is False and "messages" in record):
-            convs.append((i, record))
-            continue
-        settings = settings or _settings(args, tokenizer, packing)
-        row = sft_rows.truncated(sft_rows.tokenize_record(record, kind, tokenizer, settings,
-                                                          where=f"{source} record {i}"), settings)
-        if settings.truncate and not row.trained:
-            continue  # TRL drops an example truncation left without a trained token
-        rows.append((i, row))
-    return _Sorted(conversations=convs, trl_rows=rows)
-
-
-def as_rows(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str, packing: bool | None = None,
-            formatting_func: Callable[[dict], Any] | None = None) -> PreparedRows:
-    """What :class:`OnePassTrainer` trains on, with a ``labels`` view of each row
-    (:func:`onepass.train.sft_rows.labels_view`) and, packed, TRL's ``seq_lengths``:
-
-    - one-pass rows (the five columns) pass through (no :class:`GuardInputs`);
-    - conversations (a ``messages``, ``conversations`` or ``interactions`` column, ShareGPT records, ...)
-      become :func:`prepare_rows` items with ``args.data_config``, each record's ``chat_template_kwargs``
-      over the run's ``template_kwargs``;
-    - every other record of TRL's dataset types (text, prompt-completion, tokenized ``input_ids``; and
-      conversations under ``assistant_only_loss=False``) becomes TRL's row, a plain causal sequence
-      (:mod:`onepass.train.sft_rows`); a dataset may mix them.
-    """
-    packing = bool(args.packing if packing is None else packing)
-    if ds is None or set(COLUMNS) <= set(_columns(ds)):
-        return PreparedRows(dataset=ds)
-    _check_custom_format(ds)
-    columns = _columns(ds)
-    if args.dataset_prepared:
-        if "input_ids" in columns:
-            return PreparedRows(dataset=_given_rows(ds, source))
-        raise UsageError(f"{source}: dataset_kwargs skip_prepare_dataset=True needs one-pass rows "
-                         f"({', '.join(COLUMNS)}) or tokenized rows (input_ids, labels), got columns "
-                         f"{', '.join(columns)}")
-    if "input_ids" in columns and formatting_func is not None:
-        log.warning("onepass: %s is tokenized already (an input_ids column): formatting_func is ignored", source)
-    if (tokenizer is None or not hasattr(tokenizer, "apply_chat_template")) and "input_ids" not in columns:
-        raise UsageError(f"{source} holds conversations: pass processing_class=tokenizer to render them")
-    sorted_ = _sort_records(ds, tokenizer, args, source=source, formatting_func=formatting_func, packing=packing)
-    order = [i for i, _ in sorted_.conversations] + [i for i, _ in sorted_.trl_rows]
-    if args.shuffle_dataset:
-        import random
-
-        random.Random(args.seed).shuffle(order)
-    position = {i: k for k, i in enumerate(order)}
-    conversations = sorted(sorted_.conversations, key=lambda x: position[x[0]])
-    trl_rows = [r for _, r in sorted(sorted_.trl_rows, key=lambda x: position[x[0]])]
-    return _rows_of(conversations, trl_rows, tokenizer, args, source=source, packing=packing)
-
-
-def _check_custom_format(ds: Any) -> None:
-    fmt = getattr(ds, "format", None)
-    if isinstance(fmt, Mapping) and fmt.get("type") == "custom":
-        raise ValueError("OnePassTrainer cannot prepare a dataset that uses `Dataset.with_transform()` (as "
-                         "SFTTrainer): preparing reads through the transform and would bake a random or stateful "
-                         "transform into the rows. Pass dataset_kwargs={'skip_prepare_dataset': True} and make the "
-                         "transform return trainer-ready examples (one-pass rows, or input_ids and labels), or "
-                         "materialize a deterministic transform with Dataset.map() first")
-
-
-def _given_rows(ds: Any, source: str) -> Any:
-    """``skip_prepare_dataset`` with tokenized rows: each ``input_ids`` (with its ``labels``, or every token
-    trained) one causal row as it is, untruncated, as TRL's collator takes it."""
-    columns = _columns(ds)
-    if "labels" not in columns and any(c in columns for c in sft_rows.MASK_COLUMNS):
-        raise ValueError(f"The {source} dataset has mask columns but no 'labels', and `skip_prepare_dataset=True` "
-                         "skips label building, so it would train on the full sequence. Add a 'labels' column "
-                         "(-100 for non-loss tokens) or drop `skip_prepare_dataset`.")
-    rows = [sft_rows.given_row(r, where=f"{source} record {i}") for i, r in enumerate(_records(ds))]
-    return rows_dataset([sft_rows.causal_layout(r) for r in rows], labels=[list(r.labels) for r in rows])
-
-
-def _rows_of(conversations: Sequence[tuple[int, Any]], trl_rows: Sequence[Any], tokenizer: Any,
-             args: OnePassConfig, *, source: str, packing: bool) -> PreparedRows:
-    """The dataset of one-pass rows: the conversations' trees (grouped by their records'
-    ``chat_template_kwargs``, each group rendered with them) and TRL's rows; packed when ``packing``."""
-    placed: list[tuple[int, list[Layout]]] = []  # (the record's place, its trees)
-    stats = None
-    guard = None
-    if conversations:
-        groups: dict[str, list[tuple[int, Any]]] = {}
-        for place, (i, record) in enumerate(conversations):
-            kwargs = record.pop("chat_template_kwargs", None) if isinstance(record, dict) else None
-            groups.setdefault(json.dumps(kwargs or {}, sort_keys=True), []).append((place, (i, record)))
-        for key, group in groups.items():  # each group rendered with its records' chat_template_kwargs
-            config = args.data_config
-            if key != "{}":
-                config = config.replace(template_kwargs={**dict(config.template_kwargs), **json.loads(key)})
-            convs = _parse_conversations([r for _, r in group], source=source)
-            out = prepare_units(convs, tokenizer, config, num_proc=args.dataset_num_proc,
-                                progress=not args.disable_tqdm)
-            # back in the records' order where no record of the group was skipped (else the group's order)
-            places = [p for p, _ in group] if len(out.units) == len(group) else [group[0][0]] * len(out.units)
-            placed.extend(zip(places, out.units))
-            stats = out.stats if stats is None else stats
-            guard = guard or out.guard
-    units = [u for _, u in sorted(placed, key=lambda x: x[0])]
-    docs = [sft_rows.causal_layout(r) for r in trl_rows]
-    labels = None
-    if packing:
-        if args.max_length is None:
-            raise ValueError("When packing is enabled, `max_length` can't be `None`.")
-        trees = _shared(units, args.data_config, args.max_length)
-        if args.packing_strategy == "wrapped" and trl_rows:
-            rows = pack_layouts(trees, args.max_length) if trees else []
-            wrapped = sft_rows.wrapped_rows(trl_rows, args.max_length)
-            rows += [sft_rows.causal_layout(r) for r in wrapped]
-            labels = [list(sft_rows.labels_view(r)) for r in rows[:len(rows) - len(wrapped)]] + \
-                     [list(r.labels) for r in wrapped]
-        else:
-            pieces = [p for r in trl_rows for p in (sft_rows.split_row(r, args.max_length)
-                                                    if args.packing_strategy == "bfd_split"
-                                                    else [sft_rows.truncated(r, _cut(args))])]
-            rows = pack_layouts(trees + [sft_rows.causal_layout(p) for p in pieces], args.max_length)
-    else:
-        rows = [concat(u) for u in units] + docs
-        labels = [list(sft_rows.labels_view(r)) for r in rows[:len(units)]] + [list(r.labels) for r in trl_rows]
-    kept = [k for k, r in enumerate(rows) if r.num_targets]
-    if len(kept) < len(rows):
-        log.warning("onepass: %s: %d of %d rows train no token (nothing predicts their labelled tokens); left out",
-                    source, len(rows) - len(kept), len(rows))
-    if not kept:
-        raise ValueError(f"no trainable rows in {source}")
-    rows = [rows[k] for k in kept]
-    labels = [labels[k] for k in kept] if labels is not None else [list(sft_rows.labels_view(r)) for r in rows]
-    extra = {"labels": labels}
-    if packing:
-        extra["seq_lengths"] = [sft_rows.seq_lengths(r) for r in rows]
-    return PreparedRows(dataset=rows_dataset(rows, **extra), guard=guard, stats=stats)
-
-
-def _shared(units: Sequence[Sequence[Layout]], data_config: DataConfig, max_tokens: int) -> list[Layout]:
-    """The conversations' trees to pack: with ``share_prefix`` (under every schedule but n-pass), trees of
-    conversations that share a token prefix merged into one tree (:func:`onepass.layout.share.merge_shared`,
-    the code ``prepare --pack`` and :func:`prepare_rows` pack with), each tree alone otherwise."""
-    trees = [tree for unit in units for tree in unit]
-    packed = data_config.replace(pack=True, max_tokens=max_tokens)
-    if not packed.shares or len(trees) < 2:
-        return trees
-    merged = merge_shared(trees, [u for u, unit in enumerate(units) for _ in unit], max_tokens,
-                          window=packed.share_window)
-    if len(merged) < len(trees):
-        log.info("onepass: shared prefixes: %d trees merged into %d across conversations, %d tokens fewer",
-                 len(trees), len(merged), sum(map(len, trees)) - sum(len(m.layout) for m in merged))
-    return [m.layout for m in merged]
-
-
-def _cut(args: OnePassConfig) -> Any:
-    return SftSettings(max_length=args.max_length, truncation_mode="keep_start", truncate=True)
 
 
 def prepared_dataset(path: str | Path) -> Any:

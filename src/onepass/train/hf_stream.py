@@ -4,12 +4,13 @@ Why this module exists: two faults of issue 37 lived between a dataset and the T
 ``IterableDataset`` was read whole by the constructor (which then never returned); and rows given as
 they are (a dataset of the five row columns, or a stream of them) trained unchecked, so one NaN weight
 made a NaN model with its loss logged 0.0. :func:`trainer_rows` is the one way in: a stream goes
-through :func:`stream_rows` (rendered a batch at a time, when the Trainer reads it), anything else
-through :func:`onepass.train.hf_data.as_rows`; then :func:`check_dataset_rows` checks every row as
+through :func:`stream_rows` (a batch of records at a time, when the Trainer reads it, through the same
+path as a map-style dataset: every one of TRL's types, mixed too), anything else through
+:func:`onepass.train.hf_records.as_rows`; then :func:`check_dataset_rows` checks every row as
 ``onepass train`` checks a prepared folder (:func:`onepass.layout.row_check.check_rows`), all of them
 before training, or, for a stream, each item as it is read.
 
-    trainer_rows(IterableDataset of conversations)   -> rows rendered 256 conversations at a time
+    trainer_rows(IterableDataset of any TRL type)    -> the rows of the same Dataset, made 256 records at a time
     trainer_rows(Dataset of rows with a NaN weight)  -> RowError: "train_dataset: row 3, weights: ..."
 """
 
@@ -22,24 +23,21 @@ from typing import Any
 
 import torch
 
-from onepass.conversation.parse import Conversation
-from onepass.conversation.sources import RawRecord, parse_records
-from onepass.errors import UsageError
-from onepass.layout.pack import pack_layouts
 from onepass.conversation.records import without_nulls
+from onepass.conversation.sources import RawRecord, parse_records
+from onepass.guard.sample import GUARD_CONVERSATIONS
 from onepass.layout.row_check import check_rows
-from onepass.train.data import conversation_units
+from onepass.layout.tree import COLUMNS, Layout, row_from_columns
 from onepass.train.hf_config import OnePassConfig
-from onepass.train.hf_data import (
-    GUARD_CONVERSATIONS,
-    GuardInputs,
-    PreparedRows,
-    _columns,
-    _formatted,
+from onepass.train.hf_data import GuardInputs, PreparedRows, _columns
+from onepass.train.hf_records import (
+    MadeRows,
     as_rows,
-    parse_dataset,
+    check_preparable,
+    conversation_records,
+    given_rows,
+    records_rows,
 )
-from onepass.layout.tree import COLUMNS, Layout, concat, row_from_columns, rows_to_columns
 
 log = logging.getLogger("onepass")
 
@@ -47,7 +45,7 @@ log = logging.getLogger("onepass")
 def trainer_rows(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str, vocab_size: int | None,
                  packing: bool | None = None, formatting_func: Callable[[dict], Any] | None = None) -> PreparedRows:
     """What the trainer trains (or evaluates) on: :func:`stream_rows` for a stream, else
-    :func:`~onepass.train.hf_data.as_rows`; either way checked (:func:`check_dataset_rows`)."""
+    :func:`~onepass.train.hf_records.as_rows`; either way checked (:func:`check_dataset_rows`)."""
     prepare = stream_rows if ds is not None and is_stream(ds) else as_rows
     out = prepare(ds, tokenizer, args, source=source, packing=packing, formatting_func=formatting_func)
     return PreparedRows(dataset=check_dataset_rows(out.dataset, source=source, vocab_size=vocab_size),
@@ -60,16 +58,20 @@ def is_stream(ds: Any) -> bool:
     return isinstance(ds, torch.utils.data.IterableDataset)
 
 
-STREAM_BATCH = 256  # conversations rendered (and, with packing, packed) together from a stream
+STREAM_BATCH = 256  # records made into rows (and, with packing, packed) together from a stream
 
 
 def stream_rows(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str, packing: bool | None = None,
                 formatting_func: Callable[[dict], Any] | None = None) -> PreparedRows:
-    """:func:`as_rows` for a stream, lazily: each item is rendered (or, for rows, checked) when the Trainer
-    reads it, so an endless ``IterableDataset`` trains from its first items on (the constructor used to
-    read it all first, and never returned). Conversations are rendered :data:`STREAM_BATCH` at a time
-    (with ``packing``, their trees are packed into rows within that batch, as TRL packs a stream); a
-    skipped conversation is logged with its reason as it is met. The guard checks the first conversations.
+    """:func:`~onepass.train.hf_records.as_rows` for a stream, lazily: each item is made into rows (or, for rows,
+    checked) when the Trainer reads it, so an endless ``IterableDataset`` trains from its first items on (the
+    constructor used to read it all first, and never returned). The records are read :data:`STREAM_BATCH` at
+    a time and each batch goes through :func:`~onepass.train.hf_records.records_rows`, the map-style path, so
+    every one of TRL's types (mixed too) makes the rows it makes map-style, in the same order (with
+    ``packing``, packed within the batch, as TRL packs a stream); what a batch skips is logged as it is met.
+    The guard checks the conversations among the first records (:func:`stream_guard`).
+
+        stream of [text, prompt-completion, conversation] x 10   -> 30 rows, as the same records map-style
     """
     import datasets
 
@@ -80,59 +82,63 @@ def stream_rows(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str, pa
     columns = _columns(ds)  # the first item's keys where the stream does not declare them
     if set(COLUMNS) <= set(columns):  # rows: checked as they are read (check_dataset_rows)
         return PreparedRows(dataset=ds)
-    if args.dataset_prepared:
-        raise UsageError(f"{source}: dataset_kwargs skip_prepare_dataset=True needs one-pass rows "
-                         f"({', '.join(COLUMNS)}), got columns {', '.join(columns)}")
-    if tokenizer is None or not hasattr(tokenizer, "apply_chat_template"):
-        raise UsageError(f"{source} holds conversations: pass processing_class=tokenizer to render them")
-    data_config = args.data_config.replace(pack=False)
     pack = bool(args.packing if packing is None else packing)
-    if pack and data_config.max_tokens is None:
-        raise ValueError("packing needs a row length: set max_length")
-    first = parse_dataset(list(itertools.islice(ds, GUARD_CONVERSATIONS)), source=source,
-                          formatting_func=formatting_func, text_field=args.dataset_text_field)
-    guard = GuardInputs(schedule=data_config.schedule_spec, conversations=tuple(first), tokenizer=tokenizer,
-                        render=data_config.render)
-    seen = {"records": 0}
+    guard = None
+    if args.dataset_prepared:
+        given_rows([], columns, source=source)  # the columns checked now, not at the first step
 
-    def render(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        def make(records: list[Any], start: int) -> MadeRows:
+            return given_rows(records, columns, source=source)
+    else:
+        check_preparable(columns, tokenizer, source=source, formatting_func=formatting_func)
+        if pack and args.max_length is None:
+            raise ValueError("When packing is enabled, `max_length` can't be `None`.")
+        guard = stream_guard(ds, tokenizer, args, source=source, formatting_func=formatting_func)
 
-        records = [dict(zip(batch, values)) for values in zip(*batch.values())]
-        start = seen["records"]
-        seen["records"] += len(records)
-        convs = _parse_batch(records, source=source, start=start, formatting_func=formatting_func,
-                             text_field=args.dataset_text_field)
-        units, stats = conversation_units(convs, tokenizer, data_config)
-        if stats.skipped:
-            log.warning("onepass: %s records %d-%d: skipped %s", source, start, start + len(records) - 1,
-                        stats.skip_summary())
-        trees = [tree for unit in units for tree in unit]
-        rows = (pack_layouts(trees, data_config.max_tokens) if pack and trees else [concat(u) for u in units])
-        return rows_to_columns(rows) if rows else {c: [] for c in COLUMNS}
+        def make(records: list[Any], start: int) -> MadeRows:
+            return records_rows(enumerate(records, start), tokenizer, args, source=source, packing=pack,
+                                formatting_func=formatting_func, part=True)
 
-    return PreparedRows(dataset=ds.map(render, batched=True, batch_size=STREAM_BATCH, remove_columns=columns),
-                        guard=guard)
+    def rows(batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
+        records = [without_nulls(dict(zip(batch, values))) for values in zip(*batch.values())]
+        return make(records, indices[0] if indices else 0).columns()
+
+    features = row_features(labels=True, seq_lengths=pack and not args.dataset_prepared)
+    return PreparedRows(dataset=ds.map(rows, batched=True, batch_size=STREAM_BATCH, with_indices=True,
+                                       remove_columns=columns, features=features), guard=guard)
+
+
+def row_features(*, labels: bool = False, seq_lengths: bool = False) -> Any:
+    """The features of a dataset of rows (those of :func:`~onepass.train.hf_data.rows_dataset`), declared so
+    that a mapped stream's columns are known without reading it."""
+    import datasets
+
+    ints = datasets.List(datasets.Value("int64"))
+    names = [*COLUMNS, *(["labels"] if labels else []), *(["seq_lengths"] if seq_lengths else [])]
+    return datasets.Features({n: datasets.List(datasets.Value("float64")) if n == "weights" else ints
+                              for n in names})
+
+
+def stream_guard(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str,
+                 formatting_func: Callable[[dict], Any] | None = None) -> GuardInputs | None:
+    """What the exactness guard checks a stream's model on: the conversations among its first
+    :data:`~onepass.guard.sample.GUARD_CONVERSATIONS` records (None where there are none, as for rows given as
+    they are: the guard then checks on the bundled MathChat pair, since a stream is not read ahead)."""
+    first = enumerate(without_nulls(r) for r in itertools.islice(ds, GUARD_CONVERSATIONS))
+    records = conversation_records(first, args, source=source, formatting_func=formatting_func)
+    convs = parse_records((RawRecord(source=source, index=i, unit="record", record=r) for i, r in records),
+                          strict=False, skipped=[])
+    conversations = tuple(convs)
+    if not conversations:
+        return None
+    config = args.data_config
+    return GuardInputs(schedule=config.schedule_spec, conversations=conversations, tokenizer=tokenizer,
+                       render=config.render)
 
 
 def _items(source: Any) -> Any:
     """The items of a torch ``IterableDataset`` (a generator for ``datasets.IterableDataset.from_generator``)."""
     yield from source
-
-
-def _parse_batch(records: list[Any], *, source: str, start: int, formatting_func: Callable[[dict], Any] | None,
-                 text_field: str) -> list[Conversation]:
-    """The conversations of a batch of a stream (counted skips logged by :func:`parse_dataset`); none is fine."""
-
-    rows = (without_nulls(r) for r in records)
-    if formatting_func is not None:
-        rows = (_formatted(formatting_func, r, text_field) for r in rows)
-    skipped: list[str] = []
-    raws = (RawRecord(source=source, index=start + i, unit="record", record=r) for i, r in enumerate(rows))
-    convs = list(parse_records(raws, strict=False, skipped=skipped))
-    if skipped:
-        log.warning("onepass: skipped %d of %d records of %s; first: %s", len(skipped), len(records), source,
-                    skipped[0])
-    return convs
 
 
 def dataset_rows(ds: Any, batch_size: int = 256) -> Iterator[Layout]:

@@ -74,12 +74,12 @@ from onepass.train.hf_config import OnePassConfig, warn_once
 from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: their documented import path)
     GuardInputs,
     OnePassCollator,
-    as_rows,
     conversation_dataset,
     parse_dataset,
     prepared_dataset,
     rows_dataset,
 )
+from onepass.train.hf_records import as_rows  # noqa: F401  (its import path in tests and scripts)
 from onepass.model.couplings import base_model, is_peft, loaded_from
 from onepass.train.checkpoint import NonFiniteWeightsError, non_finite_weights
 from onepass.train.distributed import asked_mode, check_fsdp_accelerate, honour_request
