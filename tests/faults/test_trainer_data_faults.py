@@ -31,7 +31,7 @@ def _args(tmp_path, **kw):
 
 
 def _rows(records, tokenizer, args):
-    from onepass.train.hf_data import as_rows
+    from onepass.train.hf_records import as_rows
 
     return as_rows(datasets.Dataset.from_list(records), tokenizer, args, source="train_dataset")
 
