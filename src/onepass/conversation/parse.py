@@ -92,6 +92,7 @@ class Message:
     name: str | None = None
     tool_call_id: str | None = None
     train: bool = True  # False: in the context of later turns, never trained (OpenAI fine-tuning "weight": 0)
+    marked: bool = False  # the record marks it "weight": 1 (trained under --train-turns weight: onepass.conversation.turns)
     text: str | None = field(default=None, compare=False)  # the content as the record gave it, when its leading
     # <think> block was read as reasoning: what a template that reads no reasoning field renders (inline_reasoning);
     # the same message either way (reasoning and content are equal), so it is not compared
@@ -205,8 +206,9 @@ def _message(raw: Any, where: Where, i: int) -> Message:
                 where.converted(FIELD_AND_INLINE)
     name = _string(raw, "name", "name", where, i)
     call_id = _string(raw, "tool_call_id", "tool_call_id", where, i)
-    return Message(role=role, content=content, reasoning=reasoning, tool_calls=calls,
-                   name=name, tool_call_id=call_id, train=trains(raw, role, where, i), text=text)
+    train = trains(raw, role, where, i)  # checks the weight: 0 or 1, 1 on an assistant message only
+    return Message(role=role, content=content, reasoning=reasoning, tool_calls=calls, name=name,
+                   tool_call_id=call_id, train=train, marked=role == "assistant" and raw.get("weight") == 1, text=text)
 
 
 def _hermes_calls(m: Message, where: Where, i: int) -> Message:

@@ -83,6 +83,7 @@ class PrepareStats:
     completion_format: str | None = _setting(None)  # --completion-format: views built from it, none split by the
     # template; --reasoning: "drop" trains a turn whose reasoning the template never renders without it
     reasoning: str = _setting("keep")
+    train_turns: str = _setting("all")  # --train-turns: which assistant turns get a view (all, last, weight)
     template_date: str | None = _setting(None)  # --template-date: the date a template that reads the clock rendered
     conversations: int = 0  # read and valid
     conversations_used: int = 0  # at least one view trained
@@ -92,6 +93,7 @@ class PrepareStats:
     provenance: dict[str, int] = field(default_factory=lambda: count_provenance(()))  # views per Provenance flag
     boundary_merge_views: int = 0  # prompt|completion tokenized apart differs from tokenized whole
     turns_not_trained: int = 0  # assistant turns the record marks not to train (OpenAI "weight": 0): context only
+    turns_not_selected: int = 0  # assistant turns --train-turns (last, weight) leaves as context: no view
     tool_arguments_parsed: int = 0  # JSON-string tool-call arguments parsed for a template that needs a dict
     conversions: dict[str, int] = field(default_factory=dict)  # records read by a conversion (schemas.CONVERSIONS)
     n_pass_tokens: int = 0  # sum of view lengths
@@ -124,6 +126,7 @@ class PrepareStats:
         self.schedule, self.weighting = str(config.schedule_spec), config.weighting
         self.max_tokens, self.packed = config.max_tokens, config.pack
         self.completion_format, self.reasoning = config.completion_format, config.reasoning
+        self.train_turns = config.train_turns
         self.template_date = config.template_date
         if config.shares and self.shared is None:
             self.shared = asdict(SharedStats(window=config.share_window))
@@ -176,9 +179,11 @@ class PrepareStats:
             lines.append(f"reasoning left out: {flagged['reasoning_dropped']} views by --reasoning drop, "
                          f"{flagged['history_reasoning_dropped']} views where the template drops an earlier "
                          "turn's reasoning")
-        if self.conversions or self.turns_not_trained or self.tool_arguments_parsed:
+        if self.conversions or self.turns_not_trained or self.turns_not_selected or self.tool_arguments_parsed:
             what = [f"{n} records {name}" for name, n in sorted(self.conversions.items())]
             what += [f"{self.turns_not_trained} assistant turns not trained (weight 0)"] * bool(self.turns_not_trained)
+            what += [f"{self.turns_not_selected} assistant turns left as context (--train-turns {self.train_turns})"
+                     ] * bool(self.turns_not_selected)
             what += [f"{self.tool_arguments_parsed} JSON-string tool arguments parsed (the template needs a dict)"
                      ] * bool(self.tool_arguments_parsed)
             lines.append("read: " + "; ".join(what))
@@ -252,6 +257,7 @@ def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConf
     for name in conv.conversions + (INLINE_KEPT,) * bool(rendered.inline_reasoning):
         stats.conversions[name] = stats.conversions.get(name, 0) + 1
     stats.turns_not_trained += rendered.not_trained
+    stats.turns_not_selected += rendered.not_selected
     stats.tool_arguments_parsed += rendered.arguments_parsed
     for error in rendered.skipped:
         stats.skip(error.reason, str(error))

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from onepass.conversation.parse import Conversation
+from onepass.conversation.turns import TRAIN_TURNS, not_selected, selected_turns
 from onepass.errors import UsageError
 from onepass.render.clock import TEMPLATE_DATE
 from onepass.render.encode import encode_texts, split_between
@@ -74,11 +75,14 @@ class RenderConfig:
     completion_format: str | None = None  # a name from COMPLETION_FORMATS or a format string
     reasoning: str = "keep"  # or "drop": a turn whose reasoning the template never renders is trained without it
     template_date: str | None = None
+    train_turns: str = "all"  # which assistant turns get a view: all, last, weight (onepass.conversation.turns)
 
     def __post_init__(self) -> None:
         check_template_kwargs(self.template_kwargs)
         if self.reasoning not in REASONING_CHOICES:
             raise UsageError(f"--reasoning must be one of {', '.join(REASONING_CHOICES)}, got {self.reasoning!r}")
+        if self.train_turns not in TRAIN_TURNS:
+            raise UsageError(f"--train-turns must be one of {', '.join(TRAIN_TURNS)}, got {self.train_turns!r}")
 
     def kwargs(self) -> dict[str, Any]:
         """What every template call of a render takes: the template kwargs and the pinned date."""
@@ -173,11 +177,6 @@ def _turn_text(turn: Turn, config: RenderConfig, sources: Sequence[CompletionSou
         return text.flagged(retry.flag)
 
 
-def _trained_turns(conv: Conversation) -> list[int]:
-    """The assistant turns that get a view (not those the record marks not to train)."""
-    return [k for k, m in enumerate(conv.messages) if m.role == "assistant" and m.train]
-
-
 def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig, preskip: Preskip | None = None
                 ) -> Iterator[tuple[int, _Text] | tuple[int, RenderError] | tuple[int, Unmeasured]]:
     """Per assistant turn: ``(turn, its texts)``, or ``(turn, the RenderError that skips it)``, or, with a
@@ -188,7 +187,7 @@ def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig, preski
     eos = getattr(tokenizer, "eos_token", None) or ""
     fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
     memo: dict[Any, Any] = {}  # the conversation's prefixes the template raised for, scanned once (template._blame)
-    for k in _trained_turns(conv):
+    for k in selected_turns(conv, config.train_turns):
         if preskip is not None and (over := preskip.skip(k)) is not None:
             yield k, over
             continue
@@ -258,6 +257,7 @@ class Rendered:
     views: tuple[View | Unmeasured, ...]  # Unmeasured only when asked for a max_tokens (render_conversation)
     skipped: tuple[RenderError, ...] = ()
     not_trained: int = 0  # assistant turns the record marks not to train (weight 0): no view, context only
+    not_selected: int = 0  # assistant turns --train-turns leaves as context (last, weight): no view
     arguments_parsed: int = 0  # tool calls given as a JSON string, parsed for a template that needs a dict
     inline_reasoning: int = 0  # messages whose <think> block stays in the content: the template reads no reasoning field
 
@@ -267,6 +267,7 @@ def _counts(conv: Conversation, tokenizer: Any, config: RenderConfig) -> dict[st
     fields = template_fields(tokenizer, config.kwargs(), tools=bool(conv.tools))
     strings = sum(c.text is not None for m in conv.messages for c in m.tool_calls)
     return {"not_trained": sum(m.role == "assistant" and not m.train for m in conv.messages),
+            "not_selected": not_selected(conv, config.train_turns),
             "arguments_parsed": 0 if fields.string_arguments else strings,
             "inline_reasoning": 0 if fields.reads_reasoning else sum(m.text is not None for m in conv.messages)}
 
@@ -287,7 +288,7 @@ def _unmeasured(conv: Conversation, tokenizer: Any, turn: int, text: _Text, max_
 def _preskip(conv: Conversation, tokenizer: Any, config: RenderConfig, max_tokens: int | None) -> Preskip | None:
     """The conversation's :class:`~onepass.render.preskip.Preskip` under ``max_tokens`` (None: no budget, or
     no turn after the first, which it could skip)."""
-    turns = _trained_turns(conv)
+    turns = selected_turns(conv, config.train_turns)
     if max_tokens is None or len(turns) < 2:
         return None
     kwargs = config.kwargs()
