@@ -36,6 +36,7 @@ from onepass.layout.flops import token_ratio
 from onepass.layout.pack import best_fit_decreasing, pack_layouts
 from onepass.conversation.schemas import INLINE_KEPT
 from onepass.render import Rendered, render_conversation
+from onepass.render.single import SingleRendering, add_counts, single_rendering
 from onepass.layout.schedule import schedule_views
 from onepass.prepare.shards import RowWriter, TreeSpool
 from onepass.layout.share import prefix_key, share_and_pack, share_trees
@@ -109,6 +110,8 @@ class PrepareStats:
     skipped: list[str] = _skips()  # one line per skip: where and why
     skipped_by_reason: dict[str, int] = field(default_factory=dict, metadata={"merge": "skips"})
     shared: dict[str, Any] | None = _whole(None)  # packing with shared prefixes (onepass.layout.share): see SharedStats
+    single_rendering: dict[str, int] = field(default_factory=dict)  # what one rendering of each conversation would
+    # train instead of its views (onepass.render.single.SingleRendering's counts, summed)
 
     def skip(self, reason: str, message: str, count: int = 1) -> None:
         """Count a skip of ``count`` views (or one record) under ``reason``. Invalid records are listed
@@ -190,6 +193,8 @@ class PrepareStats:
         if self.boundary_merge_views:
             lines.append(f"{self.boundary_merge_views} views tokenize differently when prompt and "
                          "completion are joined (a BPE merge across the boundary); trained as at inference")
+        if self.single_rendering:
+            lines.append(SingleRendering(**self.single_rendering).summary())
         if self.shared is not None:
             sh = self.shared
             lines.append(f"shared prefixes: {sh['trees_shared']} of {self.trees} trees merged into {sh['groups']} "
@@ -249,7 +254,9 @@ def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConf
     sees its rendering (the exactness guard's sample: :class:`onepass.guard.sample.ViewSample`), so a run
     renders each conversation once."""
     stats.conversations += 1
-    rendered = render_conversation(conv, tokenizer, config.render, max_tokens=config.max_tokens)
+    rendered = render_conversation(conv, tokenizer, config.render, max_tokens=config.max_tokens, keep_texts=True)
+    stats.single_rendering = add_counts(stats.single_rendering, single_rendering(conv, tokenizer, config.render,
+                                                                                 rendered))
     if on_rendered is not None:
         on_rendered(rendered)
     if strict and rendered.skipped:

@@ -260,6 +260,8 @@ class Rendered:
     not_selected: int = 0  # assistant turns --train-turns leaves as context (last, weight): no view
     arguments_parsed: int = 0  # tool calls given as a JSON string, parsed for a template that needs a dict
     inline_reasoning: int = 0  # messages whose <think> block stays in the content: the template reads no reasoning field
+    texts: tuple[tuple[int, str, str], ...] = ()  # (turn, prompt, completion) of each turn rendered, when asked
+    # (keep_texts): what onepass.render.single compares the single rendering with
 
 
 def _counts(conv: Conversation, tokenizer: Any, config: RenderConfig) -> dict[str, int]:
@@ -301,12 +303,13 @@ def _preskip(conv: Conversation, tokenizer: Any, config: RenderConfig, max_token
 
 
 def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig = RenderConfig(), *,
-                        max_tokens: int | None = None) -> Rendered:
+                        max_tokens: int | None = None, keep_texts: bool = False) -> Rendered:
     """Every view of ``conv`` that renders; a turn that does not is skipped on its own, with its
     error, and the conversation's other views are kept (a view depends on its own turn only).
     With ``max_tokens``, a view whose token floor is over it is not tokenized: it comes back as an
     :class:`~onepass.layout.view.Unmeasured` in its place (:mod:`onepass.render.token_floor`); a view proven over
-    it from the messages it must hold is not even rendered (:mod:`onepass.render.preskip`)."""
+    it from the messages it must hold is not even rendered (:mod:`onepass.render.preskip`). ``keep_texts``: the
+    texts of each turn rendered come back too (:attr:`Rendered.texts`)."""
     texts: list[tuple[int, _Text]] = []
     skipped: list[tuple[int, RenderError]] = []
     unmeasured: dict[int, Unmeasured] = {}
@@ -319,7 +322,9 @@ def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig
             unmeasured[item[0]] = over
         else:
             texts.append(item)  # type: ignore[arg-type]
-    counts = _counts(conv, tokenizer, config)
+    counts: dict[str, Any] = _counts(conv, tokenizer, config)
+    if keep_texts:
+        counts["texts"] = tuple((turn, t.prompt, t.completion) for turn, t in texts)
     if not texts:
         return Rendered(views=tuple(unmeasured.values()), skipped=tuple(e for _, e in skipped), **counts)
     encoded = encode_texts(tokenizer, [t.prompt for _, t in texts] + [t.completion for _, t in texts])
