@@ -67,6 +67,7 @@ POLICIES = {
 }
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
 CHARS = "0123456789+=.:\n Tabcdefghijklmnopqrstuvwxyz"
+ROW = 1024  # tokens of a packed row (documents in a row see nothing of each other: onepass's mask)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,12 +76,12 @@ class Settings:
 
     train_conversations: int = 3000
     eval_conversations: int = 200
-    steps: int = 300
+    steps: int = 400
     batch: int = 16
     lr: float = 3e-3
     warmup: int = 20
-    hidden: int = 128
-    layers: int = 3
+    hidden: int = 96
+    layers: int = 2
     heads: int = 4
     max_depth: int = 4
     max_new_tokens: int = 80
@@ -200,10 +201,13 @@ def train(rows: Sequence[Any], vocab: int, settings: Settings, seed: int, order:
     the mean over its trained target tokens (token weighting)."""
     import torch
 
+    from onepass.attention.backends import default_backend
+    from onepass.layout.pack import pack_layouts
     from onepass.loss import batch_loss, layouts_to_batch
     from onepass.model.tiny import tiny_model
 
-    model = tiny_model("qwen3", vocab, seed=seed, hidden_size=settings.hidden, intermediate_size=4 * settings.hidden,
+    model = tiny_model("qwen3", vocab, seed=seed, attn_implementation=default_backend("cpu"),
+                       hidden_size=settings.hidden, intermediate_size=4 * settings.hidden,
                        num_hidden_layers=settings.layers, num_attention_heads=settings.heads,
                        num_key_value_heads=settings.heads, head_dim=settings.hidden // settings.heads,
                        max_position_embeddings=2048).train()
@@ -219,7 +223,8 @@ def train(rows: Sequence[Any], vocab: int, settings: Settings, seed: int, order:
     losses = []
     for step in range(settings.steps):
         idx = order[step * settings.batch:(step + 1) * settings.batch]
-        batch = layouts_to_batch([rows[i] for i in idx])
+        step_rows = [rows[i] for i in idx]  # packed into rows of ROW tokens: less padding, the same loss
+        batch = layouts_to_batch(pack_layouts(step_rows, max(ROW, *map(len, step_rows))))
         loss = batch_loss(model, batch) / batch["weights"].sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -249,21 +254,16 @@ def heldout_loss(model: Any, views_by_turn: dict[int, list[Any]]) -> dict[int, f
 
 
 def evaluate_turns(model: Any, tok: Any, heldout: Sequence[Any], settings: Settings, history: str) -> dict[int, dict]:
-    """Per turn: replies, replies without reasoning, answers scored, correct, generated turn by turn with the
-    real template (``onepass.evaluate``)."""
+    """Per turn: replies, replies without reasoning, answers scored, correct, no final answer: generated turn by
+    turn with the real template and counted by ``onepass eval``'s own code (``onepass.evaluate``)."""
     from onepass.evaluate.generate import HFGenerator
+    from onepass.evaluate.report import summarize
     from onepass.evaluate.run import evaluate, template_prompt
 
     generator = HFGenerator(model, tok, max_new_tokens=settings.max_new_tokens, batch_size=64)
-    results = evaluate(heldout, generator, template_prompt(tok), history=history)
-    out: dict[int, dict] = {}
-    for r in results:
-        d = out.setdefault(r.turn, {"replies": 0, "no_reasoning": 0, "scored": 0, "correct": 0})
-        d["replies"] += 1
-        d["no_reasoning"] += not (r.reasoning or "").strip()
-        d["scored"] += r.correct is not None
-        d["correct"] += bool(r.correct)
-    return out
+    summary = summarize(evaluate(heldout, generator, template_prompt(tok), history=history))
+    return {c["turn"]: {"replies": c["turns"], "no_reasoning": c["no_reasoning"], "scored": c["scored"],
+                        "correct": c["correct"], "no_answer": c["no_answer"]} for c in summary["per_turn"]}
 
 
 def run(settings: Settings, out: Path, threads: int, policies: Sequence[str] = tuple(POLICIES)) -> dict[str, Any]:
