@@ -76,7 +76,7 @@ class Settings:
 
     train_conversations: int = 3000
     eval_conversations: int = 200
-    steps: int = 400
+    steps: int = 300
     batch: int = 16
     lr: float = 3e-3
     warmup: int = 20
@@ -89,8 +89,8 @@ class Settings:
     histories: tuple[str, ...] = ("reference", "model")
 
 
-SMOKE = Settings(train_conversations=24, eval_conversations=6, steps=3, batch=4, hidden=32, layers=1, heads=2,
-                 max_new_tokens=12, seeds=(0,), histories=("reference",))
+SMOKE = Settings(train_conversations=16, eval_conversations=4, steps=2, batch=4, warmup=1, hidden=32, layers=1,
+                 heads=2, max_depth=2, max_new_tokens=6, seeds=(0,), histories=("reference",))
 
 
 # ------------------------------------------------------------------ the task
@@ -266,7 +266,8 @@ def evaluate_turns(model: Any, tok: Any, heldout: Sequence[Any], settings: Setti
                         "correct": c["correct"], "no_answer": c["no_answer"]} for c in summary["per_turn"]}
 
 
-def run(settings: Settings, out: Path, threads: int, policies: Sequence[str] = tuple(POLICIES)) -> dict[str, Any]:
+def one_run(settings: Settings, seed: int, policy: str, threads: int) -> dict[str, Any]:
+    """Train ``policy`` on seed ``seed``'s conversations and evaluate it: one cell of the experiment."""
     import torch
 
     from onepass.render import render_conversation
@@ -278,28 +279,43 @@ def run(settings: Settings, out: Path, threads: int, policies: Sequence[str] = t
     for c in heldout:
         for t, v in enumerate(render_conversation(c, tok).views, 1):
             views_by_turn.setdefault(t, []).append(v)
-    report: dict[str, Any] = {"settings": dataclasses.asdict(settings), "policies": POLICIES, "runs": []}
-    for seed in settings.seeds:
-        train_convs = conversations(settings.train_conversations, seed, settings.max_depth)
-        check_templates(train_convs[:50], tok)
-        rng = np.random.default_rng(seed)
-        need = settings.steps * settings.batch
-        order = np.concatenate([rng.permutation(len(train_convs)) for _ in range(need // len(train_convs) + 1)])[:need]
-        for policy in policies:
-            t0, c0 = time.perf_counter(), time.process_time()
-            rows = policy_rows(policy, train_convs, tok)
-            model, losses = train(rows, len(tok), settings, seed, order)
-            used = budget([rows[i] for i in order])
-            t1, c1 = time.perf_counter(), time.process_time()
-            evals = {h: evaluate_turns(model, tok, heldout, settings, h) for h in settings.histories}
-            run_ = {"seed": seed, "policy": policy, "train_loss_last10": float(np.mean(losses[-10:])),
-                    "tokens_per_step": used["tokens"] / settings.steps,
-                    "targets_per_step": used["targets"] / settings.steps,
-                    "heldout_loss": heldout_loss(model, views_by_turn), "eval": evals,
-                    "train_seconds": t1 - t0, "train_cpu_seconds": c1 - c0,
-                    "eval_seconds": time.perf_counter() - t1}
-            report["runs"].append(run_)
-            print(summary_line(run_), flush=True)
+    train_convs = conversations(settings.train_conversations, seed, settings.max_depth)
+    check_templates(train_convs[:50], tok)
+    rng = np.random.default_rng(seed)
+    need = settings.steps * settings.batch
+    order = np.concatenate([rng.permutation(len(train_convs)) for _ in range(need // len(train_convs) + 1)])[:need]
+    t0, c0 = time.perf_counter(), time.process_time()
+    rows = policy_rows(policy, train_convs, tok)
+    model, losses = train(rows, len(tok), settings, seed, order)
+    used = budget([rows[i] for i in order])
+    t1, c1 = time.perf_counter(), time.process_time()
+    evals = {h: evaluate_turns(model, tok, heldout, settings, h) for h in settings.histories}
+    out = {"seed": seed, "policy": policy, "train_loss_last10": float(np.mean(losses[-10:])),
+           "tokens_per_step": used["tokens"] / settings.steps, "targets_per_step": used["targets"] / settings.steps,
+           "heldout_loss": heldout_loss(model, views_by_turn), "eval": evals,
+           "train_seconds": t1 - t0, "train_cpu_seconds": c1 - c0, "eval_seconds": time.perf_counter() - t1,
+           "eval_cpu_seconds": time.process_time() - c1}
+    print(summary_line(out), flush=True)
+    return out
+
+
+def _one_run(cell: tuple[Settings, int, str, int]) -> dict[str, Any]:
+    return one_run(*cell)
+
+
+def run(settings: Settings, threads: int, policies: Sequence[str] = tuple(POLICIES), jobs: int = 1
+        ) -> dict[str, Any]:
+    """Every (seed, policy) cell, on ``jobs`` forked processes of ``threads`` torch threads each; the runs come
+    back in (seed, policy) order whichever finishes first."""
+    cells = [(settings, seed, policy, threads) for seed in settings.seeds for policy in policies]
+    if jobs > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            runs = pool.map(_one_run, cells, chunksize=1)
+    else:
+        runs = [_one_run(cell) for cell in cells]
+    report: dict[str, Any] = {"settings": dataclasses.asdict(settings), "policies": POLICIES, "runs": runs}
     report["table"] = table(report)
     return report
 
@@ -349,7 +365,8 @@ def table(report: dict) -> dict[str, Any]:
 def markdown(report: dict, env: dict) -> str:
     s = report["settings"]
     lines = [f"# Training policy experiment ({len(s['seeds'])} seeds: {', '.join(map(str, s['seeds']))})", "",
-             f"{env['device']}; torch {env['torch']}, transformers {env['transformers']}; {env['threads']} threads. "
+             f"{env['device']}; torch {env['torch']}, transformers {env['transformers']}; {env['jobs']} runs at once, "
+             f"{env['threads']} thread(s) each; {env.get('wall_seconds', 0):.0f} s wall. "
              f"Model: Qwen3 architecture, {s['layers']} layers, hidden {s['hidden']}, {s['heads']} heads, from scratch, "
              f"character vocabulary. {s['steps']} AdamW steps of {s['batch']} conversations, lr {s['lr']} "
              f"(warmup {s['warmup']}, cosine to 10%), {s['train_conversations']} training conversations per seed, "
@@ -401,20 +418,21 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def environment(threads: int) -> dict[str, Any]:
+def environment(threads: int, jobs: int) -> dict[str, Any]:
     import torch
     import transformers
 
     return {"device": f"CPU {platform.processor() or platform.machine()} ({os.cpu_count()} cores visible)",
             "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-            "threads": threads}
+            "threads": threads, "jobs": jobs}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(HERE / "results" / "policy"))
     parser.add_argument("--smoke", action="store_true", help="a tiny run (seconds): the test suite's")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=2, help="runs at once, each a forked process (default 2)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each run (default 1)")
     parser.add_argument("--steps", type=int, help="optimizer steps (default: the settings')")
     parser.add_argument("--seeds", type=int, nargs="+", help="seeds (default 0 1 2)")
     parser.add_argument("--policies", nargs="+", choices=list(POLICIES), help="a subset (default: all four)")
@@ -427,13 +445,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = dataclasses.replace(settings, seeds=tuple(args.seeds))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = environment(args.threads)
+    env = environment(args.threads, args.jobs)
     print(json.dumps(env), flush=True)
     t0 = time.perf_counter()
-    report = run(settings, out, args.threads, policies=args.policies or list(POLICIES))
+    report = run(settings, args.threads, policies=args.policies or list(POLICIES), jobs=args.jobs)
     report["environment"] = {**env, "wall_seconds": time.perf_counter() - t0}
     (out / "policy.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    (out / "policy.md").write_text(markdown(report, env), encoding="utf-8")
+    (out / "policy.md").write_text(markdown(report, report["environment"]), encoding="utf-8")
     plot(report, out / "policy.png")
     print(f"wrote {out / 'policy.json'}, policy.md, policy.png ({report['environment']['wall_seconds']:.0f} s)")
     return 0
