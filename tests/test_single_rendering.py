@@ -159,3 +159,20 @@ def test_a_missing_single_template_is_one_line(capsys):
                 "--single-template", "missing.jinja"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "chat template file not found: missing.jinja" in err[0]
+
+
+def test_the_marked_qwen3_template_renders_qwen3s_text_and_marks_every_assistant_turn(qwen3_tokenizer):
+    """benchmarks/policy/qwen3_drop_marked.jinja: what docs/policy.md hands TRL for policy (a) on a real Qwen3
+    model (TRL keeps a template that has generation markers): Qwen3's text, every assistant turn marked."""
+    from onepass.render.report import tool_chain_conversations
+
+    marked = (DROP_MARKED.parent / "qwen3_drop_marked.jinja").read_text(encoding="utf-8")
+    settings = SftSettings(assistant_only_loss=True, chat_template=marked)
+    for conv in load_sample(limit=20) + tool_chain_conversations():
+        messages = template_messages(conv)
+        tools = [dict(t) for t in conv.tools] or None
+        assert qwen3_tokenizer.apply_chat_template(messages, tools=tools, tokenize=False) == \
+            qwen3_tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, chat_template=marked)
+        row = tokenize_record({"messages": messages, "tools": tools}, MESSAGES, qwen3_tokenizer, settings)
+        starts = sum(1 for a, b in zip((-100, *row.labels), row.labels) if a == -100 and b != -100)
+        assert starts == conv.num_assistant_turns
