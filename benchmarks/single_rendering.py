@@ -39,13 +39,21 @@ DATASETS = ("builtin:mathchat", "bfcl_base", "bfcl_base_reasoning", "taubench_ai
 EOS = {"cohere2_tool_use": "<|END_OF_TURN_TOKEN|>"}  # Command R7B's end of turn (as tests/test_real_templates.py)
 
 
-def templates(names: Sequence[str] | None) -> dict[str, Path]:
+def templates(names: Sequence[str] | None) -> tuple[dict[str, Path], dict[str, str]]:
+    """Every vendored template by name (a second file of the same name: ``FOLDER/NAME``), once per distinct
+    text; and the files left out as copies of another (name -> the name measured)."""
     found: dict[str, Path] = {}
+    texts: dict[str, str] = {}
+    copies: dict[str, str] = {}
     for folder in TEMPLATE_DIRS:
         for path in sorted(folder.glob("*.jinja")):
-            key = path.stem if path.stem not in found else f"{folder.name}/{path.stem}"
-            found[key] = path
-    return {k: v for k, v in found.items() if names is None or k in names}
+            key = path.stem if path.stem not in found and path.stem not in copies else f"{folder.name}/{path.stem}"
+            text = path.read_text(encoding="utf-8")
+            if text in texts:
+                copies[f"{folder.name}/{path.stem}"] = texts[text]
+                continue
+            texts[text], found[key] = key, path
+    return {k: v for k, v in found.items() if names is None or k in names}, copies
 
 
 def data_spec(name: str) -> str:
@@ -95,7 +103,10 @@ def markdown(report: dict[str, Any]) -> str:
              "assistant_only_loss) where TRL has one. onepass: views trained without their reasoning / views whose "
              "prompt differs in reasoning from the inference prompt (checked) / reasoning tokens of trained views "
              "left untrained; turns onepass skips (counted, never trained) are listed apart. `-`: the template "
-             "renders no conversation whole.", ""]
+             "renders no conversation whole."
+             + (" Files identical to one measured: " + ", ".join(f"{k} (= {v})" for k, v in
+                                                                sorted(report.get("copies", {}).items())) + "."
+                if report.get("copies") else ""), ""]
     for dataset, rows in report["results"].items():
         lines += [f"## {dataset} ({report['conversations'][dataset]} conversations)", "",
                   "| template | turns | without reasoning | after unseen | missing seen | reasoning tokens never trained "
@@ -129,8 +140,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
     parser.add_argument("--agent-limit", type=int, default=50,
                         help="conversations of each agent set per template (default 50; the Qwen3 rows take all)")
+    parser.add_argument("--markdown-from", metavar="JSON", help="only write the Markdown of an earlier run's JSON")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.markdown_from:
+        report = json.loads(Path(args.markdown_from).read_text(encoding="utf-8"))
+        found, copies = templates(None)
+        for rows in report["results"].values():  # a run before copies were left out: drop them here
+            for name in list(rows):
+                if name not in found:
+                    rows.pop(name)
+        report["copies"] = copies
+        Path(args.markdown_from).with_suffix(".md").write_text(markdown(report), encoding="utf-8")
+        Path(args.markdown_from).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        return 0
     import subprocess
 
     import transformers
@@ -151,7 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "agent_limit": args.agent_limit, "conversations": {}, "results": {}}
     tok = load_tokenizer("builtin:qwen3")
     own_template, own_eos = tok.chat_template, tok.eos_token
-    found = templates(args.templates)
+    found, copies = templates(args.templates)
+    report["copies"] = copies
     for dataset in args.datasets:
         full = load_conversations(data_spec(dataset), strict=False).conversations
         report["results"][dataset] = {}
