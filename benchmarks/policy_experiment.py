@@ -299,23 +299,62 @@ def one_run(settings: Settings, seed: int, policy: str, threads: int) -> dict[st
     return out
 
 
-def _one_run(cell: tuple[Settings, int, str, int]) -> dict[str, Any]:
-    return one_run(*cell)
+def _cell_path(cells: Path, seed: int, policy: str) -> Path:
+    return cells / f"seed{seed}-{policy}.json"
 
 
-def run(settings: Settings, threads: int, policies: Sequence[str] = tuple(POLICIES), jobs: int = 1
-        ) -> dict[str, Any]:
-    """Every (seed, policy) cell, on ``jobs`` forked processes of ``threads`` torch threads each; the runs come
-    back in (seed, policy) order whichever finishes first."""
-    cells = [(settings, seed, policy, threads) for seed in settings.seeds for policy in policies]
-    if jobs > 1:
-        import multiprocessing
+def _int_keys(run: dict[str, Any]) -> dict[str, Any]:
+    """A run read back from JSON: its turns are numbers again, as :func:`one_run` returns them."""
+    return {**run, "heldout_loss": {int(t): v for t, v in run["heldout_loss"].items()},
+            "eval": {h: {int(t): v for t, v in ev.items()} for h, ev in run["eval"].items()}}
 
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            runs = pool.map(_one_run, cells, chunksize=1)
-    else:
-        runs = [_one_run(cell) for cell in cells]
-    report: dict[str, Any] = {"settings": dataclasses.asdict(settings), "policies": POLICIES, "runs": runs}
+
+def _one_run(cell: tuple[Settings, int, str, int, Path]) -> dict[str, Any]:
+    settings, seed, policy, threads, cells = cell
+    out = one_run(settings, seed, policy, threads)
+    path = _cell_path(cells, seed, policy)  # each cell on disk as it ends: a run stopped early keeps what it ran
+    path.write_text(json.dumps({"settings": dataclasses.asdict(settings), "run": out}, indent=1) + "\n",
+                    encoding="utf-8")
+    return out
+
+
+def finished(settings: Settings, cells: Path, seed: int, policy: str) -> dict[str, Any] | None:
+    """The cell's run from an earlier invocation with the same settings, or None."""
+    path = _cell_path(cells, seed, policy)
+    if not path.exists():
+        return None
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    same = saved["settings"] == json.loads(json.dumps(dataclasses.asdict(settings)))
+    return _int_keys(saved["run"]) if same else None
+
+
+def run(settings: Settings, threads: int, policies: Sequence[str] = tuple(POLICIES), jobs: int = 1,
+        cells: Path | None = None, collect: bool = False) -> dict[str, Any]:
+    """Every (seed, policy) cell, on ``jobs`` forked processes of ``threads`` torch threads each, seed by seed;
+    each cell is written to ``cells`` as it ends, and a cell already there with the same settings is not run
+    again (a stopped run resumes). ``collect``: run nothing, report the cells there (``missing`` lists the rest).
+    The runs come back in (seed, policy) order whichever finishes first."""
+    import tempfile
+
+    cells = cells or Path(tempfile.mkdtemp(prefix="policy-cells-"))
+    cells.mkdir(parents=True, exist_ok=True)
+    keys = [(seed, policy) for seed in settings.seeds for policy in policies]
+    done = {k: r for k in keys if (r := finished(settings, cells, *k)) is not None}
+    todo = [(settings, seed, policy, threads, cells) for seed, policy in keys if (seed, policy) not in done]
+    if todo and not collect:
+        if jobs > 1:
+            import multiprocessing
+
+            with multiprocessing.get_context("fork").Pool(jobs) as pool:
+                for r in pool.imap_unordered(_one_run, todo, chunksize=1):
+                    done[(r["seed"], r["policy"])] = r
+        else:
+            for cell in todo:
+                r = _one_run(cell)
+                done[(r["seed"], r["policy"])] = r
+    report: dict[str, Any] = {"settings": dataclasses.asdict(settings), "policies": POLICIES,
+                              "runs": [done[k] for k in keys if k in done],
+                              "missing": [f"seed {s} policy {p}" for s, p in keys if (s, p) not in done]}
     report["table"] = table(report)
     return report
 
@@ -364,13 +403,17 @@ def table(report: dict) -> dict[str, Any]:
 
 def markdown(report: dict, env: dict) -> str:
     s = report["settings"]
+    wall = "collected from cells on disk" if env.get("wall_seconds") is None else f"{env['wall_seconds']:.0f} s wall"
     lines = [f"# Training policy experiment ({len(s['seeds'])} seeds: {', '.join(map(str, s['seeds']))})", "",
              f"{env['device']}; torch {env['torch']}, transformers {env['transformers']}; {env['jobs']} runs at once, "
-             f"{env['threads']} thread(s) each; {env.get('wall_seconds', 0):.0f} s wall. "
+             f"{env['threads']} thread(s) each; {env['cpu_seconds']:.0f} CPU seconds, all cells, training and "
+             f"evaluation (the cost; wall time on a shared machine is not: "
+             f"{wall}). "
              f"Model: Qwen3 architecture, {s['layers']} layers, hidden {s['hidden']}, {s['heads']} heads, from scratch, "
              f"character vocabulary. {s['steps']} AdamW steps of {s['batch']} conversations, lr {s['lr']} "
              f"(warmup {s['warmup']}, cosine to 10%), {s['train_conversations']} training conversations per seed, "
              f"{s['eval_conversations']} held out. Cells: mean over seeds [min, max].", "",
+             *([f"**Not run** (the run was stopped): {', '.join(report['missing'])}.", ""] if report.get("missing") else []),
              "| policy | tokens / step | trained targets / step |", "|---|---:|---:|"]
     for policy, p in report["table"].items():
         lines.append(f"| {policy}: {POLICIES[policy]} | {p['tokens_per_step']['mean']:.0f} | "
@@ -436,6 +479,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="optimizer steps (default: the settings')")
     parser.add_argument("--seeds", type=int, nargs="+", help="seeds (default 0 1 2)")
     parser.add_argument("--policies", nargs="+", choices=list(POLICIES), help="a subset (default: all four)")
+    parser.add_argument("--collect", action="store_true",
+                        help="run nothing: report the cells OUT/cells holds (a run stopped early; the rest listed)")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     settings = SMOKE if args.smoke else Settings()
@@ -448,12 +493,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = environment(args.threads, args.jobs)
     print(json.dumps(env), flush=True)
     t0 = time.perf_counter()
-    report = run(settings, args.threads, policies=args.policies or list(POLICIES), jobs=args.jobs)
-    report["environment"] = {**env, "wall_seconds": time.perf_counter() - t0}
+    report = run(settings, args.threads, policies=args.policies or list(POLICIES), jobs=args.jobs,
+                 cells=out / "cells", collect=args.collect)
+    report["environment"] = {**env, "wall_seconds": None if args.collect else time.perf_counter() - t0,
+                             "cpu_seconds": sum(r["train_cpu_seconds"] + r["eval_cpu_seconds"] for r in report["runs"])}
+    if not report["runs"]:
+        print(f"no finished cells in {out / 'cells'}", file=sys.stderr)
+        return 1
     (out / "policy.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     (out / "policy.md").write_text(markdown(report, report["environment"]), encoding="utf-8")
     plot(report, out / "policy.png")
-    print(f"wrote {out / 'policy.json'}, policy.md, policy.png ({report['environment']['wall_seconds']:.0f} s)")
+    print(f"wrote {out / 'policy.json'}, policy.md, policy.png ({report['environment']['cpu_seconds']:.0f} CPU s)")
     return 0
 
 

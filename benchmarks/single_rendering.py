@@ -176,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     own_template, own_eos = tok.chat_template, tok.eos_token
     found, copies = templates(args.templates)
     report["copies"] = copies
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     for dataset in args.datasets:
         full = load_conversations(data_spec(dataset), strict=False).conversations
         report["results"][dataset] = {}
@@ -199,10 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"({row['cpu_seconds']} s)", flush=True)
         report["conversations"][dataset] = (f"{len(full)}" if dataset.startswith("builtin:") else
                                             f"{len(full)}; {args.agent_limit} per template, all for qwen3")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "single_rendering.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    (out / "single_rendering.md").write_text(markdown(report), encoding="utf-8")
+        # written after each data set: a run stopped half way keeps what it measured
+        (out / "single_rendering.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        (out / "single_rendering.md").write_text(markdown(report), encoding="utf-8")
     print(f"wrote {out / 'single_rendering.json'} and single_rendering.md")
     return 0
 

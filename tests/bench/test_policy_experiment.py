@@ -1,6 +1,7 @@
 """The policy experiment's smoke run (benchmarks/policy_experiment.py --smoke, issue 46 item 2): every
 policy trains and is evaluated turn by turn, the report is written, and the budgets are the ones each
-policy's rendering implies (the keep-all single rendering trains exactly onepass's target tokens)."""
+policy's rendering implies (the keep-all single rendering trains exactly onepass's target tokens); a run
+stopped early is reported from the cells it finished."""
 
 from __future__ import annotations
 
@@ -30,3 +31,10 @@ def test_the_smoke_run_reports_every_policy_turn_by_turn(tmp_path, one_thread, m
     assert runs["a"]["tokens_per_step"] < runs["b"]["tokens_per_step"]
     assert (tmp_path / "policy.png").stat().st_size > 0
     assert "| a | 1 |" in (tmp_path / "policy.md").read_text()
+    # each cell was written as it ended: a stopped run is reported from them (--collect), and resumes
+    assert sorted(p.name for p in (tmp_path / "cells").iterdir()) == [f"seed0-{p}.json" for p in "abcd"]
+    (tmp_path / "cells" / "seed0-d.json").unlink()
+    assert experiment.main(["--smoke", "--out", str(tmp_path), "--collect"]) == 0
+    collected = json.loads((tmp_path / "policy.json").read_text())
+    assert collected["runs"] == report["runs"][:3] and collected["missing"] == ["seed 0 policy d"]
+    assert "**Not run** (the run was stopped): seed 0 policy d." in (tmp_path / "policy.md").read_text()
