@@ -407,13 +407,13 @@ def markdown(report: dict, env: dict) -> str:
     lines = [f"# Training policy experiment ({len(s['seeds'])} seeds: {', '.join(map(str, s['seeds']))})", "",
              f"{env['device']}; torch {env['torch']}, transformers {env['transformers']}; {env['jobs']} runs at once, "
              f"{env['threads']} thread(s) each; {env['cpu_seconds']:.0f} CPU seconds, all cells, training and "
-             f"evaluation (the cost; wall time on a shared machine is not: "
-             f"{wall}). "
+             f"evaluation (the cost; wall time on a shared machine is not: {wall}). "
              f"Model: Qwen3 architecture, {s['layers']} layers, hidden {s['hidden']}, {s['heads']} heads, from scratch, "
              f"character vocabulary. {s['steps']} AdamW steps of {s['batch']} conversations, lr {s['lr']} "
              f"(warmup {s['warmup']}, cosine to 10%), {s['train_conversations']} training conversations per seed, "
              f"{s['eval_conversations']} held out. Cells: mean over seeds [min, max].", "",
-             *([f"**Not run** (the run was stopped): {', '.join(report['missing'])}.", ""] if report.get("missing") else []),
+             *([f"**Not run** (the run was stopped): {', '.join(report['missing'])}.", ""]
+               if report.get("missing") else []),
              "| policy | tokens / step | trained targets / step |", "|---|---:|---:|"]
     for policy, p in report["table"].items():
         lines.append(f"| {policy}: {POLICIES[policy]} | {p['tokens_per_step']['mean']:.0f} | "
