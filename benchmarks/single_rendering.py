@@ -108,7 +108,8 @@ def markdown(report: dict[str, Any]) -> str:
                                                                 sorted(report.get("copies", {}).items())) + "."
                 if report.get("copies") else ""), ""]
     for dataset, rows in report["results"].items():
-        lines += [f"## {dataset} ({report['conversations'][dataset]} conversations)", "",
+        count = report["conversations"][dataset]
+        lines += [f"## {dataset} ({count}{'' if 'conversations' in count else ' conversations'})", "",
                   "| template | turns | without reasoning | after unseen | missing seen | reasoning tokens never trained "
                   "| TRL: without / after unseen / tokens | onepass: without / prompt differs / tokens | onepass skipped "
                   "turns | not renderable whole |",
@@ -200,7 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{o['onepass_untrained_reasoning_tokens']}, skipped {o['onepass_skipped_turns']} "
                   f"({row['cpu_seconds']} s)", flush=True)
         report["conversations"][dataset] = (f"{len(full)}" if dataset.startswith("builtin:") else
-                                            f"{len(full)}; {args.agent_limit} per template, all for qwen3")
+                                            f"{len(full)} conversations; the first {args.agent_limit} per "
+                                            f"template, all {len(full)} for qwen3")
         # written after each data set: a run stopped half way keeps what it measured
         (out / "single_rendering.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
         (out / "single_rendering.md").write_text(markdown(report), encoding="utf-8")
