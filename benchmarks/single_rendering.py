@@ -91,6 +91,47 @@ def pct(n: int, d: int) -> str:
     return f"{n:,} ({n / d:.0%})" if d else f"{n:,}"
 
 
+def kind(o: dict[str, int]) -> str:
+    """What a template's single rendering does to a data set's reasoning, in one word."""
+    if not o["conversations"]:
+        return "not rendered"
+    if not o["turns_with_reasoning"]:
+        return "no reasoning in the data"
+    if not o["single_without_reasoning"]:
+        return "keeps"
+    return "drops all" if o["single_without_reasoning"] >= o["turns_with_reasoning"] else "drops some"
+
+
+def summary(report: dict[str, Any]) -> list[str]:
+    """One line per data set: the templates by what their single rendering does, and Qwen3's figures."""
+    lines = ["## Summary", "",
+             "Templates by what their single rendering does to the data's reasoning: **keeps** it for every "
+             "trained turn, **drops some** (trains some turns without their reasoning: the rule that drops "
+             "earlier turns' reasoning), **drops all** (trains every turn with reasoning without it: templates "
+             "that render no reasoning of an assistant turn at all; onepass skips those turns, counted), or "
+             "renders no conversation whole. Qwen3: without reasoning / after unseen / missing seen / reasoning "
+             "tokens never trained, through its own template and through TRL's.", "",
+             "| data set | templates | keeps | drops some | drops all | not rendered | no reasoning in the data | Qwen3 "
+             "| Qwen3, TRL's template |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    for dataset, rows in report["results"].items():
+        kinds = [kind(r["own"]) for r in rows.values()]
+
+        def figures(o: dict[str, int] | None) -> str:
+            if not o or not o["conversations"]:
+                return "-"
+            return (f"{pct(o['single_without_reasoning'], o['turns'])} / {o['single_on_unseen_reasoning']:,} / "
+                    f"{o['single_missing_seen_reasoning']:,} / "
+                    f"{pct(o['single_untrained_reasoning_tokens'], o['reasoning_tokens'])} of {o['turns']:,} turns")
+
+        q = rows.get("qwen3", {})
+        lines.append(f"| {dataset} | {len(kinds)} | {kinds.count('keeps')} | {kinds.count('drops some')} | "
+                     f"{kinds.count('drops all')} | {kinds.count('not rendered')} | {kinds.count('no reasoning in the data')} | "
+                     f"{figures(q.get('own'))} | "
+                     f"{figures(q.get('trl'))} |")
+    return lines + [""]
+
+
 def markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
     lines = ["# What a single rendering would train (issue 46, item 1)", "",
@@ -107,6 +148,7 @@ def markdown(report: dict[str, Any]) -> str:
              + (" Files identical to one measured: " + ", ".join(f"{k} (= {v})" for k, v in
                                                                 sorted(report.get("copies", {}).items())) + "."
                 if report.get("copies") else ""), ""]
+    lines += summary(report)
     for dataset, rows in report["results"].items():
         count = report["conversations"][dataset]
         lines += [f"## {dataset} ({count}{'' if 'conversations' in count else ' conversations'})", "",
