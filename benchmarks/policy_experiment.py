@@ -34,7 +34,7 @@ completion, per completion token). Seeds 0, 1, 2 (model init, training data and 
 is reported, none dropped. The token budget of each policy (tokens through the model and trained target
 tokens per step) is recorded beside its results.
 
-    .venv/bin/python benchmarks/policy_experiment.py                     # ~15 min on 2 cores
+    .venv/bin/python benchmarks/policy_experiment.py   # ~930 CPU s: ~8 min on 2 idle cores (--jobs 2)
     .venv/bin/python benchmarks/policy_experiment.py --smoke --out /tmp/p  # seconds (tests/bench)
 
 Writes results/policy/{policy.json, policy.md, policy.png}.

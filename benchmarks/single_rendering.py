@@ -11,7 +11,8 @@ trains; the same for onepass's views, whose prompts are checked against the infe
 template (``trl.get_training_chat_template``, what ``SFTTrainer`` swaps in under ``assistant_only_loss``),
 the single rendering through it is counted too.
 
-    .venv/bin/python benchmarks/single_rendering.py                    # ~30 min CPU on one core
+    .venv/bin/python benchmarks/single_rendering.py --agent-limit 20    # the recorded run: 434 CPU s, one core
+    .venv/bin/python benchmarks/single_rendering.py                    # 50 per agent set: longer
     .venv/bin/python benchmarks/single_rendering.py --agent-limit 20 --templates qwen3 gptoss  # a look
 
 Every figure is computed from the templates' own renderings; nothing is estimated. Writes
