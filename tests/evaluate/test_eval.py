@@ -309,3 +309,19 @@ def test_hf_generator_batches_with_left_padding_like_one_at_a_time(qwen3_tokeniz
     ids = qwen3_tokenizer("The answer is 4.", add_special_tokens=False)["input_ids"]
     assert eos in gen.stop_ids
     assert gen._decode(ids + [eos] + ids) == "The answer is 4."
+
+
+def test_replies_without_reasoning_are_counted_per_turn(convs, qwen3_tokenizer):
+    """An empty <think></think> block or none at all is a reply without reasoning (issue 46: what a model
+    trained on one rendering does where that rendering dropped the turn's reasoning)."""
+    class Bare(ScriptedGenerator):
+        def generate(self, prompts):
+            replies = super().generate(prompts)
+            return ["<think>\n\n</think>\n\nThe answer is 4." if last_user(p) == "2+2?" else
+                    "The answer is 2." if last_user(p) == "5-3?" else r for p, r in zip(prompts, replies)]
+
+    s = summarize(evaluate(convs, Bare(), template_prompt(qwen3_tokenizer)))
+    assert [(c["turn"], c["no_reasoning"], c["turns"]) for c in s["per_turn"]] == [(1, 2, 4), (2, 0, 3), (3, 0, 1)]
+    assert (s["no_reasoning"], s["correct"]) == (2, 5)
+    assert "| 1 | 100.0% | 3 | 3 | 0 | 1 | 2 of 4 |" in markdown(s)
+

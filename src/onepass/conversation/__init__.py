@@ -8,6 +8,7 @@ The first stage of the pipeline (no torch):
 ``sources``   a ``--data`` spec resolved once to a :class:`~onepass.conversation.sources.DataSource`
               (file, folder, saved dataset, ``builtin:``, ``synthetic:``, hub id); records streamed, skips reported
 ``parse``     a record -> :class:`~onepass.conversation.parse.Conversation`: every shape, validated
+``turns``     which assistant turns are trained (``--train-turns``: all, last, or those a record marks)
 
 Next stage: :mod:`onepass.render` (a conversation's views by its chat template).
 """

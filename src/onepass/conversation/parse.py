@@ -96,6 +96,7 @@ class Message:
     train: bool = True  # False: in the context of later turns, never trained (OpenAI fine-tuning "weight": 0)
     tools: tuple[dict[str, Any], ...] | None = None  # the tool list from this message on (BFCL miss_func: a tool
     # added after some turns); None: the one before it (Conversation.tools_at)
+    marked: bool = False  # the record marks it "weight": 1 (trained under --train-turns weight: onepass.conversation.turns)
     text: str | None = field(default=None, compare=False)  # the content as the record gave it, when its leading
     # <think> block was read as reasoning: what a template that reads no reasoning field renders (inline_reasoning);
     # the same message either way (reasoning and content are equal), so it is not compared
@@ -241,8 +242,9 @@ def _message(raw: Any, where: Where, i: int) -> Message:
     name = _string(raw, "name", "name", where, i)
     call_id = _string(raw, "tool_call_id", "tool_call_id", where, i)
     tools = raw.get("tools")
-    return Message(role=role, content=content, reasoning=reasoning, tool_calls=calls,
-                   name=name, tool_call_id=call_id, train=trains(raw, role, where, i), text=text,
+    train = trains(raw, role, where, i)  # checks the weight: 0 or 1, 1 on an assistant message only
+    return Message(role=role, content=content, reasoning=reasoning, tool_calls=calls, name=name,
+                   tool_call_id=call_id, train=train, marked=role == "assistant" and raw.get("weight") == 1, text=text,
                    tools=None if tools in (None, [], "") else tool_list(tools, "a message's 'tools'", where, i))
 
 

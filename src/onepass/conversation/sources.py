@@ -352,14 +352,19 @@ def print_skipped(skipped: Sequence[str], what: str = "records") -> None:
 def to_record(conv: Conversation, **extra: Any) -> dict[str, Any]:
     """A :class:`Conversation` back to an OpenAI-style record that ``parse_record`` reads to the same
     conversation (reasoning as ``reasoning_content``, or the leading ``<think>`` block and tool-call arguments as
-    the record gave them)."""
+    the record gave them; an assistant message's OpenAI ``weight`` as the record marked it: 0, not trained, or 1,
+    marked for ``--train-turns weight``)."""
     record: dict[str, Any] = {}
     if conv.id is not None:
         record["id"] = conv.id
-    record["messages"] = template_messages(conv, verbatim_arguments=True, inline_reasoning=True)  # as the record gave them
-    head = len(record["messages"]) - len(conv.messages)  # the system message
+    messages = template_messages(conv, verbatim_arguments=True, inline_reasoning=True)  # as the record gave them
+    head = len(messages) - len(conv.messages)  # the system prompt
+    for m, out in zip(conv.messages, messages[head:]):
+        if m.role == "assistant" and (not m.train or m.marked):
+            out["weight"] = int(m.train)
     for k in conv.tool_changes:  # a message's own tool list (never a template's message field)
-        record["messages"][head + k]["tools"] = list(conv.messages[k].tools or ())
+        messages[head + k]["tools"] = list(conv.messages[k].tools or ())
+    record["messages"] = messages
     if conv.tools:
         record["tools"] = list(conv.tools)
     record.update(extra)

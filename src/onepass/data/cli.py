@@ -37,7 +37,9 @@ from onepass.data.stats import compute_stats, depth_histogram, model_shape, plot
 from onepass.data.synthetic import iter_records
 from onepass.errors import UsageError, run_main
 from onepass.prepare.cli import DATA_HELP
-from onepass.render.tokenizer import load_tokenizer
+from onepass.prepare.config import RENDER_KEYS, add_data_arguments, data_config_from_args
+from onepass.render.single import trl_training_template
+from onepass.render.tokenizer import load_tokenizer, read_template
 
 
 def _data_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -120,6 +122,11 @@ def add_parsers(data_parser: argparse.ArgumentParser) -> None:
                    help="row budget of the shared-prefix figures: one-pass trees packed into rows of N, one tree "
                         "per conversation vs prefixes shared across conversations (default 32768)")
     t.add_argument("--no-share-prefix", action="store_true", help="leave the shared-prefix figures out")
+    t.add_argument("--single-template", default="own", metavar="TEMPLATE",
+                   help="the template of the single-rendering figures (what one rendering of each conversation, every "
+                        "assistant turn a target, would train): own (default: the model's), trl (the training "
+                        "template TRL's SFTTrainer swaps in with assistant_only_loss), or a .jinja file / builtin:NAME")
+    add_data_arguments(t, names=RENDER_KEYS)  # --train-turns, --reasoning, --template-kwarg, ...
     t.add_argument("--before", help="data before sampling (depths only), for the --plot comparison")
     t.add_argument("--plot", help="PNG of the depth distribution (before vs after with --before)")
     t.add_argument("--out", help="write the statistics as JSON")
@@ -208,15 +215,20 @@ def cmd_stats(args: argparse.Namespace) -> int:
         shape = model_shape(args.model_shape)
     except ValueError as e:  # model_shape raises for the spec only: a user error
         raise UsageError(f"--model-shape: {e}") from None
+    render = data_config_from_args(args, names=RENDER_KEYS).render  # a bad flag: one line, before any work
     report = load_conversations(args.data, strict=args.strict, limit=args.limit, split=args.split)
-    tokenizer = None
+    tokenizer = single = None
     if args.tokenizer != "none":
         tokenizer = load_tokenizer(args.tokenizer, chat_template=args.chat_template)
+        if args.single_template == "trl":
+            single = trl_training_template(tokenizer)
+        elif args.single_template != "own":
+            single = read_template(args.single_template)
     if args.max_tokens < 2:
         raise UsageError(f"--max-tokens must be >= 2, got {args.max_tokens}")
-    stats = compute_stats(report.conversations, tokenizer, shape=shape,
+    stats = compute_stats(report.conversations, tokenizer, shape=shape, render=render,
                           progress=not args.no_progress, total=len(report.conversations),
-                          max_tokens=None if args.no_share_prefix else args.max_tokens)
+                          max_tokens=None if args.no_share_prefix else args.max_tokens, single_template=single)
     stats.skipped = report.skipped + stats.skipped
     print_skipped(stats.skipped, "records or conversations")
     print(stats.summary())

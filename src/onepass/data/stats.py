@@ -18,6 +18,12 @@ Shared prefixes (``shared``, :mod:`onepass.layout.share`): the one-pass trees pa
 rows) and once with the trees of conversations that share a prefix merged: the tokens the prefixes
 save, and the bound and GPU cost of the shared rows against today's one-pass rows.
 
+What a single rendering would train (``single_rendering``, :mod:`onepass.render.single`): the whole
+conversation rendered once, every assistant turn a target (TRL-style SFT), against the views: the turns it
+trains without their reasoning, those it conditions on earlier reasoning unseen at inference, and the
+reasoning tokens it never trains. ``single_template``: the template of that rendering when it is not the
+model's own (TRL's training template: ``onepass data stats --single-template trl``).
+
 GPU cost model (``gpu_cost``): kernels compute whole 128 x 128 tiles, not pairs.
 One-pass: the non-empty tiles of each conversation's tree row, from the same
 block plan FlexAttention runs (:func:`onepass.attention.blocks.block_plan`).
@@ -53,7 +59,9 @@ from onepass.layout.flops import (
     visible_pairs,
 )
 from onepass.layout.pack import pack_layouts
-from onepass.render import RenderConfig, RenderError, render_views
+from onepass.layout.view import View
+from onepass.render import RenderConfig, render_conversation
+from onepass.render.single import SingleRendering, add_counts, single_rendering
 from onepass.layout.share import share_rows
 from onepass.layout.tree import Layout, build_layout
 
@@ -105,6 +113,8 @@ class DataStats:
     attention_speedup: float = 0.0  # attention pairs alone
     gpu_cost: dict[str, Any] = field(default_factory=dict)  # 128x128 tiles: FlexAttention vs FA2 varlen
     shared: dict[str, Any] = field(default_factory=dict)  # packed rows, prefixes shared vs one tree per conversation
+    single_rendering: dict[str, int] = field(default_factory=dict)  # what one rendering of each conversation would
+    # train instead of its views (onepass.render.single)
     skipped: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -145,6 +155,8 @@ class DataStats:
             if sh["trees_over_max_tokens"]:
                 lines.append(f"  {sh['trees_over_max_tokens']} one-pass trees are longer than {sh['max_tokens']:,} "
                              "tokens: left out of both (prepare skips them, or splits them with --schedule budget)")
+        if self.single_rendering:
+            lines.append(SingleRendering(**self.single_rendering).summary())
         if self.skipped:
             lines.append(f"SKIPPED {len(self.skipped)}; first: {self.skipped[0]}")
         return "\n".join(lines)
@@ -156,12 +168,15 @@ def depth_histogram(conversations: Iterable[Conversation]) -> dict[int, int]:
 
 def compute_stats(conversations: Iterable[Conversation], tokenizer: Any = None, *,
                   shape: ModelShape | str = "qwen3-8b", render: Any = None, progress: bool = False,
-                  total: int | None = None, max_tokens: int | None = 32768) -> DataStats:
+                  total: int | None = None, max_tokens: int | None = 32768,
+                  single_template: str | None = None) -> DataStats:
     """Statistics of ``conversations``. Without a ``tokenizer``: depths only.
 
     A conversation the template cannot render is counted in ``skipped`` (its segments and
     depth still count; its tokens do not). ``max_tokens``: the row budget of the shared-prefix
-    figures (:func:`shared_cost`); None leaves them out.
+    figures (:func:`shared_cost`); None leaves them out. ``single_rendering``: what one rendering of
+    each conversation would train instead of its views (:mod:`onepass.render.single`, every view's prompt
+    checked against the inference prompt), by the tokenizer's template or ``single_template``.
     """
     shape = model_shape(shape) if isinstance(shape, str) else shape
     stats = DataStats()
@@ -170,6 +185,7 @@ def compute_stats(conversations: Iterable[Conversation], tokenizer: Any = None, 
     counts = TokenCounts()
     tiles = {"one_pass": 0, "n_pass": 0}
     trees: list[Layout] = []  # one per conversation: the shared-prefix rows are made of them
+    single: dict[str, int] = {}
     items: Iterable[Conversation] = conversations
     if progress:
         from tqdm.auto import tqdm
@@ -188,11 +204,14 @@ def compute_stats(conversations: Iterable[Conversation], tokenizer: Any = None, 
         for kind, group in texts.items():
             lengths.setdefault(kind, []).extend(len(x) for x in ids[k:k + len(group)])
             k += len(group)
-        try:
-            views = render_views(conv, tokenizer, render or RenderConfig())
-        except RenderError as e:
-            stats.skipped.append(str(e))
+        config = render or RenderConfig()
+        rendered = render_conversation(conv, tokenizer, config, keep_texts=True)
+        single = add_counts(single, single_rendering(conv, tokenizer, config, rendered, template=single_template,
+                                                     check_prompts=True))
+        if rendered.skipped:
+            stats.skipped.append(str(rendered.skipped[0]))
             continue
+        views = [v for v in rendered.views if isinstance(v, View)]  # all of them: no max_tokens
         if views:
             layout = build_layout(views)
             counts.add(conversation_counts(views, layout))
@@ -204,6 +223,7 @@ def compute_stats(conversations: Iterable[Conversation], tokenizer: Any = None, 
     stats.depths = dict(sorted(depths.items()))
     if tokenizer is None:
         return stats
+    stats.single_rendering = single
     stats.segments = {kind: percentiles(v) for kind, v in lengths.items()}
     stats.characteristic_length = {kind: p["p95"] for kind, p in stats.segments.items() if p.get("count")}
     stats.tokens = asdict(counts)

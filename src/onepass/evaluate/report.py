@@ -13,7 +13,10 @@ report splits it two ways:
 Only scored turns count (a turn whose reference has no final answer is listed
 under ``unscored``); a reply without a final answer counts as wrong and is
 also counted under ``no_answer``, so a model that rambles past
-``--max-new-tokens`` is visible as such.
+``--max-new-tokens`` is visible as such. A reply with no reasoning, or an empty
+``<think></think>`` block, is counted under ``no_reasoning``, every turn (scored or
+not): what a model trained on one rendering of each conversation learns to do
+at the turns whose reasoning that rendering dropped (docs/policy.md).
 
 Files written by :func:`write_report`: ``summary.json`` (settings + the
 numbers), ``predictions.jsonl`` (every turn: reply, extracted and reference
@@ -38,7 +41,8 @@ def _cell(results: Iterable[TurnResult]) -> dict[str, Any]:
     return {"turns": len(results), "scored": len(scored), "correct": correct,
             "accuracy": correct / len(scored) if scored else None,
             "no_answer": sum(r.correct is not None and r.predicted is None for r in results),
-            "unscored": len(results) - len(scored)}
+            "unscored": len(results) - len(scored),
+            "no_reasoning": sum(not (r.reasoning or "").strip() for r in results)}
 
 
 def summarize(results: Sequence[TurnResult]) -> dict[str, Any]:
@@ -79,10 +83,11 @@ def markdown(summary: Mapping[str, Any], settings: Mapping[str, Any] | None = No
     lines += [f"Overall: {_pct(summary['accuracy'])} ({summary['correct']}/{summary['scored']} scored turns "
               f"of {summary['conversations']} conversations; {summary['no_answer']} replies without a final "
               f"answer, counted wrong; {summary['unscored']} turns unscored: no reference answer)", "",
-              "| turn | accuracy | correct | scored | no answer | unscored |", "|---|---|---|---|---|---|"]
+              "| turn | accuracy | correct | scored | no answer | unscored | no reasoning |",
+              "|---|---|---|---|---|---|---|"]
     for c in summary["per_turn"]:
         lines.append(f"| {c['turn']} | {_pct(c['accuracy'])} | {c['correct']} | {c['scored']} | "
-                     f"{c['no_answer']} | {c['unscored']} |")
+                     f"{c['no_answer']} | {c['unscored']} | {c['no_reasoning']} of {c['turns']} |")
     turns = [c["turn"] for c in summary["per_turn"]]
     lines += ["", "| depth | conversations | " + " | ".join(f"turn {t}" for t in turns)
               + " | all turns | all correct |", "|---" * (len(turns) + 4) + "|"]

@@ -2,8 +2,8 @@
 
 Why this module exists: ``onepass prepare``, ``onepass train``, ``OnePassTrainer``, ``verify`` and
 ``show`` all turn conversations into views and trees with the same settings (schedule, token
-budget, packing, weighting, completion format, reasoning, template variables, the date the template
-renders). They are defined
+budget, packing, weighting, the assistant turns trained, completion format, reasoning, template variables,
+the date the template renders). They are defined
 once here: each field carries its ``help`` and ``choices`` in its metadata (as TRL's configs do),
 the defaults are the fields', the checks are :meth:`DataConfig.__post_init__`'s (one line each, a
 :class:`~onepass.errors.ConfigError`), and the schedule string is parsed once, into
@@ -46,6 +46,7 @@ from onepass.key_value import key_value_arg, parse_key_value
 from onepass.render import COMPLETION_FORMATS, RenderConfig
 from onepass.render.clock import resolve_template_date
 from onepass.render.reasoning import REASONING_CHOICES, REASONING_HELP
+from onepass.conversation.turns import TRAIN_TURNS, TRAIN_TURNS_HELP
 from onepass.layout.schedule import WEIGHTINGS, Schedule, parse_schedule
 
 
@@ -77,6 +78,7 @@ class DataConfig:
         "build completions from a format instead of the template: " + ", ".join(COMPLETION_FORMATS)
         + " or a format string", metavar="FORMAT"))
     reasoning: str = field(default="keep", metadata=_meta(REASONING_HELP, choices=REASONING_CHOICES))
+    train_turns: str = field(default="all", metadata=_meta(TRAIN_TURNS_HELP, choices=TRAIN_TURNS))
     template_kwargs: dict[str, Any] = field(default_factory=dict, metadata=_meta(
         "extra chat template variable, e.g. enable_thinking=true (repeatable)", flags=("--template-kwarg",),
         metavar="KEY=VALUE"))
@@ -103,7 +105,7 @@ class DataConfig:
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         object.__setattr__(self, "schedule_spec", spec)
-        for name in ("weighting", "reasoning"):
+        for name in ("weighting", "reasoning", "train_turns"):
             allowed = _FIELDS[name].metadata["choices"]
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"unknown {name} {getattr(self, name)!r}; use one of {', '.join(allowed)}")
@@ -129,7 +131,8 @@ class DataConfig:
         object.__setattr__(self, "render", RenderConfig(template_kwargs=dict(self.template_kwargs),
                                                         completion_format=self.completion_format,
                                                         reasoning=self.reasoning, template_date=self.template_date,
-                                                        train_greeting=self.train_greeting))
+                                                        train_greeting=self.train_greeting,
+                                                        train_turns=self.train_turns))
 
     @property
     def shares(self) -> bool:
@@ -172,9 +175,10 @@ share_window)
 _FIELDS = {f.name: f for f in dataclasses.fields(DataConfig) if f.init}
 DATA_KEYS: tuple[str, ...] = tuple(_FIELDS)
 """The settings' names: config keys, and (dashes for underscores) flag names."""
-RENDER_KEYS = ("completion_format", "reasoning", "template_kwargs", "template_date", "train_greeting")
-"""The settings that say how a view is rendered (:attr:`DataConfig.render`): what ``verify``, ``show`` and
-``templates check`` take besides the schedule."""
+RENDER_KEYS = ("completion_format", "reasoning", "template_kwargs", "template_date", "train_greeting",
+               "train_turns")
+"""The settings that say how a view is rendered and which turns get one (:attr:`DataConfig.render`): what
+``verify``, ``show`` and ``templates check`` take besides the schedule."""
 
 
 def data_field_help(name: str) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from onepass.layout.flops import token_ratio
 from onepass.layout.pack import best_fit_decreasing, pack_layouts
 from onepass.conversation.schemas import GREETING, INLINE_KEPT
 from onepass.render import Rendered, render_conversation
+from onepass.render.single import SingleRendering, add_counts, single_rendering
 from onepass.layout.schedule import schedule_views
 from onepass.prepare.shards import RowWriter, TreeSpool
 from onepass.layout.share import prefix_key, share_and_pack, share_trees
@@ -83,6 +84,7 @@ class PrepareStats:
     completion_format: str | None = _setting(None)  # --completion-format: views built from it, none split by the
     # template; --reasoning: "drop" trains a turn whose reasoning the template never renders without it
     reasoning: str = _setting("keep")
+    train_turns: str = _setting("all")  # --train-turns: which assistant turns get a view (all, last, weight)
     template_date: str | None = _setting(None)  # --template-date: the date a template that reads the clock rendered
     conversations: int = 0  # read and valid
     conversations_used: int = 0  # at least one view trained
@@ -92,6 +94,7 @@ class PrepareStats:
     provenance: dict[str, int] = field(default_factory=lambda: count_provenance(()))  # views per Provenance flag
     boundary_merge_views: int = 0  # prompt|completion tokenized apart differs from tokenized whole
     turns_not_trained: int = 0  # assistant turns the record marks not to train (OpenAI "weight": 0): context only
+    turns_not_selected: int = 0  # assistant turns --train-turns (last, weight) leaves as context: no view
     tool_arguments_parsed: int = 0  # JSON-string tool-call arguments parsed for a template that needs a dict
     conversions: dict[str, int] = field(default_factory=dict)  # records read by a conversion (schemas.CONVERSIONS)
     n_pass_tokens: int = 0  # sum of view lengths
@@ -107,6 +110,8 @@ class PrepareStats:
     skipped: list[str] = _skips()  # one line per skip: where and why
     skipped_by_reason: dict[str, int] = field(default_factory=dict, metadata={"merge": "skips"})
     shared: dict[str, Any] | None = _whole(None)  # packing with shared prefixes (onepass.layout.share): see SharedStats
+    single_rendering: dict[str, int] = field(default_factory=dict)  # what one rendering of each conversation would
+    # train instead of its views (onepass.render.single.SingleRendering's counts, summed)
 
     def skip(self, reason: str, message: str, count: int = 1) -> None:
         """Count a skip of ``count`` views (or one record) under ``reason``. Invalid records are listed
@@ -124,6 +129,7 @@ class PrepareStats:
         self.schedule, self.weighting = str(config.schedule_spec), config.weighting
         self.max_tokens, self.packed = config.max_tokens, config.pack
         self.completion_format, self.reasoning = config.completion_format, config.reasoning
+        self.train_turns = config.train_turns
         self.template_date = config.template_date
         if config.shares and self.shared is None:
             self.shared = asdict(SharedStats(window=config.share_window))
@@ -176,15 +182,19 @@ class PrepareStats:
             lines.append(f"reasoning left out: {flagged['reasoning_dropped']} views by --reasoning drop, "
                          f"{flagged['history_reasoning_dropped']} views where the template drops an earlier "
                          "turn's reasoning")
-        if self.conversions or self.turns_not_trained or self.tool_arguments_parsed:
+        if self.conversions or self.turns_not_trained or self.turns_not_selected or self.tool_arguments_parsed:
             what = [f"{n} records {name}" for name, n in sorted(self.conversions.items())]
             what += [f"{self.turns_not_trained} assistant turns not trained (weight 0)"] * bool(self.turns_not_trained)
+            what += [f"{self.turns_not_selected} assistant turns left as context (--train-turns {self.train_turns})"
+                     ] * bool(self.turns_not_selected)
             what += [f"{self.tool_arguments_parsed} JSON-string tool arguments parsed (the template needs a dict)"
                      ] * bool(self.tool_arguments_parsed)
             lines.append("read: " + "; ".join(what))
         if self.boundary_merge_views:
             lines.append(f"{self.boundary_merge_views} views tokenize differently when prompt and "
                          "completion are joined (a BPE merge across the boundary); trained as at inference")
+        if self.single_rendering:
+            lines.append(SingleRendering(**self.single_rendering).summary())
         if self.shared is not None:
             sh = self.shared
             lines.append(f"shared prefixes: {sh['trees_shared']} of {self.trees} trees merged into {sh['groups']} "
@@ -264,7 +274,9 @@ def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConf
     sees its rendering (the exactness guard's sample: :class:`onepass.guard.sample.ViewSample`), so a run
     renders each conversation once."""
     stats.conversations += 1
-    rendered = render_conversation(conv, tokenizer, config.render, max_tokens=config.max_tokens)
+    rendered = render_conversation(conv, tokenizer, config.render, max_tokens=config.max_tokens, keep_texts=True)
+    stats.single_rendering = add_counts(stats.single_rendering, single_rendering(conv, tokenizer, config.render,
+                                                                                 rendered))
     if on_rendered is not None:
         on_rendered(rendered)
     if strict and rendered.skipped:
@@ -273,6 +285,7 @@ def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConf
             GREETING,) * bool(rendered.greeting_not_trained):
         stats.conversions[name] = stats.conversions.get(name, 0) + 1
     stats.turns_not_trained += rendered.not_trained
+    stats.turns_not_selected += rendered.not_selected
     stats.tool_arguments_parsed += rendered.arguments_parsed
     for error in rendered.skipped:
         stats.skip(error.reason, str(error))

@@ -13,6 +13,7 @@ instead); its rule is in :mod:`onepass.render.views`. The package's rooms, one c
 - ``encode``    encoding each distinct piece of text once
 - ``errors``    why a turn gives no view
 - ``quirks``    which real templates take which of these paths, each with its probe and proving test (data)
+- ``single``    what one rendering of the whole conversation would train instead of the views (counted)
 
 No torch here: this is pure data.
 """

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from onepass.conversation.parse import Conversation
+from onepass.conversation.turns import TRAIN_TURNS, not_selected, selected_turns
 from onepass.errors import UsageError
 from onepass.render.clock import TEMPLATE_DATE
 from onepass.render.encode import encode_texts, split_between
@@ -74,12 +75,15 @@ class RenderConfig:
     completion_format: str | None = None  # a name from COMPLETION_FORMATS or a format string
     reasoning: str = "keep"  # or "drop": a turn whose reasoning the template never renders is trained without it
     template_date: str | None = None
+    train_turns: str = "all"  # which assistant turns get a view: all, last, weight (onepass.conversation.turns)
     train_greeting: bool = False  # an assistant message opening the conversation (Conversation.greeting) gets a view
 
     def __post_init__(self) -> None:
         check_template_kwargs(self.template_kwargs)
         if self.reasoning not in REASONING_CHOICES:
             raise UsageError(f"--reasoning must be one of {', '.join(REASONING_CHOICES)}, got {self.reasoning!r}")
+        if self.train_turns not in TRAIN_TURNS:
+            raise UsageError(f"--train-turns must be one of {', '.join(TRAIN_TURNS)}, got {self.train_turns!r}")
 
     def kwargs(self) -> dict[str, Any]:
         """What every template call of a render takes: the template kwargs and the pinned date."""
@@ -175,10 +179,11 @@ def _turn_text(turn: Turn, config: RenderConfig, sources: Sequence[CompletionSou
 
 
 def _trained_turns(conv: Conversation, config: RenderConfig) -> list[int]:
-    """The assistant turns that get a view: not those the record marks not to train, nor the greeting that
-    opens the conversation unless ``config.train_greeting`` (it answers no user turn)."""
+    """The assistant turns that get a view: those ``config.train_turns`` selects
+    (:func:`onepass.conversation.turns.selected_turns`: never one the record marks not to train), but for the
+    greeting that opens the conversation unless ``config.train_greeting`` (it answers no user turn)."""
     greeting = None if config.train_greeting else conv.greeting
-    return [k for k, m in enumerate(conv.messages) if m.role == "assistant" and m.train and k != greeting]
+    return [k for k in selected_turns(conv, config.train_turns) if k != greeting]
 
 
 def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig, preskip: Preskip | None = None
@@ -264,9 +269,12 @@ class Rendered:
     views: tuple[View | Unmeasured, ...]  # Unmeasured only when asked for a max_tokens (render_conversation)
     skipped: tuple[RenderError, ...] = ()
     not_trained: int = 0  # assistant turns the record marks not to train (weight 0): no view, context only
+    not_selected: int = 0  # assistant turns --train-turns leaves as context (last, weight): no view
     arguments_parsed: int = 0  # tool calls given as a JSON string, parsed for a template that needs a dict
     inline_reasoning: int = 0  # messages whose <think> block stays in the content: the template reads no reasoning field
     greeting_not_trained: int = 0  # an assistant message opening the conversation, left untrained (no --train-greeting)
+    texts: tuple[tuple[int, str, str], ...] = ()  # (turn, prompt, completion) of each turn rendered, when asked
+    # (keep_texts): what onepass.render.single compares the single rendering with
 
 
 def _counts(conv: Conversation, tokenizer: Any, config: RenderConfig) -> dict[str, int]:
@@ -275,8 +283,9 @@ def _counts(conv: Conversation, tokenizer: Any, config: RenderConfig) -> dict[st
     strings = sum(c.text is not None for m in conv.messages for c in m.tool_calls)
     greeting = conv.greeting
     return {"not_trained": sum(m.role == "assistant" and not m.train for m in conv.messages),
-            "greeting_not_trained": int(greeting is not None and conv.messages[greeting].train
-                                        and not config.train_greeting),
+            "greeting_not_trained": int(greeting is not None and not config.train_greeting
+                                        and greeting in selected_turns(conv, config.train_turns)),
+            "not_selected": not_selected(conv, config.train_turns),
             "arguments_parsed": 0 if fields.string_arguments else strings,
             "inline_reasoning": 0 if fields.reads_reasoning else sum(m.text is not None for m in conv.messages)}
 
@@ -311,12 +320,13 @@ def _preskip(conv: Conversation, tokenizer: Any, config: RenderConfig, max_token
 
 
 def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig = RenderConfig(), *,
-                        max_tokens: int | None = None) -> Rendered:
+                        max_tokens: int | None = None, keep_texts: bool = False) -> Rendered:
     """Every view of ``conv`` that renders; a turn that does not is skipped on its own, with its
     error, and the conversation's other views are kept (a view depends on its own turn only).
     With ``max_tokens``, a view whose token floor is over it is not tokenized: it comes back as an
     :class:`~onepass.layout.view.Unmeasured` in its place (:mod:`onepass.render.token_floor`); a view proven over
-    it from the messages it must hold is not even rendered (:mod:`onepass.render.preskip`)."""
+    it from the messages it must hold is not even rendered (:mod:`onepass.render.preskip`). ``keep_texts``: the
+    texts of each turn rendered come back too (:attr:`Rendered.texts`)."""
     texts: list[tuple[int, _Text]] = []
     skipped: list[tuple[int, RenderError]] = []
     unmeasured: dict[int, Unmeasured] = {}
@@ -329,7 +339,9 @@ def render_conversation(conv: Conversation, tokenizer: Any, config: RenderConfig
             unmeasured[item[0]] = over
         else:
             texts.append(item)  # type: ignore[arg-type]
-    counts = _counts(conv, tokenizer, config)
+    counts: dict[str, Any] = _counts(conv, tokenizer, config)
+    if keep_texts:
+        counts["texts"] = tuple((turn, t.prompt, t.completion) for turn, t in texts)
     if not texts:
         return Rendered(views=tuple(unmeasured.values()), skipped=tuple(e for _, e in skipped), **counts)
     encoded = encode_texts(tokenizer, [t.prompt for _, t in texts] + [t.completion for _, t in texts])

@@ -100,7 +100,7 @@ class TrainConfig:
                                "data")
     limit: int | None = _f(None, "use only the first N conversations (rows for a prepared dir)", "data")
     data_config: DataConfig = field(default_factory=DataConfig, metadata=_meta(
-        "the data settings (schedule, max_tokens, pack, weighting, completion_format, reasoning, "
+        "the data settings (schedule, max_tokens, pack, weighting, train_turns, completion_format, reasoning, "
         "template_kwargs): top-level keys in YAML, one flag each", "data"))
     max_batch_tokens: int | None = _f(None, "split a micro-batch into forward passes of <= N padded tokens "
                                       "(same loss)", "data")
@@ -400,7 +400,7 @@ def write_yaml(config: TrainConfig, path: str | Path) -> None:
 # e.g. max_steps to train longer, save_steps, logging). The optimizer's hyper-parameters are here
 # because the checkpoint's optimizer and scheduler state would silently keep the old values.
 RESUME_KEYS = ("model", "tiny", "tiny_config", "compact_vocab", "tokenizer", "chat_template", "completion_format",
-               "template_kwargs", "reasoning", "data", "eval_data", "limit", "schedule", "max_tokens",
+               "template_kwargs", "reasoning", "train_turns", "data", "eval_data", "limit", "schedule", "max_tokens",
                "pack", "weighting", "finetune", "lora_r", "lora_alpha", "lora_dropout",
                "lora_target_modules", "optim", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2",
                "adam_epsilon", "lr_scheduler_type", "warmup_ratio", "warmup_steps", "max_grad_norm",

@@ -225,6 +225,7 @@ class OnePassConfig(TrainingArguments):
     template_kwargs: dict | str | None = field(
         default=None, metadata=_h("extra chat template variables, e.g. {\"enable_thinking\": false}"))
     reasoning: str = field(default="keep", metadata=data_field_help("reasoning"))
+    train_turns: str = field(default="all", metadata=data_field_help("train_turns"))
     share_prefix: bool = field(default=True, metadata=data_field_help("share_prefix"))  # with packing
     share_window: int | None = field(default=None, metadata=data_field_help("share_window"))
     template_date: str | None = field(default=None, metadata=data_field_help("template_date"))
@@ -296,6 +297,7 @@ class OnePassConfig(TrainingArguments):
     def _data_values(self) -> dict[str, Any]:
         return {"schedule": self.schedule, "max_tokens": self.max_length, "weighting": self.weighting,
                 "completion_format": self.completion_format, "reasoning": self.reasoning,
+                "train_turns": self.train_turns,
                 "template_kwargs": dict(self.template_kwargs or {}), "template_date": self.template_date,
                 "share_prefix": self.share_prefix, "share_window": self.share_window,
                 "train_greeting": self.train_greeting}

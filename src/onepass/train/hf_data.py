@@ -107,6 +107,7 @@ def conversation_dataset(conversations: Iterable[Conversation], tokenizer: Any, 
         render = render or RenderConfig()
         data_config = DataConfig(schedule=schedule, max_tokens=max_tokens, weighting=weighting,
                                  completion_format=render.completion_format, reasoning=render.reasoning,
+                                 train_turns=render.train_turns,
                                  template_kwargs=dict(render.template_kwargs), template_date=render.template_date)
     out = prepare_rows(conversations, tokenizer, data_config, packing=packing, num_proc=num_proc, progress=progress)
     return (out.dataset, out.stats) if return_stats else out.dataset
