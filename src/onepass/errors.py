@@ -73,6 +73,12 @@ class ConversationError(DataError):
     """A record that cannot be used; the message names file, record and message."""
 
 
+def message_at(source: str, number: int) -> str:
+    """``SOURCE, message N``: the one wording of every error and skip naming a record's message N (a record's
+    errors and a view's skips alike, so it lives here, below both the conversation and the layout)."""
+    return f"{source}, message {number}"
+
+
 def run_main(handler: Callable[[A], int], args: A) -> int:
     """``handler(args)``'s exit status; a :class:`OnePassError` is one line on stderr and exit 2.
 

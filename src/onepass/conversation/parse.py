@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onepass.errors import ConversationError
+from onepass.errors import ConversationError, message_at
 from onepass.conversation.schemas import (
     FIELD_AND_INLINE,
     HERMES_CALL,
@@ -54,7 +54,6 @@ from onepass.conversation.schemas import (
     interactions,
     leading_reasoning,
     loads_json,
-    message_at,
     message_content,
     reasoning_field,
     record_fields,

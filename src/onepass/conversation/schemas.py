@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from onepass.errors import ConversationError
+from onepass.errors import ConversationError, message_at
 from onepass.conversation.records import unique_keys
 
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
@@ -80,11 +80,6 @@ NOT_TRAINED = "assistant weight 0 -> not trained"
 FIELD_AND_INLINE = "reasoning field and a leading <think> block -> field, content kept"
 CONVERSIONS = (SHAREGPT_CALL, HERMES_CALL, CONTENT_PARTS, CONTENT_NULL, INPUT_OUTPUT, NOT_TRAINED, FIELD_AND_INLINE,
                SYSTEM_MESSAGE, TRAILING, INLINE_KEPT, GREETING, TAU2, TAU2_USER_TOOLS)
-
-
-def message_at(source: str, number: int) -> str:
-    """``SOURCE, message N``: the one wording of every error and skip naming a record's message N."""
-    return f"{source}, message {number}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

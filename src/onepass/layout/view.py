@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onepass.conversation.schemas import message_at
+from onepass.errors import message_at
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
