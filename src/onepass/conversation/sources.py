@@ -58,6 +58,8 @@ DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 CONVERSATION_COLUMNS = ("messages", "conversations", "interactions")
 CONVERSATIONS, ROWS = "conversations", "rows"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+DATA_HELP = ("conversations: .jsonl/.json/.parquet, a folder of them, a saved dataset, builtin:mathchat, "
+             "synthetic:NAME or a hub id (online only)")  # --data's help, in every command that reads conversations
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

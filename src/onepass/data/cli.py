@@ -30,13 +30,13 @@ from typing import Any
 from onepass.data import sample as S
 from onepass.data.augment import SYSTEM_PROMPT, augment, write_failure_report
 from onepass.data.chat_client import ChatClient, ClientConfig
-from onepass.conversation.sources import iter_conversations, limit_arg, load_conversations, print_skipped, write_records
+from onepass.conversation.sources import (DATA_HELP, iter_conversations, limit_arg, load_conversations, print_skipped,
+                                          write_records)
 from onepass.data.mathchat import convert_mathchat, write_jsonl
 from onepass.data.refusal import refusal_check
 from onepass.data.stats import compute_stats, depth_histogram, model_shape, plot_depths
 from onepass.data.synthetic import iter_records
 from onepass.errors import UsageError, run_main
-from onepass.prepare.cli import DATA_HELP
 from onepass.prepare.config import RENDER_KEYS, add_data_arguments, data_config_from_args
 from onepass.render.single import trl_training_template
 from onepass.render.tokenizer import load_tokenizer, read_template

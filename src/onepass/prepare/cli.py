@@ -14,17 +14,13 @@ import argparse
 import sys
 from typing import Any
 
-from onepass.conversation.sources import conversation_source, limit_arg, print_skipped
+from onepass.conversation.sources import DATA_HELP, conversation_source, limit_arg, print_skipped
 from onepass.prepare.parallel import exit_on_sigterm, iter_prepared
 from onepass.prepare.config import add_data_arguments, data_config_from_args
 from onepass.errors import UsageError
 from onepass.files import check_output_dir, output_lock
 from onepass.prepare.pipeline import INVALID, PrepareStats, write_prepared
 from onepass.render.tokenizer import load_tokenizer
-
-DATA_HELP = ("conversations: .jsonl/.json/.parquet, a folder of them, a saved dataset, builtin:mathchat, "
-             "synthetic:NAME or a hub id (online only)")
-
 
 def add_input_arguments(p: argparse.ArgumentParser, *, data_required: bool = True,
                         limit_help: str = "use only the first N valid conversations") -> None:
