@@ -27,7 +27,8 @@ from onepass.guard import (
     views_for_check,
 )
 from onepass.model.tiny import EXACT_ARCHS, HYBRID_ARCHS, TINY_ARCHS, ArchitectureAbsent, tiny_config, tiny_model
-from onepass.guard.twin import kept_layers, layer_types, tiny_twin
+from onepass.guard.twin import kept_layers, tiny_twin
+from onepass.model.layers import layer_types
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

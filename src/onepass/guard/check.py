@@ -39,7 +39,7 @@ from onepass.guard import divergence
 from onepass.guard.divergence import LayerDiff, judge, layer_of_parameter, locate, named_layer
 from onepass.errors import ConfigError, debug
 from onepass.layout.view import View
-from onepass.guard.twin import layer_types as twin_layer_types
+from onepass.model.layers import layer_types as twin_layer_types
 from onepass.guard.twin import tiny_twin
 from onepass.model.config import text_config
 from onepass.model.couplings import base_model

@@ -26,9 +26,9 @@ import torch
 from onepass.attention.backends import attention_mask_for, forward_kwargs
 from onepass.layout.geometry import leaf_paths
 from onepass.mixers.tree import tree_kwargs
-from onepass.guard.twin import layer_types
 from onepass.loss import layouts_to_batch
 from onepass.model.config import text_config
+from onepass.model.layers import decoder_layers, layer_types, mixer_name
 from onepass.layout.schedule import Schedule, schedule_views
 from onepass.layout.view import View
 
@@ -88,27 +88,6 @@ def trains_nothing(reference: dict[str, torch.Tensor]) -> bool:
     (True, False)
     """
     return all(not bool(g.any()) for g in reference.values())
-
-
-def decoder_layers(model: Any) -> torch.nn.ModuleList | None:
-    """The model's stack of decoder layers (the first ModuleList with one entry per layer)."""
-    num = getattr(text_config(model.config), "num_hidden_layers", None)
-    for _, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == num:
-            return module
-    return None
-
-
-_NOT_MIXERS = ("norm", "mlp", "moe", "expert", "ffn", "feed_forward", "dropout", "router", "rotary")
-
-
-def mixer_name(layer: torch.nn.Module) -> str:
-    """The class of a decoder layer's token mixer (``self_attn``, ``linear_attn``, ``mamba``,
-    ``mixer``, ``conv`` ...): its first child that is not a norm or a feed-forward block."""
-    children = list(layer.named_children())
-    mixers = [type(c).__name__ for n, c in children if not any(s in n.lower() for s in _NOT_MIXERS)]
-    others = [type(c).__name__ for n, c in children if "norm" not in n.lower()]
-    return (mixers or others or [type(layer).__name__])[0]
 
 
 def _tree_mask(model: Any, batch: dict[str, torch.Tensor]) -> Any:

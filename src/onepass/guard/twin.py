@@ -204,14 +204,3 @@ def tiny_twin(config: Any, vocab_size: int) -> Any:
         if hasattr(source, attr):
             setattr(twin, attr, getattr(source, attr))
     return twin
-
-
-def layer_types(config: Any) -> list[str]:
-    """One name per layer: ``config.layer_types`` (or the hybrid pattern), else ``full_attention``
-    or ``sliding_attention`` for every layer, as transformers names them."""
-    types = getattr(config, "layer_types", None) or getattr(config, "layers_block_type", None)
-    num = getattr(config, "num_hidden_layers", None)
-    if isinstance(types, (list, tuple)) and types:
-        return [str(t) for t in types]
-    window = getattr(config, "sliding_window", None)
-    return ["sliding_attention" if _is_int(window) and window > 0 else "full_attention"] * int(num or 0)

@@ -3,6 +3,7 @@
 ``dtypes``         the one dtype table (no torch until it runs)
 ``load``           the one loader of a causal LM (:class:`~onepass.model.load.ModelSpec`) and of a model's config
 ``config``         the decoder's part of a (multimodal) model config, read the same way everywhere
+``layers``         a model's decoder layers, named: the stack, each layer's type and token mixer
 ``tiny``           tiny random HF models from configs, every architecture we test (offline)
 ``couplings``      every reliance on transformers/peft/accelerate/torch/trl internals, with how it fails
 ``private_names``  every private name of another library onepass uses: found before use, or one line

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from onepass.guard.check import build_twin, describe
-from onepass.guard.divergence import decoder_layers
+from onepass.model.layers import decoder_layers
 from onepass.loss import batch_loss, layouts_to_batch, pad_batch
 from onepass.layout.tree import Layout, build_layout
 from onepass.ulysses.comm import SequenceShard, run_ranks

@@ -21,7 +21,7 @@ from typing import Any
 
 from onepass.attention.backends import SP_PREFIX, model_backend
 from onepass.model.couplings import recurrent_mixer
-from onepass.guard.divergence import decoder_layers
+from onepass.model.layers import decoder_layers
 from onepass.model.config import text_config
 from onepass.ulysses.attention import register
 from onepass.model.private_names import private
