@@ -48,10 +48,9 @@ def make_generator(args: argparse.Namespace, tokenizer: Any) -> tuple[Any, str]:
                     progress=progress)
     if args.tiny:
         spec = ModelSpec(tiny=args.tiny, vocab_size=len(tokenizer), dtype=args.dtype or "float32", seed=args.seed,
-                         device=device, install_mixers=False)
+                         device=device)
     else:  # sdpa: generation runs plain sequences (no tree), with a cache
-        spec = ModelSpec(model=args.model, dtype=args.dtype or "auto", device=device, attention="sdpa",
-                         install_mixers=False)
+        spec = ModelSpec(model=args.model, dtype=args.dtype or "auto", device=device, attention="sdpa")
     label = f"tiny {args.tiny} (random, seed {args.seed})" if args.tiny else args.model
     return gen.HFGenerator(load_causal_lm(spec), tokenizer, **sampling), label
 

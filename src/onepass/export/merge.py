@@ -94,7 +94,7 @@ def export_merged(*, adapter: str | Path, out: str | Path, base: str | None = No
     tok_spec = tokenizer or (str(adapter) if _has_tokenizer(adapter) else base)
     tok = load_tokenizer(tok_spec, chat_template=chat_template)  # fails early, before the big load
     model = load_causal_lm(ModelSpec(model=base, dtype=dtype, adapter=str(adapter), merge_adapter=True,
-                                     install_mixers=False, label="base model"))
+                                     label="base model"))
     try:
         with atomic_dir(out) as tmp:
             model.save_pretrained(str(tmp), safe_serialization=True)

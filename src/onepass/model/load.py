@@ -3,11 +3,11 @@
 Why this module exists: ``onepass train``, ``OnePassTrainer``, ``onepass verify`` (and ``--rollouts``),
 ``onepass eval``, ``onepass export`` and the exactness guard all load a model. How one loads (a local
 folder or a hub id while offline, ``dtype``, device or device map, 4-bit quantization,
-``trust_remote_code``, a peft adapter, eager MoE experts in float64, the recurrent mixers' tree
-forward installed with their couplings checked) is decided here, once, from a :class:`ModelSpec`:
-the typed record a command's ``--model`` / ``--tiny`` / ``--dtype`` flags or a config become at the
-edge. What a caller does with the model after (LoRA, gradient checkpointing, float64 norms for
-verify) stays with the caller.
+``trust_remote_code``, a peft adapter, eager MoE experts in float64) is decided here, once, from a
+:class:`ModelSpec`: the typed record a command's ``--model`` / ``--tiny`` / ``--dtype`` flags or a config
+become at the edge. What a caller does with the model after (LoRA, gradient checkpointing, float64 norms
+for verify, the recurrent mixers' tree forward: :func:`onepass.mixers.tree.install`, by whoever runs the
+one-pass forward) stays with the caller; the model layer knows no layer above it.
 
     >>> model = load_causal_lm(ModelSpec(tiny="qwen3", vocab_size=64, dtype="float64"))   # doctest: +SKIP
     >>> model = load_causal_lm(ModelSpec(model="Qwen/Qwen3-8B", dtype="bfloat16", device="cuda",
@@ -30,7 +30,6 @@ import torch
 from onepass.model.dtypes import torch_dtype
 from onepass.errors import ConfigError, OnePassError
 from onepass.hub import hub_offline, offline_reason
-from onepass.mixers.tree import install
 from onepass.model.tiny import tiny_model
 
 
@@ -57,9 +56,6 @@ class ModelSpec:
     init_kwargs: Mapping[str, Any] = field(default_factory=dict)  # other from_pretrained keywords (revision, ...)
     adapter: str | None = None  # a peft adapter folder put on the model
     merge_adapter: bool = False  # ... and merged into its weights (onepass export)
-    # wrap the recurrent mixers' forward for one-pass rows now, their couplings checked at load; False: at the
-    # first one-pass forward (onepass.mixers.tree.tree_kwargs), after float64 patches (verify), or never (eval, export)
-    install_mixers: bool = True
     label: str = "model"  # what an error calls it: "--model", "base model", ...
 
     def __post_init__(self) -> None:
@@ -111,8 +107,6 @@ def load_causal_lm(spec: ModelSpec) -> Any:
 
         model = PeftModel.from_pretrained(model, spec.adapter)
         model = model.merge_and_unload() if spec.merge_adapter else model
-    if spec.install_mixers:
-        install(model)  # recurrent mixers' couplings checked at load: one CouplingError line if a release broke them
     return model.eval()
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from onepass.attention.backends import default_backend
 from onepass.errors import UsageError
+from onepass.mixers.tree import install as install_mixers
 from onepass.model.load import ModelSpec, load_causal_lm
 from onepass.render.tokenizer import auto_tokenizer, read_template
 from onepass.train.hf_config import OnePassConfig
@@ -42,7 +43,9 @@ def load_model(model: str, args: OnePassConfig, quantization_config: Any = None)
                      trust_remote_code=args.trust_remote_code if trust is None else bool(trust),
                      device_map=device_map, attention=kwargs.get("attn_implementation") or default_backend(args.device),
                      init_kwargs={k: v for k, v in kwargs.items() if k not in _SPEC_KEYS and v is not None})
-    return load_causal_lm(spec)
+    model = load_causal_lm(spec)
+    install_mixers(model)  # the recurrent mixers' tree forward, couplings checked now: one CouplingError line at load
+    return model
 
 
 def load_tokenizer(model_id: str, args: OnePassConfig) -> Any:

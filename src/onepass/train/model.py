@@ -30,6 +30,7 @@ from onepass.model.dtypes import torch_dtype
 from onepass.guard.check import check_exact_once, enforce
 from onepass.guard.sample import views_for_check
 from onepass.model.load import ModelSpec, load_causal_lm, load_model_config
+from onepass.mixers.tree import install as install_mixers
 from onepass.model.tiny import tiny_config
 from onepass.render.tokenizer import load_tokenizer
 from onepass.train.config import QLORA_ON_CPU, TrainConfig, TrainConfigError
@@ -179,6 +180,7 @@ def load_model(config: TrainConfig, *, device: torch.device, attention: str, voc
                      device_map={"": device.index if device.index is not None else torch.cuda.current_device()}
                      if qlora else None)
     model = load_causal_lm(spec)
+    install_mixers(model)  # the recurrent mixers' tree forward, couplings checked now: one CouplingError line at load
     model.config.use_cache = False
     if qlora:
         from peft import prepare_model_for_kbit_training

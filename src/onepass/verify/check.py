@@ -179,16 +179,15 @@ def verify_model(args: argparse.Namespace, vocab: int | None) -> tuple[Any, str,
         return cpu_backend(config, requested) if device.type == "cpu" else requested or supported_backend(
             config, device, dtype)
 
-    # the mixers are wrapped at the first one-pass forward, after the float64 patches (install_mixers=False)
+    # the mixers are wrapped at the first one-pass forward (onepass.mixers.tree.tree_kwargs), after the float64 patches
     if args.model:
         backend = backend_for(load_model_config(args.model, label="--model"))
-        spec = ModelSpec(model=args.model, dtype=args.dtype, attention=backend, device=device, label="--model",
-                         install_mixers=False)
+        spec = ModelSpec(model=args.model, dtype=args.dtype, attention=backend, device=device, label="--model")
         label = args.model
     else:
         backend = backend_for(tiny_config(args.tiny, vocab))
         spec = ModelSpec(tiny=args.tiny, vocab_size=vocab, dtype=args.dtype, seed=args.seed, attention=backend,
-                         device=device, install_mixers=False)
+                         device=device)
         label = f"tiny {args.tiny} (random, vocabulary compacted to {vocab} ids)"
     model = load_causal_lm(spec)
     if args.dtype == "float64":
