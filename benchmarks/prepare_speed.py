@@ -39,7 +39,7 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")
 
 def time_prepare(data: str, num: int, tokenizer: str, *, pack: bool, max_tokens: int | None) -> dict:
     """CPU seconds of prepare over the conversations (after a warm-up on the first), with its counts."""
-    from onepass.conversation.sources import load_conversations
+    from onepass.data.sources import load_conversations
     from onepass.prepare.pipeline import PrepareConfig, PrepareStats, finalize, prepare_conversation
     from onepass.render.tokenizer import load_tokenizer
 
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     import tokenizers
     import transformers
 
-    from onepass.conversation.sources import load_conversations
+    from onepass.data.sources import load_conversations
     from onepass.render import render_texts
     from onepass.render.tokenizer import load_tokenizer
 

@@ -201,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import transformers
 
-    from onepass.conversation.sources import load_conversations
+    from onepass.data.sources import load_conversations
     from onepass.render.tokenizer import load_tokenizer
 
     try:

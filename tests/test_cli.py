@@ -12,7 +12,7 @@ import pytest
 
 from onepass.cli import main
 from onepass.conversation.parse import read_conversations
-from onepass.conversation.sources import load_conversations
+from onepass.data.sources import load_conversations
 from onepass.data.mathchat import sample_path
 from onepass.prepare.pipeline import PrepareConfig, load_rows, prepare
 from onepass.layout.tree import COLUMNS

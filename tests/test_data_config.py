@@ -15,7 +15,7 @@ import onepass.prepare.pipeline
 import onepass.layout.schedule
 import onepass.train.config
 import onepass.train.data
-from onepass.conversation.sources import resolve_data
+from onepass.data.sources import resolve_data
 from onepass.prepare.config import DATA_KEYS, DataConfig, data_config_from_args
 from onepass.errors import ConfigError
 from onepass.layout.schedule import Schedule

@@ -10,7 +10,7 @@ import pytest
 
 from onepass.render import encode
 from onepass.conversation.parse import parse_record
-from onepass.conversation.sources import load_conversations
+from onepass.data.sources import load_conversations
 from onepass.render.encode import encode_plain, encode_texts, piece_splitter, split_between
 from onepass.render import RenderConfig, RenderError, merges_across, render_conversation
 from onepass.render.views import _iter_texts

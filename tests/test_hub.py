@@ -51,7 +51,7 @@ def test_the_tokenizer_honours_true_not_only_1(monkeypatch):
 
 
 def test_hub_data_honours_the_datasets_switch(monkeypatch):
-    from onepass.conversation.sources import load_conversations
+    from onepass.data.sources import load_conversations
 
     for k in VARIABLES:
         monkeypatch.delenv(k, raising=False)

@@ -21,7 +21,7 @@ from onepass.bench import harness as bench
 from onepass.bench.settings import layout_setting
 from onepass.bench.report import markdown
 from onepass.cli import main
-from onepass.conversation.sources import load_conversations
+from onepass.data.sources import load_conversations
 from onepass.prepare.parallel import iter_prepared
 from onepass.prepare.pipeline import PrepareConfig, PrepareStats, load_rows, prepare, write_dataset, write_prepared
 from onepass.layout.share import loss_terms, same_terms

@@ -29,7 +29,7 @@ def _data(tmp_path):
 
 
 def _reference(data, tokenizer, config, out):
-    from onepass.conversation.sources import load_conversations
+    from onepass.data.sources import load_conversations
 
     report = load_conversations(data, strict=False)
     stats = PrepareStats()

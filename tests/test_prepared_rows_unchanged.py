@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from test_real_templates import CASES, EOS, chat_template  # noqa: E402
 
-from onepass.conversation.sources import load_conversations  # noqa: E402
+from onepass.data.sources import load_conversations  # noqa: E402
 from onepass.prepare.pipeline import PrepareConfig, prepare  # noqa: E402
 from onepass.render import render_conversation  # noqa: E402
 from onepass.render.report import tool_chain_conversations  # noqa: E402

@@ -234,7 +234,7 @@ def test_input_output_pairs_are_a_conversation():
 
 
 def test_every_conversion_is_counted_in_prepare_stats(qwen3_tokenizer, tmp_path):
-    from onepass.conversation.sources import load_conversations
+    from onepass.data.sources import load_conversations
 
     path = tmp_path / "mixed.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in (SHAREGPT_TOOLS, HERMES, NEMOTRON, NEMOTRON)))

@@ -17,7 +17,7 @@ import torch
 from exactness import loss_and_grads, max_rel_diff
 from onepass.cli import main as cli
 from onepass.conversation.parse import parse_record
-from onepass.conversation.sources import to_record
+from onepass.data.sources import to_record
 from onepass.conversation.turns import TRAIN_TURNS, selected_turns
 from onepass.errors import ConfigError
 from onepass.layout.vocab import remap, remap_layout, used_ids

@@ -22,7 +22,7 @@ Add a command: write its parser module (torch-free: ``add_parser(subparsers)`` t
 to its runner's name) beside its code, add the module to :data:`COMMANDS` and a line above;
 ``tests/test_cli.py`` checks that its ``--help`` imports no torch.
 
-``--data`` is the same everywhere (:func:`onepass.conversation.sources.resolve_data`). Errors a user can
+``--data`` is the same everywhere (:func:`onepass.data.sources.resolve_data`). Errors a user can
 cause (:class:`onepass.errors.OnePassError`) print one line (``onepass: error: ...``) and exit 2;
 set ``ONEPASS_DEBUG=1`` to see the traceback instead. Anything else is a bug and keeps its traceback.
 """

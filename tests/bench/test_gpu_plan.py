@@ -64,7 +64,7 @@ def test_the_dry_run_plans_every_workload_at_8b_width_and_fits_the_speed_box(dry
 
 
 def test_the_mathchat_workload_is_long_reasoning_over_six_turns_or_more():
-    from onepass.conversation.sources import load_conversations
+    from onepass.data.sources import load_conversations
 
     conversations = load_conversations("synthetic:mathchat-deep-long", limit=9).conversations
     assert len(conversations) == 9

@@ -17,7 +17,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from onepass.conversation.sources import load_conversations
+from onepass.data.sources import load_conversations
 from onepass.prepare.pipeline import prepare
 from onepass.render.messages import template_messages
 from onepass.layout.tree import COLUMNS, rows_to_columns

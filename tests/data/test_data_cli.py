@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from onepass.data.cli import main
-from onepass.conversation.sources import load_conversations
+from onepass.data.sources import load_conversations
 
 
 def test_sample_dry_run_prints_the_papers_allocation(capsys):

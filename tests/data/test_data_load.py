@@ -11,7 +11,7 @@ import pytest
 from data_specs import RECORDS, write_prepared, write_record_file, write_spec
 
 from onepass.conversation.parse import ConversationError, parse_record
-from onepass.conversation.sources import (
+from onepass.data.sources import (
     data_files,
     iter_conversation_records,
     load_conversations,

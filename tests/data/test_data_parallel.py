@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from onepass.conversation.parse import ConversationError
-from onepass.conversation.sources import load_conversations
+from onepass.data.sources import load_conversations
 from onepass.data.mathchat import sample_path
 from onepass.prepare.parallel import prepare_parallel
 from onepass.prepare.pipeline import PrepareConfig, PrepareStats, prepare

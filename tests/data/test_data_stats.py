@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from onepass.conversation.sources import load_conversations
+from onepass.data.sources import load_conversations
 from onepass.data.stats import compute_stats, percentiles, plot_depths
 from onepass.layout.flops import MODEL_SHAPES, ModelShape, TokenCounts, conversation_counts, flops, model_shape
 from onepass.prepare.pipeline import PrepareConfig, prepare

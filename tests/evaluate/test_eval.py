@@ -19,7 +19,7 @@ from local_server import JSONHandler, LocalServer
 
 from onepass.cli import main
 from onepass.conversation.parse import parse_record
-from onepass.conversation.sources import load_conversations
+from onepass.data.sources import load_conversations
 from onepass.evaluate.answers import answers_match, extract_answer, normalize_answer
 from onepass.evaluate.generate import OpenAIChatGenerator, OpenAIGenerator
 from onepass.evaluate.report import markdown, summarize

@@ -296,7 +296,7 @@ def test_one_pass_rows_sharing_prefixes_train_exactly_the_views_with_their_tools
 
 
 def test_a_sharegpt_turn_carries_its_tools_too_and_the_record_round_trips(qwen3_tokenizer):
-    from onepass.conversation.sources import to_record
+    from onepass.data.sources import to_record
 
     record = miss_func_record()
     conv = parse_record(record, source="miss_func.jsonl", index=1, unit="line")

@@ -11,7 +11,7 @@ import pytest
 
 from onepass.cli import main
 from onepass.conversation.parse import ConversationError, parse_record
-from onepass.conversation.sources import load_conversations
+from onepass.data.sources import load_conversations
 
 GOOD = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
 

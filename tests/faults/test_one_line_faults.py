@@ -49,7 +49,7 @@ def test_a_damaged_prepared_folder_is_one_line(tmp_path, prepared, damage):
 
 
 def test_a_deeply_nested_record_is_a_counted_skip(tmp_path):
-    from onepass.conversation.sources import load_conversations
+    from onepass.data.sources import load_conversations
 
     good = {"messages": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}]}
     deep = {"messages": [{"role": "user", "content": "[" * 100_000 + "]" * 100_000}]}

@@ -17,7 +17,7 @@ import pytest
 
 from onepass.cli import main
 from onepass.conversation.parse import ConversationError, parse_record
-from onepass.conversation.sources import load_conversations
+from onepass.data.sources import load_conversations
 
 Q = {"role": "user", "content": "2+2?"}
 GOOD = {"messages": [Q, {"role": "assistant", "content": "4"}]}

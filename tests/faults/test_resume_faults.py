@@ -96,12 +96,12 @@ def test_a_changed_learning_rate_is_refused_naming_the_key(run):
 
 
 def _jsonl(path, limit):
-    from onepass.conversation.sources import load_conversations
+    from onepass.data.sources import load_conversations
 
     records = [c.to_dict() if hasattr(c, "to_dict") else None for c in
                load_conversations("builtin:mathchat", strict=False, limit=limit).conversations]
     if None in records:  # no to_dict: copy the bundled file's first lines
-        from onepass.conversation.sources import resolve_data
+        from onepass.data.sources import resolve_data
 
         lines = resolve_data("builtin:mathchat").path.read_text().splitlines()[:limit]
         path.write_text("\n".join(lines) + "\n")

@@ -24,7 +24,7 @@ from onepass.train.loop import train
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, qwen3_tokenizer):
     """Rows of 4 MathChat conversations as prepare writes them (one tree per conversation)."""
-    from onepass.conversation.sources import load_conversations
+    from onepass.data.sources import load_conversations
     from onepass.prepare.pipeline import PrepareConfig, prepare
 
     convs = load_conversations("builtin:mathchat", strict=False, limit=4).conversations

@@ -207,7 +207,7 @@ sys.exit(main())
 @pytest.mark.slow
 @pytest.mark.parametrize("rank1_limit", [2, 1], ids=["same count, other content", "fewer conversations"])
 def test_ranks_given_different_data_stop_in_one_line_before_step_1(tmp_path, rank1_limit):
-    from onepass.conversation.sources import resolve_data
+    from onepass.data.sources import resolve_data
     from ranks import run_ranks
 
     lines = resolve_data("builtin:mathchat").path.read_text().splitlines()

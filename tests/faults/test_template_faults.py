@@ -104,7 +104,7 @@ def test_a_template_that_never_reads_tool_calls_gets_no_deepseek_hint(template):
 
 
 def test_a_record_written_back_keeps_its_inline_block(tmp_path):
-    from onepass.conversation.sources import to_record
+    from onepass.data.sources import to_record
 
     conv = parse_record(INLINE)
     back = to_record(conv)

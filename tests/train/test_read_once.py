@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import onepass.conversation.parse
-import onepass.conversation.sources
+import onepass.data.sources
 import onepass.render.views
 import onepass.train.loop  # noqa: F401  (imported before the counters go in: every module that runs is loaded)
 from onepass.cli import main
@@ -28,7 +28,7 @@ def calls(monkeypatch):
     counts: collections.Counter[str] = collections.Counter()
     parsed: list[tuple[str, int]] = []
     wrapped = {}
-    for module, name in ((onepass.conversation.sources, "resolve_data"), (onepass.conversation.parse, "parse_record"),
+    for module, name in ((onepass.data.sources, "resolve_data"), (onepass.conversation.parse, "parse_record"),
                          (onepass.render.views, "render_conversation")):
         original = getattr(module, name)
 

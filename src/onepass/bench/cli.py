@@ -5,7 +5,7 @@ model, backends, depth groups) and the command line for it. ``--quick`` is
 sized to finish in a few minutes on 2 CPU cores and times its settings interleaved in one
 process (epochs A B C A B C, as the demo takes turns), so a ratio never spans minutes of a
 machine's drift. The workload is any ``--data`` spec of conversations, resolved like every other command's
-(:func:`onepass.conversation.sources.resolve_data`); ``--workload mathchat|synthetic`` are
+(:func:`onepass.data.sources.resolve_data`); ``--workload mathchat|synthetic`` are
 names for ``builtin:mathchat`` and ``synthetic:mathchat-sync``.
 
     onepass bench --quick --out runs/bench
@@ -28,7 +28,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from onepass.conversation.sources import load_conversations
+from onepass.data.sources import load_conversations
 from onepass.model.dtypes import dtype_names
 from onepass.errors import DataError
 from onepass.layout.flops import MODEL_SHAPES

@@ -24,7 +24,7 @@ from onepass.bench import trl as bench_trl
 from onepass.bench.cli import WORKLOADS, load_workload, workload_spec
 from onepass.bench.report import markdown, plots
 from onepass.bench.settings import SETTINGS, SHARED_SETTINGS, layout_setting
-from onepass.conversation.sources import conversation_source
+from onepass.data.sources import conversation_source
 from onepass.model.dtypes import torch_dtype
 from onepass.errors import UsageError
 from onepass.layout.flops import MODEL_SHAPES, model_kwargs, train_flops

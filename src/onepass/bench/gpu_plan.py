@@ -36,7 +36,7 @@ from typing import Any
 
 from onepass.bench.ratio import speed_ratio
 from onepass.bench.settings import SHARED_SETTINGS, layout_setting
-from onepass.conversation.sources import load_conversations
+from onepass.data.sources import load_conversations
 from onepass.layout.flops import MODEL_SHAPES, ModelShape, speed_bound, train_flops, visible_pairs
 from onepass.layout.tree import Layout
 from onepass.layout.view import View

@@ -4,7 +4,7 @@ Why this module exists: reading bytes into records is where a file can be
 broken (a line that is not UTF-8 or not JSON) before any record is parsed;
 each such line becomes one :class:`~onepass.errors.ConversationError` value
 naming the file and line, so a lenient reader counts it and goes on.
-:mod:`onepass.conversation.parse` parses the records; :mod:`onepass.conversation.sources`
+:mod:`onepass.conversation.parse` parses the records; :mod:`onepass.data.sources`
 reads every other kind of ``--data`` (folders, saved datasets, hub ids).
 
 Arrow (parquet, ``save_to_disk``, the hub) stores a column of objects as one struct type: every

@@ -1,6 +1,6 @@
 """Datasets: the bundled sample, synthetic data, the paper's pipeline (``onepass data ...``).
 
-A ``--data`` spec is read by :mod:`onepass.conversation.sources`; prepare's workers are
+A ``--data`` spec is read by :mod:`onepass.data.sources`; prepare's workers are
 :mod:`onepass.prepare.parallel`.
 
 ``mathchat``   MathChat (Liang et al. 2024, Apache-2.0) -> records, and the bundled 300-conversation

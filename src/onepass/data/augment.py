@@ -52,7 +52,7 @@ from typing import Any
 
 from onepass.conversation.parse import Conversation
 from onepass.data.chat_client import ChatClient, FatalRequestError, RequestFailed, scrub
-from onepass.conversation.sources import to_record
+from onepass.data.sources import to_record
 from onepass.data.refusal import RefusalCheck
 from onepass.errors import OnePassError, UsageError
 

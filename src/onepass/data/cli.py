@@ -30,7 +30,7 @@ from typing import Any
 from onepass.data import sample as S
 from onepass.data.augment import SYSTEM_PROMPT, augment, write_failure_report
 from onepass.data.chat_client import ChatClient, ClientConfig
-from onepass.conversation.sources import (DATA_HELP, iter_conversations, limit_arg, load_conversations, print_skipped,
+from onepass.data.sources import (DATA_HELP, iter_conversations, limit_arg, load_conversations, print_skipped,
                                           write_records)
 from onepass.data.mathchat import convert_mathchat, write_jsonl
 from onepass.data.refusal import refusal_check

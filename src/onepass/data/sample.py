@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from onepass.conversation.parse import ConversationError
-from onepass.conversation.sources import iter_conversation_records, write_records
+from onepass.data.sources import iter_conversation_records, write_records
 from onepass.errors import DataError, UsageError
 
 # The original MathChat_sync, conversations per depth (the paper's appendix).

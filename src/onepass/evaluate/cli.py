@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from onepass.model.dtypes import dtype_names
-from onepass.conversation.sources import limit_arg
+from onepass.data.sources import limit_arg
 from onepass.errors import ConfigError, UsageError
 from onepass.evaluate.answers import compile_answer_regex
 from onepass.hub import hub_offline, offline_reason

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from onepass.data.augment import Cache
-from onepass.conversation.sources import load_conversations, print_skipped
+from onepass.data.sources import load_conversations, print_skipped
 from onepass.errors import UsageError
 from onepass.evaluate import generate as gen
 from onepass.evaluate.cli import check_args

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from onepass.conversation.parse import Conversation, Message
-from onepass.conversation.sources import load_conversations, print_skipped
+from onepass.data.sources import load_conversations, print_skipped
 from onepass.prepare.config import RENDER_KEYS, add_data_arguments, data_config_from_args
 from onepass.errors import DataError, UsageError
 from onepass.prepare.cli import add_input_arguments

@@ -14,7 +14,7 @@ import argparse
 import sys
 from typing import Any
 
-from onepass.conversation.sources import DATA_HELP, conversation_source, limit_arg, print_skipped
+from onepass.data.sources import DATA_HELP, conversation_source, limit_arg, print_skipped
 from onepass.prepare.parallel import exit_on_sigterm, iter_prepared
 from onepass.prepare.config import add_data_arguments, data_config_from_args
 from onepass.errors import UsageError

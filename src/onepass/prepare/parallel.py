@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from onepass.conversation.parse import Conversation, ConversationError
-from onepass.conversation.sources import iter_conversation_records
+from onepass.data.sources import iter_conversation_records
 from onepass.guard.sample import ViewSample, usable_views
 from onepass.prepare.pipeline import INVALID, PrepareConfig, PrepareStats, finalize, prepare_conversation
 from onepass.render.tokenizer import load_tokenizer
@@ -297,7 +297,7 @@ def prepare_parallel(spec: str | Path, tokenizer: Any, config: PrepareConfig | N
                      num_proc: int = 2, chat_template: str | None = None, split: str | None = None,
                      limit: int | None = None, strict: bool = False,
                      progress: bool = False) -> tuple[list[Layout], PrepareStats]:
-    """Rows and stats of ``spec`` (any :mod:`onepass.conversation.sources` spec) prepared on ``num_proc``
+    """Rows and stats of ``spec`` (any :mod:`onepass.data.sources` spec) prepared on ``num_proc``
     processes, in memory (for a dataset that fits; ``onepass prepare`` streams to disk instead)."""
     config = config if config is not None else PrepareConfig()  # today's date resolved here, once for every worker
     stats = PrepareStats()

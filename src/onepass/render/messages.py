@@ -9,7 +9,7 @@ of these a template wants (:attr:`~onepass.render.fields.TemplateFields.message_
 module turns a conversation into those dicts, and the table of template quirks
 (:mod:`onepass.render.quirks`) names the function each quirk is handled in. With no options the
 dicts are OpenAI's (reasoning as ``reasoning_content``), which is also how
-:func:`onepass.conversation.sources.to_record` writes a conversation back as a record.
+:func:`onepass.data.sources.to_record` writes a conversation back as a record.
 
 Worked example::
 

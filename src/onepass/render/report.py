@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onepass.conversation.parse import Conversation, parse_record
-from onepass.conversation.sources import load_conversations
-from onepass.conversation.sources import limit_arg
+from onepass.data.sources import load_conversations
+from onepass.data.sources import limit_arg
 from onepass.prepare.config import RENDER_KEYS, add_data_arguments, data_config_from_args
 from onepass.render import RenderConfig, render_conversation
 from onepass.render.fields import TemplateFields, template_fields

@@ -7,7 +7,7 @@ N-pass count of trained tokens). So the order is defined over *units*, not
 rows: a unit is one conversation (raw data: all the trees its schedule made)
 or one prepared row (a folder written by ``onepass prepare``, where
 conversations are no longer known); which one a ``--data`` spec is, is decided
-by :func:`onepass.conversation.sources.resolve_data`, as for every other command. An
+by :func:`onepass.data.sources.resolve_data`, as for every other command. An
 epoch is a seeded shuffle of the units; a step takes the next
 ``batch_size * grad_accum * world`` of them; slot ``s = micro * world + rank``
 takes ``batch_size`` units; the rows of a slot are its units' trees, packed
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from onepass.conversation.sources import ROWS, DataSource, load_conversations
+from onepass.data.sources import ROWS, DataSource, load_conversations
 from onepass.prepare.parallel import iter_units
 from onepass.errors import DataError
 from onepass.layout.flops import token_ratio
@@ -111,7 +111,7 @@ def conversation_units(conversations: Sequence[Any], tokenizer: Any, config: Dat
 def load_train_data(source: DataSource, config: TrainConfig, tokenizer: Any | None, *, progress: bool = False,
                     log: Any = _LOG.info) -> TrainData:
     """Units of ``source`` (a ``--data`` spec resolved once, by the run:
-    :func:`onepass.conversation.sources.resolve_data`): prepared rows (one unit per row) or conversations
+    :func:`onepass.data.sources.resolve_data`): prepared rows (one unit per row) or conversations
     (one unit per conversation, each read and rendered once; the exactness guard's views are taken from
     them, :attr:`TrainData.guard_views`)."""
     spec = source.spec

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from onepass.conversation.sources import DataSource
+from onepass.data.sources import DataSource
 from onepass.render.clock import reads_clock
 from onepass.train.config import TrainConfig, TrainConfigError
 

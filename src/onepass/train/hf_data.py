@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from onepass.conversation.parse import Conversation
-from onepass.conversation.sources import RawRecord, parse_records
+from onepass.data.sources import RawRecord, parse_records
 from onepass.prepare.config import DataConfig
 from onepass.errors import DataError
 from onepass.guard.sample import GUARD_CONVERSATIONS, ViewSample

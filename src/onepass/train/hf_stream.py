@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from onepass.conversation.records import without_nulls
-from onepass.conversation.sources import RawRecord, parse_records
+from onepass.data.sources import RawRecord, parse_records
 from onepass.guard.sample import GUARD_CONVERSATIONS
 from onepass.layout.row_check import check_rows
 from onepass.layout.tree import COLUMNS, Layout, row_from_columns

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from onepass.conversation.sources import CONVERSATIONS, DataSource, resolve_data
+from onepass.data.sources import CONVERSATIONS, DataSource, resolve_data
 from onepass.files import atomic_dir, check_writable, output_lock, write_failure
 from onepass.model.private_names import private
 from onepass.errors import OnePassError

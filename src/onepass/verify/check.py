@@ -28,7 +28,7 @@ import torch
 
 from onepass.attention.backends import check_backend, cpu_backend, supported_backend
 from onepass.conversation.parse import ReadReport
-from onepass.conversation.sources import load_conversations, print_skipped
+from onepass.data.sources import load_conversations, print_skipped
 from onepass.prepare.config import DataConfig, data_config_from_args
 from onepass.model.dtypes import default_tolerance, torch_dtype
 from onepass.errors import DataError, UsageError
