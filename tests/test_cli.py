@@ -306,12 +306,12 @@ def test_a_bad_data_spec_is_one_line_and_exit_2_for_every_command(command, make,
 
 def test_a_bug_inside_a_command_is_not_swallowed(monkeypatch, capsys, shared_tokenizer):
     """Only OnePassError is a user error: a ValueError from deep inside (numpy, torch, us) keeps its traceback."""
-    import onepass.layout.show
+    import onepass.prepare.show
 
     def broken(*args, **kwargs):
         raise ValueError("operands could not be broadcast together")
 
-    monkeypatch.setattr(onepass.layout.show, "show", broken)
+    monkeypatch.setattr(onepass.prepare.show, "show", broken)
     with pytest.raises(ValueError, match="could not be broadcast"):
         main(["show", "--data", "builtin:mathchat", "--limit", "1", "--out", "m.png"])
     assert "onepass: error" not in capsys.readouterr().err

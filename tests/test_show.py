@@ -1,4 +1,4 @@
-"""Roles and pictures of the one-pass mask (onepass.layout.show), on the real Qwen3 tokenizer."""
+"""Roles and pictures of the one-pass mask (onepass.prepare.show), on the real Qwen3 tokenizer."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ pytest.importorskip("matplotlib")
 
 from onepass.conversation.parse import parse_record  # noqa: E402
 from onepass.render import render_views  # noqa: E402
-from onepass.layout.show import ROLES, draw_mask, mask_image, node_roles, show, token_labels  # noqa: E402
+from onepass.prepare.show import ROLES, draw_mask, mask_image, node_roles, show, token_labels  # noqa: E402
 from onepass.layout.tree import build_layout  # noqa: E402
 
 RECORD = {"messages": [

@@ -4,7 +4,7 @@ Subcommands, each with its parser beside its code (``onepass COMMAND --help``)::
 
     onepass prepare ...      conversations -> one-pass rows            (onepass.prepare.cli)
     onepass verify ...       one-pass vs N-pass loss and gradients     (onepass.verify.cli; --rollouts: onepass.rl.cli)
-    onepass show ...         one conversation's mask as a PNG          (onepass.layout.show)
+    onepass show ...         one conversation's mask as a PNG          (onepass.prepare.show)
     onepass train ...        fine-tune (YAML config + flags)           (onepass.train.cli)
     onepass data ...         convert-mathchat, sample, augment, stats  (onepass.data.cli)
     onepass bench ...        every schedule timed side by side         (onepass.bench.cli)
@@ -41,7 +41,7 @@ from onepass.data import cli as data_cli
 from onepass.errors import run_main
 from onepass.evaluate import cli as eval_cli
 from onepass.export import cli as export_cli
-from onepass.layout import show
+from onepass.prepare import show
 from onepass.lazy import resolve
 from onepass.prepare import cli as prepare_cli
 from onepass.render import report as template_report
