@@ -14,7 +14,7 @@ from onepass.data.sources import load_conversations
 from onepass.render.encode import encode_plain, encode_texts, piece_splitter, split_between
 from onepass.render import RenderConfig, RenderError, merges_across, render_conversation
 from onepass.render.views import _iter_texts
-from onepass.render.report import TOOL_CHAIN_RECORDS
+from onepass.prepare.template_report import TOOL_CHAIN_RECORDS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "chat_templates"
 TEMPLATES = sorted(p.stem for p in FIXTURES.glob("*.jinja"))

@@ -20,7 +20,7 @@ from onepass.render import (
 )
 from onepass.render.fields import template_fields
 from onepass.render.messages import template_messages, template_tools
-from onepass.render.report import tool_chain_conversations
+from onepass.prepare.template_report import tool_chain_conversations
 
 FIXTURES = Path(__file__).parent / "fixtures" / "chat_templates"
 TEMPLATES = sorted(p.stem for p in FIXTURES.glob("*.jinja"))

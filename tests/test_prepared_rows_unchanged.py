@@ -31,7 +31,7 @@ from test_real_templates import CASES, EOS, chat_template  # noqa: E402
 from onepass.data.sources import load_conversations  # noqa: E402
 from onepass.prepare.pipeline import PrepareConfig, prepare  # noqa: E402
 from onepass.render import render_conversation  # noqa: E402
-from onepass.render.report import tool_chain_conversations  # noqa: E402
+from onepass.prepare.template_report import tool_chain_conversations  # noqa: E402
 from onepass.layout.tree import COLUMNS  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "fixtures" / "prepared_rows.json"

@@ -26,7 +26,7 @@ from onepass.prepare.pipeline import PrepareConfig, prepare
 from onepass.render import RenderConfig, render_conversation, render_texts
 from onepass.render.preskip import History, Preskip, holds
 from onepass.render.token_floor import parts_floor
-from onepass.render.report import TOOL_CHAIN_RECORDS
+from onepass.prepare.template_report import TOOL_CHAIN_RECORDS
 from onepass.layout.tree import COLUMNS
 from onepass.layout.view import Unmeasured, over_budget
 

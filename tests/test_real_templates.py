@@ -1,7 +1,7 @@
 """Views with real reasoning-model chat templates (tests/fixtures/chat_templates, sources in SOURCES.md).
 
 For every template (:data:`CASES`, one row per template and completion format) and every
-tool-chain conversation of ``onepass.render.report.TOOL_CHAIN_RECORDS``: nothing crashes (a turn
+tool-chain conversation of ``onepass.prepare.template_report.TOOL_CHAIN_RECORDS``: nothing crashes (a turn
 the template cannot split, or raises for, is a counted skip with its reason), every prompt is
 exactly template(messages[:k], add_generation_prompt=True), and every completion is what the
 template renders for turn k (or, for a completion format, holds the turn's reasoning, content and
@@ -25,7 +25,7 @@ from onepass.prepare.pipeline import PrepareConfig, prepare
 from onepass.render import RenderConfig, UnopenedReasoning, render_conversation
 from onepass.render.fields import TemplateFields, template_fields
 from onepass.render.messages import template_messages, template_tools
-from onepass.render.report import (
+from onepass.prepare.template_report import (
     TOOL_CHAIN_RECORDS,
     template_report,
     tool_chain_conversations,

@@ -164,7 +164,7 @@ def test_a_missing_single_template_is_one_line(capsys):
 def test_the_marked_qwen3_template_renders_qwen3s_text_and_marks_every_assistant_turn(qwen3_tokenizer):
     """benchmarks/policy/qwen3_drop_marked.jinja: what docs/policy.md hands TRL for policy (a) on a real Qwen3
     model (TRL keeps a template that has generation markers): Qwen3's text, every assistant turn marked."""
-    from onepass.render.report import tool_chain_conversations
+    from onepass.prepare.template_report import tool_chain_conversations
 
     marked = (DROP_MARKED.parent / "qwen3_drop_marked.jinja").read_text(encoding="utf-8")
     settings = SftSettings(assistant_only_loss=True, chat_template=marked)

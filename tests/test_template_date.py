@@ -28,7 +28,7 @@ from onepass.prepare.pipeline import PrepareConfig, prepare
 from onepass.render import RenderConfig, render_conversation
 from onepass.render.clock import TEMPLATE_DATE, pinned_template, resolve_template_date
 from onepass.render.template import apply_template, render_or_none, template_line
-from onepass.render.report import TOOL_CHAIN_RECORDS, tool_chain_conversations
+from onepass.prepare.template_report import TOOL_CHAIN_RECORDS, tool_chain_conversations
 from onepass.layout.tree import COLUMNS
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
@@ -96,7 +96,7 @@ def test_a_pinned_date_gives_the_same_rows_whatever_the_clock_says(gptoss, monke
 _UNDER_FAKETIME = """
 import hashlib, json
 from onepass.prepare.pipeline import PrepareConfig, prepare
-from onepass.render.report import tool_chain_conversations
+from onepass.prepare.template_report import tool_chain_conversations
 from onepass.render.tokenizer import load_tokenizer
 tok = load_tokenizer("builtin:qwen3", chat_template=TEMPLATE)
 out = {}

@@ -20,7 +20,7 @@ import onepass.render.tools_block as tb
 from onepass.conversation.parse import parse_record
 from onepass.render.template import apply_template
 from onepass.render.messages import template_messages, template_tools
-from onepass.render.report import tool_chain_conversations
+from onepass.prepare.template_report import tool_chain_conversations
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_real_templates import CASES, chat_template  # noqa: E402

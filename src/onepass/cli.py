@@ -10,7 +10,7 @@ Subcommands, each with its parser beside its code (``onepass COMMAND --help``)::
     onepass bench ...        every schedule timed side by side         (onepass.bench.cli)
     onepass export ...       a LoRA adapter merged into its base       (onepass.export.cli)
     onepass eval ...         accuracy per turn, generated turn by turn (onepass.evaluate.cli)
-    onepass templates check  how a chat template splits the data       (onepass.render.report)
+    onepass templates check  how a chat template splits the data       (onepass.prepare.template_report)
 
 Why this module is only a registry: a command's flags live beside the code they drive. Each
 module in :data:`COMMANDS` is a parser that imports no torch; its ``add_parser(subparsers)``
@@ -44,7 +44,7 @@ from onepass.export import cli as export_cli
 from onepass.prepare import show
 from onepass.lazy import resolve
 from onepass.prepare import cli as prepare_cli
-from onepass.render import report as template_report
+from onepass.prepare import template_report
 from onepass.train import cli as train_cli
 from onepass.verify import cli as verify_cli
 

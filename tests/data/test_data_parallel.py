@@ -134,7 +134,7 @@ def test_early_stops_of_a_parallel_prepare_return(qwen3_tokenizer):
 
 def _template_units(tokenizer, case, num_proc):
     from onepass.prepare.parallel import iter_units
-    from onepass.render.report import tool_chain_conversations
+    from onepass.prepare.template_report import tool_chain_conversations
 
     config = PrepareConfig(completion_format=case.completion_format, template_kwargs=case.template_kwargs,
                            reasoning=case.reasoning)
