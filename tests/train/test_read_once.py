@@ -4,7 +4,7 @@ STYLE.md 12: "Turn a spec (``--data``, a config file, a model name) into a typed
 edge, and pass the record down; never re-resolve a string in a deeper layer." Before, a
 2-conversation ``onepass train`` resolved ``--data`` 5 times, parsed each record twice and rendered
 each conversation twice: once for the exactness guard, once for training. The guard now checks the
-views training rendered (:class:`onepass.guard.sample.ViewSample`).
+views training rendered (:class:`onepass.prepare.guard_sample.ViewSample`).
 """
 
 from __future__ import annotations

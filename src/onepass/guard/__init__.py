@@ -15,5 +15,5 @@ from onepass.lazy import package_getattr
 __all__ = ["TOLERANCE", "GuardResult", "InexactModelError", "builtin_conversations", "check_exact",
            "check_exact_once", "enforce", "sample_views", "views_for_check"]
 _SAMPLE = ("builtin_conversations", "sample_views", "views_for_check")
-__getattr__ = package_getattr(__name__, {name: f"onepass.guard.{'sample' if name in _SAMPLE else 'check'}:{name}"
+__getattr__ = package_getattr(__name__, {name: f"onepass.{'prepare.guard_sample' if name in _SAMPLE else 'guard.check'}:{name}"
                                          for name in __all__})

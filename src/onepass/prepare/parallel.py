@@ -51,7 +51,7 @@ from typing import Any
 
 from onepass.conversation.parse import Conversation, ConversationError
 from onepass.data.sources import iter_conversation_records
-from onepass.guard.sample import ViewSample, usable_views
+from onepass.prepare.guard_sample import ViewSample, usable_views
 from onepass.prepare.pipeline import INVALID, PrepareConfig, PrepareStats, finalize, prepare_conversation
 from onepass.render.tokenizer import load_tokenizer
 from onepass.layout.tree import Layout
@@ -164,7 +164,7 @@ _Done = tuple[list[Layout], dict[str, int], list[tuple[str, str, int]], list[Any
 
 def _work(chunk: list[Conversation], sampled: bool = False) -> list[_Done]:
     """Worker: each conversation's trees, counts, skips and (``sampled``: the first conversations, whose
-    views the exactness guard may check) its :func:`onepass.guard.sample.usable_views`."""
+    views the exactness guard may check) its :func:`onepass.prepare.guard_sample.usable_views`."""
     out = []
     for conv in chunk:
         st = _PairedStats()

@@ -271,7 +271,7 @@ def prepare(conversations: Iterable[Conversation], tokenizer: Any, config: Prepa
 def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConfig, stats: PrepareStats, *,
                          strict: bool = False, on_rendered: Callable[[Rendered], None] | None = None) -> list[Layout]:
     """The trees (unpacked) of one conversation; its counts and skips go into ``stats``. ``on_rendered``
-    sees its rendering (the exactness guard's sample: :class:`onepass.guard.sample.ViewSample`), so a run
+    sees its rendering (the exactness guard's sample: :class:`onepass.prepare.guard_sample.ViewSample`), so a run
     renders each conversation once."""
     stats.conversations += 1
     rendered = render_conversation(conv, tokenizer, config.render, max_tokens=config.max_tokens, keep_texts=True)

@@ -41,7 +41,7 @@ from onepass.data.sources import ROWS, DataSource, load_conversations
 from onepass.prepare.parallel import iter_units
 from onepass.errors import DataError
 from onepass.layout.flops import token_ratio
-from onepass.guard.sample import ViewSample
+from onepass.prepare.guard_sample import ViewSample
 from onepass.layout.pack import pack_layouts
 from onepass.prepare.config import DataConfig
 from onepass.prepare.pipeline import PrepareStats, load_rows

@@ -39,7 +39,7 @@ from onepass.conversation.parse import Conversation
 from onepass.data.sources import RawRecord, parse_records
 from onepass.prepare.config import DataConfig
 from onepass.errors import DataError
-from onepass.guard.sample import GUARD_CONVERSATIONS, ViewSample
+from onepass.prepare.guard_sample import GUARD_CONVERSATIONS, ViewSample
 from onepass.loss import layouts_to_batch
 from onepass.layout.pack import pack_layouts
 from onepass.prepare.pipeline import PrepareStats, count_rows, count_shared, load_rows
@@ -58,7 +58,7 @@ log = logging.getLogger("onepass")
 @dataclass(frozen=True, kw_only=True)
 class GuardInputs:
     """What the exactness guard (:mod:`onepass.guard`) checks a dataset's model on: ``views``, two of
-    the dataset's first conversations as its rows were rendered (:class:`onepass.guard.sample.ViewSample`:
+    the dataset's first conversations as its rows were rendered (:class:`onepass.prepare.guard_sample.ViewSample`:
     nothing rendered twice); the conversations, ``tokenizer`` and ``render`` settings they came from
     (what a check of other conversations renders with); under an ``n-pass`` schedule there is nothing
     to check (each row is one plain sequence)."""

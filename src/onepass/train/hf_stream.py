@@ -25,7 +25,7 @@ import torch
 
 from onepass.conversation.records import without_nulls
 from onepass.data.sources import RawRecord, parse_records
-from onepass.guard.sample import GUARD_CONVERSATIONS
+from onepass.prepare.guard_sample import GUARD_CONVERSATIONS
 from onepass.layout.row_check import check_rows
 from onepass.layout.tree import COLUMNS, Layout, row_from_columns
 from onepass.train.hf_config import OnePassConfig
@@ -122,7 +122,7 @@ def row_features(*, labels: bool = False, seq_lengths: bool = False) -> Any:
 def stream_guard(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str,
                  formatting_func: Callable[[dict], Any] | None = None) -> GuardInputs | None:
     """What the exactness guard checks a stream's model on: the conversations among its first
-    :data:`~onepass.guard.sample.GUARD_CONVERSATIONS` records (None where there are none, as for rows given as
+    :data:`~onepass.prepare.guard_sample.GUARD_CONVERSATIONS` records (None where there are none, as for rows given as
     they are: the guard then checks on the bundled MathChat pair, since a stream is not read ahead)."""
     first = enumerate(without_nulls(r) for r in itertools.islice(ds, GUARD_CONVERSATIONS))
     records = conversation_records(first, args, source=source, formatting_func=formatting_func)

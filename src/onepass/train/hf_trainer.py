@@ -62,7 +62,7 @@ from onepass.model.couplings import checkpointing_on
 from onepass.errors import UsageError
 from onepass.layout.geometry import branches
 from onepass.guard.check import check_exact_once, enforce
-from onepass.guard.sample import views_for_check
+from onepass.prepare.guard_sample import views_for_check
 from onepass.head import add_logit_stats, weighted_ce
 from onepass.loss import ForwardView, batch_dft_loss, batch_loss, dft_sum, row_losses
 from onepass.mixers.tree import tree_kwargs

@@ -28,7 +28,7 @@ from onepass.attention.backends import check_backend, default_backend
 from onepass.attention.cpu import register
 from onepass.model.dtypes import torch_dtype
 from onepass.guard.check import check_exact_once, enforce
-from onepass.guard.sample import views_for_check
+from onepass.prepare.guard_sample import views_for_check
 from onepass.model.load import ModelSpec, load_causal_lm, load_model_config
 from onepass.mixers.tree import install as install_mixers
 from onepass.model.tiny import tiny_config
