@@ -16,7 +16,7 @@ import transformers as tf
 
 from onepass.guard import check as guard
 from onepass.cli import main
-from onepass.guard.divergence import first_differing
+from onepass.verify.divergence import first_differing
 from onepass.guard import (
     TOLERANCE,
     builtin_conversations,

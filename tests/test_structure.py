@@ -148,7 +148,7 @@ def test_the_layout_imports_no_rendering_module():
 # reads the tree again its own way (the names the old copies had included); the modules that need the
 # tree import it from there.
 TREE_READERS = {"onepass.mixers.tree", "onepass.attention.window", "onepass.attention.segments",
-                "onepass.attention.gather", "onepass.guard.divergence", "onepass.layout.row_check"}
+                "onepass.attention.gather", "onepass.verify.divergence", "onepass.layout.row_check"}
 GEOMETRY_NAMES = {"parents", "parents_reference", "depths", "tree_depth", "ancestor_at", "leaf_paths", "_leaf_paths",
                   "row_chains", "batch_chains", "chains_reference", "segment_starts", "segments", "tree_breaks",
                   "is_tree", "check_tree", "_range_min"}

@@ -1,4 +1,4 @@
-"""One rule for "exact" (:func:`onepass.guard.divergence.judge`) in the guard, ``onepass verify`` and
+"""One rule for "exact" (:func:`onepass.verify.divergence.judge`) in the guard, ``onepass verify`` and
 ``onepass verify --rollouts``: outputs within the tolerance, a gradient past it only by rounding.
 
 Why: a gated-delta-net decay's gradient (``A_log``, ``dt_bias``) sums thousands of terms of both signs,
@@ -19,7 +19,7 @@ import pytest
 import onepass.rl.verify as rl_verify
 import onepass.verify.check as verify
 from onepass.cli import main
-from onepass.guard.divergence import ROUNDING, TOLERANCE, LayerDiff, judge
+from onepass.verify.divergence import ROUNDING, TOLERANCE, LayerDiff, judge
 from onepass.rl.rollouts import to_record, trajectories_from_records
 from onepass.rl.synthetic import template_rollouts
 from onepass.rl.verify import compact_rollouts

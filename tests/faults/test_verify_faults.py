@@ -4,8 +4,8 @@ Before: every record skipped, or ``--limit 0``, said EQUAL (exit 0) having check
 said EQUAL when the gradients were not finite (the relative difference skipped NaN) and DIFFERENT (exit 1) on
 an exact one-token case where a gradient is zero up to rounding; a 10-record file said "8 conversations" and
 nothing of the limit; a turn the template raises for (gpt-oss on agent data) stopped ``verify`` with exit 2,
-where ``prepare`` skips it and trains the rest. The one rule is :func:`onepass.guard.divergence.judge` (with its
-gradient measure :func:`~onepass.guard.divergence.max_rel_grad_diff`), so the guard says the same.
+where ``prepare`` skips it and trains the rest. The one rule is :func:`onepass.verify.divergence.judge` (with its
+gradient measure :func:`~onepass.verify.divergence.max_rel_grad_diff`), so the guard says the same.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def test_rollouts_without_a_completion_token_are_an_error(tmp_path, capsys):
 
 
 def test_the_gradient_measure_never_skips_nan():
-    from onepass.guard.divergence import judge, max_rel_grad_diff
+    from onepass.verify.divergence import judge, max_rel_grad_diff
 
     ref = {"a": torch.ones(3), "b": torch.ones(3)}
     for bad in (math.nan, math.inf):
@@ -154,7 +154,7 @@ def test_the_gradient_measure_never_skips_nan():
 
 
 def test_gradients_that_are_all_zero_compare_as_equal_not_nan():
-    from onepass.guard.divergence import max_rel_grad_diff
+    from onepass.verify.divergence import max_rel_grad_diff
 
     zero = {"a": torch.zeros(3)}
     assert max_rel_grad_diff(zero, {"a": torch.zeros(3)}) == (0.0, "")

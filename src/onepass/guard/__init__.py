@@ -10,7 +10,7 @@
 
 from onepass.lazy import package_getattr
 
-# loaded on first use: onepass.verify.check imports onepass.guard.divergence, and onepass.guard.check imports
+# loaded on first use: onepass.verify.check imports onepass.verify.divergence, and onepass.guard.check imports
 # onepass.verify.check
 __all__ = ["TOLERANCE", "GuardResult", "InexactModelError", "builtin_conversations", "check_exact",
            "check_exact_once", "enforce", "sample_views", "views_for_check"]

@@ -35,8 +35,8 @@ import torch
 from onepass.attention.backends import cpu_backend
 from onepass.attention.cpu import register
 from onepass.model.private_names import find_private, private
-from onepass.guard import divergence
-from onepass.guard.divergence import LayerDiff, judge, layer_of_parameter, locate, named_layer
+from onepass.verify import divergence
+from onepass.verify.divergence import LayerDiff, judge, layer_of_parameter, locate, named_layer
 from onepass.errors import ConfigError, debug
 from onepass.layout.view import View
 from onepass.model.layers import layer_types as twin_layer_types

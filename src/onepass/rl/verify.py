@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from onepass.guard.divergence import Verdict, judge, locate, max_rel_grad_diff, nan_max, trains_nothing
+from onepass.verify.divergence import Verdict, judge, locate, max_rel_grad_diff, nan_max, trains_nothing
 from onepass.rl.layout import layout_rollouts, turn_view
 from onepass.rl.logprobs import token_logprobs, token_logprobs_reference
 from onepass.rl.losses import PolicyLossConfig, policy_loss, policy_loss_reference
@@ -50,7 +50,7 @@ class RLVerifyReport:
     tolerance: float
     dtype: str
     worst_parameter: str = ""
-    verdict: Verdict | None = None  # how ``equal`` was judged (onepass.guard.divergence.judge), and where they part
+    verdict: Verdict | None = None  # how ``equal`` was judged (onepass.verify.divergence.judge), and where they part
 
     def to_dict(self) -> dict[str, Any]:
         flat = {k: v for k, v in asdict(self).items() if k != "verdict"}

@@ -32,7 +32,7 @@ from onepass.data.sources import load_conversations, print_skipped
 from onepass.prepare.config import DataConfig, data_config_from_args
 from onepass.model.dtypes import default_tolerance, torch_dtype
 from onepass.errors import DataError, UsageError
-from onepass.guard.divergence import judge, locate, max_rel_grad_diff, trains_nothing
+from onepass.verify.divergence import judge, locate, max_rel_grad_diff, trains_nothing
 from onepass.loss import layout_loss, view_loss_reference
 from onepass.model.load import ModelSpec, load_causal_lm, load_model_config
 from onepass.layout.pack import pack_layouts
