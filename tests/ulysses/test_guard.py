@@ -6,7 +6,7 @@ import pytest
 
 import onepass.mixers.tree as tree
 from onepass.model.tiny import tiny_config
-from onepass.ulysses.guard import check_row, check_sequence_parallel
+from onepass.guard.sequence_parallel import check_row, check_sequence_parallel
 from onepass.ulysses.model import check_degree
 from onepass.ulysses.plan import SequenceParallelError
 from onepass.layout.geometry import branches, row_chains

@@ -23,7 +23,7 @@ from onepass.render import render_views
 from onepass.layout.schedule import parse_schedule, schedule_views
 from onepass.model.tiny import tiny_model
 from onepass.ulysses.comm import ThreadGroup, run_ranks
-from onepass.ulysses.guard import loss_and_grads, rel, split_loss_and_grads
+from onepass.guard.sequence_parallel import loss_and_grads, rel, split_loss_and_grads
 from onepass.ulysses.model import install, is_installed, layer_shapes, uninstall
 from onepass.ulysses.plan import SequenceParallelError, forward_volume, head_split, padded_length, shard_range
 from onepass.verify.check import compact_vocab

@@ -188,9 +188,9 @@ COUPLINGS: tuple[Coupling, ...] = (
                        "hand the model call's **kwargs to their attention and recurrent mixers; gpt-oss's eager "
                        "reads module.sinks",
              detected_by="a tiny float64 twin split over simulated ranks against one process before training "
-                         "(onepass.ulysses.guard), whatever the architecture",
+                         "(onepass.guard.sequence_parallel), whatever the architecture",
              fails_as="SequenceParallelError at the start of training naming the first module whose output differs",
-             where="onepass.ulysses.attention, onepass.ulysses.guard, onepass.mixers.tree",
+             where="onepass.ulysses.attention, onepass.guard.sequence_parallel, onepass.mixers.tree",
              checked="transformers 5.24"),
     Coupling(name="accelerate parallelism_config for sequence parallelism",
              relies_on="accelerate launch exports ACCELERATE_USE_PARALLELISM_CONFIG and PARALLELISM_CONFIG_*_SIZE; "

@@ -35,7 +35,7 @@ from onepass.model.tiny import tiny_config
 from onepass.render.tokenizer import load_tokenizer
 from onepass.train.config import QLORA_ON_CPU, TrainConfig, TrainConfigError
 from onepass.train.data import TrainData
-from onepass.ulysses.guard import check_sequence_parallel as check_twin
+from onepass.guard.sequence_parallel import check_sequence_parallel as check_twin
 from onepass.ulysses.model import check_degree, install as install_sequence_parallel
 
 _LOG = logging.getLogger("onepass")
@@ -155,7 +155,7 @@ def model_config_of(config: TrainConfig) -> Any:
 def check_sequence_parallel(config: TrainConfig, *, attention: str, log: Any = _LOG.info) -> dict[str, Any]:
     """Before any training with ``sp_size`` > 1: the model's heads split over that many ranks
     (:func:`onepass.ulysses.model.check_degree`), and its tiny float64 twin split over simulated ranks takes
-    one process's loss and gradients (:func:`onepass.ulysses.guard.check_sequence_parallel`); one
+    one process's loss and gradients (:func:`onepass.guard.sequence_parallel.check_sequence_parallel`); one
     :class:`~onepass.ulysses.plan.SequenceParallelError` line otherwise. Returns what metrics.json records."""
     model_config = model_config_of(config)
     split = check_degree(model_config, config.sp_size)

@@ -13,7 +13,7 @@ Two groups implement it:
   device mesh; gloo on CPU, nccl on CUDA);
 - :class:`ThreadGroup`: S ranks simulated by S threads of one process, exchanging tensors through
   a barrier: the slow reference the layout is tested against in one process, and what the
-  sequence-parallel guard (:mod:`onepass.ulysses.guard`) runs a tiny twin on.
+  sequence-parallel guard (:mod:`onepass.guard.sequence_parallel`) runs a tiny twin on.
 
 :class:`SequenceShard` is what a forward pass carries to every attention layer and recurrent mixer:
 the group, this rank, and the three exchanges the model needs.
