@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-import onepass.mixers.float64 as f64
+import onepass.model.float64 as f64
 import onepass.mixers.tree as tree
 from onepass.model.couplings import COUPLINGS, CouplingError, mixer_classes, recurrent_mixer, upcast_kept_parameters
 from onepass.model.private_names import PRIVATE_NAMES, find_private, installed, missing_private_names, private

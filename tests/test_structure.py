@@ -310,7 +310,7 @@ def test_one_lazy_mechanism_for_names_of_ours():
     # third-party modules imported by name, not ours: mixers.float64 copies a transformers function with its own
     # module's globals (introspection); bench.gpu_check imports what a GPU machine must have, to report each failure;
     # private_names finds another library's private names by their dotted path before they are used
-    assert importing == {"onepass.lazy", "onepass.mixers.float64", "onepass.bench.gpu_check",
+    assert importing == {"onepass.lazy", "onepass.model.float64", "onepass.bench.gpu_check",
                          "onepass.model.private_names"}, importing
     handwritten = {name for name, p in MODULES.items() if name != "onepass.lazy" and any(  # a module's, not a class's
         isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in ast.parse(p.read_text()).body)}

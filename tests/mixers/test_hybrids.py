@@ -4,7 +4,7 @@ Qwen3.5 and Qwen3-Next (Gated DeltaNet), Nemotron-H, Granite-4-hybrid and Falcon
 convolution): loss and every gradient under one-pass, k-pass:2 and packed rows with padding, against
 the plain per-view forward. Float64 means float64 all the way (:func:`onepass.model.precision.float64_norms`
 also makes the recurrent kernels' float32 casts float64, and Nemotron-H's ``lm_head(h).float()``,
-:mod:`onepass.mixers.float64`). ``onepass verify --model DIR`` says EQUAL for the saved models.
+:mod:`onepass.model.float64`). ``onepass verify --model DIR`` says EQUAL for the saved models.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 import onepass.mixers.tree as tree
 from onepass.cli import main
 from onepass.data.mathchat import load_sample
-from onepass.mixers.float64 import float64_kernels
+from onepass.model.float64 import float64_kernels
 from onepass.model.couplings import recurrent_mixer
 from onepass.model.precision import float64_norms
 from onepass.render import render_views
@@ -93,7 +93,7 @@ def test_float64_kernels_agree_with_the_originals_in_float32():
 def test_float64_head_of_nemotron_h_keeps_float64_logits():
     """Nemotron-H's ``lm_head(h).float()`` rounds float64 logits to float32; the float64 copy of its
     forward does not, and agrees with the original to float32 precision."""
-    from onepass.mixers.float64 import float64_mixers
+    from onepass.model.float64 import float64_mixers
 
     model = tiny_model("nemotron-h", 50, dtype=torch.float64)
     ids = torch.arange(10)[None]
@@ -129,7 +129,7 @@ CHAT = {"messages": [{"role": "user", "content": "2+2?"},
                                   "deepseek-v3", "glm4-moe"])  # the MoEs: routers kept float32 since 5.24
 def test_verify_says_equal_for_a_saved_hybrid(arch, tmp_path, qwen3_tokenizer, one_thread, capsys, monkeypatch):
     """As a user runs it: a saved model with the real vocabulary, ``onepass verify --model DIR`` in float64
-    (Nemotron-H's head rounds float64 logits to float32 unless :mod:`onepass.mixers.float64` fixes it)."""
+    (Nemotron-H's head rounds float64 logits to float32 unless :mod:`onepass.model.float64` fixes it)."""
     monkeypatch.setenv("ONEPASS_DEBUG", "1")  # an older release's refusal raises (conftest.promised_refusal)
     tiny_model(arch, len(qwen3_tokenizer), tie_word_embeddings=True).save_pretrained(str(tmp_path / arch))
     data = tmp_path / "chats.jsonl"

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from onepass.model.couplings import upcast_kept_parameters
-from onepass.mixers.float64 import float64_mixers
+from onepass.model.float64 import float64_mixers
 
 
 def _exact_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
