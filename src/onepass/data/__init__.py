@@ -1,8 +1,8 @@
-"""Datasets: the bundled sample, synthetic data, the paper's pipeline (``onepass data ...``).
+"""Datasets: every ``--data`` spec resolved, the bundled sample, synthetic data, the paper's pipeline
+(``onepass data ...``).
 
-A ``--data`` spec is read by :mod:`onepass.data.sources`; prepare's workers are
-:mod:`onepass.prepare.parallel`.
-
+``sources``    a ``--data`` spec resolved once to a :class:`~onepass.data.sources.DataSource` (file, folder,
+               saved dataset, ``builtin:``, ``synthetic:``, hub id); records streamed, skips reported
 ``mathchat``   MathChat (Liang et al. 2024, Apache-2.0) -> records, and the bundled 300-conversation
                sample (:func:`load_sample`); see ``README.md`` here for attribution
 ``synthetic``  seeded MathChat-shaped conversations with exact token lengths (benchmarks)
@@ -10,6 +10,8 @@ A ``--data`` spec is read by :mod:`onepass.data.sources`; prepare's workers are
 ``augment``    reasoning for every assistant turn by LLM (``onepass data augment``)
 ``stats``      depths, segment lengths, ideal speedup    (``onepass data stats``)
 ``cli``        the ``onepass data`` subcommands
+
+Prepare's workers are :mod:`onepass.prepare.parallel`.
 
 Heavy modules (``augment``, ``stats``) are imported only when used.
 """

@@ -10,7 +10,8 @@
 ``row_check``  every row checked before the first step (ids, weights, ``kv_end`` a tree)
 ``vocab``      compact token ids for tiny models
 ``flops``      model shapes, token counts, visible pairs, FLOPs
-``show``       ``onepass show``: one conversation's mask as a PNG
 
-Previous stage: :mod:`onepass.render`; next: :mod:`onepass.prepare` (rows on disk) or training.
+Previous stage: :mod:`onepass.render` (it builds views); next: :mod:`onepass.prepare` (rows on disk) or
+training. By imports the layout sits below both: it is the format every stage hands on (a view, a tree,
+a row) and imports nothing above :mod:`onepass.errors` (docs/design.md, "Layers").
 """

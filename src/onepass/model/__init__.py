@@ -8,4 +8,5 @@
 ``couplings``      every reliance on transformers/peft/accelerate/torch/trl internals, with how it fails
 ``private_names``  every private name of another library onepass uses: found before use, or one line
 ``precision``      float64 norms (and routers) for verification
+``float64``        the recurrent kernels' float32 casts made float64 (verification)
 """

@@ -5,7 +5,9 @@
                   SequenceShard a forward pass carries
     attention.py  each attention backend wrapped: all-to-all to heads, the backend on the whole row, back
     model.py      a model made sequence-parallel: the static checks (heads), the wrapped backend
-    guard.py      is sequence parallelism exact for this model? a tiny float64 twin on simulated ranks
+
+Is it exact for a model? The guard's check on a tiny float64 twin on simulated ranks:
+:mod:`onepass.guard.sequence_parallel`.
 
 Each rank holds a contiguous shard of every row for all layers but attention; attention runs the
 model's own backend on every position for a subset of heads, so the ``kv_end`` rule, windows, sinks
