@@ -1,4 +1,4 @@
-"""Shared fixtures and markers. The suite runs offline on CPU; CUDA tests skip cleanly."""
+"""Shared fixtures and markers. The suite runs offline on CPU, one thread per process; CUDA tests skip cleanly."""
 
 from __future__ import annotations
 
@@ -8,9 +8,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One thread per process, here and in every process a test starts (they inherit the environment): the models are
+# tiny, and with pytest -n 2 on 2 cores two threads per worker only spin waiting on each other (a tiny float64
+# verify took 7 s of CPU on two threads of a busy machine, 0.3 s on one). Set them to try more.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
