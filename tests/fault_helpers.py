@@ -16,7 +16,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DAT
 
 
 def onepass(*argv: str, env: dict | None = None, module: str = "onepass", **kw) -> subprocess.Popen:
-    """``python -m onepass ARGV`` (or a lighter entry point: ``module="onepass.data.cli"``), output piped."""
+    """``python -m onepass ARGV`` (or a lighter entry point: ``module="onepass.prepare.data_cli"``), output piped."""
     return subprocess.Popen([sys.executable, "-m", module, *argv], env={**ENV, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 

@@ -6,7 +6,7 @@ Subcommands, each with its parser beside its code (``onepass COMMAND --help``)::
     onepass verify ...       one-pass vs N-pass loss and gradients     (onepass.verify.cli; --rollouts: onepass.rl.cli)
     onepass show ...         one conversation's mask as a PNG          (onepass.prepare.show)
     onepass train ...        fine-tune (YAML config + flags)           (onepass.train.cli)
-    onepass data ...         convert-mathchat, sample, augment, stats  (onepass.data.cli)
+    onepass data ...         convert-mathchat, sample, augment, stats  (onepass.prepare.data_cli)
     onepass bench ...        every schedule timed side by side         (onepass.bench.cli)
     onepass export ...       a LoRA adapter merged into its base       (onepass.export.cli)
     onepass eval ...         accuracy per turn, generated turn by turn (onepass.evaluate.cli)
@@ -37,7 +37,7 @@ from importlib.metadata import version as installed_version
 
 import onepass
 from onepass.bench import cli as bench_cli
-from onepass.data import cli as data_cli
+from onepass.prepare import data_cli
 from onepass.errors import run_main
 from onepass.evaluate import cli as eval_cli
 from onepass.export import cli as export_cli

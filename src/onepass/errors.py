@@ -7,7 +7,7 @@ from torch or numpy deep inside a run is ours to fix and keeps its traceback.
 So everything a user can cause (a missing file, a bad record, a bad flag or
 config value, a model or backend that cannot work here) raises a subclass of
 :class:`OnePassError`, and :func:`run_main`, which every ``main()`` uses
-(``onepass``, ``python -m onepass.train.cli``, ``python -m onepass.data.cli``,
+(``onepass``, ``python -m onepass.train.cli``, ``python -m onepass.prepare.data_cli``,
 the demo), turns only those into one line.
 
     OnePassError

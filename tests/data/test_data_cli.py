@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from onepass.data.cli import main
+from onepass.prepare.data_cli import main
 from onepass.data.sources import load_conversations
 
 

@@ -22,7 +22,7 @@ from onepass.data.augment import Cache, augment, plan_turns, write_failure_repor
 from onepass.data.chat_client import ChatClient, ClientConfig
 
 KEY = "sk-live-0123456789abcdef"
-DATA_CLI = "onepass.data.cli"  # `onepass data` without importing every other command: a faster start
+DATA_CLI = "onepass.prepare.data_cli"  # `onepass data` without importing every other command: a faster start
 
 
 @pytest.fixture

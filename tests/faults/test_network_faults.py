@@ -40,7 +40,7 @@ def test_augment_follows_no_redirect_to_another_origin(tmp_path, servers):
     out = tmp_path / "out.jsonl"
     proc = onepass("augment", "--data", str(data), "--out", str(out), "--base-url", redirect.url, "--model", "m",
                    "--timeout", "5", "--retries", "1", "--backoff", "0.01", "--api-key-env", "ONEPASS_TEST_KEY",
-                   "--no-progress", env={"ONEPASS_TEST_KEY": KEY}, module="onepass.data.cli")
+                   "--no-progress", env={"ONEPASS_TEST_KEY": KEY}, module="onepass.prepare.data_cli")
     text, _ = proc.communicate(timeout=60)
     assert elsewhere.seen == [], f"the request went on to another origin: {elsewhere.seen}"
     assert proc.returncode == 2, text

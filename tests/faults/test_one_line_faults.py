@@ -76,7 +76,7 @@ def test_convert_mathchat_with_every_line_skipped_fails(tmp_path):
     bad = tmp_path / "mathchat.jsonl"
     bad.write_text('{"not": "mathchat"}\nnot json\n')
     out = tmp_path / "out.jsonl"
-    proc = onepass("convert-mathchat", "--input", str(bad), "--out", str(out), module="onepass.data.cli")
+    proc = onepass("convert-mathchat", "--input", str(bad), "--out", str(out), module="onepass.prepare.data_cli")
     text, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "Traceback" not in text, text
     assert "every line was skipped" in text and not out.exists()

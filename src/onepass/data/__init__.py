@@ -1,5 +1,6 @@
 """Datasets: every ``--data`` spec resolved, the bundled sample, synthetic data, the paper's pipeline
-(``onepass data ...``).
+(``onepass data ...``,
+whose parsers are :mod:`onepass.prepare.data_cli`: a command sits above what it calls).
 
 ``sources``    a ``--data`` spec resolved once to a :class:`~onepass.data.sources.DataSource` (file, folder,
                saved dataset, ``builtin:``, ``synthetic:``, hub id); records streamed, skips reported
@@ -9,7 +10,6 @@
 ``sample``     the paper's depth-balanced sampling       (``onepass data sample``)
 ``augment``    reasoning for every assistant turn by LLM (``onepass data augment``)
 ``stats``      depths, segment lengths, ideal speedup    (``onepass data stats``)
-``cli``        the ``onepass data`` subcommands
 
 Prepare's workers are :mod:`onepass.prepare.parallel`.
 

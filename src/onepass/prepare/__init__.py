@@ -10,4 +10,5 @@
 ``guard_sample``  the exactness guard's conversations, taken as the run prepares them
 ``show``      ``onepass show``: one conversation's mask as a PNG (a command above what it calls)
 ``template_report``  ``onepass templates check``: which views split, which are skipped and why
+``data_cli``  ``onepass data ...``: the dataset commands (``data stats`` reads prepare's render flags)
 """

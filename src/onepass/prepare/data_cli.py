@@ -4,7 +4,8 @@ Why this module exists: the dataset pipeline (convert, sample, augment,
 stats, synthetic) has many options; keeping them here keeps ``onepass.cli``
 short. ``onepass.cli`` imports this module: :func:`add_parser` adds ``data``
 with its subcommands and :func:`run` as its handler; ``python -m
-onepass.data.cli`` runs the same commands alone (:func:`main`).
+onepass.prepare.data_cli`` runs the same commands alone (:func:`main`). It sits in ``prepare/``, above the
+datasets it runs, because ``data stats`` reads prepare's render flags (:mod:`onepass.prepare.config`).
 
     onepass data convert-mathchat --input follow_up.jsonl error_correction.jsonl --out mathchat.jsonl
     onepass data sample   --data chats.jsonl --out sampled.jsonl [--budget 8000 --minimum 200 --cap 6=30000]
@@ -266,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m onepass.data.cli SUBCOMMAND ...``: the ``onepass data`` commands alone."""
+    """``python -m onepass.prepare.data_cli SUBCOMMAND ...``: the ``onepass data`` commands alone."""
     parser = argparse.ArgumentParser(prog="onepass data", description=__doc__.split("\n\n")[0])
     add_parsers(parser)
     return run_main(run, parser.parse_args(argv))
