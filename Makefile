@@ -50,7 +50,7 @@ NO_CAP = PIP_CONSTRAINT=$(CURDIR)/$(1)/no-constraints.txt $(1)/bin/python -m pip
 # then source folders where given (TRANSFORMERS_SRC=path PEFT_SRC= ACCELERATE_SRC= TRL_SRC=: a checkout, a
 # wheel or any pip requirement). Prints the private names the installed releases lack, then runs SUITES
 # (default: the whole suite). CI does not run it. Example:
-#   TRANSFORMERS_SRC=~/src/transformers make test-latest SUITES="tests/test_couplings.py tests/mixers"
+#   TRANSFORMERS_SRC=~/src/transformers make test-latest SUITES="tests/model/test_couplings.py tests/mixers"
 TORCH_LATEST ?= torch
 LATEST_PRE ?= transformers peft accelerate trl
 SUITES ?=
@@ -80,7 +80,7 @@ lock:
 # The oldest releases pyproject.toml allows (constraints-min.txt; torch: TORCH_MIN, the floor), on the
 # suites that touch them.
 TORCH_MIN ?= torch==2.11.0
-MIN_SUITES ?= tests/test_architectures.py tests/mixers tests/test_couplings.py tests/test_guard.py \
+MIN_SUITES ?= tests/test_architectures.py tests/mixers tests/model/test_couplings.py tests/guard/test_guard.py \
 	tests/test_head.py tests/train tests/test_real_templates.py tests/data tests/bench/test_bench_trl.py
 test-min:
 	rm -rf .venv-min && $(PYTHON) -m venv .venv-min && : > .venv-min/no-constraints.txt
@@ -97,7 +97,7 @@ test-min:
 # or absent from that release, per release. A failure anywhere is FAIL in the table and the target fails.
 RELEASES ?= 5.2.0 5.6.2 5.8.0 5.10.4 5.15.0
 COMPAT_TORCH ?= torch==2.13.0
-COMPAT_SUITES ?= tests/test_equivalence.py tests/test_architectures.py tests/mixers tests/test_couplings.py \
+COMPAT_SUITES ?= tests/test_equivalence.py tests/test_architectures.py tests/mixers tests/model/test_couplings.py \
 	tests/rl/test_exactness.py
 test-compat: setup
 	@mkdir -p .venv-compat/results && : > .venv-compat/no-constraints.txt

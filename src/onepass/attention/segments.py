@@ -95,7 +95,7 @@ class SegmentPlan:
         """Visible (query, key) pairs of the mask (what the tiles compute, up to bucket padding).
 
         Counted from the segments; equals :func:`onepass.layout.flops.visible_pairs` of ``kv_end``
-        (``tests/test_flops.py``).
+        (``tests/layout/test_flops.py``).
         """
         n_S = self.seg_stop_S - self.seg_start_S
         return int((n_S * (n_S + 1) // 2).sum() + (n_S * np.diff(self.anc_ptr_S1)).sum())

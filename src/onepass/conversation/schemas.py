@@ -20,7 +20,7 @@ misspelled ``reasoning_contnet``), so dropping it would train another text than 
 Add a record schema: a reader here from the shape to OpenAI message dicts, each conversion it makes a
 named constant added to :data:`CONVERSIONS` and recorded with ``where.converted`` (it is counted in
 ``stats.json``); its branch in :func:`onepass.conversation.parse.parse_record`, on the key that identifies
-it; a hand-written record and the messages expected of it in ``tests/test_record_schemas.py``; a line in
+it; a hand-written record and the messages expected of it in ``tests/conversation/test_record_schemas.py``; a line in
 docs/data.md ("Record schemas"). A near miss that is not a conversation is a row of ``_SCHEMAS``
 instead: the error names it and the nearest supported schema.
 

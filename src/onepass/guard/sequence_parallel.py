@@ -39,7 +39,7 @@ TOLERANCE = 1e-9  # relative, float64 (exact is ~1e-15)
 
 def check_row(vocab_size: int) -> Layout:
     """A branching tree row of 44 tokens: a history, two turns branching off it, a third branching off the
-    second, so chains and segments cross the shard boundaries of 2 and 4 ranks (tests/ulysses/test_guard.py).
+    second, so chains and segments cross the shard boundaries of 2 and 4 ranks (tests/guard/test_sequence_parallel.py).
     Fixed distinct token ids, so the tree is this one whatever the vocabulary."""
     history, a, b = np.arange(1, 18), np.arange(18, 27), np.arange(27, 38)
     views = [View(tokens=np.concatenate([history, a]), num_prompt=12, turn=0),

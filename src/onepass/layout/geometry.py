@@ -4,7 +4,7 @@ Why this module exists: the row format stores the tree as one column, ``kv_end``
 last node of each node's subtree, depth-first pre-order; docs/design.md), and attention, the
 recurrent mixers, the exactness guard and the row checks all need the tree back from it. Each
 used to re-derive it its own way; this is the one definition, with a slow reference beside each
-fast function (``tests/test_geometry.py`` compares them on random trees). Numpy only.
+fast function (``tests/layout/test_geometry.py`` compares them on random trees). Numpy only.
 
 A valid ``kv_end`` of length L holds ``p < kv_end[p] <= L`` and subtrees nest: a node's subtree
 lies inside the subtree of every node that holds it. Packed documents and padding (a pad is

@@ -13,7 +13,7 @@ what changed and the installed version (:class:`CouplingError`). The guard
 with N-pass on a tiny twin whatever this module concluded.
 
 :data:`COUPLINGS` lists each coupling, what it relies on and where it lives;
-``tests/test_couplings.py`` checks each against the installed releases (and
+``tests/model/test_couplings.py`` checks each against the installed releases (and
 ``make test-latest`` against the newest ones). Every private name of torch,
 transformers, trl and accelerate that onepass reads, calls or overrides is a row of
 :data:`onepass.model.private_names.PRIVATE_NAMES`, found in the installed code before use. Besides
@@ -28,7 +28,7 @@ Add a coupling (a new reliance on a library's internals): one :class:`Coupling` 
 :data:`COUPLINGS` (what it relies on in the library's words, how it is detected in the installed code,
 how it fails, where it lives, the releases checked); the detection reads the installed code rather than
 a table of names, a coupling that no longer holds stops at model load in one :class:`CouplingError`
-line, and ``tests/test_couplings.py`` checks it against the installed releases (``make test-latest``
+line, and ``tests/model/test_couplings.py`` checks it against the installed releases (``make test-latest``
 against the newest).
 
 Example: a recurrent mixer is a module whose forward reads conv or recurrent

@@ -7,7 +7,7 @@ what it serves (its :data:`onepass.model.couplings.COUPLINGS` entry), how it is 
 override must still be called by the class it overrides, else it would silently stop applying), and the
 one :class:`~onepass.model.couplings.CouplingError` line a release without it gives, naming the release, what
 onepass cannot do without it and what to do instead (:func:`private`). Nothing is looked up at import.
-``tests/test_couplings.py`` checks every row against the installed releases, and that each miss is one line;
+``tests/model/test_couplings.py`` checks every row against the installed releases, and that each miss is one line;
 ``make test-latest`` lists the misses of the newest releases (:func:`missing_private_names`).
 
     >>> private("transformers.AutoModelForCausalLM._model_mapping") is not None

@@ -16,7 +16,7 @@ SFTConfig-style fields. The command-line flags of every subcommand are generated
 
 Add a data setting: one field of :class:`DataConfig`, its ``help`` (and ``choices``) in the metadata and
 its check in ``__post_init__``. The flags of ``prepare``, ``train``, ``verify`` and ``show``, the YAML key
-of ``onepass train`` and ``TrainConfig.to_dict`` follow from the field (``tests/test_data_config.py``
+of ``onepass train`` and ``TrainConfig.to_dict`` follow from the field (``tests/prepare/test_data_config.py``
 checks one flag per field); ``OnePassConfig`` keeps SFTConfig's flat fields, so add it there too
 (a field and a key of ``OnePassConfig._data_values``).
 

@@ -374,7 +374,7 @@ def count_rows(stats: PrepareStats, config: PrepareConfig, *, num_trees: int, nu
 
 def write_dataset(rows: list[Layout], stats: PrepareStats, out_dir: str | Path) -> Path:
     """Write the Arrow dataset and ``stats.json`` atomically (temp dir, then rename), from rows in
-    memory: the slow reference of :func:`write_prepared` (``tests/test_prepare_stream.py``)."""
+    memory: the slow reference of :func:`write_prepared` (``tests/prepare/test_prepare_stream.py``)."""
     import datasets
 
     out = Path(out_dir)

@@ -17,7 +17,7 @@ That holds only when the tokenizer really encodes each piece independently of it
 does not: an added token with ``lstrip``/``rstrip``/``single_word`` (it eats or looks at the text
 beside it), special tokens encoded as text, or a pre-tokenizer that treats the first piece
 differently (SentencePiece ``Metaspace`` with ``prepend_scheme="first"``), caught by a probe that
-encodes texts whole and by pieces. :func:`encode_plain` is the reference; tests/test_encode.py
+encodes texts whole and by pieces. :func:`encode_plain` is the reference; tests/render/test_encode.py
 compares the two on every vendored template and on the bundled and synthetic data.
 
 No torch here: this is pure data.

@@ -10,7 +10,7 @@ tries its completion sources in order (:mod:`onepass.render.sources`) and retrie
 test that proves each, is this table, :data:`QUIRKS`.
 
 Each :class:`Quirk` has a ``probe``: a function of a tokenizer that runs onepass's own probes or
-pipeline on a tiny conversation and says whether the template shows the quirk. ``tests/test_quirks.py``
+pipeline on a tiny conversation and says whether the template shows the quirk. ``tests/render/test_quirks.py``
 runs every probe on every vendored template (``tests/fixtures/chat_templates``) and checks it fires
 on exactly the ones listed in ``templates``: a template update that changes a quirk fails loudly,
 and so does a quirk whose proving test (``proved_by``) was renamed away. ``docs/templates.md``
@@ -28,7 +28,7 @@ finds it (a ``probe`` of the template, never a model name), what it does about i
 function), the vendored templates that show it (the file in ``tests/fixtures/chat_templates``, its
 source in ``SOURCES.md``) and ``proved_by``, the test that proves the handling; then regenerate
 ``docs/templates.md`` with ``python -m onepass.render.quirks docs/templates.md``.
-``tests/test_quirks.py`` runs every probe on every vendored template and checks both.
+``tests/render/test_quirks.py`` runs every probe on every vendored template and checks both.
 
 No torch here: this is pure data.
 """
@@ -60,7 +60,7 @@ class Quirk:
     does: str  # what the template does, with a tiny rendered example
     detected_by: str  # how onepass finds it on the template (a probe, never a model name)
     handled_by: str  # what onepass does about it
-    where: str  # the onepass function that holds the handling (module.name, resolved by tests/test_quirks.py)
+    where: str  # the onepass function that holds the handling (module.name, resolved by tests/render/test_quirks.py)
     probe: Probe  # True where the template shows the quirk (run on every vendored template by the test)
     templates: tuple[str, ...]  # vendored templates (tests/fixtures/chat_templates) known to show it
     proved_by: str  # the pytest node id of the test that proves the handling
@@ -211,7 +211,7 @@ QUIRKS: tuple[Quirk, ...] = (
           where="onepass.render.sources.Turn.prompt", probe=_old_reasoning_dropped,
           templates=("glm4moe", "gptoss", "kimi_k2_thinking", "lfm2_2_5", "minimax_m2", "nemotron_3_nano",
                      "nemotron_3_super", "nemotron_3_ultra", "qwen3", "qwen3_5_think", "qwen3_6"),
-          proved_by="tests/test_render.py::test_qwen3_keeps_reasoning_inside_the_tool_chain_and_drops_it_after"),
+          proved_by="tests/render/test_render.py::test_qwen3_keeps_reasoning_inside_the_tool_chain_and_drops_it_after"),
     Quirk(name="empty reasoning against a <think> generation prompt",
           does="the generation prompt opens `<think>\\n`, but a turn with empty reasoning renders "
                "`<think></think>It is 4.`, so the conversation does not start with the prompt",
@@ -221,7 +221,7 @@ QUIRKS: tuple[Quirk, ...] = (
                      "empty (Provenance.derived, counted)",
           where="onepass.render.derived.derive_completion", probe=_empty_think_prompt,
           templates=("minimax_m2", "nemotron_3_nano", "nemotron_3_super", "nemotron_3_ultra"),
-          proved_by="tests/test_generation_format.py::"
+          proved_by="tests/render/test_generation_format.py::"
                     "test_an_empty_reasoning_the_template_renders_apart_is_trained_as_generated"),
     Quirk(name="final answer reasoning dropped",
           does="renders a final answer `<think></think>It is 4.`, its reasoning dropped even as the last turn, "
@@ -231,7 +231,7 @@ QUIRKS: tuple[Quirk, ...] = (
           handled_by="trains `<think>R</think>It is 4.<|im_end|>` (Provenance.derived, counted)",
           where="onepass.render.derived._reasoning_block", probe=_final_answer_reasoning_dropped,
           templates=("kimi_k2_thinking",),
-          proved_by="tests/test_generation_format.py::"
+          proved_by="tests/render/test_generation_format.py::"
                     "test_an_answer_whose_reasoning_the_template_drops_gets_the_block_of_a_tool_call_turn"),
     Quirk(name="history re-rendered once an answer follows",
           does="drops an earlier tool-call turn's analysis once a final answer follows, so `messages[:k+1]` "
@@ -242,7 +242,7 @@ QUIRKS: tuple[Quirk, ...] = (
                      "the template renders it last (Provenance.derived, counted)",
           where="onepass.render.derived.read_completion", probe=_history_changes_after_final_answer,
           templates=("gptoss", "kimi_k2_thinking"),
-          proved_by="tests/test_generation_format.py::"
+          proved_by="tests/render/test_generation_format.py::"
                     "test_a_history_rendered_differently_keeps_the_turn_as_the_template_renders_it"),
     Quirk(name="template raises for an earlier turn whose reasoning it drops",
           does="raises `Cannot pass both content and thinking` for a tool-call turn holding both, in every "
@@ -263,7 +263,7 @@ QUIRKS: tuple[Quirk, ...] = (
                      "without it, as the non-thinking model generates it (Provenance.reasoning_dropped)",
           where="onepass.render.views._own_reasoning", probe=_reasoning_never_rendered,
           templates=("cohere2", "cohere2_tool_use", "deepseekv3_1", "qwen3_instruct_2507"),
-          proved_by="tests/test_render.py::test_reasoning_drop_trains_a_turn_the_template_never_renders_reasoning_for"),
+          proved_by="tests/render/test_render.py::test_reasoning_drop_trains_a_turn_the_template_never_renders_reasoning_for"),
     Quirk(name="R1-style generation prompt",
           does="the generation prompt ends `<｜Assistant｜><think>\\n` and a finished turn is rendered without "
                "any reasoning, so how the model closes `<think>` is never shown",
@@ -273,7 +273,7 @@ QUIRKS: tuple[Quirk, ...] = (
                      "own tool calls and end of turn",
           where="onepass.render.derived._opener_hint", probe=_r1_generation_prompt,
           templates=("deepseek_r1_distill", "deepseekv3", "qwq_32b"),
-          proved_by="tests/test_generation_format.py::"
+          proved_by="tests/render/test_generation_format.py::"
                     "test_no_format_is_derived_where_the_template_never_shows_how_the_turn_is_closed"),
     Quirk(name="<think> not opened after a tool result",
           does="the generation prompt after a user message opens `<think>` (DeepSeek-V3.1: with `thinking=True`), "
@@ -282,7 +282,7 @@ QUIRKS: tuple[Quirk, ...] = (
           handled_by="that turn is a counted skip (UnopenedReasoning), never a target closing a tag never opened",
           where="onepass.render.formats.unopened_close", probe=_unopened_after_tool,
           templates=("deepseekv3", "deepseekv3_1"),
-          proved_by="tests/test_record_schemas.py::"
+          proved_by="tests/conversation/test_record_schemas.py::"
                     "test_deepseek_v31_r1_format_after_a_tool_result_is_a_counted_skip_not_an_unopened_tag"),
     Quirk(name="arguments concatenated as a string",
           does="renders a tool call as `name + '\\n```json\\n' + arguments`: a dict raises `can only "
@@ -291,7 +291,7 @@ QUIRKS: tuple[Quirk, ...] = (
           handled_by="arguments go over as a JSON string (the record's own string when it gave one)",
           where="onepass.render.messages.tool_call_dict", probe=lambda tok: _fields(tok).arguments == "json",
           templates=("deepseekv3", "deepseekv3_1"),
-          proved_by="tests/test_render.py::"
+          proved_by="tests/render/test_render.py::"
                     "test_tool_call_arguments_go_as_a_json_string_to_a_template_that_concatenates_them"),
     Quirk(name="JSON-string arguments rendered verbatim",
           does="renders a string `arguments` as it is (Qwen3's `arguments is string` branch): "
@@ -301,7 +301,7 @@ QUIRKS: tuple[Quirk, ...] = (
                      "in tool_arguments_parsed)",
           where="onepass.render.messages.tool_call_dict", probe=lambda tok: _fields(tok).string_arguments,
           templates=("deepseekv3", "deepseekv3_1", "kimi_k2_thinking", "qwen3", "qwen3_instruct_2507"),
-          proved_by="tests/test_record_schemas.py::"
+          proved_by="tests/conversation/test_record_schemas.py::"
                     "test_a_json_string_argument_is_trained_byte_for_byte_where_the_template_renders_strings[qwen3]"),
     Quirk(name="tool calls rendered by their id",
           does="renders a call as `<|tool_call_begin|>{{ id }}`: an OpenAI id `call_0` hides the tool's name",
@@ -340,7 +340,7 @@ QUIRKS: tuple[Quirk, ...] = (
           where="onepass.render.messages.template_messages", probe=lambda tok: _fields(tok).developer,
           templates=("gptoss", "kimi_k2_thinking", "lfm2_2_5", "nemotron_3_nano", "nemotron_3_super",
                      "nemotron_3_ultra", "seed_oss"),
-          proved_by="tests/test_generation_format.py::"
+          proved_by="tests/render/test_generation_format.py::"
                     "test_a_developer_prompt_goes_over_as_developer_where_the_template_renders_it"),
     Quirk(name="reasoning read from the content",
           does="reads no reasoning field: an assistant's content is rendered as it is, so a record's "
@@ -363,7 +363,7 @@ QUIRKS: tuple[Quirk, ...] = (
                      "read `thinking`, which transformers fills from `reasoning_content`)",
           where="onepass.render.fields.probe_fields",
           probe=lambda tok: _fields(tok).reasoning_key in ("thinking", "reasoning"), templates=(),
-          proved_by="tests/test_render.py::test_reasoning_goes_under_the_key_the_template_reads"),
+          proved_by="tests/render/test_render.py::test_reasoning_goes_under_the_key_the_template_reads"),
     Quirk(name="one tool call per name",
           does="renders only a turn's first tool call: a second call to the same tool is not in the text",
           detected_by="the check tool_calls_rendered counts each tool's name in the completion",
@@ -380,7 +380,7 @@ QUIRKS: tuple[Quirk, ...] = (
           where="onepass.render.formats.completion_fields", probe=_empty_content_changes_what_follows,
           templates=("glm4moe", "nemotron_3_nano", "nemotron_3_super", "qwen3", "qwen3_5_think", "qwen3_6",
                      "qwen3_instruct_2507", "qwq_32b", "seed_oss"),
-          proved_by="tests/test_render.py::test_named_formats_train_tool_calls_as_the_template_renders_them"),
+          proved_by="tests/render/test_render.py::test_named_formats_train_tool_calls_as_the_template_renders_them"),
     Quirk(name="tool calls only for a None content",
           does="renders a turn's tool calls only `if message['content'] is none`; transformers drops None-valued "
                "keys from every message (at inference too), so the calls are never rendered",
@@ -395,7 +395,7 @@ QUIRKS: tuple[Quirk, ...] = (
 
 
 def quirks_markdown(quirks: tuple[Quirk, ...] = QUIRKS) -> str:
-    """The table as the Markdown section of ``docs/templates.md`` (tests/test_quirks.py keeps them equal)."""
+    """The table as the Markdown section of ``docs/templates.md`` (tests/render/test_quirks.py keeps them equal)."""
     lines = []
     for q in quirks:
         lines += [f"### {q.name}", "", f"- **The template:** {q.does}", f"- **Detected by:** {q.detected_by}",

@@ -33,7 +33,7 @@ Unicode normal form: then only a pair of ASCII characters followed by an ASCII c
 normal form changes an ASCII character, joins two, or puts anything between them; the third keeps the
 second from composing with a combining mark after it).
 
-:func:`token_floor` and :func:`token_cuts` are checked against real token counts in tests/test_token_floor.py.
+:func:`token_floor` and :func:`token_cuts` are checked against real token counts in tests/render/test_token_floor.py.
 """
 
 from __future__ import annotations

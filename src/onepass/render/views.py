@@ -248,7 +248,7 @@ def merges_across(tokenizer: Any, pairs: Sequence[tuple[str, str]], window: int 
     """Per ``(prompt, completion)``: does tokenizing them as one text give other tokens than each on its
     own? A BPE merge crosses the boundary only inside the pre-token holding it, so ``window`` characters
     each side decide it, without encoding the whole view a third time (the slow reference, the whole
-    text, is compared with this in tests/test_render.py). Example: an R1 prompt ends ``<think>\\n`` and a
+    text, is compared with this in tests/render/test_render.py). Example: an R1 prompt ends ``<think>\\n`` and a
     completion with empty reasoning starts ``\\n</think>``; joined, ``\\n\\n`` is one Qwen token: True.
     A pair the tokenizer surely cuts at the boundary (an added token on either side:
     :func:`onepass.render.encode.split_between`) is False without encoding anything.

@@ -31,9 +31,9 @@ from onepass.render.template import apply_template, render_or_none, template_lin
 from onepass.prepare.template_report import TOOL_CHAIN_RECORDS, tool_chain_conversations
 from onepass.layout.tree import COLUMNS
 
-TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
+TEMPLATES = Path(__file__).parents[1] / "fixtures" / "chat_templates"
 GPTOSS = (TEMPLATES / "gptoss.jinja").read_text(encoding="utf-8")
-SHARED = Path(__file__).parents[1].parent / "shared" / "fixtures" / "chat_templates" / "reasoning"
+SHARED = Path(__file__).parents[3] / "shared" / "fixtures" / "chat_templates" / "reasoning"
 Q = [{"role": "user", "content": "q"}]
 
 

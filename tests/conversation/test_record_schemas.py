@@ -24,7 +24,7 @@ from onepass.conversation.schemas import (
 )
 from onepass.render import RenderConfig, render_conversation
 
-FIXTURES = Path(__file__).parent / "fixtures" / "chat_templates"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "chat_templates"
 
 
 def U(content):

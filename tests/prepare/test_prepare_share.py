@@ -26,7 +26,7 @@ from onepass.prepare.parallel import iter_prepared
 from onepass.prepare.pipeline import PrepareConfig, PrepareStats, load_rows, prepare, write_dataset, write_prepared
 from onepass.layout.share import loss_terms, same_terms
 
-AGENT = Path(__file__).resolve().parents[2] / "shared" / "data" / "agent"
+AGENT = Path(__file__).resolve().parents[3] / "shared" / "data" / "agent"
 
 
 def _subset(tmp_path, name, n, every=1):

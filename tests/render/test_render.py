@@ -21,7 +21,7 @@ from onepass.render.fields import template_fields
 from onepass.render.messages import template_messages
 from onepass.render.tokenizer import builtin_template, load_tokenizer
 
-SHARED_TEMPLATE = Path(__file__).resolve().parents[1] / ".." / "shared" / "fixtures" / "chat_templates" / "qwen3.jinja"
+SHARED_TEMPLATE = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "chat_templates" / "qwen3.jinja"
 
 CHAIN = Conversation(messages=(
     Message(role="user", content="17*23?"),

@@ -16,7 +16,7 @@ from onepass.render import RenderConfig, RenderError, merges_across, render_conv
 from onepass.render.views import _iter_texts
 from onepass.prepare.template_report import TOOL_CHAIN_RECORDS
 
-FIXTURES = Path(__file__).parent / "fixtures" / "chat_templates"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "chat_templates"
 TEMPLATES = sorted(p.stem for p in FIXTURES.glob("*.jinja"))
 CONFIGS = (RenderConfig(), RenderConfig(completion_format="deepseek-r1"), RenderConfig(completion_format="think-tags"))
 

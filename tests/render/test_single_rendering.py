@@ -17,8 +17,8 @@ from onepass.render.messages import template_messages
 from onepass.render.single import SingleRendering, single_rendering, sum_counts, trl_training_template
 from onepass.train.sft_rows import MESSAGES, SftSettings, tokenize_record
 
-FIXTURES = Path(__file__).parent / "fixtures" / "chat_templates"
-DROP_MARKED = Path(__file__).parents[1] / "benchmarks" / "policy" / "drop_marked.jinja"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "chat_templates"
+DROP_MARKED = Path(__file__).parents[2] / "benchmarks" / "policy" / "drop_marked.jinja"
 
 R = ["First add 2 and 3.", "Then times 4 is 20.", "Minus one gives 19."]
 

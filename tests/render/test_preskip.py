@@ -30,12 +30,12 @@ from onepass.prepare.template_report import TOOL_CHAIN_RECORDS
 from onepass.layout.tree import COLUMNS
 from onepass.layout.view import Unmeasured, over_budget
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from test_real_templates import CASES, EOS, chat_template  # noqa: E402
 
-SHARED = Path(__file__).parents[1].parent / "shared" / "fixtures" / "chat_templates" / "reasoning"
-AGENT = Path(__file__).parents[1].parent / "shared" / "data" / "agent"
+SHARED = Path(__file__).parents[3] / "shared" / "fixtures" / "chat_templates" / "reasoning"
+AGENT = Path(__file__).parents[3] / "shared" / "data" / "agent"
 DATE = "2026-11-24"
 # A template that renders every message as given, and one that does not render a user message verbatim
 # (upper-cased), one that renders only the last 6 messages, and one that writes a tool result as JSON.

@@ -22,7 +22,7 @@ from onepass.render.fields import template_fields
 from onepass.render.messages import template_messages, template_tools
 from onepass.prepare.template_report import tool_chain_conversations
 
-FIXTURES = Path(__file__).parent / "fixtures" / "chat_templates"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "chat_templates"
 TEMPLATES = sorted(p.stem for p in FIXTURES.glob("*.jinja"))
 
 # Nemotron 3 in four lines: the generation prompt opens <think>, an empty reasoning renders <think></think>.

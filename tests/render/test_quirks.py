@@ -22,7 +22,7 @@ from onepass.render.fields import TemplateFields
 from onepass.render.quirks import DOCS_BEGIN, DOCS_END, QUIRKS, Quirk, with_quirks_section
 from onepass.render.views import RETRIES
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 DOCS = ROOT / "docs" / "templates.md"
 
 

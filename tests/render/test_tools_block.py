@@ -22,10 +22,10 @@ from onepass.render.template import apply_template
 from onepass.render.messages import template_messages, template_tools
 from onepass.prepare.template_report import tool_chain_conversations
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from test_real_templates import CASES, chat_template  # noqa: E402
 
-AGENT = Path(__file__).resolve().parents[2] / "shared" / "data" / "agent"
+AGENT = Path(__file__).resolve().parents[3] / "shared" / "data" / "agent"
 TEMPLATES = sorted({c.template for c in CASES})
 
 
