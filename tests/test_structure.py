@@ -334,3 +334,25 @@ def test_a_module_lives_in_its_stage_folder():
     top = {p.stem for p in SRC.glob("*.py")}
     assert top == TOP, (f"modules at the top of src/onepass that belong in a stage folder: {sorted(top - TOP)}"
                         if top - TOP else f"gone from the top: {sorted(TOP - top)}; update TOP")
+
+
+TESTS = Path(__file__).parent
+TEST_FOLDERS_OF_NO_STAGE = {"faults", "fixtures", "__pycache__"}
+"""faults/: the fault cases of issue 44, which cross every stage (docs/faults.md); fixtures/: data, not tests."""
+PACKAGE_WIDE_TESTS = {"test_equivalence", "test_architectures", "test_share_exactness", "test_views_property",
+                      "test_real_templates", "test_prepared_rows_unchanged", "test_structure", "test_layers",
+                      "test_code_map", "test_install"}
+"""The tests at the top of tests/ that check the whole package (the loss equals N-pass's, views equal the template's,
+prepared rows stay byte-identical, the package's shape), beside the tests of the top modules (``test_<module>``)."""
+
+
+def test_the_tests_mirror_the_stages():
+    """tests/ is shaped like src/onepass/ (issue 47): a stage's tests live in the folder of its name, so the tests
+    of a change are found by its path and a stage's tests run alone (``pytest tests/render``)."""
+    stages = {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir()} - TEST_FOLDERS_OF_NO_STAGE
+    assert folders <= stages, f"test folders that name no stage of src/onepass: {sorted(folders - stages)}"
+    flat = {p.stem for p in TESTS.glob("test_*.py")}
+    homeless = flat - PACKAGE_WIDE_TESTS - {f"test_{m}" for m in TOP}
+    assert not homeless, (f"tests at the top of tests/ that belong in their stage's folder: {sorted(homeless)} "
+                          "(or, if they check the whole package, in PACKAGE_WIDE_TESTS)")
