@@ -16,7 +16,7 @@ export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 LOCK ?= constraints.txt
-.PHONY: setup demo test test-fast test-latest test-min test-compat test-skyrl lock clean gpu-check gpu-bundle gpu-sim
+.PHONY: setup demo test test-fast test-quick test-latest test-min test-compat test-skyrl lock clean gpu-check gpu-bundle gpu-sim
 
 $(VENV)/.installed: pyproject.toml Makefile $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +36,13 @@ PYTEST_PAR ?= -n auto --dist loadfile
 test: setup
 	$(PY) -m pytest -q $(PYTEST_PAR)
 
-test-fast: setup   # everything but the two whole-benchmark runs (marked slow)
+test-fast: setup   # everything but the slow tests
 	$(PY) -m pytest -q $(PYTEST_PAR) -m "not slow"
+
+# The inner loop (under 3 minutes on 2 cores): no slow, multi-process or end-to-end test. The tests
+# of one stage: pytest tests/<stage> (tests/ mirrors src/onepass/).
+test-quick: setup
+	$(PY) -m pytest -q $(PYTEST_PAR) -m "not slow and not multiprocess and not e2e"
 
 # A pip cap a machine may set for every venv (a global constraint file, e.g. torch<=2.14.1) is lifted for the
 # test-min/test-latest venvs only, by pointing PIP_CONSTRAINT at an empty file (an empty PIP_CONSTRAINT= does

@@ -69,6 +69,7 @@ def test_load_that_lands_on_n_pass_alone_is_reported_as_disturbed_timing(tmp_pat
     assert expected in out and "the speed of N-pass" not in out
 
 
+@pytest.mark.e2e
 def test_a_second_demo_run_starts_its_training_runs_anew(tmp_path, capsys):
     """`make demo` twice: the second run trained into the first's folders (it stopped with 'holds another run'
     and a traceback before the demo set overwrite_output_dir for its own run folders)."""

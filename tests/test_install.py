@@ -67,6 +67,7 @@ def _copy_sources(dest: Path) -> None:
             shutil.copy2(src, dest / rel)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     if shutil.which("git") is None or not (ROOT / ".git").exists():
@@ -119,6 +120,7 @@ def local_wheel(tmp_path_factory):
     return wheel
 
 
+@pytest.mark.e2e
 @pytest.mark.registry
 @pytest.mark.parametrize("stack", STACKS)
 def test_onepass_resolves_beside_each_rl_stack(local_wheel, tmp_path, stack):

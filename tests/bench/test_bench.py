@@ -98,6 +98,7 @@ def test_a_headline_within_the_bound_quotes_the_bound():
     assert "within the FLOP/token bound of 1.28x" in line and "disturbed" not in line
 
 
+@pytest.mark.e2e
 @pytest.mark.slow  # a whole benchmark run in fresh processes (still run by make test)
 def test_bench_writes_summary_table_and_plots(tmp_path):
     out = tmp_path / "bench"
@@ -313,6 +314,7 @@ def test_onepass_varlen_times_tree_rows_too_and_says_it_runs_its_reference_off_c
     assert settings[1]["speedup_vs_flash_n_pass_packed"] == pytest.approx(settings[1]["speedup_vs_n_pass_packed"])
 
 
+@pytest.mark.e2e
 def test_bench_interleave_end_to_end_on_cpu(tmp_path, one_thread):
     out = tmp_path / "bench"
     assert main(["bench", "--out", str(out), "--conversations", "3", "--repeats", "2", "--interleave",

@@ -45,6 +45,7 @@ def test_trl_packed_loss_is_the_n_pass_mean(tmp_path, qwen3_tokenizer):
     assert abs(ours - reference) <= 1e-6 * reference
 
 
+@pytest.mark.e2e
 @pytest.mark.slow  # a whole benchmark run in fresh processes (still run by make test)
 def test_bench_with_trl_reports_the_ratio(tmp_path):
     out = tmp_path / "bench"

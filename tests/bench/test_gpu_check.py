@@ -69,6 +69,7 @@ def test_the_bundle_is_wheels_for_the_gpu_machines_python(tmp_path):
     assert f"transformers=={PACKAGES['transformers'][0]}" in cmd
 
 
+@pytest.mark.e2e
 def test_cuda_steps_skip_in_one_line_each_and_a_run_that_measured_nothing_is_not_a_pass(tmp_path):
     """Without CUDA every GPU step is skipped in one line, into one JSON and one log; then the run says that
     nothing was measured and exits 3 (on b757769 it exited 0: a vacuous pass), unless it is a rehearsal."""
@@ -207,6 +208,7 @@ def test_a_command_past_its_box_is_stopped_with_its_children(tmp_path):
     assert f"  {output.strip()}" in (tmp_path / "gpu-check.log").read_text()  # streamed to the log as it came
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_the_cuda_steps_rehearsed_on_cpu_record_what_they_measured(tmp_path, monkeypatch):
     """The GPU run is one call: the steps' own code (commands, parsing, findings, the JSON) is rehearsed here

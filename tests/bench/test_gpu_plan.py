@@ -29,6 +29,7 @@ def dry_run():
     return rc, out.getvalue()
 
 
+@pytest.mark.e2e
 def test_the_dry_run_plans_every_workload_at_8b_width_and_fits_the_speed_box(dry_run):
     rc, output = dry_run
     assert rc == 0, output[-2000:]

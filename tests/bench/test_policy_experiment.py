@@ -10,9 +10,12 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "policy_experiment.py"
 
 
+@pytest.mark.e2e
 def test_the_smoke_run_reports_every_policy_turn_by_turn(tmp_path, one_thread, monkeypatch):
     spec = importlib.util.spec_from_file_location("policy_experiment", SCRIPT)
     experiment = importlib.util.module_from_spec(spec)

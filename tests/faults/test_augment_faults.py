@@ -87,6 +87,7 @@ def test_a_refusal_cached_by_an_earlier_run_is_requested_again(tmp_path, server)
     assert "1 cached refusals requested again" in result.summary()
 
 
+@pytest.mark.e2e
 def test_refusal_patterns_from_the_command_line(tmp_path, server):
     data = _jsonl(tmp_path / "in.jsonl", [conversation(0, ["ok", "ok"]), conversation(1, ["refuse"])])
     rc, text = _augment_cli(data, tmp_path / "out.jsonl", server.url, "--refusal-pattern", r"answer 0\.1")
@@ -139,6 +140,7 @@ def test_scrub_masks_every_form_of_a_credential(text):
     assert "0123456789abcdef" not in scrub(text) and "***" in scrub(text)
 
 
+@pytest.mark.e2e
 def test_no_credential_reaches_anything_written_or_printed(tmp_path, server):
     data = _jsonl(tmp_path / "in.jsonl", [conversation(0, ["ok"]), conversation(1, ["echo500"]),
                                           conversation(2, ["echojson"]), conversation(3, ["echoreason"])])
@@ -165,6 +167,7 @@ def _cache_lines(path) -> tuple[list[dict], bytes]:
     return [json.loads(line) for line in head.split(b"\n") if line] if head else [], tail
 
 
+@pytest.mark.e2e
 def test_kill_9_at_random_points_loses_and_repeats_nothing(tmp_path):
     seed = random.randrange(2**32)
     rng = random.Random(seed)

@@ -9,6 +9,8 @@ import collections
 import json
 import threading
 
+import pytest
+
 from fault_helpers import onepass
 from local_server import JSONHandler, LocalServer
 
@@ -41,6 +43,7 @@ def _eval(url, out):
     return proc.returncode, text
 
 
+@pytest.mark.e2e
 def test_an_interrupted_eval_resumes_without_paying_twice(tmp_path):
     out = tmp_path / "eval"
     first = CountingServer(budget=3)

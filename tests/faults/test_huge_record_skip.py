@@ -12,6 +12,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from fault_helpers import ENV
 
 MB = 1 << 20
@@ -44,6 +46,7 @@ def _prepare(tmp_path, name, user_text):
     return float(wall), int(rss) * 1024, json.loads((out / "stats.json").read_text()), text
 
 
+@pytest.mark.e2e
 def test_a_huge_record_over_max_tokens_is_skipped_without_tokenizing_it(tmp_path):
     words = "lorem ipsum dolor sit amet consectetur adipiscing elit 12345 ".split()
     huge = " ".join(words[i % len(words)] + str(i % 97) for i in range(20 * MB // 8))[:20 * MB]

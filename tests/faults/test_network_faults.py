@@ -33,6 +33,7 @@ def _one_error_line(text: str) -> str:
     return errors[0]
 
 
+@pytest.mark.e2e
 def test_augment_follows_no_redirect_to_another_origin(tmp_path, servers):
     redirect, elsewhere = servers
     data = tmp_path / "chats.jsonl"
@@ -50,6 +51,7 @@ def test_augment_follows_no_redirect_to_another_origin(tmp_path, servers):
         assert not written.is_file() or KEY not in written.read_text(errors="replace"), written
 
 
+@pytest.mark.e2e
 def test_eval_openai_follows_no_redirect_to_another_origin(tmp_path, servers):
     redirect, elsewhere = servers
     out = tmp_path / "eval"

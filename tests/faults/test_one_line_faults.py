@@ -32,6 +32,7 @@ def _train(data, out):
     return proc.returncode, text
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("damage", ["cut arrow shard", "garbage stats.json"])
 def test_a_damaged_prepared_folder_is_one_line(tmp_path, prepared, damage):
     import shutil
@@ -61,6 +62,7 @@ def test_a_deeply_nested_record_is_a_counted_skip(tmp_path):
     assert any("line 2" in s and "nested too deeply" in s for s in report.skipped), report.skipped
 
 
+@pytest.mark.e2e
 def test_verify_model_on_a_folder_that_is_not_a_model_is_one_line(tmp_path):
     folder = tmp_path / "notes"
     folder.mkdir()
@@ -72,6 +74,7 @@ def test_verify_model_on_a_folder_that_is_not_a_model_is_one_line(tmp_path):
     assert _last_line(text).startswith(f"onepass: error: --model {folder} cannot be loaded")
 
 
+@pytest.mark.e2e
 def test_convert_mathchat_with_every_line_skipped_fails(tmp_path):
     bad = tmp_path / "mathchat.jsonl"
     bad.write_text('{"not": "mathchat"}\nnot json\n')

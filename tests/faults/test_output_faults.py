@@ -70,6 +70,7 @@ def _prepare(data, out, *extra):
     return proc.returncode, text
 
 
+@pytest.mark.e2e
 def test_prepare_never_deletes_a_training_run_in_its_out(tmp_path):
     out = tmp_path / "data"
     rc, text = _prepare("builtin:mathchat", out, "--limit", "2")
@@ -98,6 +99,7 @@ def _held(lock):
         return lock.exists()
 
 
+@pytest.mark.e2e
 def test_two_prepares_into_one_out_the_second_is_one_line(tmp_path):
     out = tmp_path / "data"
     first = onepass("prepare", "--data", "builtin:mathchat", "--tokenizer", "builtin:qwen3", "--out", str(out),
@@ -112,6 +114,7 @@ def test_two_prepares_into_one_out_the_second_is_one_line(tmp_path):
     assert rc == 2 and "being written by onepass prepare (PID" in text and "Traceback" not in text, text
 
 
+@pytest.mark.e2e
 def test_two_trains_into_one_output_dir_the_second_is_one_line(tmp_path):
     out = tmp_path / "run"
     first = onepass("train", "--tiny", "qwen3", "--data", "builtin:mathchat", "--limit", "4", "--max-steps", "400",

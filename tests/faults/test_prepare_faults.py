@@ -66,6 +66,7 @@ def test_out_in_a_read_only_folder_fails_before_the_work(tmp_path, capsys):
         ro.chmod(0o700)
 
 
+@pytest.mark.e2e
 def test_kill_between_the_two_renames_keeps_the_old_dataset(tmp_path):
     """State 2 of onepass.files: the old output renamed aside, the new one not yet in place."""
     out = tmp_path / "prepared"
@@ -96,6 +97,7 @@ def test_stale_leftovers_of_dead_processes_are_cleaned(tmp_path):
     assert sorted(os.listdir(tmp_path)) == [f".prepared.tmp-{os.getppid()}", "prepared"]
 
 
+@pytest.mark.e2e
 def test_kill_9_at_a_random_point_of_a_serial_prepare_loses_nothing(tmp_path):
     out = tmp_path / "prepared"
     assert main(["prepare", *TINY, "--out", str(out)]) == 0
@@ -118,6 +120,8 @@ _STREAM = ("import sys\nimport onepass.prepare.shards\n"
            "from onepass.cli import main\nsys.exit(main(sys.argv[1:]))\n")
 
 
+@pytest.mark.e2e
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("num_proc", [1, 2])
 def test_kill_9_while_rows_stream_keeps_the_old_output_and_leaves_no_workers(tmp_path, num_proc):
     """Rows are written as they are made, into the hidden temporary of --out: a kill -9 then publishes
@@ -147,6 +151,8 @@ def test_kill_9_while_rows_stream_keeps_the_old_output_and_leaves_no_workers(tmp
     shutil.rmtree(tmpdir)
 
 
+@pytest.mark.e2e
+@pytest.mark.multiprocess
 def test_kill_9_of_num_proc_leaves_no_orphan_workers(tmp_path):
     """Item 3 alone, on any prepare (streaming or not, so it runs on the code before the fix too): the
     workers of ``--num-proc`` die with their parent; any survivor is killed here, not left running."""

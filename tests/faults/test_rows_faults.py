@@ -83,6 +83,7 @@ def test_a_broken_row_is_refused_before_the_first_step(tmp_path, prepared, case,
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before any step
 
 
+@pytest.mark.e2e
 def test_ids_beyond_the_models_vocabulary_are_one_line(tmp_path, prepared):
     bad = _set(prepared[1], "input_ids", 4, 10**9)
     data = _write(tmp_path, [prepared[0], bad])

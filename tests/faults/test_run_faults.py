@@ -59,6 +59,7 @@ def _tmpfs(path, size):
 # a full disk
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("size", ["300k", "700k"], ids=["safetensors fails", "torch.save fails"])
 def test_a_real_full_disk_at_the_final_checkpoint_is_one_line_and_leaves_nothing_half_written(tmp_path, size):
     """A tmpfs too small for the checkpoint (1.4 MB: 450 KB of weights, 900 KB of optimizer state): the weights'
@@ -116,6 +117,7 @@ train(load_config(None, dict(tiny="qwen3", data="builtin:mathchat", limit=2, max
 """
 
 
+@pytest.mark.e2e
 def test_a_kill_while_pruning_leaves_no_half_checkpoint_and_the_next_run_cleans_up(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
@@ -204,6 +206,7 @@ sys.exit(main())
 """
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.parametrize("rank1_limit", [2, 1], ids=["same count, other content", "fewer conversations"])
 def test_ranks_given_different_data_stop_in_one_line_before_step_1(tmp_path, rank1_limit):
@@ -242,6 +245,7 @@ def _read_only(path):
                 p.chmod(0o555)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("resume", [False, True], ids=["new run", "resume"])
 def test_a_read_only_output_folder_is_one_line_before_any_work(tmp_path, resume):
     with contextlib.ExitStack() as stack:

@@ -27,6 +27,7 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_signal_mid_train_keeps_a_checkpoint(tmp_path, sig):
     out = tmp_path / "run"

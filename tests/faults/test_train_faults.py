@@ -85,6 +85,7 @@ def test_resume_from_a_tampered_checkpoint_runs_no_code(tmp_path, monkeypatch, o
     assert isinstance(raised.value, TrainConfigError) and "weights_only" in str(raised.value)
 
 
+@pytest.mark.e2e
 def test_kill_9_during_training_leaves_only_complete_checkpoints(tmp_path):
     from safetensors.torch import load_file
 

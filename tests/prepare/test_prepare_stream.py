@@ -146,6 +146,7 @@ def _peak_kb(tmp_path, n, num_proc):
     return [int(v) for v in line.split()[1:]]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("num_proc", [1, 2])
 def test_peak_memory_does_not_grow_with_the_number_of_conversations(tmp_path, num_proc):

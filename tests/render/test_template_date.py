@@ -122,6 +122,7 @@ def _without_faketime(environ):
     return env
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("faketime") is None, reason="needs faketime (apt-get install faketime)")
 def test_prepare_on_another_day_of_the_machine_clock_gives_the_same_rows():

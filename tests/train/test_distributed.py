@@ -95,6 +95,7 @@ def test_a_single_process_run_says_so(tmp_path, chats):
                                       "fsdp_version": None, "launcher": "none", "sp_size": 1}
 
 
+@pytest.mark.multiprocess
 def test_accelerate_launch_cpu_with_two_processes_stops_in_one_line(tmp_path, chats):
     cmd = [*ACCELERATE, "--num_processes", "2", "--cpu", "-m", "onepass.train.cli", "--tiny", "qwen3",
            "--data", str(chats), "--max-steps", "1", "--output-dir", str(tmp_path / "run"), "--no-progress"]
@@ -120,6 +121,7 @@ def fsdp_two_ranks(tmp_path, chats, name, steps, extra):
     return out, proc
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.parametrize("finetune", ["full", "lora"])
 def test_fsdp_on_two_cpu_ranks_takes_the_steps_of_one_process(tmp_path, chats, finetune):
@@ -213,6 +215,7 @@ def test_eight_bit_optimizer_names_are_transformers_names_and_bitsandbytes_class
         assert isinstance(getattr(bnb.optim, cls), type), cls
 
 
+@pytest.mark.multiprocess
 def test_a_launch_that_hangs_fails_with_every_process_stack_and_leaves_none_behind(tmp_path):
     """tests/ranks.py: what replaced the retries; a hung rank is killed with its stack, not retried beside."""
     pid_file = tmp_path / "child.pid"

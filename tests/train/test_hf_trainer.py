@@ -216,6 +216,7 @@ def _results_match(tmp_path):
     return a, b
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_torchrun_two_processes_match_one(tmp_path, datasets_):
     env, args = _one_process_run(tmp_path, datasets_)
@@ -227,6 +228,7 @@ def test_torchrun_two_processes_match_one(tmp_path, datasets_):
     assert a["world_size"] == 1 and b["world_size"] == 2
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.parametrize("launch", ["accelerate-config", "torchrun-fsdp-args"])
 def test_fsdp_on_two_cpu_ranks_matches_one_process(tmp_path, datasets_, launch):

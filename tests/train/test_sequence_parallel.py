@@ -121,6 +121,7 @@ RUNS = [  # (arch, extra settings, launcher, processes, sp_size)
 ]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.parametrize("arch, extra, launcher, processes, sp_size", RUNS,
                          ids=[f"{r[0]}-{r[2]}-{r[3]}ranks-sp{r[4]}" for r in RUNS])

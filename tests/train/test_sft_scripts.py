@@ -63,6 +63,7 @@ def check_outputs(out):
     assert len(losses) == 2 and all(loss > 0 for loss in losses)
 
 
+@pytest.mark.e2e
 def test_the_onepass_script_trains_and_saves_the_tokenizer_with_every_checkpoint(model_and_data, tmp_path,
                                                                                   monkeypatch, one_thread):
     model_dir, data = model_and_data
@@ -77,6 +78,7 @@ def test_the_onepass_script_trains_and_saves_the_tokenizer_with_every_checkpoint
     assert saved.chat_template == trainer.processing_class.chat_template
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("ONEPASS_TEST_TRL") != "1",
                     reason="the TRL original takes about a minute: set ONEPASS_TEST_TRL=1")
@@ -162,6 +164,7 @@ def _skip_unless_trl_and_peft_agree(trl):
                     "lacks: TRL's own sft.py --use_peft fails the same way")
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_trls_own_sft_script_runs_with_only_the_names_changed(model_and_data, data_dir, tmp_path):
     """The installed trl's trl/scripts/sft.py with its docstring's flags (LoRA, --packing, eval,
@@ -194,6 +197,7 @@ def test_trls_own_sft_script_runs_with_only_the_names_changed(model_and_data, da
     assert AutoTokenizer.from_pretrained(out).eos_token == "<|im_end|>"
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["trl_docs_peft.py", "trl_docs_config.py"])
 def test_trl_docs_snippets_run_with_only_the_names_changed(name, model_and_data, tmp_path):

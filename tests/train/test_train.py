@@ -342,6 +342,7 @@ def test_bf16_autocast_on_cpu_trains(tmp_path, chats):
 # several processes
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_torchrun_two_processes_give_the_same_losses_as_one(tmp_path, chats):
     import os
