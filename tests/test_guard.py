@@ -89,6 +89,8 @@ def test_twin_is_small_same_class_same_layer_types_and_windows_bite(name, kwargs
                     if getattr(twin, k, None)), None)
     if experts is not None:
         assert experts <= 4 and twin.num_experts_per_tok <= experts
+    if getattr(twin, "qk_rope_head_dim", None):  # derived as the class derives it (5.2's plain configs too)
+        assert twin.head_dim == twin.qk_rope_head_dim
     if getattr(config, "sliding_window", None):  # a window wider than the test rows would hide a window bug
         assert twin.sliding_window == 8
     with torch.device("meta"):
