@@ -28,6 +28,7 @@ from onepass.guard import (
 )
 from onepass.model.tiny import EXACT_ARCHS, HYBRID_ARCHS, TINY_ARCHS, ArchitectureAbsent, tiny_config, tiny_model
 from onepass.guard.twin import kept_layers, tiny_twin
+from onepass.model.couplings import CouplingError, mixer_classes
 from onepass.model.layers import layer_types
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -36,6 +37,31 @@ GOOD = {"messages": [{"role": "user", "content": "2+2?"},
                      {"role": "assistant", "content": "4", "reasoning_content": "add"},
                      {"role": "user", "content": "and 3+3?"},
                      {"role": "assistant", "content": "6", "reasoning_content": "add again"}]}
+
+
+def coupling_refusal(config) -> str | None:
+    """The line the couplings refuse ``config``'s architecture with on the installed release (None: it loads), by
+    their own detection (onepass.model.couplings.mixer_classes on the twin's modules, built on the meta device):
+    a hybrid whose mixers read their states through the cache API before 5.21 is refused naming the release that
+    works, and the tests expect that refusal there, not the verdict of the releases that load it."""
+    with torch.device("meta"):
+        model = tf.AutoModelForCausalLM.from_config(tiny_twin(config, vocab_size=300))
+    try:
+        mixer_classes(model.modules())
+    except CouplingError as e:
+        return str(e)
+    return None
+
+
+def assert_refused(result, refused: str, architecture: str) -> None:
+    """``result`` is the couplings' refusal: one line, the coupling's own, naming the release that works."""
+    assert not result.ok and result.refused and result.error == f"CouplingError: {refused}"
+    line = result.message()
+    assert "\n" not in line and line == f"one-pass is refused for {architecture}: {refused}"
+    assert "use transformers>=" in line and "--allow-inexact" not in line  # allowing it would not run it
+    for allow in (False, True):
+        with pytest.raises(InexactModelError, match="one-pass is refused for"):
+            enforce(result, allow_inexact=allow, log=lambda _: None)
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +116,8 @@ def test_twin_is_small_same_class_same_layer_types_and_windows_bite(name, kwargs
                     if getattr(twin, k, None)), None)
     if experts is not None:
         assert experts <= 4 and twin.num_experts_per_tok <= experts
+    if getattr(twin, "qk_rope_head_dim", None):  # derived as the class derives it (5.2's plain configs too)
+        assert twin.head_dim == twin.qk_rope_head_dim
     if getattr(config, "sliding_window", None):  # a window wider than the test rows would hide a window bug
         assert twin.sliding_window == 8
     with torch.device("meta"):
@@ -138,7 +166,11 @@ HYBRIDS = [  # (config, architecture, the layer type that differs, its mixer), r
 @pytest.mark.parametrize("spec,architecture,layer_type,mixer", HYBRIDS, ids=[h[1] for h in HYBRIDS])
 def test_guard_refuses_hybrids_in_one_line_naming_the_layer_type(spec, architecture, layer_type, mixer, views,
                                                                   unsupported_mixers):
-    result = check_exact(built(spec[0], **spec[1]), views)
+    config = built(spec[0], **spec[1])
+    result = check_exact(config, views)
+    refused = coupling_refusal(config)
+    if refused is not None:  # a release before the cache API: refused first, in the coupling's line
+        return assert_refused(result, refused, architecture)
     assert not result.ok and result.error is None
     assert result.differing_layer_type == layer_type and mixer in result.mixer
     assert max(result.rel_loss_diff, result.max_rel_grad_diff) > 1e-6  # structural, not rounding
@@ -178,7 +210,12 @@ def test_guard_catches_a_mask_that_ignores_the_window(views, monkeypatch):
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_every_tiny_architecture_is_exact_or_refused(arch, views):
     """None is silently different: exact within 1e-9, or refused naming a recurrent layer type."""
-    result = check_exact(tiny_config(arch, 64), views)
+    config = tiny_config(arch, 64)
+    result = check_exact(config, views)
+    refused = coupling_refusal(config)
+    if refused is not None:  # a hybrid on a release before the cache API
+        assert arch in HYBRID_ARCHS
+        return assert_refused(result, refused, result.architecture)
     assert arch in EXACT_ARCHS + HYBRID_ARCHS and result.ok, result.message()  # hybrids: onepass.mixers
 
 
@@ -191,6 +228,24 @@ def test_a_twin_that_cannot_run_is_a_refusal_not_a_crash(views, monkeypatch):
     assert not result.ok and result.error == "RuntimeError: no float64 kernel"
     line = result.message()
     assert "\n" not in line and line.startswith("one-pass could not be checked for Qwen3ForCausalLM")
+
+
+def test_a_coupling_refusal_is_one_line_whatever_allow_inexact(views, tmp_path, capsys, monkeypatch):
+    """Played on any release: what transformers before 5.21 does to a hybrid (the couplings refuse it at model
+    load). The guard gives the coupling's line whole (not cut at 300 characters: the release to use is at its
+    end), enforce raises it with allow_inexact too, and verify's last line is still JSON."""
+    import onepass.verify.check
+
+    line = "Mixer (transformers 0.1) reads its recurrent states as " + "x" * 300 + "; use transformers>=5.21"
+
+    def refuse(*args, **kwargs):
+        raise CouplingError(line)
+
+    monkeypatch.setattr(guard, "build_twin", refuse)
+    assert_refused(check_exact(tf.Qwen3Config(), views), line, "Qwen3ForCausalLM")
+    monkeypatch.setattr(onepass.verify.check, "run_verify", refuse)
+    code, _, last = _verify(["--tiny", "qwen3"], tmp_path, capsys)
+    assert code == 2 and last == {"equal": None, "refused": line, "model": "tiny qwen3", "dtype": "float64"}
 
 
 def test_the_first_differing_layer_is_where_the_difference_starts():
@@ -223,6 +278,15 @@ def _train(argv, tmp_path):
 
 
 def test_train_refuses_a_hybrid_in_one_line_and_trains_it_with_allow_inexact(tmp_path, capsys, unsupported_mixers):
+    refused = coupling_refusal(tiny_config("lfm2", 64))
+    if refused is not None:  # a release before the cache API: refused, --allow-inexact or not, nothing written
+        for allow in ([], ["--allow-inexact"]):
+            assert _train(["--tiny", "lfm2", *allow], tmp_path) == 2
+            err = [line for line in capsys.readouterr().err.strip().splitlines()
+                   if not line.startswith(("parallelism: ", "exactness guard on "))]
+            assert err == [f"onepass: error: one-pass is refused for Lfm2ForCausalLM: {refused}"], err
+            assert not (tmp_path / "run").exists()
+        return
     assert _train(["--tiny", "lfm2"], tmp_path) == 2
     # the first log line says what runs (issue 26); then the refusal, one line, no traceback
     err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("parallelism: ")]
@@ -253,6 +317,13 @@ def test_one_pass_trainer_refuses_a_hybrid(tmp_path, qwen3_tokenizer, unsupporte
     train = conversation_dataset([parse_record(GOOD)] * 2, qwen3_tokenizer)
     model = tiny_model("lfm2", len(qwen3_tokenizer), attn_implementation="sdpa")
     args = TrainingArguments(str(tmp_path / "out"), max_steps=1, report_to=[], use_cpu=True, save_strategy="no")
+    refused = coupling_refusal(model.config)
+    if refused is not None:  # a release before the cache API: refused, allow_inexact or not
+        for allow in (False, True):
+            with pytest.raises(InexactModelError) as e:
+                OnePassTrainer(model=model, args=args, train_dataset=train, allow_inexact=allow).train()
+            assert str(e.value) == f"one-pass is refused for Lfm2ForCausalLM: {refused}"
+        return
     with pytest.raises(InexactModelError, match="one-pass is not exact for Lfm2ForCausalLM: layer type conv"):
         OnePassTrainer(model=model, args=args, train_dataset=train).train()
     trainer = OnePassTrainer(model=model, args=args, train_dataset=train, allow_inexact=True)
@@ -286,6 +357,10 @@ def test_verify_model_says_equal_for_a_saved_dense_model(saved, tmp_path, capsys
 
 def test_verify_model_names_the_layer_type_of_a_saved_hybrid(saved, tmp_path, capsys, unsupported_mixers):
     code, out, last = _verify(["--model", str(saved["lfm2"])], tmp_path, capsys)
+    refused = coupling_refusal(tiny_config("lfm2", 64))
+    if refused is not None:  # a release before the cache API: the last line is still JSON, with the refusal
+        assert code == 2 and last["equal"] is None and last["refused"] == refused
+        return
     assert code == 1 and not last["equal"] and last["layer_type"] == "conv" and last["mixer"] == "Lfm2ShortConv"
     assert out[-2].startswith("layer 0 (conv, Lfm2ShortConv) is the first whose output differs")
 
@@ -294,6 +369,10 @@ def test_verify_model_names_the_layer_type_of_a_saved_hybrid(saved, tmp_path, ca
 def test_verify_tiny_picks_a_backend_the_model_supports(arch, code, tmp_path, capsys):
     """gpt-oss refuses sdpa (attention sinks); Qwen3-Next has MoE experts (eager in float64) and is exact."""
     got, _, last = _verify(["--tiny", arch], tmp_path, capsys)
+    refused = coupling_refusal(tiny_config(arch, 64))
+    if refused is not None:  # a release before the cache API: the last line is still JSON, with the refusal
+        assert got == 2 and last["equal"] is None and last["refused"] == refused
+        return
     assert got == code and last["attention"] != "auto"
     if code:
         assert last["layer_type"] == "linear_attention"

@@ -134,6 +134,18 @@ def test_values_onepass_does_otherwise_warn_once_each(caplog, fresh_warnings):
         assert sum(text in r.getMessage() for r in warnings_) == 1, text
 
 
+def test_a_plain_training_arguments_with_the_releases_defaults_is_taken(tmp_path):
+    """transformers 5.2 declares ``warmup_ratio: float | None = None`` (deprecated, gone in 5.24): a field left
+    at the release's own None is not given, not out of range; None where the default is a number still is."""
+    from onepass.train.config import TrainConfigError
+    from onepass.train.hf_trainer import as_onepass_config
+
+    config = as_onepass_config(TrainingArguments(str(tmp_path), report_to=[], use_cpu=True), None)
+    assert isinstance(config, OnePassConfig)
+    with pytest.raises(TrainConfigError, match="learning_rate must be a number, got None"):
+        OnePassConfig(str(tmp_path), learning_rate=None, use_cpu=True)
+
+
 def test_sft_defaults_and_aliases():
     args = OnePassConfig("o", **COMMON)
     assert (args.learning_rate, args.logging_steps, args.max_length, args.max_tokens) == (2e-5, 10, 1024, 1024)

@@ -20,7 +20,9 @@ layer before it agreed, so that layer itself is not exact).
      (Qwen3NextGatedDeltaNet) differs: loss by 8.7e-06, gradients by 1.2e-01 relative ...')
 
 ``onepass train`` and ``OnePassTrainer`` run it before the first step and stop
-with that one line (:class:`InexactModelError`) unless ``allow_inexact``.
+with that one line (:class:`InexactModelError`) unless ``allow_inexact``. A model the installed release cannot
+run one-pass at all (:class:`onepass.model.couplings.CouplingError`: e.g. a hybrid's mixers on transformers before
+5.21) is refused with the coupling's own line, naming the release that works, ``allow_inexact`` or not.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from onepass.layout.view import View
 from onepass.model.layers import layer_types as twin_layer_types
 from onepass.guard.twin import tiny_twin
 from onepass.model.config import text_config
-from onepass.model.couplings import base_model
+from onepass.model.couplings import CouplingError, base_model
 from onepass.model.precision import float64_norms
 from onepass.verify.check import compact_vocab, run_verify
 
@@ -70,6 +72,7 @@ class GuardResult:
     differing_layer_type: str | None  # e.g. linear_attention
     mixer: str | None  # that layer's token mixer, e.g. Qwen3NextGatedDeltaNet
     error: str | None  # the twin could not be built or run
+    refused: bool = False  # error is a coupling's refusal (CouplingError): the installed release cannot run it
     max_layer_diff: float | None  # every layer's output, one-pass node vs plain forward (when compared)
     tolerance: float
     ok: bool
@@ -86,6 +89,8 @@ class GuardResult:
     def message(self, hint: str = CLI_HINT) -> str:
         """One line: what differs, by how much, how it was checked, and what to do."""
         how = f"tiny float64 twin, {self.num_conversations} conversations, {self.backend} attention"
+        if self.refused:  # neither n-pass nor allow_inexact runs it here: the coupling's line says what does
+            return f"one-pass is refused for {self.architecture}: {str(self.error).removeprefix('CouplingError: ')}"
         if self.error is not None:
             return f"one-pass could not be checked for {self.architecture} ({how}): {self.error}; {hint}"
         if self.ok:
@@ -175,12 +180,14 @@ def check_exact(model_or_config: Any, conversations: Sequence[Sequence[View]], *
     except Exception as e:  # the twin of an architecture we do not know may fail in any way
         if debug():
             raise
-        first = (str(e).strip().splitlines() or [""])[0][:300]
+        refused = isinstance(e, CouplingError)  # onepass's own one line, whole: it names the release that works
+        first = (str(e).strip().splitlines() or [""])[0][:None if refused else 300]
         return GuardResult(**common, layer_types=tuple(twin_layer_types(model.config)) if model is not None else (),
                            backend=chosen, rel_loss_diff=float("nan"), max_rel_grad_diff=float("nan"),
                            worst_parameter="", differing_layer=None, differing_layer_type=None, mixer=None,
                            max_layer_diff=None,
-                           error=f"{type(e).__name__}: {first}", ok=False, seconds=time.perf_counter() - t0)
+                           error=f"{type(e).__name__}: {first}", refused=refused, ok=False,
+                           seconds=time.perf_counter() - t0)
     finally:
         torch.set_num_threads(threads)
     if not ok and where.index is None:  # the outputs agree: name the layer of the worst gradient
@@ -218,10 +225,11 @@ def check_exact_once(model_or_config: Any, conversations: Sequence[Sequence[View
 
 def enforce(result: GuardResult, *, allow_inexact: bool, hint: str = CLI_HINT,
             log: Callable[[str], None] = print) -> None:
-    """Raise :class:`InexactModelError` (one line) when ``result`` failed, unless ``allow_inexact``."""
+    """Raise :class:`InexactModelError` (one line) when ``result`` failed, unless ``allow_inexact``; a refusal
+    (``result.refused``: the installed release cannot run the model one-pass) whatever ``allow_inexact``."""
     if result.ok:
         log(result.message())
-    elif allow_inexact:
+    elif allow_inexact and not result.refused:
         log("warning: " + result.message(hint="training anyway (allow_inexact); the loss is not the N-pass loss"))
     else:
         raise InexactModelError(result.message(hint))

@@ -30,6 +30,7 @@ Two rules make the twin a faithful test rather than a smaller model:
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -171,13 +172,25 @@ def _shrink_sizes(d: dict[str, Any], vocab_size: int) -> None:
 
 
 def _declared_fields(config: Any) -> set[str]:
-    """The dataclass fields of a transformers 5 config class (empty for an older, plain class)."""
+    """The fields a config class takes: its dataclass fields (transformers 5.2x), else the named parameters of
+    every ``__init__`` in its class hierarchy (a plain class, 5.2-5.1x). A field set in ``__init__`` from others
+    (DeepSeek's ``head_dim = qk_rope_head_dim``) is none of them; handed back as a keyword, an older config keeps
+    it as given and the twin disagrees with itself (a rotary of 16 dims on 8-dim query halves)."""
     import dataclasses
 
     try:
         names = {f.name for f in dataclasses.fields(config)}
     except TypeError:
-        return set()
+        names = set()
+        for cls in type(config).__mro__:
+            init = cls.__dict__.get("__init__")
+            if init is None:
+                continue
+            try:
+                params = inspect.signature(init).parameters.values()
+            except (TypeError, ValueError):
+                continue
+            names |= {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)} - {"self"}
     aliases = getattr(config, "attribute_map", {}) or {}  # e.g. num_local_experts -> num_experts
     return names | set(aliases) | set(aliases.values())
 

@@ -276,7 +276,7 @@ def prepare_conversation(conv: Conversation, tokenizer: Any, config: PrepareConf
     stats.conversations += 1
     rendered = render_conversation(conv, tokenizer, config.render, max_tokens=config.max_tokens, keep_texts=True)
     stats.single_rendering = add_counts(stats.single_rendering, single_rendering(conv, tokenizer, config.render,
-                                                                                 rendered))
+                                                                                 rendered, max_tokens=config.max_tokens))
     if on_rendered is not None:
         on_rendered(rendered)
     if strict and rendered.skipped:

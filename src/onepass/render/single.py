@@ -115,7 +115,8 @@ SINGLE_FIELDS = tuple(f.name for f in dataclasses.fields(SingleRendering))
 
 
 def single_rendering(conv: Conversation, tokenizer: Any, config: RenderConfig, rendered: Rendered, *,
-                     template: str | None = None, check_prompts: bool = False) -> SingleRendering:
+                     template: str | None = None, check_prompts: bool = False,
+                     max_tokens: int | None = None) -> SingleRendering:
     """The counts of ``conv``: its single rendering (every message, as TRL renders a record) against the views
     of ``rendered`` (:func:`onepass.render.render_conversation` with ``keep_texts``, the same ``config``).
     ``template``: the chat template of the single rendering (None: the tokenizer's own, which the views and
@@ -124,21 +125,27 @@ def single_rendering(conv: Conversation, tokenizer: Any, config: RenderConfig, r
     The inference prompt of a turn is its view's prompt (the same messages, fields and call as
     :func:`~onepass.render.render_prompt`), else :func:`~onepass.render.render_prompt`'s; with ``check_prompts``
     it is always the latter, and each view's prompt is compared with it (``onepass_prompts_checked``): what
-    ``onepass data stats`` does; ``prepare`` trusts the construction, one render a turn fewer."""
+    ``onepass data stats`` does; ``prepare`` trusts the construction, one render a turn fewer. ``max_tokens``:
+    the budget ``rendered`` was made under; a view over it is a skip (``prepare`` trains it not), whether it was
+    tokenized or proven over without rendering (:mod:`onepass.render.preskip`): the counts are the same either way."""
     kwargs = config.kwargs()
-    fields = template_fields(tokenizer, kwargs, tools=bool(conv.tools))
-    turns = selected_turns(conv, config.train_turns)
+    # one rendering has one tool list: where messages carry lists of their own (a tool added mid-conversation),
+    # the one the conversation ends with, as a record of one ``tools`` column would hold it
+    at_end = conv.at_turn(len(conv.messages) - 1)
+    fields = template_fields(tokenizer, kwargs, tools=bool(at_end.tools))
+    greeting = None if config.train_greeting else conv.greeting  # as the views: the greeting only when asked
+    turns = [k for k in selected_turns(conv, config.train_turns) if k != greeting]
     if not turns:
         return SingleRendering()
     whole_kwargs = {**kwargs, "chat_template": template} if template is not None else kwargs
     try:
-        whole = render_turn(tokenizer, conv, template_messages(conv, None, **fields.message_options),
+        whole = render_turn(tokenizer, at_end, template_messages(at_end, None, **fields.message_options),
                             generation=False, kwargs=whole_kwargs, turn=turns[-1])
     except RenderError:
         return SingleRendering(conversations_not_rendered=1)
     reasoning = {k: (m.reasoning or "").strip() for k, m in enumerate(conv.messages) if m.role == "assistant"}
     texts = {turn: (prompt, completion) for turn, prompt, completion in rendered.texts}
-    viewed = {v.turn for v in rendered.views if isinstance(v, View)}
+    viewed = {v.turn for v in rendered.views if isinstance(v, View) and (max_tokens is None or len(v) <= max_tokens)}
     prompts: dict[int, str | None] = {}
 
     def inference_prompt(k: int) -> str | None:

@@ -13,7 +13,7 @@ import json
 
 from onepass.rl.rollouts import check_vocab, read_rollouts
 from onepass.rl.verify import compact_rollouts, run_rl_verify
-from onepass.verify.check import tolerance, verify_model
+from onepass.verify.check import refusal_as_json, tolerance, verify_model
 from onepass.verify.cli import verify_limit
 
 
@@ -31,9 +31,10 @@ def verify_rollouts(args: argparse.Namespace) -> int:
     vocab = None
     if not args.model:
         trajectories, vocab = compact_rollouts(trajectories)
-    model, label, backend = verify_model(args, vocab)
-    check_vocab(trajectories, model.get_input_embeddings().num_embeddings)
-    result = run_rl_verify(trajectories, model, max_tokens=args.max_tokens, tolerance=tol)
+    with refusal_as_json(args):
+        model, label, backend = verify_model(args, vocab)
+        check_vocab(trajectories, model.get_input_embeddings().num_embeddings)
+        result = run_rl_verify(trajectories, model, max_tokens=args.max_tokens, tolerance=tol)
     print(f"model: {label}, {args.dtype}, attention {backend}")
     print(f"{result.num_trajectories} trajectories, {result.num_turns} turns, {result.num_completion_tokens} "
           f"completion tokens: per-turn {result.per_turn_tokens} tokens vs one-pass {result.one_pass_tokens} "

@@ -172,8 +172,8 @@ def check_accelerate_config(path: str | Path) -> Any:
 
     try:
         cluster = load_config_from_file(str(path))
-    except (ValueError, TypeError) as e:
-        raise TrainConfigError(f"{path}: {e}") from None
+    except (ValueError, TypeError) as e:  # e.g. a top-level key the installed accelerate predates
+        raise TrainConfigError(f"{path}: {e}{_older_accelerate()}") from None
     known = {a.dest for a in private("accelerate launch_command_parser()._actions")}
     for name, section in vars(cluster).items():
         if not isinstance(section, dict):

@@ -150,8 +150,13 @@ def _bf16_supported(args: TrainingArguments) -> bool:
 
 def check_ranges(args: TrainingArguments) -> None:
     """The hyper-parameters in range (:mod:`onepass.train.hyperparams`, the table ``onepass train`` reads);
-    ``num_train_epochs`` only where it counts (no ``max_steps``), as the Trainer reads it."""
-    check_hyperparameters(args, names=epochs_counted(args.max_steps <= 0), error=TrainConfigError)
+    ``num_train_epochs`` only where it counts (no ``max_steps``), as the Trainer reads it. A field the installed
+    release declares optional with ``None`` as its default, left ``None``, is not given (transformers 5.2's
+    deprecated ``warmup_ratio``) and is not checked; ``None`` where the release's default is a number is."""
+    fields = getattr(type(args), "__dataclass_fields__", {})
+    unset = {name for name, f in fields.items() if f.default is None and getattr(args, name, 0) is None}
+    names = tuple(n for n in epochs_counted(args.max_steps <= 0) if n not in unset)
+    check_hyperparameters(args, names=names, error=TrainConfigError)
 
 
 def _h(text: str) -> dict[str, Any]:

@@ -379,7 +379,17 @@ class OnePassTrainer(Trainer):
                            title=f"OnePassTrainer: {Path(self.args.output_dir).name}")
 
     def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        """``Trainer.training_step``; with ``activation_offloading`` the saved activations live in CPU memory."""
+        """``Trainer.training_step``; with ``activation_offloading`` the saved activations live in CPU memory.
+
+        accelerate is told not to scale the loss for gradient accumulation (``num_steps`` 1, as transformers
+        sets it in its newer releases): transformers 5.2 hands it ``gradient_accumulation_steps``, and
+        ``Accelerator.backward`` then divides every micro-batch's loss by it on top of :meth:`compute_loss`'s
+        division by the whole step's weight (2 micro-batches trained half the gradient of one batch of the same
+        rows). DeepSpeed scales in its own backward, which ``Trainer`` turns off; it is left as it is."""
+        accelerator = self.accelerator
+        if accelerator.gradient_accumulation_steps != 1 and str(accelerator.distributed_type).split(".")[-1] \
+                != "DEEPSPEED":
+            accelerator.gradient_accumulation_steps = 1
         offload = (torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available())
                    if getattr(self.args, "activation_offloading", False) else contextlib.nullcontext())
         with offload:

@@ -18,6 +18,7 @@ vocabulary costs nothing; the layout under test is unchanged.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 from collections.abc import Sequence
@@ -34,6 +35,7 @@ from onepass.model.dtypes import default_tolerance, torch_dtype
 from onepass.errors import DataError, UsageError
 from onepass.verify.divergence import judge, locate, max_rel_grad_diff, trains_nothing
 from onepass.loss import layout_loss, view_loss_reference
+from onepass.model.couplings import CouplingError
 from onepass.model.load import ModelSpec, load_causal_lm, load_model_config
 from onepass.layout.pack import pack_layouts
 from onepass.model.precision import float64_norms
@@ -197,6 +199,20 @@ def verify_model(args: argparse.Namespace, vocab: int | None) -> tuple[Any, str,
     return model, label, backend
 
 
+@contextlib.contextmanager
+def refusal_as_json(args: argparse.Namespace) -> Any:
+    """``verify``'s last line is JSON, a refusal's too: where the installed release cannot run the model one-pass
+    (:class:`onepass.model.couplings.CouplingError`, e.g. a hybrid's mixers on transformers before 5.21), the
+    line says so (``"equal": null``: nothing was compared) with the refusal, which then goes on to the CLI (one
+    line on stderr, exit 2)."""
+    try:
+        yield
+    except CouplingError as e:
+        print(json.dumps({"equal": None, "refused": str(e), "model": args.model or f"tiny {args.tiny}",
+                          "dtype": args.dtype}))
+        raise
+
+
 def tolerance(args: argparse.Namespace) -> float:
     """``--tolerance``, else the default of ``--dtype`` (:func:`onepass.model.dtypes.default_tolerance`)."""
     return args.tolerance if args.tolerance is not None else default_tolerance(args.dtype)
@@ -251,9 +267,10 @@ def run(args: argparse.Namespace) -> int:
     vocab = None
     if not args.model:
         views, vocab = compact_vocab(views)
-    model, label, backend = verify_model(args, vocab)
-    result = run_verify(views, model, schedule=config.schedule_spec, weighting=config.weighting,
-                        max_tokens=args.max_tokens, pack=pack, share=share)
+    with refusal_as_json(args):
+        model, label, backend = verify_model(args, vocab)
+        result = run_verify(views, model, schedule=config.schedule_spec, weighting=config.weighting,
+                            max_tokens=args.max_tokens, pack=pack, share=share)
     tol = tolerance(args)
     verdict = judge(result.rel_loss_diff, result.max_rel_grad_diff, tolerance=tol,
                     where=lambda: locate(model, views, worst_parameter=result.worst_parameter, tolerance=tol))
