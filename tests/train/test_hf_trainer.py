@@ -191,23 +191,31 @@ def test_cpu_fast_backend_serves_the_trainer(tmp_path, datasets_):
     assert max(rel(a, b) for a, b in zip(*losses)) <= 1e-9
 
 
-def _one_process_run(tmp_path, datasets_):
-    """The data saved, the environment, the script's arguments for the two-rank run, and the
-    one-process reference run of ``hf_trainer_script.py`` (its result in ``tmp_path / "one"``)."""
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory, datasets_):
+    """The data saved, the environment, and the one-process reference run of ``hf_trainer_script.py`` (its
+    ``result.json`` in ``root / "one"``): the same for every two-rank launch below, so run once per module."""
     one, _, ids = datasets_
-    data = tmp_path / "data"
+    root = tmp_path_factory.mktemp("one_process")
+    data = root / "data"
     one.save_to_disk(str(data))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     script = str(HERE / "hf_trainer_script.py")
-    single = subprocess.run([sys.executable, script, str(data), str(tmp_path / "one"), "2", str(len(ids))],
+    single = subprocess.run([sys.executable, script, str(data), str(root / "one"), "2", str(len(ids))],
                             env=env, capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
-    return env, [script, str(data), str(tmp_path / "two"), "1", str(len(ids))]
+    return root, env, script, data, len(ids)
 
 
-def _results_match(tmp_path):
+def _two_rank_args(tmp_path, one_process_run):
+    """The environment and the script's arguments for a two-rank run writing to ``tmp_path / "two"``."""
+    _, env, script, data, vocab = one_process_run
+    return env, [script, str(data), str(tmp_path / "two"), "1", str(vocab)]
+
+
+def _results_match(tmp_path, one_process_run):
     """Both runs' results, after checking the two-rank run took the one-process run's steps."""
-    a = json.loads((tmp_path / "one" / "result.json").read_text())
+    a = json.loads((one_process_run[0] / "one" / "result.json").read_text())
     b = json.loads((tmp_path / "two" / "result.json").read_text())
     assert len(a["losses"]) == len(b["losses"]) == 3
     assert max(rel(x, y) for x, y in zip(a["losses"], b["losses"])) <= 1e-9
@@ -217,22 +225,22 @@ def _results_match(tmp_path):
 
 
 @pytest.mark.slow
-def test_torchrun_two_processes_match_one(tmp_path, datasets_):
-    env, args = _one_process_run(tmp_path, datasets_)
+def test_torchrun_two_processes_match_one(tmp_path, one_process_run):
+    env, args = _two_rank_args(tmp_path, one_process_run)
     # one try: a teardown abort or a hang is a failure, with every process's Python stacks (tests/ranks.py)
     two = run_ranks([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                      *args], env, timeout=300)
     assert two.returncode == 0, two.stderr[-6000:]
-    a, b = _results_match(tmp_path)
+    a, b = _results_match(tmp_path, one_process_run)
     assert a["world_size"] == 1 and b["world_size"] == 2
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launch", ["accelerate-config", "torchrun-fsdp-args"])
-def test_fsdp_on_two_cpu_ranks_matches_one_process(tmp_path, datasets_, launch):
+def test_fsdp_on_two_cpu_ranks_matches_one_process(tmp_path, one_process_run, launch):
     """OnePassTrainer runs FSDP2 (not DDP) under accelerate launch with configs/accelerate-fsdp-cpu.yaml, and
     under torchrun with TrainingArguments(fsdp="full_shard auto_wrap")."""
-    env, args = _one_process_run(tmp_path, datasets_)
+    env, args = _two_rank_args(tmp_path, one_process_run)
     config = Path(__file__).parents[2] / "configs" / "accelerate-fsdp-cpu.yaml"
     launcher = (["-m", "accelerate.commands.launch", "--config_file", str(config)] if launch == "accelerate-config"
                 else ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"])
@@ -242,7 +250,7 @@ def test_fsdp_on_two_cpu_ranks_matches_one_process(tmp_path, datasets_, launch):
         return
     assert two.returncode == 0, two.stderr[-6000:]
     assert "Reducer" not in two.stderr and "DistributedDataParallel" not in two.stderr
-    a, b = _results_match(tmp_path)
+    a, b = _results_match(tmp_path, one_process_run)
     assert a["distributed"]["mode"] == "single"
     assert b["distributed"] == {"mode": "fsdp", "world_size": 2, "backend": "gloo", "device": "cpu",
                                 "fsdp_version": 2, "launcher": launch.split("-")[0], "sp_size": 1}
