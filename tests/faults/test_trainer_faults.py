@@ -132,14 +132,20 @@ def _endless(limit: int = 3000):
 
 
 @pytest.mark.parametrize("packing", [False, True])
-def test_an_endless_iterable_dataset_streams(tmp_path, qwen3_tokenizer, packing):
+def test_an_endless_iterable_dataset_streams(tmp_path, qwen3_tokenizer, monkeypatch, packing):
     from transformers import TrainingArguments
 
+    import onepass.train.hf_stream as hf_stream
     from onepass.train.hf_config import OnePassConfig
     from onepass.train.hf_trainer import OnePassTrainer
 
+    # 16 records made into rows at a time, not 256: 3 steps read a few such batches (crossing from one to the
+    # next), not one batch of 256 conversations rendered for 6 rows; and a narrow model (the LM head over the
+    # whole Qwen3 vocabulary is most of a step): streaming is what is tested, not the model
+    monkeypatch.setattr(hf_stream, "STREAM_BATCH", 16)
     stream, read = _endless()
-    model = tiny_model("qwen3", len(qwen3_tokenizer), dtype=torch.float32, attn_implementation="sdpa")
+    model = tiny_model("qwen3", len(qwen3_tokenizer), dtype=torch.float32, attn_implementation="sdpa",
+                       hidden_size=32, intermediate_size=64)
     args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, max_steps=3,
                              logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
                              dataloader_num_workers=0, gradient_checkpointing=False)

@@ -351,7 +351,22 @@ class MixerCoupling:
 
 
 def source_of(obj: Any) -> str:
-    """``obj``'s source text ("" where there is none: a builtin, a C extension)."""
+    """``obj``'s source text ("" where there is none: a builtin, a C extension). Read once per object: for a
+    class, ``inspect.getsource`` parses the whole module file it is defined in, and the mixer search asks for
+    every module class of a model each time a model is installed, made float64 or checked (measured: 297 reads,
+    14 CPU s, in one tiny Nemotron-H training run)."""
+    try:
+        return _source_once(obj)
+    except TypeError:  # unhashable: read it again
+        return _read_source(obj)
+
+
+@functools.lru_cache(maxsize=None)
+def _source_once(obj: Any) -> str:
+    return _read_source(obj)
+
+
+def _read_source(obj: Any) -> str:
     try:
         return inspect.getsource(obj)
     except (OSError, TypeError):
