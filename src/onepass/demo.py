@@ -183,7 +183,7 @@ def train_side_by_side(out: Path, steps: int, *, block_steps: int = BLOCK_STEPS)
           f"{n['train_tokens'] / one['train_tokens']:.2f}x in tokens; deeper conversations save more "
           "(onepass data stats; onepass bench --workload synthetic --depth-groups; benchmarks/RESULTS.md)")
     print(f"losses agree at every step to {diff:.1e} (float32 rounding, compounded over the steps; "
-          "in float64 they agree to 1e-9: tests/test_train.py)")
+          "in float64 they agree to 1e-9: tests/train/test_train.py)")
     print(f"loss curves: {both} (both; time axis: the interleaved blocks), {out / 'train-one-pass' / 'loss.png'}, "
           f"{out / 'train-n-pass' / 'loss.png'}")
     print(f"models: {out / 'train-one-pass' / 'final'}, {out / 'train-n-pass' / 'final'}")

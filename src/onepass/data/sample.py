@@ -26,7 +26,7 @@ precisely (``n_d`` = conversations of depth d after the cap, ``N = sum n_d``,
     a_d    = base_d + floor(quota_d) + 1 for the R - sum floor largest fractional
              parts (largest remainder; ties go to the smaller depth)
 
-Hand-worked example (``tests/test_data_sample.py``): n = {1: 5, 2: 40, 3: 100,
+Hand-worked example (``tests/data/test_data_sample.py``): n = {1: 5, 2: 40, 3: 100,
 4: 15, 5: 2}, B = 50, m = 10::
 
     paper: floor(n*50/162) = 1 12 30 4 0  -> a = 5 12 30 10 2   (total 59)

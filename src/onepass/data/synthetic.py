@@ -43,13 +43,13 @@ from onepass.errors import UsageError
 # The paper's MathChat_sync depth table after capping depth 6 at 30,000 and drawing 8,000
 # stratified with at least min(200, available) per depth, by the authors' own rule
 # (onepass.data.sample.allocate(..., rule="paper")): 8,797 conversations, the size of the
-# published MathChatSync-reasoning. tests/test_data_sample.py recomputes it.
+# published MathChatSync-reasoning. tests/data/test_data_sample.py recomputes it.
 PAPER_SAMPLED_DEPTHS: dict[int, int] = {
     1: 199, 2: 573, 3: 200, 4: 298, 5: 1879, 6: 3219, 7: 1498, 8: 237, 9: 200, 10: 200, 11: 149,
     12: 63, 13: 41, 14: 15, 15: 9, 16: 7, 17: 1, 18: 4, 19: 2, 21: 2, 23: 1,
 }
 
-# Each is one Qwen token as "w", " w", "W" and " W" (checked in tests/test_data_synthetic.py).
+# Each is one Qwen token as "w", " w", "W" and " W" (checked in tests/data/test_data_synthetic.py).
 WORDS: tuple[str, ...] = tuple("""
 the a an and or but so if then when while because since after before until of to in on at by for
 with from into over under about between through during without within per than as is are was were be
