@@ -23,39 +23,16 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from onepass.head import chunked_lm_head_loss, fp32_out_gemm, fp32_sum_gemm
+from onepass.bench.head_precision import half_head_errors
+from onepass.head import fp32_out_gemm, fp32_sum_gemm
 
 HERE = Path(__file__).resolve().parent
 
 
 def errors(device: str, dtype: torch.dtype, seed: int, T: int, D: int, V: int, chunk: int) -> dict[str, list[float]]:
-    gen = torch.Generator().manual_seed(seed)
-    weight_VD = (torch.randn(V, D, generator=gen, dtype=torch.float64) * 3 / D ** 0.5).to(dtype).double()
-    hidden_TD = torch.randn(T, D, generator=gen, dtype=torch.float64).to(dtype).double()
-    targets_T = torch.randint(0, V, (T,), generator=gen)
-    weights_T = torch.rand(T, generator=gen, dtype=torch.float64)
-
-    def run(loss_fn, dt):
-        head = nn.Linear(D, V, bias=False, dtype=dt, device=device)
-        with torch.no_grad():
-            head.weight.copy_(weight_VD)
-        h_TD = hidden_TD.detach().to(device, dt).requires_grad_(True)
-        loss = loss_fn(h_TD, head, targets_T.to(device), weights_T.to(device))
-        loss.backward()
-        return [x.detach().double().cpu() for x in (loss, h_TD.grad, head.weight.grad)]
-
-    def chunked(h, head, t, w):
-        return chunked_lm_head_loss(h, head, t, w, chunk=chunk)
-
-    def plain(h, head, t, w):
-        return (F.cross_entropy(head(h).float(), t, reduction="none") * w.float()).sum()
-
-    want = run(chunked, torch.float64)
-    return {name: [float((g - r).norm() / r.norm()) for g, r in zip(run(fn, dtype), want)]
-            for name, fn in (("onepass chunked", chunked), ("plain HF head", plain))}
+    ours, plain = half_head_errors(device, dtype, seed, targets=T, hidden=D, vocab=V, chunk=chunk)
+    return {"onepass chunked": ours, "plain HF head": plain}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from onepass import head as head_mod
+from onepass.bench.head_precision import half_head_errors
 from onepass.head import chunked_lm_head_loss, head_mode, plain_lm_head_loss
 from onepass.loss import batch_loss
 from onepass.model.tiny import tiny_model
@@ -226,38 +227,6 @@ def test_accuracy_and_entropy_sums_are_the_same_on_every_head_path():
 
 # ---------------------------------------------------------------------------------------------
 # precision: one dtype rule for every head matmul (head_dtype)
-
-def half_head_errors(device: str, dtype: torch.dtype, seed: int, *, T=256, D=128, V=2000, chunk=64):
-    """Relative errors (loss, dh, dW) against float64 on the same (half-representable) inputs: the chunked
-    head in ``dtype``, and a plain HF head (``nn.Linear`` in ``dtype``, logits upcast, cross entropy)."""
-    gen = torch.Generator().manual_seed(seed)
-    weight_VD = (torch.randn(V, D, generator=gen, dtype=torch.float64) * 3 / D ** 0.5).to(dtype).double()
-    hidden_TD = torch.randn(T, D, generator=gen, dtype=torch.float64).to(dtype).double()
-    targets_T = torch.randint(0, V, (T,), generator=gen)
-    weights_T = torch.rand(T, generator=gen, dtype=torch.float64)
-
-    def run(loss_fn, dt):
-        head = nn.Linear(D, V, bias=False, dtype=dt, device=device)
-        with torch.no_grad():
-            head.weight.copy_(weight_VD)
-        h_TD = hidden_TD.detach().to(device, dt).requires_grad_(True)
-        loss = loss_fn(h_TD, head, targets_T.to(device), weights_T.to(device))
-        loss.backward()
-        return [x.detach().double().cpu() for x in (loss, h_TD.grad, head.weight.grad)]
-
-    def chunked(h, head, t, w):
-        return chunked_lm_head_loss(h, head, t, w, chunk=chunk)
-
-    def hf(h, head, t, w):
-        return (torch.nn.functional.cross_entropy(head(h).float(), t, reduction="none") * w.float()).sum()
-
-    want = run(chunked, torch.float64)
-
-    def rel(got):
-        return [float((g - r).norm() / r.norm()) for g, r in zip(got, want)]
-
-    return rel(run(chunked, dtype)), rel(run(hf, dtype))
-
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_half_head_is_as_close_to_float64_as_a_plain_half_head(dtype, device="cpu"):

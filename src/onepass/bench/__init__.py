@@ -7,5 +7,6 @@
     cli.py       ``onepass bench``
     gpu_bundle.py / gpu_check.py   ``make gpu-bundle`` / ``make gpu-check``: the GPU run, one call
     gpu_plan.py / gpu_speed.py / gpu_probes.py   its speed plan, speed step and probes
+    head_precision.py            the half-precision head's error against float64 (test and benchmark)
     skyrl_step.py                  gpu-check's skyrl step (onepass's SkyRL forward, sharded as SkyRL shards it)
 """
