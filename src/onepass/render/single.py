@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from onepass.conversation.parse import Conversation
-from onepass.conversation.turns import selected_turns
 from onepass.errors import ConfigError
 from onepass.layout.view import View
 from onepass.render.encode import encode_texts
@@ -50,7 +49,7 @@ from onepass.render.errors import RenderError
 from onepass.render.fields import template_fields
 from onepass.render.messages import template_messages
 from onepass.render.template import render_turn
-from onepass.render.views import RenderConfig, Rendered, render_prompt
+from onepass.render.views import RenderConfig, Rendered, render_prompt, trained_turns
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -133,8 +132,7 @@ def single_rendering(conv: Conversation, tokenizer: Any, config: RenderConfig, r
     # the one the conversation ends with, as a record of one ``tools`` column would hold it
     at_end = conv.at_turn(len(conv.messages) - 1)
     fields = template_fields(tokenizer, kwargs, tools=bool(at_end.tools))
-    greeting = None if config.train_greeting else conv.greeting  # as the views: the greeting only when asked
-    turns = [k for k in selected_turns(conv, config.train_turns) if k != greeting]
+    turns = trained_turns(conv, config)  # the turns the views train (the greeting only when asked)
     if not turns:
         return SingleRendering()
     whole_kwargs = {**kwargs, "chat_template": template} if template is not None else kwargs

@@ -178,7 +178,7 @@ def _turn_text(turn: Turn, config: RenderConfig, sources: Sequence[CompletionSou
         return text.flagged(retry.flag)
 
 
-def _trained_turns(conv: Conversation, config: RenderConfig) -> list[int]:
+def trained_turns(conv: Conversation, config: RenderConfig) -> list[int]:
     """The assistant turns that get a view: those ``config.train_turns`` selects
     (:func:`onepass.conversation.turns.selected_turns`: never one the record marks not to train), but for the
     greeting that opens the conversation unless ``config.train_greeting`` (it answers no user turn)."""
@@ -195,7 +195,7 @@ def _iter_texts(conv: Conversation, tokenizer: Any, config: RenderConfig, preski
     kwargs = config.kwargs()
     eos = getattr(tokenizer, "eos_token", None) or ""
     memos: dict[int, dict[Any, Any]] = {}  # per tool list: the prefixes the template raised for, scanned once
-    for k in _trained_turns(conv, config):
+    for k in trained_turns(conv, config):
         if preskip is not None and (over := preskip.skip(k)) is not None:
             yield k, over
             continue
@@ -306,7 +306,7 @@ def _unmeasured(conv: Conversation, tokenizer: Any, turn: int, text: _Text, max_
 def _preskip(conv: Conversation, tokenizer: Any, config: RenderConfig, max_tokens: int | None) -> Preskip | None:
     """The conversation's :class:`~onepass.render.preskip.Preskip` under ``max_tokens`` (None: no budget, or
     no turn after the first, which it could skip)."""
-    turns = _trained_turns(conv, config)
+    turns = trained_turns(conv, config)
     if max_tokens is None or len(turns) < 2:
         return None
     kwargs = config.kwargs()
