@@ -34,9 +34,10 @@ from onepass.head import (
     head_of,
     weighted_ce,
 )
-from onepass.mixers.tree import tree_kwargs
+from onepass.mixers.tree import chains_for
 from onepass.layout.tree import IGNORE, ROW_SCHEMA, Layout
-from onepass.ulysses.comm import SP_KWARG, SequenceShard
+from onepass.ulysses.comm import SequenceShard
+from onepass.ulysses.forward import ForwardPlan
 from onepass.layout.view import View
 
 
@@ -226,15 +227,11 @@ def _forward_kept(model: Any, batch: Mapping[str, Any], shard: SequenceShard | N
     its targets. A target is already shifted (the next token of its own position), so no shard
     needs its neighbour's tokens.
     """
-    extra: dict[str, Any] = {}
     host = host_rows(batch)
     if shard is not None:
         batch = pad_batch(batch, shard.degree)
         host = host.padded(shard.degree)
-        extra[SP_KWARG] = shard
-    mask = attention_mask_for(model, batch["kv_end"], position_ids_BL=batch["position_ids"],
-                              host_kv_end=host.kv_end_BL, host_position_ids=host.position_ids_BL)
-    extra.update(tree_kwargs(model, host.kv_end_BL))  # recurrent layers scan the tree chain by chain
+    plan = forward_plan(model, batch, host=host, shard=shard)
     held = {k: batch[k] if shard is None else shard.local(batch[k])
             for k in ("input_ids", "position_ids", "targets", "weights")}
     mine = host if shard is None else host.local(shard.degree, shard.rank)
@@ -250,9 +247,23 @@ def _forward_kept(model: Any, batch: Mapping[str, Any], shard: SequenceShard | N
         keep = to_device(keep_host, device)
         pick_T = None if pick_host is None else to_device(pick_host, device)
     out = model(input_ids=held["input_ids"], position_ids=held["position_ids"],
-                attention_mask=mask, logits_to_keep=keep, use_cache=False, **forward_kwargs(model), **extra)
+                logits_to_keep=keep, use_cache=False, **plan.model_kwargs())
     logits = out.logits.reshape(-1, out.logits.shape[-1])
     return (logits if pick_T is None else logits.index_select(0, pick_T)), _Targets(targets_T, index_T), weights_T
+
+
+def forward_plan(model: Any, batch: Mapping[str, Any], *, host: HostRows | None = None,
+                 shard: SequenceShard | None = None) -> ForwardPlan:
+    """The forward's one record for ``batch`` (:class:`onepass.ulysses.forward.ForwardPlan`): the tree mask
+    of ``model``'s backend, the rows' chains (its recurrent mixers installed to read them), ``shard`` and the
+    backend's options, planned once from the host rows (``host``: the batch's, when the caller has them).
+    Under sequence parallelism ``batch`` is the whole rows padded to a multiple of the degree
+    (:func:`pad_batch`): the mask and the chains are the whole rows', whatever each rank holds."""
+    host = host_rows(batch) if host is None else host
+    mask = attention_mask_for(model, batch["kv_end"], position_ids_BL=batch["position_ids"],
+                              host_kv_end=host.kv_end_BL, host_position_ids=host.position_ids_BL)
+    chains = chains_for(model, host.kv_end_BL)  # recurrent layers scan the tree chain by chain
+    return ForwardPlan(mask=mask, chains=chains, shard=shard, options=forward_kwargs(model))
 
 
 def pad_batch(batch: Mapping[str, Any], multiple: int) -> dict[str, Any]:

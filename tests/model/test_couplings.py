@@ -25,6 +25,7 @@ from onepass.model.couplings import COUPLINGS, CouplingError, mixer_classes, rec
 from onepass.model.private_names import PRIVATE_NAMES, find_private, installed, missing_private_names, private
 from onepass.layout.geometry import Chain
 from onepass.model.tiny import HYBRID_ARCHS, tiny_model
+from onepass.ulysses.forward import ForwardPlan
 
 
 @pytest.mark.parametrize("arch", HYBRID_ARCHS)
@@ -65,7 +66,7 @@ def test_a_renamed_cache_argument_is_followed():
     hidden = torch.arange(1.0, 7.0)[None, :, None]
     # two chains: [0, 3) and a child [3, 6) that continues from it
     plan = ((Chain(start=0, end=3, parent=-1, depth=0), Chain(start=3, end=6, parent=0, depth=1)),)
-    out = stub(hidden, **{tree.PLAN_KWARG: plan})
+    out = stub(hidden, **ForwardPlan(mask=None, chains=plan).model_kwargs())
     assert torch.equal(out, hidden.cumsum(1)), "the child chain must start from its parent's end state"
     tree.uninstall(stub)
 

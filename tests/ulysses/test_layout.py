@@ -8,6 +8,7 @@ the same exchanges over :class:`onepass.ulysses.comm.ThreadGroup`, fast enough f
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from onepass.render import render_views
 from onepass.layout.schedule import parse_schedule, schedule_views
 from onepass.model.tiny import tiny_model
 from onepass.ulysses.comm import ThreadGroup, run_ranks
+from onepass.ulysses.forward import KWARG, take
 from onepass.guard.sequence_parallel import loss_and_grads, rel, split_loss_and_grads
 from onepass.ulysses.model import install, is_installed, layer_shapes, uninstall
 from onepass.ulysses.plan import SequenceParallelError, forward_volume, head_split, padded_length, shard_range
@@ -232,12 +234,12 @@ def test_without_the_gather_a_recurrent_mixer_scans_only_its_shard(rows, monkeyp
     original = tree._tree_forward
 
     def shard_only(module, forward, cache_kw, *args, **kwargs):
-        shard = kwargs.pop("onepass_sp", None)
-        plan = kwargs.pop(tree.PLAN_KWARG)
+        plan = take(kwargs)
         local = ((tree.Chain(start=0, end=args[0].shape[1] if args else kwargs["hidden_states"].shape[1],
-                             parent=-1, depth=0),),) * len(plan)
-        assert shard is not None
-        return original(module, forward, cache_kw, *args, **{tree.PLAN_KWARG: local}, **kwargs)
+                             parent=-1, depth=0),),) * len(plan.chains)
+        assert plan.shard is not None
+        return original(module, forward, cache_kw, *args, **{KWARG: replace(plan, chains=local, shard=None)},
+                        **kwargs)
 
     monkeypatch.setattr(tree, "_tree_forward", shard_only)
     tree.uninstall(model)

@@ -11,15 +11,16 @@ makes equal) and the recurrent state (SSM / delta-rule matrix). That is the
 same prefill-with-a-cache path HF uses for generation, so no mixer math is
 copied here; states are never detached, so gradients flow through them.
 
-How the plan reaches the mixers: :func:`install` wraps the forward of each
-mixer instance once (idempotent); :func:`tree_kwargs` returns
-``{"onepass_chains": plan}`` for the model call, which HF forwards through the
-decoder layers' ``**kwargs`` to the mixer. A mixer called without it (the plain
-N-pass reference, generation) runs unchanged; with gradient checkpointing the
-recomputation gets the same kwargs, so it runs chain-wise too. Under sequence parallelism
-(``onepass_sp``, :mod:`onepass.ulysses`) a rank holds a shard of each row and a chain may cross
-shards: the mixer's input is gathered along the sequence (an all-gather, exact in both
-directions), the whole row is scanned chain by chain, and the rank keeps its own positions.
+How the chains reach the mixers: :func:`install` wraps the forward of each
+mixer instance once (idempotent); :func:`chains_for` gives the rows' chains, which travel
+in the forward's one record (:class:`onepass.ulysses.forward.ForwardPlan`, built by
+:func:`onepass.loss.forward_plan`) that HF forwards through the decoder layers' ``**kwargs``
+to the mixer. A mixer called without it (the plain N-pass reference, generation) runs
+unchanged; with gradient checkpointing the recomputation gets the same kwargs, so it runs
+chain-wise too. Under sequence parallelism (the record's ``shard``, :mod:`onepass.ulysses`) a
+rank holds a shard of each row and a chain may cross shards: the mixer's input is gathered
+along the sequence (an all-gather, exact in both directions), the whole row is scanned chain
+by chain, and the rank keeps its own positions.
 
 Loops chain by chain (torch kernels, CPU and GPU). Why not one call per chain
 depth: transformers' torch scans (``torch_chunk_gated_delta_rule``,
@@ -51,9 +52,8 @@ import torch
 
 from onepass.model.couplings import check_cache_api, recurrent_mixer
 from onepass.layout.geometry import Chain, batch_chains
-from onepass.ulysses.comm import SP_KWARG
+from onepass.ulysses.forward import take
 
-PLAN_KWARG = "onepass_chains"
 # The mixers with a float64 equivalence test (tests/mixers/test_hybrids.py), for the docs: which modules
 # are mixers, and which argument takes their cache, is read off the installed code
 # (onepass.model.couplings.recurrent_mixer), never from this list.
@@ -187,12 +187,13 @@ def _run_chains(forward: Any, cache_kw: str, hidden_BLD: torch.Tensor, plan: Seq
 
 
 def _tree_forward(module: torch.nn.Module, original: Any, cache_kw: str, *args: Any, **kwargs: Any) -> Any:
-    plan = kwargs.pop(PLAN_KWARG, None)
-    shard = kwargs.pop(SP_KWARG, None)  # sequence parallelism: this rank holds a shard of each row
+    forward = take(kwargs)
+    plan = None if forward is None else forward.chains
+    shard = None if forward is None else forward.shard  # sequence parallelism: this rank holds a shard of each row
     if plan is None:
         if shard is not None:
-            raise ValueError(f"{type(module).__name__}: a sequence-parallel shard needs the rows' chains "
-                             f"({PLAN_KWARG}); run the model through onepass.loss")
+            raise ValueError(f"{type(module).__name__}: a sequence-parallel shard needs the rows' chains; "
+                             "run the model through onepass.loss")
         return original(*args, **kwargs)
     hidden = kwargs.pop("hidden_states") if "hidden_states" in kwargs else args[0]
     if kwargs.get(cache_kw) is not None:
@@ -242,9 +243,10 @@ def uninstall(model: Any) -> None:
             mod.forward = original
 
 
-def tree_kwargs(model: Any, kv_end_BL: torch.Tensor | np.ndarray) -> dict[str, Any]:
-    """The extra model kwargs that run ``model``'s recurrent mixers on the rows' trees ({} if none)."""
+def chains_for(model: Any, kv_end_BL: torch.Tensor | np.ndarray) -> tuple[tuple[Chain, ...], ...] | None:
+    """The rows' chains, for the forward's record (:class:`onepass.ulysses.forward.ForwardPlan`), with
+    ``model``'s recurrent mixers installed to read them; None for a model without recurrent mixers."""
     if not install(model):
-        return {}
+        return None
     kv = kv_end_BL.detach().cpu().numpy() if isinstance(kv_end_BL, torch.Tensor) else kv_end_BL
-    return {PLAN_KWARG: batch_chains(kv)}
+    return batch_chains(kv)

@@ -55,7 +55,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainingArguments
 
-from onepass.attention.backends import check_backend, model_backend, attention_mask_for
+from onepass.attention.backends import check_backend, model_backend
 from onepass.batch import host_rows
 from onepass.conversation.parse import Conversation
 from onepass.model.couplings import checkpointing_on
@@ -64,8 +64,7 @@ from onepass.layout.geometry import branches
 from onepass.guard.check import check_exact_once, enforce
 from onepass.prepare.guard_sample import views_for_check
 from onepass.head import add_logit_stats, weighted_ce
-from onepass.loss import ForwardView, batch_dft_loss, batch_loss, dft_sum, row_losses
-from onepass.mixers.tree import tree_kwargs
+from onepass.loss import ForwardView, batch_dft_loss, batch_loss, dft_sum, forward_plan, row_losses
 from onepass.model.private_names import private
 from onepass.layout.row_check import model_vocab
 from onepass.train import sft_checks
@@ -525,11 +524,9 @@ class OnePassTrainer(Trainer):
             length = inputs["input_ids"].shape[1]
             out = model(input_ids=inputs["input_ids"], attention_mask=_causal_rows_mask(inputs), use_cache=False)
             return out.logits[:, -length:]
-        view, host = ForwardView(model, self.accelerator.unwrap_model(model)), host_rows(inputs)
-        mask = attention_mask_for(view, inputs["kv_end"], position_ids_BL=inputs["position_ids"],
-                                  host_kv_end=host.kv_end_BL, host_position_ids=host.position_ids_BL)
-        return model(input_ids=inputs["input_ids"], position_ids=inputs["position_ids"], attention_mask=mask,
-                     use_cache=False, **tree_kwargs(view, host.kv_end_BL)).logits
+        plan = forward_plan(ForwardView(model, self.accelerator.unwrap_model(model)), inputs)
+        return model(input_ids=inputs["input_ids"], position_ids=inputs["position_ids"], use_cache=False,
+                     **plan.model_kwargs()).logits
 
     def _prompt_learning_loss(self, model: Any, inputs: Mapping[str, torch.Tensor],
                               stats: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -3,6 +3,8 @@
     plan.py       which positions and heads each rank holds, the padding, what each collective moves (numpy)
     comm.py       the all-to-all and its gradient over a process group or simulated thread ranks; the
                   SequenceShard a forward pass carries
+    forward.py    the forward contract: one record (mask, chains, shard) per batch under one model keyword,
+                  read by the attention wrapper and the recurrent mixers
     attention.py  each attention backend wrapped: all-to-all to heads, the backend on the whole row, back
     model.py      a model made sequence-parallel: the static checks (heads), the wrapped backend
 

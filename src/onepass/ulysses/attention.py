@@ -9,11 +9,11 @@ mask built for the whole row (:func:`onepass.attention.attention_mask_for`, unch
 another all-to-all turns its ``[B, L, H/S, D]`` output back into this rank's positions with every
 head. Nothing of the mask, the segment plan or the kernels changes.
 
-A call without the ``onepass_sp`` keyword (the plain N-pass reference, generation, a forward
-that holds the whole row) is the backend itself. Key/value heads follow
-:func:`onepass.ulysses.plan.head_split` (repeated when there are fewer than ranks); attention sinks
-(gpt-oss: one logit per query head, as the ``s_aux`` keyword or the module's ``sinks``) are sliced to the
-rank's heads.
+A call whose forward record (:class:`onepass.ulysses.forward.ForwardPlan`) holds no shard, or that has
+none (the plain N-pass reference, generation, a forward that holds the whole row), is the backend itself.
+Key/value heads follow :func:`onepass.ulysses.plan.head_split` (repeated when there are fewer than
+ranks); attention sinks (gpt-oss: one logit per query head, as the ``s_aux`` keyword or the module's
+``sinks``) are sliced to the rank's heads.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 
 from onepass.attention.backends import BACKENDS, SP_PREFIX
 from onepass.attention.cpu import register as register_onepass_cpu
-from onepass.ulysses.comm import SP_KWARG, SequenceShard
+from onepass.ulysses.forward import take
 from onepass.ulysses.plan import SequenceParallelError, head_split
 
 
@@ -61,7 +61,8 @@ def sequence_parallel_attention(backend: str) -> Any:
 
     def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: Any, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
-        shard: SequenceShard | None = kwargs.pop(SP_KWARG, None)
+        forward = take(kwargs)
+        shard = None if forward is None else forward.shard
         core = core_function(backend, module)
         if shard is None:
             return core(module, query, key, value, attention_mask, *args, **kwargs)
@@ -98,4 +99,4 @@ def register() -> None:
             AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[backend])
 
 
-__all__ = ["SP_KWARG", "core_function", "register", "sequence_parallel_attention"]
+__all__ = ["core_function", "register", "sequence_parallel_attention"]

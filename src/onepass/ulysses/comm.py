@@ -32,8 +32,6 @@ import torch
 
 from onepass.ulysses.plan import HeadSplit
 
-SP_KWARG = "onepass_sp"  # the model kwarg holding a SequenceShard: HF hands it to every attention layer and mixer
-
 
 class TorchGroup:
     """All-to-all over a ``torch.distributed`` process group."""
@@ -123,7 +121,7 @@ class _AllToAll(torch.autograd.Function):
 class SequenceShard:
     """This rank's place in a sequence-parallel group, and the exchanges a forward pass makes.
 
-    A model run with it (``onepass_sp=shard``, :mod:`onepass.ulysses.model`) holds positions
+    A model run with it (in its forward's record, :class:`onepass.ulysses.forward.ForwardPlan`) holds positions
     :meth:`local` of every row; its attention layers call :meth:`to_heads` / :meth:`to_sequence`,
     its recurrent mixers :meth:`gather_sequence`.
     """
@@ -168,4 +166,4 @@ class SequenceShard:
         return x_H[start:stop]
 
 
-__all__ = ["SP_KWARG", "SequenceShard", "ThreadGroup", "TorchGroup", "run_ranks"]
+__all__ = ["SequenceShard", "ThreadGroup", "TorchGroup", "run_ranks"]

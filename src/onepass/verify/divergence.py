@@ -23,10 +23,9 @@ from typing import Any
 
 import torch
 
-from onepass.attention.backends import attention_mask_for, forward_kwargs
+from onepass.attention.backends import forward_kwargs
 from onepass.layout.geometry import leaf_paths
-from onepass.mixers.tree import tree_kwargs
-from onepass.loss import layouts_to_batch
+from onepass.loss import forward_plan, layouts_to_batch
 from onepass.model.config import text_config
 from onepass.model.layers import decoder_layers, layer_types, mixer_name
 from onepass.layout.schedule import Schedule, schedule_views
@@ -90,14 +89,6 @@ def trains_nothing(reference: dict[str, torch.Tensor]) -> bool:
     return all(not bool(g.any()) for g in reference.values())
 
 
-def _tree_mask(model: Any, batch: dict[str, torch.Tensor]) -> Any:
-    import inspect
-
-    if "position_ids_BL" in inspect.signature(attention_mask_for).parameters:  # per-layer-type masks
-        return attention_mask_for(model, batch["kv_end"], position_ids_BL=batch["position_ids"])
-    return attention_mask_for(model, batch["kv_end"])
-
-
 def layer_differences(model: Any, conversations: Sequence[Sequence[View]]) -> list[float]:
     """Per decoder layer: the largest relative difference between its output at a one-pass tree
     node and its output at the same token of a plain forward of that node's path. Empty when the
@@ -116,9 +107,8 @@ def layer_differences(model: Any, conversations: Sequence[Sequence[View]]) -> li
             for views in conversations:
                 for layout in schedule_views(views, Schedule(kind="one-pass")).layouts:
                     batch = layouts_to_batch([layout], device=device)
-                    model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
-                          attention_mask=_tree_mask(model, batch), logits_to_keep=1, use_cache=False,
-                          **forward_kwargs(model), **tree_kwargs(model, batch["kv_end"]))  # recurrent layers on the tree
+                    model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], logits_to_keep=1,
+                          use_cache=False, **forward_plan(model, batch).model_kwargs())  # mask, mixers' chains
                     tree = dict(seen)
                     for path in leaf_paths(layout.kv_end):  # each N-pass sequence of the row
                         ids = torch.as_tensor(layout.input_ids[path], device=device).long()[None]
