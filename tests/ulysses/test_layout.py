@@ -25,7 +25,8 @@ from onepass.layout.schedule import parse_schedule, schedule_views
 from onepass.model.tiny import tiny_model
 from onepass.ulysses.comm import ThreadGroup, run_ranks
 from onepass.ulysses.forward import KWARG, take
-from onepass.guard.sequence_parallel import loss_and_grads, rel, split_loss_and_grads
+from onepass.guard.sequence_parallel import split_loss_and_grads, whole_loss_and_grads
+from onepass.verify.divergence import max_rel_grad_diff, rel_diff
 from onepass.ulysses.model import install, is_installed, layer_shapes, uninstall
 from onepass.ulysses.plan import SequenceParallelError, forward_volume, head_split, padded_length, shard_range
 from onepass.verify.check import compact_vocab
@@ -185,12 +186,12 @@ def test_split_over_ranks_equals_one_process(rows, arch, backend, degree):
     trees, packed, vocab = rows
     model = exact_model(arch, vocab, backend)
     for batch in (layouts_to_batch(trees), layouts_to_batch(packed)):
-        want_loss, want = loss_and_grads(model, batch)
+        want_loss, want = whole_loss_and_grads(model, batch)
         got_loss, got = split_loss_and_grads(model, batch, degree)
         uninstall(model)
-        assert rel(got_loss, want_loss) <= TOL, (got_loss, want_loss)
-        worst = max(want, key=lambda n: rel(got[n], want[n]))
-        assert rel(got[worst], want[worst]) <= TOL, (worst, rel(got[worst], want[worst]))
+        assert rel_diff(got_loss, want_loss) <= TOL, (got_loss, want_loss)
+        grad_diff, worst = max_rel_grad_diff(want, got)
+        assert grad_diff <= TOL, (worst, grad_diff)
         assert any(float(g.norm()) > 0 for g in want.values())
 
 
@@ -217,12 +218,12 @@ def test_a_misordered_exchange_is_caught(rows, monkeypatch):
     trees, _, vocab = rows
     model = exact_model("qwen3", vocab, "sdpa")
     batch = layouts_to_batch(trees)
-    want_loss, _ = loss_and_grads(model, batch)
+    want_loss, _ = whole_loss_and_grads(model, batch)
     monkeypatch.setattr(SequenceShard, "to_heads",
                         lambda self, x: torch.cat(self.exchange(x.chunk(self.degree, dim=1))[::-1], dim=2))
     got_loss, _ = split_loss_and_grads(model, batch, 2)
     uninstall(model)
-    assert rel(got_loss, want_loss) > 1e-6
+    assert rel_diff(got_loss, want_loss) > 1e-6
 
 
 def test_without_the_gather_a_recurrent_mixer_scans_only_its_shard(rows, monkeypatch):
@@ -230,7 +231,7 @@ def test_without_the_gather_a_recurrent_mixer_scans_only_its_shard(rows, monkeyp
     trees, _, vocab = rows
     model = exact_model("qwen3.5", vocab, "onepass_cpu")
     batch = layouts_to_batch(trees[:1])
-    want_loss, _ = loss_and_grads(model, batch)
+    want_loss, _ = whole_loss_and_grads(model, batch)
     original = tree._tree_forward
 
     def shard_only(module, forward, cache_kw, *args, **kwargs):
@@ -245,7 +246,7 @@ def test_without_the_gather_a_recurrent_mixer_scans_only_its_shard(rows, monkeyp
     tree.uninstall(model)
     got_loss, _ = split_loss_and_grads(model, batch, 2)
     tree.uninstall(model)
-    assert rel(got_loss, want_loss) > 1e-6
+    assert rel_diff(got_loss, want_loss) > 1e-6
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,9 +310,10 @@ def test_rl_scoring_split_over_ranks_equals_one_process():
 
     results = run_ranks(degree, rank)
     for got, _ in results:
-        assert rel(got.flat(), want.flat().detach()) <= TOL
-        assert rel(torch.cat([e for turns in got.entropy for e in turns]),
+        assert rel_diff(got.flat(), want.flat().detach()) <= TOL
+        assert rel_diff(torch.cat([e for turns in got.entropy for e in turns]),
                    torch.cat([e.detach() for turns in want.entropy for e in turns])) <= TOL
-    for i, (name, _) in enumerate(named):
-        assert rel(sum(r[1][i] for r in results), want_grads[i]) <= TOL, name
+    got_grads = {name: sum(r[1][i] for r in results) for i, (name, _) in enumerate(named)}
+    grad_diff, worst = max_rel_grad_diff(dict(zip(got_grads, want_grads)), got_grads)
+    assert grad_diff <= TOL, (worst, grad_diff)
     assert len(batch.rows) >= 1 and max(len(r) for r in batch.rows) > degree

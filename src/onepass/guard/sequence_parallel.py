@@ -25,16 +25,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from onepass.guard.check import build_twin, describe
-from onepass.model.layers import decoder_layers
-from onepass.loss import batch_loss, layouts_to_batch, pad_batch
+from onepass.guard.check import TOLERANCE, build_twin, describe
 from onepass.layout.tree import Layout, build_layout
+from onepass.layout.view import View
+from onepass.loss import batch_loss, layouts_to_batch, pad_batch
+from onepass.model.layers import decoder_layers
 from onepass.ulysses.comm import SequenceShard, run_ranks
 from onepass.ulysses.model import install, model_heads, uninstall
 from onepass.ulysses.plan import SequenceParallelError, head_split
-from onepass.layout.view import View
-
-TOLERANCE = 1e-9  # relative, float64 (exact is ~1e-15)
+from onepass.verify.check import loss_and_grads
+from onepass.verify.divergence import first_differing, max_rel_grad_diff, rel_diff
 
 
 def check_row(vocab_size: int) -> Layout:
@@ -53,34 +53,23 @@ def split_loss_and_grads(model: torch.nn.Module, batch: Mapping[str, torch.Tenso
                          ) -> tuple[float, dict[str, torch.Tensor]]:
     """The loss sum and every trainable parameter's gradient of ``batch`` split over ``degree`` simulated
     ranks: each rank a copy of ``model`` (as each process holds its own), the gradients summed over ranks
-    (what DDP / FSDP do). ``model`` is made sequence-parallel here."""
+    (what DDP / FSDP do). ``model`` is made sequence-parallel here. One process's are
+    :func:`whole_loss_and_grads`; both sides are measured by :func:`onepass.verify.check.loss_and_grads`."""
     install(model, degree)
     copies = [copy.deepcopy(model) for _ in range(degree)]
 
     def rank(shard: SequenceShard) -> tuple[float, dict[str, torch.Tensor]]:
-        mine = copies[shard.rank]
-        named = [(n, p) for n, p in mine.named_parameters() if p.requires_grad]
-        loss = batch_loss(mine, batch, shard=shard)
-        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-        return float(loss.detach()), {n: torch.zeros_like(p) if g is None else g for (n, p), g in zip(named, grads)}
+        return loss_and_grads(copies[shard.rank], lambda mine: batch_loss(mine, batch, shard=shard))
 
     results = run_ranks(degree, rank)
     total = {n: sum(r[1][n] for r in results) for n in results[0][1]}
     return sum(r[0] for r in results), total
 
 
-def loss_and_grads(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[float, dict[str, torch.Tensor]]:
+def whole_loss_and_grads(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]
+                         ) -> tuple[float, dict[str, torch.Tensor]]:
     """The same in one process (the reference)."""
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    loss = batch_loss(model, batch)
-    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-    return float(loss.detach()), {n: torch.zeros_like(p) if g is None else g for (n, p), g in zip(named, grads)}
-
-
-def rel(a: torch.Tensor | float, b: torch.Tensor | float) -> float:
-    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
-    scale = float(b.norm())
-    return float((a - b).norm()) / scale if scale > 0 else float((a - b).norm())
+    return loss_and_grads(model, lambda whole: batch_loss(whole, batch))
 
 
 def twin_degree(model: torch.nn.Module) -> int:
@@ -110,10 +99,10 @@ def check_sequence_parallel(model_or_config: Any, degree: int, *, backend: str |
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        want_loss, want = loss_and_grads(twin, batch)
+        want_loss, want = whole_loss_and_grads(twin, batch)
         got_loss, got = split_loss_and_grads(twin, batch, split_over)
-        loss_diff = rel(got_loss, want_loss)
-        grad_diff, worst = max(((rel(got[n], want[n]), n) for n in want), default=(0.0, ""))
+        loss_diff = rel_diff(got_loss, want_loss)
+        grad_diff, worst = max_rel_grad_diff(want, got)
         if not (loss_diff <= tolerance and grad_diff <= tolerance):
             where = first_differing_module(twin, batch, split_over, tolerance=tolerance)
             raise SequenceParallelError(
@@ -165,6 +154,7 @@ def first_differing_module(model: torch.nn.Module, batch: Mapping[str, torch.Ten
         undo()
 
     run_ranks(degree, rank)
+    names, diffs = [], []
     for name, outs in whole.items():
         parts = [s.get(name, []) for s in shards]
         if len(outs) != 1 or any(len(p) != 1 for p in parts):
@@ -176,12 +166,14 @@ def first_differing_module(model: torch.nn.Module, batch: Mapping[str, torch.Ten
             got_whole = got[0]
         else:
             continue
-        diff = rel(got_whole, want)
-        if diff > tolerance:
-            name = layer_part(model, name)
-            return (f"{name} ({type(dict(model.named_modules())[name]).__name__}) is the first module whose output "
-                    f"differs (by {diff:.1e} relative)")
-    return "no single module's output differs (the gradients do)"
+        names.append(name)
+        diffs.append(rel_diff(got_whole, want))
+    first = first_differing(diffs, tolerance)  # the one rule: onepass.verify.divergence
+    if first is None:
+        return "no single module's output differs (the gradients do)"
+    name = layer_part(model, names[first])
+    return (f"{name} ({type(dict(model.named_modules())[name]).__name__}) is the first module whose output "
+            f"differs (by {diffs[first]:.1e} relative)")
 
 
 def layer_part(model: torch.nn.Module, name: str) -> str:
@@ -196,5 +188,5 @@ def layer_part(model: torch.nn.Module, name: str) -> str:
     return name
 
 
-__all__ = ["TOLERANCE", "check_row", "check_sequence_parallel", "first_differing_module", "loss_and_grads",
-           "split_loss_and_grads"]
+__all__ = ["check_row", "check_sequence_parallel", "first_differing_module", "split_loss_and_grads",
+           "whole_loss_and_grads"]

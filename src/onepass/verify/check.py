@@ -20,8 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -33,7 +32,7 @@ from onepass.data.sources import load_conversations, print_skipped
 from onepass.prepare.config import DataConfig, data_config_from_args
 from onepass.model.dtypes import default_tolerance, torch_dtype
 from onepass.errors import DataError, UsageError
-from onepass.verify.divergence import judge, locate, max_rel_grad_diff, trains_nothing
+from onepass.verify.divergence import judge, locate, max_rel_grad_diff, rel_diff, trains_nothing
 from onepass.loss import layout_loss, view_loss_reference
 from onepass.model.couplings import CouplingError
 from onepass.model.load import ModelSpec, load_causal_lm, load_model_config
@@ -87,6 +86,16 @@ def parameter_grads(model: Any) -> dict[str, torch.Tensor]:
     """A copy of every trainable parameter's gradient (zeros where there is none)."""
     return {n: torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
             for n, p in model.named_parameters() if p.requires_grad}
+
+
+def loss_and_grads(model: Any, loss_of: Callable[[Any], torch.Tensor]) -> tuple[float, dict[str, torch.Tensor]]:
+    """``loss_of(model)`` and every trainable parameter's gradient of it (zeros where there is none), taken
+    without touching ``.grad``: what each side of a comparison (one process, or one simulated rank's copy)
+    hands :func:`onepass.verify.divergence.max_rel_grad_diff`."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    loss = loss_of(model)
+    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+    return float(loss.detach()), {n: torch.zeros_like(p) if g is None else g for (n, p), g in zip(named, grads)}
 
 
 def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
@@ -151,7 +160,7 @@ def run_verify(conversations: Sequence[Sequence[View]], model: Any, *,
     abs_diff = abs(loss_1 - loss_n)
     return VerifyReport(
         loss_n_pass=loss_n, loss_one_pass=loss_1, max_abs_loss_diff=abs_diff,
-        rel_loss_diff=abs_diff / abs(loss_n) if loss_n else (0.0 if abs_diff == 0 else math.inf),
+        rel_loss_diff=rel_diff(loss_1, loss_n),
         max_rel_grad_diff=rel_grad, num_conversations=len(set(units)), num_views=len(trained),
         num_trees=len(trees), n_pass_tokens=n_tokens, one_pass_tokens=sum(len(x) for x in trees),
         schedule=str(schedule), weighting=weighting, dtype=str(next(model.parameters()).dtype),

@@ -52,6 +52,18 @@ def nan_max(values: Iterable[float], default: float = 0.0) -> float:
     return out
 
 
+def rel_diff(got: torch.Tensor | float, want: torch.Tensor | float) -> float:
+    """``|got - want| / |want|`` (norms, in float64): 0 when they are equal, inf when ``want`` is 0 and they are
+    not. The one measure of a loss's (or any output's) difference; a gradient's is :func:`max_rel_grad_diff`.
+
+    >>> rel_diff(1.5, 1.0), rel_diff(0.0, 0.0), rel_diff(1.0, 0.0)
+    (0.5, 0.0, inf)
+    """
+    got_, want_ = torch.as_tensor(got, dtype=torch.float64), torch.as_tensor(want, dtype=torch.float64)
+    diff, scale = float((got_ - want_).norm()), float(want_.norm())
+    return diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf)
+
+
 def max_rel_grad_diff(reference: dict[str, torch.Tensor], other: dict[str, torch.Tensor]) -> tuple[float, str]:
     """The largest difference of a parameter's gradient, and that parameter's name: ``|other - reference|``
     relative to ``|reference|``, or, for a gradient that is zero up to rounding (both norms at most
