@@ -96,7 +96,7 @@ def _launcher(env: Mapping[str, str]) -> str:
 
 def describe(accelerator: Any, env: Mapping[str, str] | None = None, *, sp_size: int = 1) -> Distributed:
     """The parallelism ``accelerator`` runs (not what was asked for); ``sp_size``: the sequence-parallel
-    degree in effect (:func:`sequence_mesh`)."""
+    degree in effect (:func:`onepass.train.sequence_parallel.parallel_dims`)."""
     import torch.distributed as dist
 
     env = os.environ if env is None else env
@@ -308,7 +308,8 @@ PARALLELISM_ENV = "ACCELERATE_USE_PARALLELISM_CONFIG"  # set by accelerate launc
 @contextlib.contextmanager
 def without_accelerate_parallelism() -> Iterator[None]:
     """Inside, accelerate builds no ``ParallelismConfig`` from the launcher's variables: with ``sp_size`` it
-    would route to DeepSpeed, or refuse on CPU ranks; onepass runs the request itself (:func:`sequence_mesh`)."""
+    would route to DeepSpeed, or refuse on CPU ranks; onepass runs the request itself
+    (:func:`onepass.train.sequence_parallel.parallel_dims`)."""
     saved = os.environ.pop(PARALLELISM_ENV, None)
     try:
         yield

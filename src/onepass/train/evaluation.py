@@ -23,27 +23,27 @@ import torch
 
 from onepass.layout.buckets import static_rows
 from onepass.loss import ForwardView, batch_loss, layouts_to_batch
-from onepass.train.checkpoint import is_sharded
 from onepass.train.compiles import StaticShapes
 from onepass.train.config import TrainConfig
 from onepass.train.data import TrainData, eval_passes
-from onepass.train.sequence_parallel import data_parallel
+from onepass.train.sequence_parallel import ParallelDims, parallel_dims
 from onepass.layout.tree import Layout
-from onepass.ulysses.comm import SequenceShard
 
 
 def evaluate(accelerator: Any, model: Any, data: TrainData, config: TrainConfig,
-             shard: SequenceShard | None = None, shapes: StaticShapes | None = None) -> float:
+             dims: ParallelDims | None = None, shapes: StaticShapes | None = None) -> float:
     """Weighted mean loss of ``data``: every process takes every world-th unit; sums are reduced.
 
     Under DDP the unwrapped module runs (a DDP forward may broadcast buffers, a collective
     that processes with different numbers of passes would not match); sharded models run
     wrapped, with every process padded to the same number of passes. With sequence parallelism
-    (``shard``) the ranks of a row take the same units, each adds its shard's loss, one its weight.
+    (``dims``, the run's layout) the ranks of a row take the same units, each adds its shard's loss, one its
+    weight.
     ``shapes`` (flex_attention): each pass as one row padded to its length bucket, as the steps run.
     """
-    (world, rank), sharded = data_parallel(accelerator, shard), is_sharded(accelerator)
-    counts = shard is None or shard.rank == 0
+    dims = dims or parallel_dims(accelerator, 1)
+    world, rank, sharded, shard = dims.dp, dims.dp_rank, dims.sharded, dims.shard
+    counts = dims.counts_rows
     unwrapped = accelerator.unwrap_model(model)
     view = ForwardView(model if sharded else unwrapped, unwrapped)
 

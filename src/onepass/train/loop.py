@@ -76,17 +76,17 @@ from onepass.train.model import (
     load_tokenizer_for,
     check_environment,
     check_exactness,
-    check_sequence_parallel,
     count_parameters,
     load_model,
     make_optimizer,
     make_scheduler,
     resolve_attention,
+    model_config_of,
     resolve_device,
     save_final,
 )
 from onepass.train.report import Reporter, make_trackers
-from onepass.train.sequence_parallel import data_parallel, sequence_mesh, sequence_parallel_size
+from onepass.train.sequence_parallel import ParallelDims, check_split, parallel_dims, sequence_parallel_size
 from onepass.train.signals import deliver, sigterm_as_interrupt
 from onepass.train.step import InFlight, NonFiniteError, Stepper
 
@@ -282,7 +282,7 @@ class _Processes:
     world: int
     main: bool
     say: Callable[[str], None]
-    shard: Any  # the sequence-parallel mesh; None unless sp_size > 1
+    dims: ParallelDims  # the parallel layout: data and sequence degrees, ranks, the mesh (built once)
     parallel: Any  # what runs (:func:`onepass.train.distributed.describe`)
 
 
@@ -294,12 +294,12 @@ def _start_processes(config: TrainConfig, device: torch.device, prior: _Prior, *
     accelerator = make_accelerator(config, device, make_trackers(config.report_to, prior.out, initial=initial))
     device, world, main = accelerator.device, accelerator.num_processes, accelerator.is_main_process
     say: Callable[[str], None] = log if main else (lambda _msg: None)
-    shard = sequence_mesh(accelerator, config.sp_size)  # None unless sp_size > 1
+    dims = parallel_dims(accelerator, config.sp_size)  # the (dp, sp) mesh when sp_size > 1
     if prior.saved is not None:
         check_resumed_run(prior.saved, prior.ckpt, world=world, anyway=anyway, say=say)
-    parallel = describe(accelerator, sp_size=config.sp_size)
+    parallel = describe(accelerator, sp_size=dims.sp)
     say(parallel.line())  # the first line: what runs, not what was asked for
-    return _Processes(accelerator=accelerator, device=device, world=world, main=main, say=say, shard=shard,
+    return _Processes(accelerator=accelerator, device=device, world=world, main=main, say=say, dims=dims,
                       parallel=parallel)
 
 
@@ -307,8 +307,8 @@ def _check_exact(config: TrainConfig, loaded: _Loaded, attention: str, procs: _P
     """The exactness guard and the sequence-parallel split check, on every process (a refusal stops all), on
     the conversations as loaded (their rendering, not a second one): their results for the metrics header."""
     exactness = check_exactness(config, loaded.data, loaded.tokenizer, attention=attention, log=procs.say)
-    split = (check_sequence_parallel(config, attention=attention, log=procs.say) if procs.shard is not None
-             else None)
+    split = (check_split(model_config_of(config), config.sp_size, backend=attention, log=procs.say)
+             if procs.dims.sp > 1 else None)
     return exactness, split
 
 
@@ -335,7 +335,7 @@ def _check_rows(config: TrainConfig, sources: Sequence[DataSource | None], loade
         d is not None and d.kind == "conversation" for d in (data, eval_data))), **rows}
     if prior.saved is not None:
         check_fingerprint(prior.saved.get("fingerprint"), fingerprint, prior.ckpt, anyway=anyway, say=procs.say)
-    total = total_steps(config, data.num_units, data_parallel(procs.accelerator, procs.shard)[0])
+    total = total_steps(config, data.num_units, procs.dims.dp)
     if prior.saved is not None:
         check_resume_step(prior.saved, prior.ckpt, total=total)
     return fingerprint, total
@@ -361,9 +361,9 @@ def _build_model(config: TrainConfig, loaded: _Loaded, attention: str, total: in
     optimizer = make_optimizer(model, config)
     scheduler = make_scheduler(optimizer, config, total)
     model, optimizer = procs.accelerator.prepare(model, optimizer)
-    stepper = Stepper(procs.accelerator, model, optimizer, scheduler, data, config, shard=procs.shard)
+    stepper = Stepper(procs.accelerator, model, optimizer, scheduler, data, config, dims=procs.dims)
     if attention in COMPILED_BACKENDS and config.length_buckets:  # a compile per shape: a few shapes
-        world, rank = data_parallel(procs.accelerator, procs.shard)
+        world, rank = procs.dims.dp, procs.dims.dp_rank
         stepper.shapes = run_shapes(config, loaded.data, total, rank=rank, world=world, even=stepper.even,
                                     eval_data=loaded.eval_data, say=procs.say)
     return _Parts(model=model, optimizer=optimizer, scheduler=scheduler, stepper=stepper, params=params,
@@ -471,7 +471,7 @@ def _step_loop(run: _Run) -> Generator[dict[str, Any], None, tuple[int, float, i
             deliver(stepper.held)  # a stop that arrived during the update stops the run now that the step counts
             if evals:
                 reporter.log_eval(step, evaluate(run.procs.accelerator, model, run.loaded.eval_data, config,
-                                                 run.procs.shard, stepper.shapes))
+                                                 run.procs.dims, stepper.shapes))
             if saves:
                 _save(run, step)
     except GeneratorExit:  # train_steps abandoned by its caller: not an interruption to checkpoint
@@ -522,7 +522,7 @@ def _finish(run: _Run, step: int) -> tuple[float | None, Path | None]:
     reporter.write_summary(status="finishing")  # "finished" is written last, once the final save is done
     try:
         try:  # the final eval reaches the trackers: they close after it
-            final_eval = (evaluate(accelerator, model, eval_data, config, procs.shard, run.parts.stepper.shapes)
+            final_eval = (evaluate(accelerator, model, eval_data, config, procs.dims, run.parts.stepper.shapes)
                           if eval_data is not None else None)
             if final_eval is not None:
                 reporter.log_eval(step, final_eval)

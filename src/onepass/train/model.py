@@ -35,8 +35,7 @@ from onepass.model.tiny import tiny_config
 from onepass.render.tokenizer import load_tokenizer
 from onepass.train.config import QLORA_ON_CPU, TrainConfig, TrainConfigError
 from onepass.train.data import TrainData
-from onepass.guard.sequence_parallel import check_sequence_parallel as check_twin
-from onepass.ulysses.model import check_degree, install as install_sequence_parallel
+from onepass.ulysses.model import install as install_sequence_parallel
 
 _LOG = logging.getLogger("onepass")
 
@@ -150,22 +149,6 @@ def model_config_of(config: TrainConfig) -> Any:
     if config.tiny is not None:
         return tiny_config(config.tiny, 64, **config.tiny_config)
     return load_model_config(config.model)
-
-
-def check_sequence_parallel(config: TrainConfig, *, attention: str, log: Any = _LOG.info) -> dict[str, Any]:
-    """Before any training with ``sp_size`` > 1: the model's heads split over that many ranks
-    (:func:`onepass.ulysses.model.check_degree`), and its tiny float64 twin split over simulated ranks takes
-    one process's loss and gradients (:func:`onepass.guard.sequence_parallel.check_sequence_parallel`); one
-    :class:`~onepass.ulysses.plan.SequenceParallelError` line otherwise. Returns what metrics.json records."""
-    model_config = model_config_of(config)
-    split = check_degree(model_config, config.sp_size)
-    result = check_twin(model_config, config.sp_size, backend=attention)
-    heads = (f"{split.local_heads} of {split.heads} heads per rank inside attention"
-             + (f", key/value heads repeated {split.kv_repeat}x" if split.kv_repeat > 1 else "")) if split else "no attention"
-    log(f"sequence parallelism: each row split over {config.sp_size} processes, {heads}; exact on a float64 twin "
-        f"split over {result['twin_degree']} simulated ranks (gradients within {result['max_rel_grad_diff']:.0e})")
-    return {"sp_size": config.sp_size, **({"heads_per_rank": split.local_heads, "kv_repeat": split.kv_repeat}
-                                           if split else {}), **result}
 
 
 def load_model(config: TrainConfig, *, device: torch.device, attention: str, vocab_size: int | None = None

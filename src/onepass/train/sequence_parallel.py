@@ -8,10 +8,13 @@ decided here, once:
   ``parallelism_config_sp_size`` (exported as ``PARALLELISM_CONFIG_SP_SIZE``), checked against the
   launch in one line (they differ, tensor or context parallelism, DeepSpeed's ALST, one process, a
   degree that does not divide the processes);
-- :func:`sequence_mesh`: this process's :class:`~onepass.ulysses.comm.SequenceShard` on a ``(dp, sp)``
-  device mesh;
-- :func:`data_parallel`: the data-parallel world and rank the data order uses (the S ranks of a row
-  take the same units).
+- :func:`check_split`: before any work, the model's heads split over the degree and its tiny float64 twin
+  split over simulated ranks takes one process's loss and gradients (the guard's split mode,
+  :mod:`onepass.guard.sequence_parallel`); what metrics.json records;
+- :func:`parallel_dims`: the run's layout, one :class:`ParallelDims` built once from the accelerator
+  and passed down: the data-parallel, sequence-parallel and sharding degrees, this process's ranks in
+  each, the ``(dp, sp)`` device mesh and its :class:`~onepass.ulysses.comm.SequenceShard` (torchtitan's
+  ``ParallelDims`` is the model: one object, every degree and rank derived from it).
 
 accelerate 1.15 would hand ``parallelism_config_sp_size`` to DeepSpeed's ALST, which drops the mask,
 or refuse it on CPU ranks; :func:`onepass.train.distributed.without_accelerate_parallelism` keeps it
@@ -20,17 +23,29 @@ from building its own. docs/distributed.md says what was reused and why.
     >>> sequence_parallel_size(1, {"ACCELERATE_USE_PARALLELISM_CONFIG": "true", "PARALLELISM_CONFIG_SP_SIZE": "2",
     ...                            "WORLD_SIZE": "4"})
     2
+    >>> dims = ParallelDims(world=4, rank=3, sp=2)   # (the shard: a mesh's, when sp > 1)
+    >>> dims.dp, dims.dp_rank, dims.sp_rank, dims.counts_rows
+    (2, 1, 1, False)
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from onepass.attention.backends import model_backend
+from onepass.guard.sequence_parallel import check_sequence_parallel
+from onepass.model.couplings import base_model
+from onepass.train.checkpoint import is_sharded
 from onepass.train.config import TrainConfigError
 from onepass.train.distributed import PARALLELISM_ENV, asked_mode
 from onepass.ulysses.comm import SequenceShard, TorchGroup
+from onepass.ulysses.model import check_degree
+
 
 def _accelerate_sizes(env: Mapping[str, str]) -> dict[str, int]:
     """The sizes of an accelerate ``parallelism_config`` the launcher exported ({} when none)."""
@@ -89,23 +104,81 @@ def sequence_parallel_size(sp_size: int, env: Mapping[str, str] | None = None) -
     return degree
 
 
-def sequence_mesh(accelerator: Any, sp_size: int) -> SequenceShard | None:
-    """This process's :class:`onepass.ulysses.comm.SequenceShard` on a ``(dp, sp)`` device mesh (consecutive
-    ranks share a row), or None for ``sp_size`` 1. FSDP2 keeps sharding over every rank (the flattened
-    mesh, as torchtitan shards over dp x cp) and DDP averages over every rank: with each rank's loss the
-    sum over its shard and the global normaliser, the gradient is one process's (onepass.train.step)."""
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class ParallelDims:
+    """How a run's processes share the work: ``world = dp x sp``, consecutive ranks split one row.
+
+    ``sp``: the sequence-parallel degree (each row over ``sp`` processes, :mod:`onepass.ulysses`); the
+    ``dp = world / sp`` groups take different units. ``sharded``: FSDP shards the parameters over every
+    rank (the flattened ``dp x sp`` mesh, as torchtitan shards over dp x cp). ``shard``: this process's
+    place in its row's group (None when ``sp`` is 1); ``mesh``: the ``(dp, sp)`` device mesh it came from.
+    Built once (:func:`parallel_dims`) and handed to what needs a degree or a rank; nothing else keeps one.
+    """
+
+    world: int
+    rank: int
+    sp: int = 1
+    sharded: bool = False
+    shard: SequenceShard | None = None
+    mesh: Any = None
+
+    def __post_init__(self) -> None:
+        assert self.sp >= 1 and self.world % self.sp == 0, (self.world, self.sp)
+        assert self.shard is None or (self.shard.degree == self.sp and self.shard.rank == self.sp_rank)
+
+    @property
+    def dp(self) -> int:
+        """The data-parallel world: the groups of ``sp`` ranks that take different units."""
+        return self.world // self.sp
+
+    @property
+    def dp_rank(self) -> int:
+        """This process's group: the data order's rank (the ``sp`` ranks of a row take the same units)."""
+        return self.rank // self.sp
+
+    @property
+    def sp_rank(self) -> int:
+        return self.rank % self.sp
+
+    @property
+    def counts_rows(self) -> bool:
+        """Whether this process counts its rows' weights and tokens: one rank per row (they are the group's)."""
+        return self.sp_rank == 0
+
+
+def parallel_dims(accelerator: Any, sp_size: int) -> ParallelDims:
+    """The run's :class:`ParallelDims`, built once: for ``sp_size`` > 1 a ``(dp, sp)`` device mesh (consecutive
+    ranks share a row) and this process's :class:`~onepass.ulysses.comm.SequenceShard` on its ``sp`` group.
+    FSDP2 keeps sharding over every rank and DDP averages over every rank: with each rank's loss the sum
+    over its shard and the global normaliser, the gradient is one process's (onepass.train.step)."""
+    world, rank, sharded = accelerator.num_processes, accelerator.process_index, is_sharded(accelerator)
     if sp_size <= 1:
-        return None
+        return ParallelDims(world=world, rank=rank, sharded=sharded)
     from torch.distributed.device_mesh import init_device_mesh
 
-    world = accelerator.num_processes
     mesh = init_device_mesh(accelerator.device.type, (world // sp_size, sp_size), mesh_dim_names=("dp", "sp"))
     group = TorchGroup(mesh.get_group("sp"))
-    return SequenceShard(group=group, rank=group.rank)
+    return ParallelDims(world=world, rank=rank, sp=sp_size, sharded=sharded,
+                        shard=SequenceShard(group=group, rank=group.rank), mesh=mesh)
 
 
-def data_parallel(accelerator: Any, shard: SequenceShard | None) -> tuple[int, int]:
-    """(data-parallel world, this process's data-parallel rank): the processes, or their groups of ``sp_size``
-    consecutive ranks that split one row (``shard``: :func:`sequence_mesh`'s)."""
-    degree = 1 if shard is None else shard.degree
-    return accelerator.num_processes // degree, accelerator.process_index // degree
+def check_split(model_or_config: Any, degree: int, *, backend: str | None = None,
+                log: Callable[[str], None]) -> dict[str, Any]:
+    """Before any training with ``degree`` > 1: the model's heads split over that many ranks
+    (:func:`onepass.ulysses.model.check_degree`), and its tiny float64 twin split over simulated ranks takes
+    one process's loss and gradients (:func:`onepass.guard.sequence_parallel.check_sequence_parallel`); one
+    :class:`~onepass.ulysses.plan.SequenceParallelError` line otherwise. ``backend``: the run's attention
+    (default: the model's). Logs what runs; returns what metrics.json records (``sequence_parallel``)."""
+    is_model = isinstance(model_or_config, torch.nn.Module)
+    config = model_or_config.config if is_model else model_or_config
+    backend = backend or model_backend(model_or_config)
+    model_or_config = base_model(model_or_config) if is_model else model_or_config
+    split = check_degree(config, degree)
+    result = check_sequence_parallel(model_or_config, degree, backend=backend)
+    repeated = f", key/value heads repeated {split.kv_repeat}x" if split and split.kv_repeat > 1 else ""
+    heads = f"{split.local_heads} of {split.heads} heads per rank inside attention{repeated}" if split else "no attention"
+    log(f"sequence parallelism: each row split over {degree} processes, {heads}; exact on a float64 twin "
+        f"split over {result['twin_degree']} simulated ranks (gradients within {result['max_rel_grad_diff']:.0e})")
+    return {"sp_size": degree, **({"heads_per_rank": split.local_heads, "kv_repeat": split.kv_repeat}
+                                  if split else {}), **result}
+

@@ -43,14 +43,12 @@ from onepass.layout.buckets import static_rows
 from onepass.layout.flops import visible_pairs
 from onepass.loss import ForwardView, batch_loss, layouts_to_batch
 from onepass.model.private_names import find_private
-from onepass.train.checkpoint import is_sharded
 from onepass.train.compiles import StaticShapes
 from onepass.train.config import TrainConfig
 from onepass.train.data import TrainData, step_passes, step_units, units_per_step
 from onepass.train.hyperparams import clip_norm
-from onepass.train.sequence_parallel import data_parallel
+from onepass.train.sequence_parallel import ParallelDims, parallel_dims
 from onepass.train.signals import stops_held
-from onepass.ulysses.comm import SequenceShard
 
 
 class NonFiniteError(OnePassError):
@@ -97,15 +95,16 @@ class Stepper:
     """
 
     def __init__(self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any, data: TrainData,
-                 config: TrainConfig, shard: SequenceShard | None = None) -> None:
+                 config: TrainConfig, dims: ParallelDims | None = None) -> None:
         self.accelerator, self.model, self.optimizer, self.scheduler = accelerator, model, optimizer, scheduler
-        self.data, self.config, self.shard = data, config, shard
+        self.dims = dims or parallel_dims(accelerator, 1)  # the run's layout (onepass.train.sequence_parallel)
+        self.data, self.config, self.shard = data, config, self.dims.shard
         self.view = ForwardView(model, accelerator.unwrap_model(model))
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
-        self.data_world, self.data_rank = data_parallel(accelerator, shard)  # the ranks of a row share its units
+        self.data_world, self.data_rank = self.dims.dp, self.dims.dp_rank  # the ranks of a row share its units
         self.per_step = units_per_step(config, self.data_world)
-        self.even = is_sharded(accelerator)
+        self.even = self.dims.sharded
         self.updating = False  # True inside the parameter update: no checkpoint may be taken then
         self.held: list[int] = []  # stop signals that arrived during the last update (stops_held)
         self.device_guard = self._skips_on_device()
@@ -155,7 +154,7 @@ class Stepper:
         acc, device = self.accelerator, self.accelerator.device
         passes, num_real = step_passes(self.data, units, self.config, rank=self.data_rank, world=self.data_world,
                                        even=self.even)
-        counts = self.shard is None or self.shard.rank == 0  # a row's tokens are counted once, not per shard
+        counts = self.dims.counts_rows  # a row's tokens are counted once, not per shard
         host, loss_sum = np.zeros(4), None
         for i, rows in enumerate(passes):
             rows, length = static_rows(rows, self.shapes.buckets) if self.shapes is not None else (rows, None)
