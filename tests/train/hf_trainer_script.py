@@ -1,6 +1,6 @@
 """Run by test_hf_trainer alone, under ``torchrun`` or ``accelerate launch``: train 3 steps, write result.json.
 
-Usage: hf_trainer_script.py DATA_DIR OUT_DIR PER_DEVICE_BATCH VOCAB [FSDP, e.g. "full_shard auto_wrap"]
+Usage: hf_trainer_script.py DATA_DIR OUT_DIR PER_DEVICE_BATCH VOCAB [FSDP, e.g. "full_shard auto_wrap"] [SP_SIZE]
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from pathlib import Path
 import torch
 
 
-def main(data: str, out: str, batch: int, vocab: int, fsdp: str = "") -> None:
+def main(data: str, out: str, batch: int, vocab: int, fsdp: str = "", sp_size: str = "1") -> None:
     import datasets
     from transformers import TrainingArguments
 
+    from onepass.train.hf_config import OnePassConfig
     from onepass.train.hf_trainer import OnePassTrainer
     from onepass.model.precision import float64_norms
     from onepass.model.tiny import tiny_model
@@ -30,6 +31,8 @@ def main(data: str, out: str, batch: int, vocab: int, fsdp: str = "") -> None:
                              disable_tqdm=True, lr_scheduler_type="constant",
                              ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
                              dataloader_num_workers=0, fsdp=fsdp)
+    if int(sp_size) > 1:  # each row split over sp_size ranks: OnePassConfig's own setting
+        args = OnePassConfig(**{**args.to_dict(), "sp_size": int(sp_size)})
     trainer = OnePassTrainer(model=model, args=args, train_dataset=datasets.load_from_disk(data))
     trainer.train()
     state = trainer.accelerator.get_state_dict(trainer.model)  # gathered from every rank under FSDP
@@ -38,6 +41,7 @@ def main(data: str, out: str, batch: int, vocab: int, fsdp: str = "") -> None:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "result.json").write_text(json.dumps({
             "world_size": trainer.args.world_size, "distributed": trainer.distributed.to_dict(),
+            "sequence_parallel": trainer.sequence_parallel,
             "initial_weight_norm": initial, "weight_norm": norm,
             "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h]}))
 

@@ -188,14 +188,11 @@ def test_sp_size_is_a_flag_a_key_and_validated(tmp_path):
                  str(tmp_path / "run")]) == 2  # one line, exit 2: one process
 
 
-def test_onepass_trainer_asked_for_sequence_parallelism_stops_in_one_line(tmp_path, monkeypatch):
-    """HF's Trainer would hand sp_size to DeepSpeed's ALST (no tree mask) or refuse it on CPU ranks, and its data
-    loader gives every rank its own batch: OnePassTrainer refuses instead of running something else."""
+def test_onepass_trainer_asked_for_sequence_parallelism_in_one_process_stops_in_one_line(tmp_path, monkeypatch):
+    """OnePassConfig(sp_size=N) or an accelerate config's parallelism_config_sp_size splits rows over N processes;
+    in one process that is one line, as for onepass train. HF's own parallelism_config sp_size would hand the
+    degree to DeepSpeed's ALST (no tree mask): one line naming onepass's setting."""
     import datasets
-
-    # an accelerate before ParallelismConfig (1.4, make test-min) cannot ask for sequence parallelism at all
-    ParallelismConfig = pytest.importorskip("accelerate.parallelism_config",  # noqa: N806 - a class
-                                            reason="absent: this accelerate has no ParallelismConfig").ParallelismConfig
 
     from onepass.model.tiny import tiny_model
     from onepass.train import OnePassConfig, OnePassTrainer
@@ -203,11 +200,66 @@ def test_onepass_trainer_asked_for_sequence_parallelism_stops_in_one_line(tmp_pa
     rows = datasets.Dataset.from_list([{"input_ids": [1, 2, 3], "position_ids": [0, 1, 2], "kv_end": [3, 3, 3],
                                         "targets": [2, 3, -100], "weights": [1.0, 1.0, 0.0]}])
     model = tiny_model("qwen3", 100, dtype=torch.float64, attn_implementation="sdpa")
-    args = OnePassConfig(str(tmp_path), use_cpu=True, report_to="none", parallelism_config=ParallelismConfig(sp_size=2))
-    with pytest.raises(TrainConfigError, match=r"^OnePassTrainer does not split rows over processes \(sp_size 2\)"):
-        OnePassTrainer(model=model, args=args, train_dataset=rows)
+    with pytest.raises(TrainConfigError, match="^sp_size 2 splits each row over 2 processes, but this is one process"):
+        OnePassTrainer(model=model, args=OnePassConfig(str(tmp_path), use_cpu=True, report_to="none", sp_size=2),
+                       train_dataset=rows)
     monkeypatch.setenv("ACCELERATE_USE_PARALLELISM_CONFIG", "true")  # the same asked by an accelerate config
     monkeypatch.setenv("PARALLELISM_CONFIG_SP_SIZE", "4")
-    with pytest.raises(TrainConfigError, match=r"sp_size 4\): HF's data loader"):
+    with pytest.raises(TrainConfigError, match="^sp_size 4 splits each row over 4 processes, but this is one process"):
         OnePassTrainer(model=model, args=OnePassConfig(str(tmp_path), use_cpu=True, report_to="none"),
                        train_dataset=rows)
+    monkeypatch.delenv("ACCELERATE_USE_PARALLELISM_CONFIG")
+    # an accelerate before ParallelismConfig (1.4, make test-min) cannot ask for it this way at all
+    ParallelismConfig = pytest.importorskip("accelerate.parallelism_config",  # noqa: N806 - a class
+                                            reason="absent: this accelerate has no ParallelismConfig").ParallelismConfig
+    args = OnePassConfig(str(tmp_path), use_cpu=True, report_to="none", parallelism_config=ParallelismConfig(sp_size=2))
+    with pytest.raises(TrainConfigError, match=r"^OnePassTrainer splits rows over processes itself: set sp_size=2 "):
+        OnePassTrainer(model=model, args=args, train_dataset=rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# OnePassTrainer: the same split, through HF's Trainer
+
+
+def branching_rows(num, vocab, seed=0):
+    """``num`` tree rows of 30-60 tokens: a shared history and two turns branching off it (chains and segments
+    cross the shard boundary of 2 ranks)."""
+    import numpy as np
+
+    from onepass.layout.tree import build_layout
+    from onepass.layout.view import View
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(num):
+        history, a, b = (rng.integers(1, vocab, n) for n in rng.integers(8, 20, 3))
+        rows.append(build_layout([View(tokens=np.concatenate([history, a]), num_prompt=len(history), turn=0),
+                                  View(tokens=np.concatenate([history, b]), num_prompt=len(history) - 2, turn=1)]))
+    return rows
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_onepass_trainer_split_over_two_ranks_takes_the_steps_of_one_process(tmp_path):
+    """OnePassConfig(sp_size=2) on 2 gloo ranks (each row split over both: one data-parallel group, so the same
+    global batch of 2 rows) against one process, float64: the logged losses of 3 steps and the final weights."""
+    from onepass.train.hf_data import rows_dataset
+
+    from ranks import rank_env
+
+    vocab = 64
+    data = tmp_path / "rows"
+    rows_dataset(branching_rows(4, vocab)).save_to_disk(str(data))
+    script = str(Path(__file__).parent / "hf_trainer_script.py")
+    env = rank_env()
+    one = run_ranks([sys.executable, script, str(data), str(tmp_path / "one"), "2", str(vocab)], env, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = run_ranks([*TORCHRUN, "--nproc_per_node", "2", script, str(data), str(tmp_path / "two"), "2", str(vocab),
+                     "", "2"], env, timeout=400)
+    assert two.returncode == 0, two.stderr[-6000:]
+    a, b = (json.loads((tmp_path / side / "result.json").read_text()) for side in ("one", "two"))
+    assert b["distributed"]["sp_size"] == 2 and b["world_size"] == 2 and a["sequence_parallel"] is None
+    assert b["sequence_parallel"]["checked"] and b["sequence_parallel"]["sp_size"] == 2
+    assert len(a["losses"]) == len(b["losses"]) == 3
+    assert max(rel(x, y) for x, y in zip(a["losses"], b["losses"])) <= TOL, (a["losses"], b["losses"])
+    assert rel(a["weight_norm"], b["weight_norm"]) <= 1e-12 and a["weight_norm"] != a["initial_weight_norm"]

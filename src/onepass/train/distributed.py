@@ -235,18 +235,19 @@ def make_accelerator(*, cpu: bool, mixed_precision: str, env: Mapping[str, str] 
 
 
 def honour_request(accelerator: Any, env: Mapping[str, str] | None = None, *, asked: str | None = None,
-                   fsdp_plugin_args: Mapping[str, Any] | None = None) -> Distributed:
+                   fsdp_plugin_args: Mapping[str, Any] | None = None, sp_size: int = 1) -> Distributed:
     """Make ``accelerator`` (just made, nothing prepared yet) run what was asked for, or refuse.
 
     ``asked``: the mode, when not the launcher's (``TrainingArguments(fsdp=...)`` asks for FSDP
     with ``fsdp_plugin_args``, the plugin's settings). Used by :func:`make_accelerator` and by
-    ``OnePassTrainer`` for the accelerator HF's Trainer makes. Returns what will run.
+    ``OnePassTrainer`` for the accelerator HF's Trainer makes. Returns what will run (with ``sp_size``, the
+    sequence-parallel degree in effect).
     """
     env = os.environ if env is None else env
     asked = asked or asked_mode(env)
     if asked == "fsdp" and _kind(accelerator) == "MULTI_CPU":
         _fsdp_on_cpu(accelerator, str(accelerator.mixed_precision), fsdp_plugin_args)
-    got = describe(accelerator, env)
+    got = describe(accelerator, env, sp_size=sp_size)
     if asked in ("fsdp", "deepspeed") and got.mode != asked or asked == "ddp" and got.mode == "single":
         raise TrainConfigError(
             f"the launcher asked for {asked} but this process would run {got.mode} over {got.world_size} "

@@ -237,6 +237,8 @@ class OnePassConfig(TrainingArguments):
     train_greeting: bool = field(default=False, metadata=data_field_help("train_greeting"))
     allow_inexact: bool = field(
         default=False, metadata=_h("train even when the exactness guard finds one-pass != N-pass"))
+    sp_size: int = field(default=1, metadata=_h("sequence parallelism: split each row over this many processes "
+                                                "(Ulysses); the processes must be a multiple of it"))
 
     def __post_init__(self) -> None:
         if self.bf16 is None:

@@ -81,8 +81,8 @@ from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: t
 from onepass.train.hf_records import as_rows  # noqa: F401  (its import path in tests and scripts)
 from onepass.model.couplings import base_model, is_peft, loaded_from
 from onepass.train.checkpoint import NonFiniteWeightsError, non_finite_weights
-from onepass.train.distributed import asked_mode, check_fsdp_accelerate, honour_request
-from onepass.train.sequence_parallel import accelerate_sp_size
+from onepass.train.distributed import asked_mode, check_fsdp_accelerate, honour_request, without_accelerate_parallelism
+from onepass.train.sequence_parallel import check_split, parallel_dims, share_batches, split_model, trainer_sp_size
 from onepass.train.hf_model import chat_template_of, load_model, load_tokenizer, set_special_tokens
 from onepass.train.hf_stream import check_dataset_rows, is_stream, trainer_rows
 from onepass.train.report import plot_losses
@@ -270,6 +270,7 @@ class OnePassTrainer(Trainer):
                          preprocess_logits_for_metrics=preprocess_logits_for_metrics)
         self._set_guard(args, allow_inexact, exactness_conversations, train.guard)
         self._check_processes()
+        split_model(self.accelerator.unwrap_model(self.model), self.dims, args)  # sequence parallelism: attention
         self._set_loss_state(sample)
 
     _tag_names = ["trl", "sft", "onepass"]  # TRL's model-card tags, and ours
@@ -281,6 +282,7 @@ class OnePassTrainer(Trainer):
         self.exactness_conversations = exactness_conversations
         self.guard_inputs: GuardInputs | None = guard  # None: the rows were given as they are
         self.exactness: Any = None  # the guard's GuardResult, once train() ran it
+        self.sequence_parallel: dict[str, Any] | None = None  # the split check's (sp_size > 1), once train() ran it
 
     def _check_processes(self) -> None:
         """One process per GPU (DataParallel refused), on a device the model's attention backend serves."""
@@ -313,18 +315,16 @@ class OnePassTrainer(Trainer):
         """HF's accelerator, running the parallelism the launcher asked for: FSDP on CPU ranks too
         (accelerate alone runs DDP there), anything else asked for and not had is an error
         (:mod:`onepass.train.distributed`)."""
-        asked_sp = max(getattr(getattr(self.args, "parallelism_config", None), "sp_size", None) or 1,
-                       accelerate_sp_size())
-        if asked_sp > 1:  # HF would run it through DeepSpeed's ALST (no tree mask) or refuse it on CPU ranks
-            raise TrainConfigError(f"OnePassTrainer does not split rows over processes (sp_size {asked_sp}): HF's "
-                                   "data loader would hand the ranks of a row different batches; train with "
-                                   f"onepass train --sp-size {asked_sp} (docs/distributed.md)")
+        degree = trainer_sp_size(self.args)  # sequence parallelism: sp_size or the accelerate config's
         fsdp = getattr(self.args, "fsdp_plugin_args", None)  # TrainingArguments(fsdp=...) asks without the launcher
         fsdp = fsdp if fsdp and self.args.world_size > 1 else None
         if (fsdp or asked_mode() == "fsdp") and (self.args.use_cpu or not torch.cuda.is_available()):
             check_fsdp_accelerate()  # an older accelerate fails inside HF's accelerator already
-        super().create_accelerator_and_postprocess()
-        self.distributed = honour_request(self.accelerator, asked="fsdp" if fsdp else None, fsdp_plugin_args=fsdp)
+        with without_accelerate_parallelism() if degree > 1 else contextlib.nullcontext():
+            super().create_accelerator_and_postprocess()
+        self.distributed = honour_request(self.accelerator, asked="fsdp" if fsdp else None, fsdp_plugin_args=fsdp,
+                                          sp_size=degree)
+        self.dims = parallel_dims(self.accelerator, degree)  # the parallel layout, built once
         self.is_fsdp_enabled = getattr(self.accelerator.state, "fsdp_plugin", None) is not None
 
     def check_exactness(self, inputs: GuardInputs | None = None) -> Any:
@@ -359,10 +359,16 @@ class OnePassTrainer(Trainer):
         (:meth:`plot_loss`) in ``output_dir``."""
         if self.exactness is None:
             self.check_exactness()
+        if self.dims.sp > 1 and self.sequence_parallel is None:  # the guard's split mode, on every process
+            self.sequence_parallel = check_split(self.accelerator.unwrap_model(self.model), self.dims.sp, log=log.info)
         result = super().train(*args, **kwargs)
         self.plot_loss()
         _check_finite(self.accelerator.unwrap_model(self.model))
         return result
+
+    def get_train_dataloader(self) -> Any:
+        """``Trainer``'s; under sequence parallelism the ranks of a row read the same batches."""
+        return share_batches(super().get_train_dataloader(), self.dims)
 
     def plot_loss(self) -> Any:
         """The logged training (and eval) losses per step as ``OUTPUT_DIR/loss.png`` (main process; None
@@ -430,6 +436,7 @@ class OnePassTrainer(Trainer):
             return None
         total = torch.stack([b["weights"].sum() for b in batch_samples]).sum().to(device=device,
                                                                                    dtype=torch.float64)
+        total = total if self.dims.counts_rows else torch.zeros_like(total)  # a row's weight: once per group
         if self.args.world_size > 1:
             total = self.accelerator.gather(total.reshape(1)).sum()
         return total
@@ -449,11 +456,11 @@ class OnePassTrainer(Trainer):
             pairs = torch.stack([per_row.detach().double(), inputs["weights"].sum(dim=1).double()], dim=1)
             self._eval_pairs.append(self.accelerator.gather_for_metrics(pairs))  # a padded last batch: dropped
         else:
-            total = batch_loss(view, inputs, stats=stats)
+            total = batch_loss(view, inputs, stats=stats, shard=self.dims.shard if mode == "train" else None)
         sums = self._metric_sums[mode]
         for key, value in stats.items():
             sums[key] = sums[key] + value.detach() if key in sums else value.detach()
-        if mode == "train" and "row_tokens" in inputs:  # the collator's host rows: no read of the device
+        if mode == "train" and "row_tokens" in inputs and self.dims.counts_rows:  # host rows; once per row
             self._unlogged_tokens += int(host_rows(inputs).row_tokens_B.sum())
         if num_items_in_batch is None:  # evaluation: this batch's own mean
             loss = total / inputs["weights"].sum().clamp_min(1e-12).to(total.dtype)

@@ -11,6 +11,8 @@ decided here, once:
 - :func:`check_split`: before any work, the model's heads split over the degree and its tiny float64 twin
   split over simulated ranks takes one process's loss and gradients (the guard's split mode,
   :mod:`onepass.guard.sequence_parallel`); what metrics.json records;
+- :func:`share_batches`: an accelerate data loader of ``OnePassTrainer`` made to hand the ranks of a row
+  the same batches (``onepass train`` orders its units by the data-parallel rank itself);
 - :func:`parallel_dims`: the run's layout, one :class:`ParallelDims` built once from the accelerator
   and passed down: the data-parallel, sequence-parallel and sharding degrees, this process's ranks in
   each, the ``(dp, sp)`` device mesh and its :class:`~onepass.ulysses.comm.SequenceShard` (torchtitan's
@@ -43,8 +45,9 @@ from onepass.model.couplings import base_model
 from onepass.train.checkpoint import is_sharded
 from onepass.train.config import TrainConfigError
 from onepass.train.distributed import PARALLELISM_ENV, asked_mode
+from onepass.train.sft_checks import is_prompt_learning
 from onepass.ulysses.comm import SequenceShard, TorchGroup
-from onepass.ulysses.model import check_degree
+from onepass.ulysses.model import check_degree, install
 
 
 def _accelerate_sizes(env: Mapping[str, str]) -> dict[str, int]:
@@ -176,9 +179,48 @@ def check_split(model_or_config: Any, degree: int, *, backend: str | None = None
     split = check_degree(config, degree)
     result = check_sequence_parallel(model_or_config, degree, backend=backend)
     repeated = f", key/value heads repeated {split.kv_repeat}x" if split and split.kv_repeat > 1 else ""
-    heads = f"{split.local_heads} of {split.heads} heads per rank inside attention{repeated}" if split else "no attention"
+    heads = (f"{split.local_heads} of {split.heads} heads per rank inside attention{repeated}" if split
+             else "no attention")
     log(f"sequence parallelism: each row split over {degree} processes, {heads}; exact on a float64 twin "
         f"split over {result['twin_degree']} simulated ranks (gradients within {result['max_rel_grad_diff']:.0e})")
     return {"sp_size": degree, **({"heads_per_rank": split.local_heads, "kv_repeat": split.kv_repeat}
                                   if split else {}), **result}
 
+
+def trainer_sp_size(args: Any) -> int:
+    """``OnePassTrainer``'s degree: ``args.sp_size`` or the accelerate config's (:func:`sequence_parallel_size`,
+    checked against the launch only when one of them asks for more than 1). HF's own ``parallelism_config``
+    ``sp_size`` is one line: transformers would run it through DeepSpeed's ALST, which drops the tree mask."""
+    hf = getattr(getattr(args, "parallelism_config", None), "sp_size", None) or 1
+    if hf > 1:
+        raise TrainConfigError(f"OnePassTrainer splits rows over processes itself: set sp_size={hf} instead of "
+                               f"parallelism_config's sp_size {hf} (HF would run it through DeepSpeed's ALST, which "
+                               "drops the tree mask; docs/distributed.md)")
+    return sequence_parallel_size(args.sp_size) if max(args.sp_size, accelerate_sp_size()) > 1 else 1
+
+
+def split_model(model: Any, dims: ParallelDims, args: Any) -> None:
+    """``OnePassTrainer``'s (unwrapped) model made sequence-parallel when ``dims.sp`` > 1: its heads checked
+    and its attention wrapped (:func:`onepass.ulysses.model.install`); the nll loss of a causal LM only."""
+    if dims.sp == 1:
+        return
+    if args.loss_type == "dft" or is_prompt_learning(model):
+        raise TrainConfigError(f"sequence parallelism (sp_size {dims.sp}) in OnePassTrainer runs the nll loss of a "
+                               "causal LM: not loss_type='dft', not a prompt-learning model")
+    install(model, dims.sp)
+
+
+def share_batches(dataloader: Any, dims: ParallelDims) -> Any:
+    """``dataloader`` (prepared by accelerate, sharded over every process) handing the ``sp`` ranks of a row
+    the same batches: its batch sampler sharded over the ``dp`` groups instead, as transformers' Trainer
+    re-shards a rank-aware sampler. A stream (an iterable dataset, which accelerate dispatches from the
+    first process) is one line: it cannot be re-sharded here."""
+    if dims.sp == 1:
+        return dataloader
+    sampler = getattr(dataloader, "batch_sampler", None)
+    if not (hasattr(sampler, "num_processes") and hasattr(sampler, "process_index")):
+        raise TrainConfigError(f"sequence parallelism (sp_size {dims.sp}) in OnePassTrainer reads a dataset of "
+                               "rows by index; this one is a stream (an iterable dataset): pass a map-style "
+                               "dataset (datasets.Dataset), or train with onepass train --sp-size")
+    sampler.num_processes, sampler.process_index = dims.dp, dims.dp_rank
+    return dataloader
