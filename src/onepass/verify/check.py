@@ -190,7 +190,7 @@ def verify_model(args: argparse.Namespace, vocab: int | None) -> tuple[Any, str,
         return cpu_backend(config, requested) if device.type == "cpu" else requested or supported_backend(
             config, device, dtype)
 
-    # the mixers are wrapped at the first one-pass forward (onepass.mixers.tree.tree_kwargs), after the float64 patches
+    # the mixers are wrapped at the first one-pass forward (onepass.loss.forward_plan), after the float64 patches
     if args.model:
         backend = backend_for(load_model_config(args.model, label="--model"))
         spec = ModelSpec(model=args.model, dtype=args.dtype, attention=backend, device=device, label="--model")
