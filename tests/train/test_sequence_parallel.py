@@ -200,6 +200,9 @@ def test_onepass_trainer_asked_for_sequence_parallelism_in_one_process_stops_in_
     rows = datasets.Dataset.from_list([{"input_ids": [1, 2, 3], "position_ids": [0, 1, 2], "kv_end": [3, 3, 3],
                                         "targets": [2, 3, -100], "weights": [1.0, 1.0, 0.0]}])
     model = tiny_model("qwen3", 100, dtype=torch.float64, attn_implementation="sdpa")
+    with pytest.raises(TrainConfigError, match="^sp_size must be >= 1, got 0$"):
+        OnePassTrainer(model=model, args=OnePassConfig(str(tmp_path), use_cpu=True, report_to="none", sp_size=0),
+                       train_dataset=rows)
     with pytest.raises(TrainConfigError, match="^sp_size 2 splits each row over 2 processes, but this is one process"):
         OnePassTrainer(model=model, args=OnePassConfig(str(tmp_path), use_cpu=True, report_to="none", sp_size=2),
                        train_dataset=rows)

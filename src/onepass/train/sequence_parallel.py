@@ -191,6 +191,8 @@ def trainer_sp_size(args: Any) -> int:
     """``OnePassTrainer``'s degree: ``args.sp_size`` or the accelerate config's (:func:`sequence_parallel_size`,
     checked against the launch only when one of them asks for more than 1). HF's own ``parallelism_config``
     ``sp_size`` is one line: transformers would run it through DeepSpeed's ALST, which drops the tree mask."""
+    if args.sp_size < 1:
+        raise TrainConfigError(f"sp_size must be >= 1, got {args.sp_size}")
     hf = getattr(getattr(args, "parallelism_config", None), "sp_size", None) or 1
     if hf > 1:
         raise TrainConfigError(f"OnePassTrainer splits rows over processes itself: set sp_size={hf} instead of "
