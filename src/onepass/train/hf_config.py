@@ -41,6 +41,7 @@ help texts and checks are DataConfig's.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import warnings
@@ -49,8 +50,7 @@ from typing import Any
 
 from transformers import TrainingArguments
 
-from onepass.prepare.config import DataConfig, data_field_help
-from onepass.render.clock import resolve_template_date
+from onepass.prepare.config import DATA_KEYS, DataConfig, data_field_help
 from onepass.train.config import TrainConfigError
 from onepass.train.hyperparams import check_hyperparameters, epochs_counted
 
@@ -163,7 +163,39 @@ def _h(text: str) -> dict[str, Any]:
     return {"help": text}
 
 
+# DataConfig's settings as OnePassConfig spells them, where that differs from DataConfig's field (the rest: its
+# name, type, default, help and choices). ``None``: not a field (TRL's ``packing`` packs).
+FLAT_SPELLING: dict[str, dict[str, Any] | None] = {
+    "pack": None,
+    "schedule": {"type": "str", "default": "budget"},  # one tree per conversation, split to fit max_length
+    "max_tokens": {"help": "alias of max_length"},
+    "template_kwargs": {"type": "dict | str | None", "default": None,  # JSON text on HfArgumentParser's command line
+                        "help": "extra chat template variables, e.g. {\"enable_thinking\": false}"},
+    "template_date": {"type": "str | None"},
+}
+
+
+def _with_data_settings(cls: type) -> type:
+    """Add each :class:`~onepass.prepare.config.DataConfig` setting to ``cls`` as a flat field (before
+    ``@dataclass`` reads the class), spelled as :data:`FLAT_SPELLING` says: a data setting is declared once, on
+    DataConfig, and ``OnePassConfig`` (``HfArgumentParser``'s flags, ``to_dict``) follows."""
+    for f in dataclasses.fields(DataConfig):
+        if not f.init or f.name in FLAT_SPELLING and FLAT_SPELLING[f.name] is None:
+            continue
+        spelling = FLAT_SPELLING.get(f.name) or {}
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+        cls.__annotations__[f.name] = spelling.get("type", f.type)
+        meta = {"help": spelling["help"]} if "help" in spelling else data_field_help(f.name)
+        setattr(cls, f.name, field(default=spelling.get("default", default), metadata=meta))
+    return cls
+
+
+FLAT_DATA_KEYS = tuple(k for k in DATA_KEYS if FLAT_SPELLING.get(k, {}) is not None)
+"""The data settings ``OnePassConfig`` has as fields (all but ``pack``)."""
+
+
 @dataclass
+@_with_data_settings
 class OnePassConfig(TrainingArguments):
     """``SFTConfig``'s fields with TRL's defaults, plus the one-pass settings (see the module doc)."""
 
@@ -220,21 +252,7 @@ class OnePassConfig(TrainingArguments):
     activation_offloading: bool = field(default=False, metadata=_h("keep saved activations in CPU memory"))
     pad_token: str | None = field(default=None, metadata=_h("deprecated in TRL; the tokenizer's pad token"))
 
-    # one-pass
-    # (the data settings of DataConfig, flat; default schedule budget: one tree per conversation, split to fit
-    # max_length; help and choices are DataConfig's)
-    schedule: str = field(default="budget", metadata=data_field_help("schedule"))
-    weighting: str = field(default="token", metadata=data_field_help("weighting"))
-    max_tokens: int | None = field(default=None, metadata=_h("alias of max_length"))
-    completion_format: str | None = field(default=None, metadata=data_field_help("completion_format"))
-    template_kwargs: dict | str | None = field(
-        default=None, metadata=_h("extra chat template variables, e.g. {\"enable_thinking\": false}"))
-    reasoning: str = field(default="keep", metadata=data_field_help("reasoning"))
-    train_turns: str = field(default="all", metadata=data_field_help("train_turns"))
-    share_prefix: bool = field(default=True, metadata=data_field_help("share_prefix"))  # with packing
-    share_window: int | None = field(default=None, metadata=data_field_help("share_window"))
-    template_date: str | None = field(default=None, metadata=data_field_help("template_date"))
-    train_greeting: bool = field(default=False, metadata=data_field_help("train_greeting"))
+    # one-pass: the data settings of DataConfig, flat, are added by @_with_data_settings (after this field)
     allow_inexact: bool = field(
         default=False, metadata=_h("train even when the exactness guard finds one-pass != N-pass"))
 
@@ -255,7 +273,6 @@ class OnePassConfig(TrainingArguments):
             self.max_length = self.max_tokens
         self.max_tokens = self.max_length
         self.template_kwargs = _json(self.template_kwargs, "template_kwargs")
-        self.template_date = resolve_template_date(self.template_date)  # once: the run renders one date
         self.model_init_kwargs = _json(self.model_init_kwargs, "model_init_kwargs") or None
         self.dataset_kwargs = _json(self.dataset_kwargs, "dataset_kwargs") or None
         if isinstance(self.pad_to_multiple_of, str):
@@ -300,12 +317,8 @@ class OnePassConfig(TrainingArguments):
         return bool((self.dataset_kwargs or {}).get("skip_prepare_dataset", False))
 
     def _data_values(self) -> dict[str, Any]:
-        return {"schedule": self.schedule, "max_tokens": self.max_length, "weighting": self.weighting,
-                "completion_format": self.completion_format, "reasoning": self.reasoning,
-                "train_turns": self.train_turns,
-                "template_kwargs": dict(self.template_kwargs or {}), "template_date": self.template_date,
-                "share_prefix": self.share_prefix, "share_window": self.share_window,
-                "train_greeting": self.train_greeting}
+        values = {name: getattr(self, name) for name in FLAT_DATA_KEYS}
+        return {**values, "max_tokens": self.max_length, "template_kwargs": dict(self.template_kwargs or {})}
 
     @property
     def data_config(self) -> DataConfig:
@@ -315,7 +328,9 @@ class OnePassConfig(TrainingArguments):
         values = self._data_values()
         built = self.__dict__.get("_data_config")
         if built is None or built[0] != values:
-            built = (values, DataConfig(**values))
+            config = DataConfig(**values)
+            self.template_date = config.template_date  # resolved there, once: the run renders one date (to_dict)
+            built = ({**values, "template_date": config.template_date}, config)
             self.__dict__["_data_config"] = built
         return built[1]
 
