@@ -168,13 +168,6 @@ RENDER_KEYS = ("completion_format", "reasoning", "template_kwargs", "template_da
 ``verify``, ``show`` and ``templates check`` take besides the schedule."""
 
 
-def data_field_help(name: str) -> dict[str, Any]:
-    """Field metadata of setting ``name`` for a config that spells the settings flat (``OnePassConfig``):
-    ``help`` and ``choices`` as ``HfArgumentParser`` reads them."""
-    meta = _FIELDS[name].metadata
-    return {"help": meta["help"], **({"choices": list(meta["choices"])} if meta["choices"] else {})}
-
-
 # ---------------------------------------------------------------------------------------------
 # the command line: flags generated from the fields, read back into a DataConfig
 

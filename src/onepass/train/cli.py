@@ -54,7 +54,7 @@ def _csv(value: str) -> list[str] | str:
     return parts[0] if len(parts) == 1 else parts
 
 
-_GROUPS = tuple(dict.fromkeys(leaf.group for leaf in leaves(TrainConfig)))  # the components, in order
+_GROUPS = tuple(dict.fromkeys(leaf.group for leaf in leaves(TrainConfig)))  # the components, in order (--help)
 
 
 def _flag(name: str) -> str:
@@ -126,7 +126,7 @@ def _add_kind(g: Any, names: list[str], kind: Any, common: dict[str, Any]) -> No
         g.add_argument(*names, type=kind if kind in (int, float) else str, **common)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser, config: type = TrainConfig) -> None:
     """One flag per :class:`~onepass.train.config.TrainConfig` setting (type, help from the field; group from its
     component); the data settings as ``onepass prepare`` has them."""
     p.add_argument("-h", "--help", action=_Help, help="show the common flags and exit")
@@ -136,9 +136,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="continue from the latest checkpoint in --output-dir, or from CHECKPOINT")
     p.add_argument("--resume-anyway", action="store_true",
                    help="with --resume: continue although settings, data or tokenizer changed since the checkpoint")
-    groups = {name: p.add_argument_group(name) for name in _GROUPS}
+    groups = {name: p.add_argument_group(name) for name in dict.fromkeys(leaf.group for leaf in leaves(config))}
     source = groups["model"].add_mutually_exclusive_group()  # --model or --tiny
-    settings = {leaf.name: leaf for leaf in leaves(TrainConfig)}
+    settings = {leaf.name: leaf for leaf in leaves(config)}
     for leaf in settings.values():
         if leaf.path[-1] == "data_config":  # its fields, as `onepass prepare` has them; checked with the config
             if leaf.name == DATA_KEYS[0]:

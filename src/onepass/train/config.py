@@ -249,7 +249,7 @@ class TrainConfig:
 
     def __getattr__(self, name: str) -> Any:
         """A setting or a component by its flat name (``cfg.learning_rate`` is ``cfg.optim_config.learning_rate``)."""
-        path = _FLAT.get(name)
+        path = flat_paths(type(self)).get(name)
         if path is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         value: Any = self
@@ -264,9 +264,6 @@ class TrainConfig:
     def replace(self, **changes: Any) -> TrainConfig:
         """A copy with ``changes`` by flat name (``schedule=...`` changes ``data_config``; a component by its name)."""
         return replace_flat(self, changes)
-
-
-_FLAT = {name: path for name, path in flat_paths(TrainConfig).items()}
 
 
 def _fail(message: str) -> typing.NoReturn:
@@ -304,9 +301,9 @@ QLORA_ON_CPU = ("qlora (4-bit NF4 through bitsandbytes) needs a CUDA GPU; on CPU
 # YAML + overrides -> TrainConfig
 
 
-def _hints() -> dict[str, Any]:
+def _hints(config: type) -> dict[str, Any]:
     """Each config key's type."""
-    return {leaf.name: leaf.hint for leaf in leaves(TrainConfig)}
+    return {leaf.name: leaf.hint for leaf in leaves(config)}
 
 
 def _coerce(name: str, value: Any, hint: Any) -> Any:
@@ -357,9 +354,10 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
     return value
 
 
-def config_keys() -> list[str]:
-    """Every key of a config file: every setting by its flat name (the data settings' too, not ``data_config``)."""
-    return [leaf.name for leaf in leaves(TrainConfig)]
+def config_keys(config: type = TrainConfig) -> list[str]:
+    """Every key of a config file: every setting of ``config`` by its flat name (the data settings' too, not
+    ``data_config``)."""
+    return [leaf.name for leaf in leaves(config)]
 
 
 def rename_deprecated(values: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -382,8 +380,8 @@ def rename_deprecated(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def _check_keys(values: Mapping[str, Any], where: str) -> None:
-    known = config_keys()
+def _check_keys(values: Mapping[str, Any], where: str, config: type = TrainConfig) -> None:
+    known = config_keys(config)
     for key in values:
         if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
@@ -391,11 +389,12 @@ def _check_keys(values: Mapping[str, Any], where: str) -> None:
             _fail(f"unknown config key {key!r} in {where}{hint}")
 
 
-def config_from_dict(values: Mapping[str, Any], *, where: str = "the config") -> TrainConfig:
-    """A validated :class:`TrainConfig` from plain values (YAML types are coerced)."""
+def config_from_dict(values: Mapping[str, Any], *, where: str = "the config", config: type = TrainConfig) -> Any:
+    """A validated :class:`TrainConfig` (or ``config``, a record of settings) from plain values (YAML types are
+    coerced)."""
     values = rename_deprecated(values, where)
-    _check_keys(values, where)
-    hints = _hints()
+    _check_keys(values, where, config)
+    hints = _hints(config)
     report = values.get("report_to")
     if report in ("none", None, [], ["none"]):
         values = {**values, "report_to": ()}
@@ -405,7 +404,7 @@ def config_from_dict(values: Mapping[str, Any], *, where: str = "the config") ->
         values = {**values, "optim": OPTIMIZER_ALIASES[values["optim"]]}
     values = {k: _coerce(k, v, hints[k]) for k, v in values.items()}
     try:
-        return build(TrainConfig, values)
+        return build(config, values)
     except TrainConfigError:
         raise
     except ConfigError as e:  # DataConfig's: one line, as a TrainConfigError like every other bad setting

@@ -41,16 +41,17 @@ help texts and checks are DataConfig's.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import TrainingArguments
 
-from onepass.prepare.config import DATA_KEYS, DataConfig, data_field_help
+from onepass.prepare.config import DataConfig
+from onepass.settings import Leaf, leaves
 from onepass.train.config import TrainConfigError
 from onepass.train.hyperparams import check_hyperparameters, epochs_counted
 
@@ -175,27 +176,34 @@ FLAT_SPELLING: dict[str, dict[str, Any] | None] = {
 }
 
 
-def _with_data_settings(cls: type) -> type:
-    """Add each :class:`~onepass.prepare.config.DataConfig` setting to ``cls`` as a flat field (before
-    ``@dataclass`` reads the class), spelled as :data:`FLAT_SPELLING` says: a data setting is declared once, on
-    DataConfig, and ``OnePassConfig`` (``HfArgumentParser``'s flags, ``to_dict``) follows."""
-    for f in dataclasses.fields(DataConfig):
-        if not f.init or f.name in FLAT_SPELLING and FLAT_SPELLING[f.name] is None:
-            continue
-        spelling = FLAT_SPELLING.get(f.name) or {}
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
-        cls.__annotations__[f.name] = spelling.get("type", f.type)
-        meta = {"help": spelling["help"]} if "help" in spelling else data_field_help(f.name)
-        setattr(cls, f.name, field(default=spelling.get("default", default), metadata=meta))
-    return cls
+def with_data_settings(source: type) -> Callable[[type], type]:
+    """A class decorator (under ``@dataclass``) adding each setting of ``source`` (a
+    :class:`~onepass.prepare.config.DataConfig`) as a flat field, spelled as :data:`FLAT_SPELLING` says, and
+    recording ``source`` as the record :attr:`OnePassConfig.data_config` builds: a data setting is declared once,
+    on DataConfig, and ``OnePassConfig`` (its fields, ``HfArgumentParser``'s flags, ``to_dict``) follows."""
+
+    def add(cls: type) -> type:
+        for leaf in leaves(source):
+            spelling = FLAT_SPELLING.get(leaf.name, {})
+            if spelling is None:
+                continue
+            cls.__annotations__[leaf.name] = spelling.get("type", leaf.field.type)
+            meta = {"help": spelling["help"]} if "help" in spelling else _flat_help(leaf)
+            setattr(cls, leaf.name, field(default=spelling.get("default", leaf.default), metadata=meta))
+        cls.DATA_CONFIG = source  # type: ignore[attr-defined]
+        return cls
+
+    return add
 
 
-FLAT_DATA_KEYS = tuple(k for k in DATA_KEYS if FLAT_SPELLING.get(k, {}) is not None)
-"""The data settings ``OnePassConfig`` has as fields (all but ``pack``)."""
+def _flat_help(leaf: Leaf) -> dict[str, Any]:
+    """``help`` and ``choices`` as ``HfArgumentParser`` reads them."""
+    choices = leaf.meta["choices"]
+    return {"help": leaf.meta["help"], **({"choices": list(choices)} if choices else {})}
 
 
 @dataclass
-@_with_data_settings
+@with_data_settings(DataConfig)
 class OnePassConfig(TrainingArguments):
     """``SFTConfig``'s fields with TRL's defaults, plus the one-pass settings (see the module doc)."""
 
@@ -317,7 +325,8 @@ class OnePassConfig(TrainingArguments):
         return bool((self.dataset_kwargs or {}).get("skip_prepare_dataset", False))
 
     def _data_values(self) -> dict[str, Any]:
-        values = {name: getattr(self, name) for name in FLAT_DATA_KEYS}
+        values = {leaf.name: getattr(self, leaf.name) for leaf in leaves(self.DATA_CONFIG)
+                  if FLAT_SPELLING.get(leaf.name, {}) is not None}
         return {**values, "max_tokens": self.max_length, "template_kwargs": dict(self.template_kwargs or {})}
 
     @property
@@ -328,7 +337,7 @@ class OnePassConfig(TrainingArguments):
         values = self._data_values()
         built = self.__dict__.get("_data_config")
         if built is None or built[0] != values:
-            config = DataConfig(**values)
+            config = self.DATA_CONFIG(**values)
             self.template_date = config.template_date  # resolved there, once: the run renders one date (to_dict)
             built = ({**values, "template_date": config.template_date}, config)
             self.__dict__["_data_config"] = built
