@@ -221,6 +221,9 @@ def replace_flat(record: Any, changes: Mapping[str, Any]) -> Any:
     """A copy of the nested ``record`` with flat ``changes`` (a setting's or a component's name); a component
     without changes is kept as it is (not rebuilt, so not checked or parsed again); one with a ``replace``
     method (``DataConfig``: it keeps its parsed schedule) is changed through it."""
+    unknown = set(changes) - set(flat_paths(type(record)))
+    if unknown:
+        raise TypeError(f"{type(record).__name__} has no setting {sorted(unknown)[0]!r}")
     own: dict[str, Any] = {}
     names = {f.name: f for f in dataclasses.fields(record)}
     for f in names.values():
@@ -233,9 +236,6 @@ def replace_flat(record: Any, changes: Mapping[str, Any]) -> Any:
         if sub is not getattr(record, f.name):
             own[f.name] = sub
     own.update({k: v for k, v in changes.items() if k in names and not is_component(names[k])})
-    unknown = set(changes) - set(flat_paths(type(record)))
-    if unknown:
-        raise TypeError(f"{type(record).__name__} has no setting {sorted(unknown)[0]!r}")
     return dataclasses.replace(record, **own)
 
 
@@ -253,8 +253,9 @@ def flat_dict(record: Any) -> dict[str, Any]:
 
 def check_settings(record: Any, error: Callable[[str], BaseException], *, skip: tuple[str, ...] = ()) -> None:
     """Raise ``error(line)`` for the first of ``record``'s own settings (not its components') outside its
-    ``choices`` or :class:`Range` (or not true or false, for a ``bool``), in declaration order; ``skip``: settings not read in this record's case
-    (``num_train_epochs`` under ``max_steps``). A tuple value is checked element by element against ``choices``."""
+    ``choices`` or :class:`Range` (or not true or false, for a ``bool``), in declaration order; ``skip``: settings
+    not read in this record's case (``num_train_epochs`` under ``max_steps``). A tuple value is checked element by
+    element against ``choices``."""
     for f in dataclasses.fields(record):
         if not f.init or is_component(f) or f.name in skip:
             continue

@@ -47,7 +47,7 @@ from onepass.errors import ConfigError
 from onepass.key_value import key_value_arg, parse_key_value
 from onepass.render import COMPLETION_FORMATS, RenderConfig
 from onepass.render.clock import resolve_template_date
-from onepass.settings import Range, check_settings, setting
+from onepass.settings import Range, check_settings, flat_dict, setting
 from onepass.render.reasoning import REASONING_CHOICES, REASONING_HELP
 from onepass.conversation.turns import TRAIN_TURNS, TRAIN_TURNS_HELP
 from onepass.layout.schedule import WEIGHTINGS, Schedule, parse_schedule
@@ -156,7 +156,7 @@ share_window)
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as plain values (the keys of a YAML config)."""
-        return {name: dict(v) if isinstance(v := getattr(self, name), Mapping) else v for name in DATA_KEYS}
+        return flat_dict(self)
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(DataConfig) if f.init}

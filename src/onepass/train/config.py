@@ -1,4 +1,4 @@
-"""The training run's settings: one frozen record, loaded from YAML plus overrides.
+"""The training run's settings: one frozen record of components, loaded from YAML plus overrides.
 
 Why this module exists: a run is reproducible only if everything that shapes
 it is in one place that is saved beside the outputs (``train_config.yaml``)
@@ -17,12 +17,23 @@ Key names follow ``transformers.TrainingArguments`` (``learning_rate``,
 ``num_train_epochs``, ``lr_scheduler_type``, ``optim``, ``report_to``, ...).
 The short names of earlier releases (``lr``, ``batch_size``, ``grad_accum``,
 ``epochs``, ...: :data:`DEPRECATED_KEYS`) are still read, with one warning line
-naming the new key. The fields are the one source of truth: ``onepass train``'s
-flags are generated from them (:mod:`onepass.train.cli`). The data settings
-(``schedule``, ``max_tokens``, ``pack``, ``weighting``, ``completion_format``,
-``reasoning``, ``template_kwargs``) are one :class:`~onepass.prepare.config.DataConfig`,
-``data_config``, the one ``onepass prepare`` uses; in a YAML file (and in
-:meth:`TrainConfig.to_dict`) they are top-level keys like the others.
+naming the new key.
+
+The settings are nested, one frozen record per concern (:class:`ModelConfig`, :class:`InputConfig` holding the
+:class:`~onepass.prepare.config.DataConfig` ``onepass prepare`` uses, :class:`FinetuneConfig`,
+:class:`OptimConfig`, :class:`HardwareConfig`, :class:`OutputConfig`), each checking its own settings when
+it is built; :class:`TrainConfig` holds them and checks what spans them. A config is read flat
+(``cfg.learning_rate``, ``cfg.data_config``), written flat (YAML, :meth:`TrainConfig.to_dict`) and built from
+flat values (:func:`config_from_dict`): the keys users type do not show the nesting. Each setting is declared
+once, as a :func:`onepass.settings.setting` field carrying its help, extra flag names, choices or range and
+whether ``--resume`` compares it; ``onepass train``'s flags (:mod:`onepass.train.cli`), the YAML keys
+(:func:`config_keys`), the checks, :data:`RESUME_KEYS` / :data:`PATH_KEYS` and the ranges ``OnePassConfig``
+shares (:mod:`onepass.train.hyperparams`) are generated from the fields.
+
+Add a setting: one ``setting(...)`` field in the component it belongs to (its default, help, and ``choices``
+or ``range=``; ``resume=True`` if a resumed run must keep it, ``path=True`` if it names a file, ``hf=True`` if
+``TrainingArguments`` has it with the same meaning); a rule involving other settings goes in :func:`_validate`.
+``tests/test_settings.py`` adds one this way and finds it as a flag, a YAML key, a check and a resume key.
 
 Batch vocabulary: a *unit* is one conversation (raw data, prepared on the fly:
 all of its trees) or one row (a prepared directory). One optimizer step covers

@@ -29,8 +29,10 @@ chat template that reads the clock renders; None: today, resolved when the confi
 ``to_dict()``), ``train_greeting``, ``allow_inexact``; ``max_tokens`` is an alias of ``max_length``. They stay flat
 fields (an ``SFTConfig`` drop-in, read by ``HfArgumentParser``) and are built
 once into a :class:`~onepass.prepare.config.DataConfig` (:attr:`OnePassConfig.data_config`,
-the schedule parsed there), which is all the data preparation reads; their
-help texts and checks are DataConfig's.
+the schedule parsed there, the date resolved there), which is all the data preparation reads. The data
+settings' fields are generated from DataConfig's (:func:`with_data_settings`; where the flat spelling differs,
+a row of :data:`FLAT_SPELLING`), so their names, defaults, help texts and checks are DataConfig's; the ranges
+of the ``TrainingArguments`` hyper-parameters are ``onepass train``'s (:mod:`onepass.train.hyperparams`).
 
     >>> args = OnePassConfig("out", max_length=2048, report_to="none", use_cpu=True)
     >>> args.schedule, args.max_tokens, args.weighting, args.learning_rate
