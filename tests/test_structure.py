@@ -26,8 +26,9 @@ PURE = (*sorted(".".join(("onepass", *p.relative_to(SRC).with_suffix("").parts))
         "onepass.data.synthetic")
 
 
-TOP = {"__init__", "__main__", "cli", "lazy", "errors", "key_value", "files", "hub", "demo", "loss", "head", "batch"}
-"""The modules at the top of src/onepass: the command line's (registry, lazy step, errors, flags, files, hub, demo)
+TOP = {"__init__", "__main__", "cli", "lazy", "errors", "key_value", "files", "hub", "settings", "demo", "loss", "head",
+       "batch"}
+"""The modules at the top of src/onepass: the command line's (registry, lazy step, errors, flags, files, hub, settings, demo)
 and the loss (its head, its batch); everything else lives in its stage's folder (docs/code-map.md)."""
 
 

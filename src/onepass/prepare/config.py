@@ -4,21 +4,24 @@ Why this module exists: ``onepass prepare``, ``onepass train``, ``OnePassTrainer
 ``show`` all turn conversations into views and trees with the same settings (schedule, token
 budget, packing, weighting, the assistant turns trained, completion format, reasoning, template variables,
 the date the template renders). They are defined
-once here: each field carries its ``help`` and ``choices`` in its metadata (as TRL's configs do),
-the defaults are the fields', the checks are :meth:`DataConfig.__post_init__`'s (one line each, a
-:class:`~onepass.errors.ConfigError`), and the schedule string is parsed once, into
+once here: each field is a :func:`onepass.settings.setting` carrying its ``help``, ``choices`` or range and
+whether ``--resume`` compares it (as TRL's configs carry their help), the defaults are the fields', the checks
+are :meth:`DataConfig.__post_init__`'s (the fields' own through :func:`onepass.settings.check_settings`, one
+line each, a :class:`~onepass.errors.ConfigError`), and the schedule string is parsed once, into
 :attr:`DataConfig.schedule_spec`, which everything downstream reads. ``PrepareConfig`` is this
 record; ``template_date`` (default: today) is resolved to a concrete ``YYYY-MM-DD`` here, when the record is
 built, once per run (:func:`onepass.render.clock.resolve_template_date`), and carried from then on, so a run
-renders one date and records which. ``TrainConfig`` holds one (``data_config``); ``OnePassConfig`` builds one from its flat
-SFTConfig-style fields. The command-line flags of every subcommand are generated from the fields by
+renders one date and records which (``OnePassConfig`` takes the date from here too). ``TrainConfig`` holds one
+(``data_config``); ``OnePassConfig`` has its fields flat, SFTConfig-style, generated from these, and builds one
+from them. The command-line flags of every subcommand are generated from the fields by
 :func:`add_data_arguments` and read back by :func:`data_flag_values` / :func:`data_config_from_args`.
 
-Add a data setting: one field of :class:`DataConfig`, its ``help`` (and ``choices``) in the metadata and
-its check in ``__post_init__``. The flags of ``prepare``, ``train``, ``verify`` and ``show``, the YAML key
-of ``onepass train`` and ``TrainConfig.to_dict`` follow from the field (``tests/prepare/test_data_config.py``
-checks one flag per field); ``OnePassConfig`` keeps SFTConfig's flat fields, so add it there too
-(a field and a key of ``OnePassConfig._data_values``).
+Add a data setting: one :func:`~onepass.settings.setting` field of :class:`DataConfig` with its ``help`` (and
+``choices`` or ``range``; ``resume=True`` if a resumed run must keep it); a check involving other fields goes in
+``__post_init__``. The flags of ``prepare``, ``train``, ``verify`` and ``show``, the YAML key of ``onepass
+train``, ``TrainConfig.to_dict``, ``OnePassConfig``'s field and the resume keys follow from the field
+(``tests/test_settings.py`` adds one and finds it in each); a spelling ``OnePassConfig`` needs otherwise (a
+JSON type, another default) is a row of ``onepass.train.hf_config.FLAT_SPELLING``.
 
     >>> cfg = DataConfig(schedule="k-pass:2", max_tokens=4096, reasoning="drop")
     >>> cfg.schedule_spec, cfg.render.reasoning
@@ -36,7 +39,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import typing
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,15 +47,13 @@ from onepass.errors import ConfigError
 from onepass.key_value import key_value_arg, parse_key_value
 from onepass.render import COMPLETION_FORMATS, RenderConfig
 from onepass.render.clock import resolve_template_date
+from onepass.settings import Range, check_settings, flat_dict, setting
 from onepass.render.reasoning import REASONING_CHOICES, REASONING_HELP
 from onepass.conversation.turns import TRAIN_TURNS, TRAIN_TURNS_HELP
 from onepass.layout.schedule import WEIGHTINGS, Schedule, parse_schedule
 
 
-def _meta(help: str, *, choices: tuple[str, ...] | None = None, flags: tuple[str, ...] = (),
-          metavar: str | None = None) -> dict[str, Any]:
-    """A field's ``--help`` line, allowed values and extra flag names (:func:`add_data_arguments`)."""
-    return {"help": help, "choices": choices, "flags": flags, "metavar": metavar}
+_UNSET_OK = "(or unset)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,33 +61,33 @@ class DataConfig:
     """How conversations become trees and rows (see the module doc). ``schedule`` may be given as a
     :class:`~onepass.layout.schedule.Schedule` already parsed (then it is not parsed again)."""
 
-    schedule: str | Schedule = field(default="one-pass", metadata=_meta(
-        "one-pass | n-pass | k-pass:K | budget", metavar="SCHEDULE"))
-    max_tokens: int | None = field(default=None, metadata=_meta("tree / row token budget", metavar="N"))
-    pack: bool = field(default=False, metadata=_meta("pack trees into rows of <= max_tokens"))
-    share_prefix: bool = field(default=True, metadata=_meta(
-        "with --pack: trees of different conversations that share a token prefix (a system prompt, tools) "
-        "become one tree per row, the same loss; --no-share-prefix packs one tree per conversation "
-        "(n-pass never shares: it is the baseline)"))
-    share_window: int | None = field(default=None, metadata=_meta(
-        "share prefixes only among this many consecutive conversations of the data order (default: all of "
-        "prepare's and OnePassTrainer's packed rows, one optimizer step's in onepass train)", metavar="N"))
-    weighting: str = field(default="token", metadata=_meta("token | turn | conversation",
-                                                           choices=WEIGHTINGS))
-    completion_format: str | None = field(default=None, metadata=_meta(
-        "build completions from a format instead of the template: " + ", ".join(COMPLETION_FORMATS)
-        + " or a format string", metavar="FORMAT"))
-    reasoning: str = field(default="keep", metadata=_meta(REASONING_HELP, choices=REASONING_CHOICES))
-    train_turns: str = field(default="all", metadata=_meta(TRAIN_TURNS_HELP, choices=TRAIN_TURNS))
-    template_kwargs: dict[str, Any] = field(default_factory=dict, metadata=_meta(
-        "extra chat template variable, e.g. enable_thinking=true (repeatable)", flags=("--template-kwarg",),
-        metavar="KEY=VALUE"))
-    template_date: str | datetime.date | None = field(default=None, metadata=_meta(  # a date: YAML's 2030-01-02
-        "the date a chat template that reads the clock renders (gpt-oss' \"Current date\"), YYYY-MM-DD "
-        "(default: today, recorded in stats.json and the run's config)", metavar="YYYY-MM-DD"))
-    train_greeting: bool = field(default=False, metadata=_meta(
-        "train an assistant message that opens a conversation (tau2-bench's agent greets first: it answers no "
-        "user turn); default: it is context only, counted as greetings_not_trained"))
+    schedule: str | Schedule = setting("one-pass", "one-pass | n-pass | k-pass:K | budget", metavar="SCHEDULE",
+                                       resume=True)
+    max_tokens: int | None = setting(None, "tree / row token budget", metavar="N", resume=True,
+                                     range=Range(low=2, integer=True, optional=True, typed=True, note=_UNSET_OK))
+    pack: bool = setting(False, "pack trees into rows of <= max_tokens", resume=True)
+    share_prefix: bool = setting(True, "with --pack: trees of different conversations that share a token prefix (a "
+                                 "system prompt, tools) become one tree per row, the same loss; --no-share-prefix "
+                                 "packs one tree per conversation (n-pass never shares: it is the baseline)")
+    share_window: int | None = setting(None, "share prefixes only among this many consecutive conversations of the "
+                                       "data order (default: all of prepare's and OnePassTrainer's packed rows, one "
+                                       "optimizer step's in onepass train)", metavar="N",
+                                       range=Range(low=1, integer=True, optional=True, typed=True, note=_UNSET_OK))
+    weighting: str = setting("token", "token | turn | conversation", choices=WEIGHTINGS, resume=True)
+    completion_format: str | None = setting(None, "build completions from a format instead of the template: "
+                                            + ", ".join(COMPLETION_FORMATS) + " or a format string",
+                                            metavar="FORMAT", resume=True)
+    reasoning: str = setting("keep", REASONING_HELP, choices=REASONING_CHOICES, resume=True)
+    train_turns: str = setting("all", TRAIN_TURNS_HELP, choices=TRAIN_TURNS, resume=True)
+    template_kwargs: dict[str, Any] = setting(help="extra chat template variable, e.g. enable_thinking=true "
+                                              "(repeatable)", default_factory=dict, flags=("--template-kwarg",),
+                                              metavar="KEY=VALUE", resume=True)
+    template_date: str | datetime.date | None = setting(  # a date: YAML reads 2030-01-02 as one
+        None, "the date a chat template that reads the clock renders (gpt-oss' \"Current date\"), YYYY-MM-DD "
+        "(default: today, recorded in stats.json and the run's config)", metavar="YYYY-MM-DD")
+    train_greeting: bool = setting(False, "train an assistant message that opens a conversation (tau2-bench's agent "
+                                   "greets first: it answers no user turn); default: it is context only, counted as "
+                                   "greetings_not_trained")
     schedule_spec: Schedule = field(init=False, repr=False, compare=False)
     """The parsed ``schedule``: what every consumer reads (the string is parsed here, once)."""
     render: RenderConfig = field(init=False, repr=False, compare=False)
@@ -105,29 +105,16 @@ class DataConfig:
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         object.__setattr__(self, "schedule_spec", spec)
-        for name in ("weighting", "reasoning", "train_turns"):
-            allowed = _FIELDS[name].metadata["choices"]
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"unknown {name} {getattr(self, name)!r}; use one of {', '.join(allowed)}")
-        if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
-                                            or self.max_tokens < 2):
-            raise ConfigError(f"max_tokens must be an integer >= 2 (or unset), got {self.max_tokens!r}")
+        check_settings(self, ConfigError, skip=("schedule",))  # choices, ranges, true or false
         if self.pack and self.max_tokens is None:
             raise ConfigError("pack needs a row budget: set max_tokens (--max-tokens)")
-        if not isinstance(self.share_prefix, bool):
-            raise ConfigError(f"share_prefix must be true or false, got {self.share_prefix!r}")
-        if self.share_window is not None and (isinstance(self.share_window, bool) or not isinstance(
-                self.share_window, int) or self.share_window < 1):
-            raise ConfigError(f"share_window must be an integer >= 1 (or unset), got {self.share_window!r}")
         if not isinstance(self.template_kwargs, Mapping):
             raise ConfigError(f"template_kwargs must be a mapping, got {self.template_kwargs!r}")
         for key in self.template_kwargs:  # a reserved name: RenderConfig's one check (render.template.RESERVED_KWARGS)
             if not isinstance(key, str):
                 raise ConfigError(f"template_kwargs: {key!r} is not a name; template_kwargs are extra template "
                                   "variables, e.g. enable_thinking=false")
-        object.__setattr__(self, "template_date", resolve_template_date(self.template_date))
-        if not isinstance(self.train_greeting, bool):
-            raise ConfigError(f"train_greeting must be true or false, got {self.train_greeting!r}")
+        object.__setattr__(self, "template_date", resolve_template_date(self.template_date))  # the one place
         object.__setattr__(self, "render", RenderConfig(template_kwargs=dict(self.template_kwargs),
                                                         completion_format=self.completion_format,
                                                         reasoning=self.reasoning, template_date=self.template_date,
@@ -169,7 +156,7 @@ share_window)
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as plain values (the keys of a YAML config)."""
-        return {name: dict(v) if isinstance(v := getattr(self, name), Mapping) else v for name in DATA_KEYS}
+        return flat_dict(self)
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(DataConfig) if f.init}
@@ -179,19 +166,6 @@ RENDER_KEYS = ("completion_format", "reasoning", "template_kwargs", "template_da
                "train_turns")
 """The settings that say how a view is rendered and which turns get one (:attr:`DataConfig.render`): what
 ``verify``, ``show`` and ``templates check`` take besides the schedule."""
-
-
-def data_field_help(name: str) -> dict[str, Any]:
-    """Field metadata of setting ``name`` for a config that spells the settings flat (``OnePassConfig``):
-    ``help`` and ``choices`` as ``HfArgumentParser`` reads them."""
-    meta = _FIELDS[name].metadata
-    return {"help": meta["help"], **({"choices": list(meta["choices"])} if meta["choices"] else {})}
-
-
-def data_config_hints() -> dict[str, Any]:
-    """Each setting's type (for reading YAML values)."""
-    hints = typing.get_type_hints(DataConfig)
-    return {name: hints[name] for name in DATA_KEYS}
 
 
 # ---------------------------------------------------------------------------------------------

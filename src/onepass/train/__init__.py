@@ -1,7 +1,7 @@
 """Training: the accelerate loop (``onepass train``) and the ``transformers.Trainer`` subclass.
 
-    config.py       TrainConfig: every knob of a run, from YAML and flags
-    hyperparams.py  the range of every hyper-parameter: one table, read by TrainConfig and OnePassConfig
+    config.py       TrainConfig: every knob of a run, one component per concern, read flat; from YAML and flags
+    hyperparams.py  the ranges OnePassConfig checks, generated from TrainConfig's fields; clipping
     data.py         units (conversations or prepared rows), the order of steps, micro-batches, passes
     model.py        model, tokenizer, LoRA/QLoRA, attention backend
     step.py         one optimizer step equal to the N-pass step (the loss normaliser over processes)

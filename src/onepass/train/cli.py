@@ -23,7 +23,6 @@ run is :func:`onepass.train.loop.run`, imported when the command runs (:data:`RU
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import sys
 import types
@@ -35,6 +34,7 @@ from onepass.prepare.config import DATA_KEYS, add_data_arguments, data_flag_valu
 from onepass.errors import run_main
 from onepass.key_value import key_value_arg
 from onepass.lazy import resolve
+from onepass.settings import Leaf, leaves
 from onepass.train.config import DEPRECATED_KEYS, TrainConfig
 
 RUN = "onepass.train.loop:run"  # the command's runner (torch), imported when it runs
@@ -54,7 +54,7 @@ def _csv(value: str) -> list[str] | str:
     return parts[0] if len(parts) == 1 else parts
 
 
-_GROUPS = ("model", "data", "fine-tuning", "optimisation", "numerics and hardware", "outputs")
+_GROUPS = tuple(dict.fromkeys(leaf.group for leaf in leaves(TrainConfig)))  # the components, in order (--help)
 
 
 def _flag(name: str) -> str:
@@ -104,14 +104,14 @@ class _Help(argparse.Action):
         parser.exit()
 
 
-def _add_field(g: Any, f: dataclasses.Field, hint: Any) -> None:
-    kind = _kind(hint)
-    default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+def _add_field(g: Any, leaf: Leaf) -> None:
+    kind = _kind(leaf.hint)
+    default = leaf.default
     shown = "" if default in (None, (), {}) or kind is bool else f" (default: {default})"
-    names = [_flag(f.name), *f.metadata.get("flags", ())]
-    if "_" in f.name:  # HF's own spelling (--max_steps) too, not listed in --help
-        _add_kind(g, ["--" + f.name], kind, dict(dest=f.name, default=None, help=argparse.SUPPRESS))
-    common: dict[str, Any] = dict(dest=f.name, default=None, help=f.metadata.get("help", "") + shown)
+    names = [_flag(leaf.name), *leaf.meta["flags"]]
+    if "_" in leaf.name:  # HF's own spelling (--max_steps) too, not listed in --help
+        _add_kind(g, ["--" + leaf.name], kind, dict(dest=leaf.name, default=None, help=argparse.SUPPRESS))
+    common: dict[str, Any] = dict(dest=leaf.name, default=None, help=leaf.meta["help"] + shown)
     _add_kind(g, names, kind, common)
 
 
@@ -126,8 +126,9 @@ def _add_kind(g: Any, names: list[str], kind: Any, common: dict[str, Any]) -> No
         g.add_argument(*names, type=kind if kind in (int, float) else str, **common)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """One flag per :class:`~onepass.train.config.TrainConfig` field (type, help and group from the field)."""
+def add_arguments(p: argparse.ArgumentParser, config: type = TrainConfig) -> None:
+    """One flag per :class:`~onepass.train.config.TrainConfig` setting (type, help from the field; group from its
+    component); the data settings as ``onepass prepare`` has them."""
     p.add_argument("-h", "--help", action=_Help, help="show the common flags and exit")
     p.add_argument("--help-all", action=_Help, full=True, help="show every flag and exit")
     p.add_argument("--config", help="a YAML file of config keys (see configs/); flags override it")
@@ -135,17 +136,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="continue from the latest checkpoint in --output-dir, or from CHECKPOINT")
     p.add_argument("--resume-anyway", action="store_true",
                    help="with --resume: continue although settings, data or tokenizer changed since the checkpoint")
-    groups = {name: p.add_argument_group(name) for name in _GROUPS}
+    groups = {name: p.add_argument_group(name) for name in dict.fromkeys(leaf.group for leaf in leaves(config))}
     source = groups["model"].add_mutually_exclusive_group()  # --model or --tiny
-    hints = typing.get_type_hints(TrainConfig)
-    for f in dataclasses.fields(TrainConfig):
-        if f.name == "data_config":  # its fields, as `onepass prepare` has them; checked with the config
-            add_data_arguments(groups["data"], overrides=True)
+    settings = {leaf.name: leaf for leaf in leaves(config)}
+    for leaf in settings.values():
+        if leaf.path[-1] == "data_config":  # its fields, as `onepass prepare` has them; checked with the config
+            if leaf.name == DATA_KEYS[0]:
+                add_data_arguments(groups[leaf.group], overrides=True)
             continue
-        group = source if f.name in ("model", "tiny") else groups[f.metadata.get("group", "outputs")]
-        _add_field(group, f, hints[f.name])
+        _add_field(source if leaf.name in ("model", "tiny") else groups[leaf.group], leaf)
     for old, new in DEPRECATED_KEYS.items():  # read for one more release, with a warning naming the new flag
-        kind = _kind(hints[new])
+        kind = _kind(settings[new].hint)
         p.add_argument(_flag(old), dest=old, default=None, help=argparse.SUPPRESS,
                        type=kind if kind in (int, float) else str)
 

@@ -1,4 +1,4 @@
-"""The training run's settings: one frozen record, loaded from YAML plus overrides.
+"""The training run's settings: one frozen record of components, loaded from YAML plus overrides.
 
 Why this module exists: a run is reproducible only if everything that shapes
 it is in one place that is saved beside the outputs (``train_config.yaml``)
@@ -17,12 +17,23 @@ Key names follow ``transformers.TrainingArguments`` (``learning_rate``,
 ``num_train_epochs``, ``lr_scheduler_type``, ``optim``, ``report_to``, ...).
 The short names of earlier releases (``lr``, ``batch_size``, ``grad_accum``,
 ``epochs``, ...: :data:`DEPRECATED_KEYS`) are still read, with one warning line
-naming the new key. The fields are the one source of truth: ``onepass train``'s
-flags are generated from them (:mod:`onepass.train.cli`). The data settings
-(``schedule``, ``max_tokens``, ``pack``, ``weighting``, ``completion_format``,
-``reasoning``, ``template_kwargs``) are one :class:`~onepass.prepare.config.DataConfig`,
-``data_config``, the one ``onepass prepare`` uses; in a YAML file (and in
-:meth:`TrainConfig.to_dict`) they are top-level keys like the others.
+naming the new key.
+
+The settings are nested, one frozen record per concern (:class:`ModelConfig`, :class:`InputConfig` holding the
+:class:`~onepass.prepare.config.DataConfig` ``onepass prepare`` uses, :class:`FinetuneConfig`,
+:class:`OptimConfig`, :class:`HardwareConfig`, :class:`OutputConfig`), each checking its own settings when
+it is built; :class:`TrainConfig` holds them and checks what spans them. A config is read flat
+(``cfg.learning_rate``, ``cfg.data_config``), written flat (YAML, :meth:`TrainConfig.to_dict`) and built from
+flat values (:func:`config_from_dict`): the keys users type do not show the nesting. Each setting is declared
+once, as a :func:`onepass.settings.setting` field carrying its help, extra flag names, choices or range and
+whether ``--resume`` compares it; ``onepass train``'s flags (:mod:`onepass.train.cli`), the YAML keys
+(:func:`config_keys`), the checks, :data:`RESUME_KEYS` / :data:`PATH_KEYS` and the ranges ``OnePassConfig``
+shares (:mod:`onepass.train.hyperparams`) are generated from the fields.
+
+Add a setting: one ``setting(...)`` field in the component it belongs to (its default, help, and ``choices``
+or ``range=``; ``resume=True`` if a resumed run must keep it, ``path=True`` if it names a file, ``hf=True`` if
+``TrainingArguments`` has it with the same meaning); a rule involving other settings goes in :func:`_validate`.
+``tests/test_settings.py`` adds one this way and finds it as a flag, a YAML key, a check and a resume key.
 
 Batch vocabulary: a *unit* is one conversation (raw data, prepared on the fly:
 all of its trees) or one row (a prepared directory). One optimizer step covers
@@ -33,22 +44,34 @@ micro-batch, ``gradient_accumulation_steps`` micro-batches per step.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import logging
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onepass.prepare.config import DATA_KEYS, DataConfig, data_config_hints
+from onepass.prepare.config import DataConfig
 from onepass.model.dtypes import dtype_names
 from onepass.errors import ConfigError
 from onepass.files import atomic_write_text
 from onepass.model.tiny import TINY_ARCHS
-from onepass.train.hyperparams import check_hyperparameters, epochs_counted
+from onepass.settings import (
+    SEED_LIMIT,
+    Range,
+    check_settings,
+    component,
+    build,
+    flat_dict,
+    flat_paths,
+    leaves,
+    path_keys,
+    replace_flat,
+    resume_keys,
+    setting,
+)
 
 FINETUNES = ("full", "lora", "qlora")
 OPTIMIZERS = ("adamw", "sgd", "adamw_8bit", "paged_adamw_8bit")
@@ -70,160 +93,205 @@ class TrainConfigError(ConfigError):
     """A training setting that cannot work; the message is one line and says what to do."""
 
 
-def _meta(help: str, group: str, *, flags: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The ``--help`` line, group and extra names of a field's generated flag (onepass.train.cli)."""
-    return {"help": help, "group": group, "flags": flags}
+_AT_LEAST_ONE_OR_UNSET = Range(low=1, integer=True, optional=True, note="(or unset)")
+NO_CLIPPING = "0, a negative value or none: no clipping, as in transformers"
 
 
-def _f(default: Any, help: str, group: str, *, flags: tuple[str, ...] = ()) -> Any:
-    """A config field with an immutable default."""
-    return field(default=default, metadata=_meta(help, group, flags=flags))
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelConfig:
+    """Which model and tokenizer: exactly one of ``model`` / ``tiny`` (checked by :class:`TrainConfig`)."""
+
+    model: str | None = setting(None, "a hub id or a local directory of a HF causal LM", resume=True, path=True)
+    tiny: str | None = setting(None, "a random tiny model of this architecture (qwen3, llama, ...): tests, demos",
+                               choices=TINY_ARCHS, what="tiny architecture", resume=True)
+    tiny_config: dict[str, Any] = setting(help="tiny model size overrides, e.g. hidden_size=128", default_factory=dict,
+                                          resume=True)
+    compact_vocab: bool = setting(True, "tiny only: renumber the token ids that occur to 0..V-1", resume=True)
+    tokenizer: str | None = setting(None, "tokenizer spec (default: the model's; builtin:qwen3 with --tiny)",
+                                    resume=True, path=True)
+    chat_template: str | None = setting(None, "a .jinja file or builtin:NAME replacing the tokenizer's template",
+                                        resume=True, path=True)
+
+    def __post_init__(self) -> None:
+        check_settings(self, TrainConfigError)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InputConfig:
+    """What the run learns from and how it becomes rows (:class:`~onepass.prepare.config.DataConfig`, the one
+    ``onepass prepare`` uses), and how a micro-batch is cut into forward passes."""
+
+    data: str | None = setting(None, "conversations (.jsonl/.json/.parquet, a folder of them, a saved dataset, "
+                               "builtin:mathchat, synthetic:NAME, a hub id) or rows written by onepass prepare",
+                               resume=True, path=True)
+    eval_data: str | None = setting(None, "held-out data in the same forms; eval loss at the end (and eval_steps)",
+                                    resume=True, path=True)
+    limit: int | None = setting(None, "use only the first N conversations (rows for a prepared dir)",
+                                range=_AT_LEAST_ONE_OR_UNSET, resume=True)
+    data_config: DataConfig = component(DataConfig)
+    """The data settings (schedule, max_tokens, pack, weighting, train_turns, ...): top-level keys in YAML, one
+    flag each, as ``onepass prepare`` has them."""
+    max_batch_tokens: int | None = setting(None, "split a micro-batch into forward passes of <= N padded tokens "
+                                           "(same loss)", range=_AT_LEAST_ONE_OR_UNSET)
+    allow_inexact: bool = setting(False, "train even when the exactness guard finds that one-pass is not the N-pass "
+                                  "loss for this model (the guard's result is recorded in metrics.json)")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.data_config, DataConfig):
+            raise TrainConfigError(f"data_config must be a DataConfig, got {type(self.data_config).__name__}")
+        check_settings(self, TrainConfigError)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FinetuneConfig:
+    """Which weights train: all of them, or a LoRA adapter (on a 4-bit model: QLoRA)."""
+
+    finetune: str = setting("full", "full (default) | lora | qlora (4-bit NF4, CUDA only)", choices=FINETUNES,
+                            resume=True)
+    lora_r: int = setting(16, "LoRA rank", range=Range(low=1, integer=True), resume=True)
+    lora_alpha: float = setting(32.0, "LoRA alpha", range=Range(low=0.0, low_open=True), resume=True)
+    lora_dropout: float = setting(0.05, "LoRA dropout", range=Range(low=0.0, high=1.0, high_open=True), resume=True)
+    lora_target_modules: str | tuple[str, ...] = setting("all-linear", "all-linear (default) or a comma list: "
+                                                         "q_proj,v_proj", resume=True)
+
+    def __post_init__(self) -> None:
+        check_settings(self, TrainConfigError)
+
+
+_SAME_AS_HF = dict(resume=True, hf=True)  # TrainingArguments' setting: OnePassConfig checks the same range
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OptimConfig:
+    """The optimizer, its schedule and the step: the ``TrainingArguments`` names, ranges and meanings."""
+
+    optim: str = setting("adamw", "adamw (default; adamw_torch is the same) | sgd | adamw_8bit | paged_adamw_8bit",
+                         choices=OPTIMIZERS, resume=True)
+    learning_rate: float = setting(2e-5, "peak learning rate", range=Range(low=0.0), **_SAME_AS_HF)
+    weight_decay: float = setting(0.0, "AdamW weight decay", range=Range(low=0.0), **_SAME_AS_HF)
+    adam_beta1: float = setting(0.9, "AdamW beta1", range=Range(low=0.0, high=1.0, high_open=True), **_SAME_AS_HF)
+    adam_beta2: float = setting(0.999, "AdamW beta2", range=Range(low=0.0, high=1.0, high_open=True), **_SAME_AS_HF)
+    adam_epsilon: float = setting(1e-8, "AdamW epsilon", range=Range(low=0.0), **_SAME_AS_HF)
+    lr_scheduler_type: str = setting("linear", "linear (default) | cosine | constant", choices=LR_SCHEDULERS,
+                                     resume=True)
+    warmup_ratio: float = setting(0.0, "warmup as a fraction of the steps",
+                                  range=Range(low=0.0, high=1.0, high_open=True), **_SAME_AS_HF)
+    warmup_steps: int = setting(0, "warmup steps (wins over warmup_ratio when > 0)", range=Range(low=0.0),
+                                **_SAME_AS_HF)
+    num_train_epochs: float = setting(1.0, "passes over the data", range=Range(low=0.0, low_open=True), hf=True)
+    max_steps: int | None = setting(None, "optimizer steps (overrides num_train_epochs)",
+                                    range=_AT_LEAST_ONE_OR_UNSET)
+    per_device_train_batch_size: int = setting(1, "conversations (or prepared rows) per micro-batch per process",
+                                               range=Range(low=1, integer=True), **_SAME_AS_HF)
+    gradient_accumulation_steps: int = setting(1, "micro-batches per optimizer step", range=Range(low=1, integer=True),
+                                               **_SAME_AS_HF)
+    max_grad_norm: float | None = setting(1.0, "gradient clipping norm (0, negative or none: no clipping, as in "
+                                          "transformers)", range=Range(optional=True, meaning=NO_CLIPPING),
+                                          **_SAME_AS_HF)
+
+    def __post_init__(self) -> None:  # epochs count only without max_steps (both configs then ignore them, as HF)
+        check_settings(self, TrainConfigError, skip=() if self.max_steps is None else ("num_train_epochs",))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HardwareConfig:
+    """Numerics, the device, the attention backend and sequence parallelism: how, not what, the run computes."""
+
+    dtype: str = setting("float32", "weights: float32 (default) | bfloat16 | float64", choices=dtype_names(trains=True),
+                         resume=True)
+    mixed_precision: str = setting("no", "no (default) | bf16 (autocast the forward pass)", choices=MIXED_PRECISION,
+                                   resume=True)
+    gradient_checkpointing: bool = setting(False, "recompute activations in the backward pass")
+    attention: str = setting("auto", "auto (flex_attention on CUDA, else sdpa) | sdpa | eager | flex_attention | a "
+                             "registered backend", flags=("--backend",))
+    device: str = setting("auto", "auto (default) | cpu | cuda | cuda:N")
+    length_buckets: int = setting(4, "flex_attention: each forward pass (its rows side by side) padded to one of at "
+                                  "most N lengths chosen from the run's passes, one compile each; 0: every new "
+                                  "length compiles", range=Range(low=0, integer=True, note="(0: no length buckets)"))
+    sp_size: int = setting(1, "sequence parallelism: split each row over this many processes (Ulysses; accelerate's "
+                           "parallelism_config_sp_size works too); the processes must be a multiple of it",
+                           range=Range(low=1, integer=True), resume=True)
+
+    def __post_init__(self) -> None:
+        check_settings(self, TrainConfigError)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OutputConfig:
+    """Where the run writes, how often, and what it reports."""
+
+    output_dir: str = setting("runs/train", "where metrics, checkpoints and the final model go", flags=("--out",))
+    overwrite_output_dir: bool = setting(False, "start a new run in an output_dir that holds another run (its "
+                                         "checkpoints are removed); without it that is refused unless --resume",
+                                         flags=("--overwrite",))
+    seed: int = setting(0, "data order and initialisation seed",
+                        range=Range(low=0, high=SEED_LIMIT, high_open=True, integer=True), **_SAME_AS_HF)
+    logging_steps: int = setting(1, "write metrics every N steps", range=Range(low=1, integer=True))
+    save_steps: int | None = setting(None, "checkpoint every N steps (and always at the end)",
+                                     range=_AT_LEAST_ONE_OR_UNSET)
+    save_total_limit: int | None = setting(2, "checkpoints to keep", range=_AT_LEAST_ONE_OR_UNSET)
+    eval_steps: int | None = setting(None, "eval loss every N steps (needs eval_data)", range=_AT_LEAST_ONE_OR_UNSET)
+    report_to: tuple[str, ...] = setting((), "trackers through accelerate: tensorboard, wandb, mlflow, trackio, "
+                                         "comet_ml, aim, clearml, dvclive, swanlab (comma list), all, or none",
+                                         choices=REPORT_TO, what="report_to tracker")
+    run_name: str | None = setting(None, "the run's name in the trackers (default: the output_dir's name)")
+    progress: bool = setting(True, "a progress bar")
+    save_model: bool = setting(True, "save_pretrained into OUTPUT_DIR/final at the end")
+
+    def __post_init__(self) -> None:
+        check_settings(self, TrainConfigError)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
-    """Every setting of a run; the names follow ``transformers.TrainingArguments`` where it has one."""
+    """Every setting of a run, one component per concern; the names follow ``transformers.TrainingArguments``
+    where it has one. Read flat (``cfg.learning_rate``, ``cfg.data_config``: :meth:`__getattr__`), written
+    flat (:meth:`to_dict`, :meth:`replace`), built from flat values (:func:`config_from_dict`)."""
 
-    # model: exactly one of model / tiny
-    model: str | None = _f(None, "a hub id or a local directory of a HF causal LM", "model")
-    tiny: str | None = _f(None, "a random tiny model of this architecture (qwen3, llama, ...): tests, demos", "model")
-    tiny_config: dict[str, Any] = field(default_factory=dict, metadata=_meta(
-        "tiny model size overrides, e.g. hidden_size=128", "model"))
-    compact_vocab: bool = _f(True, "tiny only: renumber the token ids that occur to 0..V-1", "model")
-    tokenizer: str | None = _f(None, "tokenizer spec (default: the model's; builtin:qwen3 with --tiny)", "model")
-    chat_template: str | None = _f(None, "a .jinja file or builtin:NAME replacing the tokenizer's template",
-                                   "model")
-    # data
-    data: str | None = _f(None, "conversations (.jsonl/.json/.parquet, a folder of them, a saved dataset, "
-                          "builtin:mathchat, synthetic:NAME, a hub id) or rows written by onepass prepare", "data")
-    eval_data: str | None = _f(None, "held-out data in the same forms; eval loss at the end (and eval_steps)",
-                               "data")
-    limit: int | None = _f(None, "use only the first N conversations (rows for a prepared dir)", "data")
-    data_config: DataConfig = field(default_factory=DataConfig, metadata=_meta(
-        "the data settings (schedule, max_tokens, pack, weighting, train_turns, completion_format, reasoning, "
-        "template_kwargs): top-level keys in YAML, one flag each", "data"))
-    max_batch_tokens: int | None = _f(None, "split a micro-batch into forward passes of <= N padded tokens "
-                                      "(same loss)", "data")
-    allow_inexact: bool = _f(False, "train even when the exactness guard finds that one-pass is not the N-pass "
-                             "loss for this model (the guard's result is recorded in metrics.json)", "data")
-    # fine-tuning
-    finetune: str = _f("full", "full (default) | lora | qlora (4-bit NF4, CUDA only)", "fine-tuning")
-    lora_r: int = _f(16, "LoRA rank", "fine-tuning")
-    lora_alpha: float = _f(32.0, "LoRA alpha", "fine-tuning")
-    lora_dropout: float = _f(0.05, "LoRA dropout", "fine-tuning")
-    lora_target_modules: str | tuple[str, ...] = _f("all-linear", "all-linear (default) or a comma list: "
-                                                    "q_proj,v_proj", "fine-tuning")
-    # optimisation
-    optim: str = _f("adamw", "adamw (default; adamw_torch is the same) | sgd | adamw_8bit | paged_adamw_8bit",
-                    "optimisation")
-    learning_rate: float = _f(2e-5, "peak learning rate", "optimisation")
-    weight_decay: float = _f(0.0, "AdamW weight decay", "optimisation")
-    adam_beta1: float = _f(0.9, "AdamW beta1", "optimisation")
-    adam_beta2: float = _f(0.999, "AdamW beta2", "optimisation")
-    adam_epsilon: float = _f(1e-8, "AdamW epsilon", "optimisation")
-    lr_scheduler_type: str = _f("linear", "linear (default) | cosine | constant", "optimisation")
-    warmup_ratio: float = _f(0.0, "warmup as a fraction of the steps", "optimisation")
-    warmup_steps: int = _f(0, "warmup steps (wins over warmup_ratio when > 0)", "optimisation")
-    num_train_epochs: float = _f(1.0, "passes over the data", "optimisation")
-    max_steps: int | None = _f(None, "optimizer steps (overrides num_train_epochs)", "optimisation")
-    per_device_train_batch_size: int = _f(1, "conversations (or prepared rows) per micro-batch per process",
-                                          "optimisation")
-    gradient_accumulation_steps: int = _f(1, "micro-batches per optimizer step", "optimisation")
-    max_grad_norm: float | None = _f(1.0, "gradient clipping norm (0, negative or none: no clipping, as in "
-                                     "transformers)", "optimisation")
-    # numerics and hardware
-    dtype: str = _f("float32", "weights: float32 (default) | bfloat16 | float64", "numerics and hardware")
-    mixed_precision: str = _f("no", "no (default) | bf16 (autocast the forward pass)", "numerics and hardware")
-    gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass", "numerics and hardware")
-    attention: str = _f("auto", "auto (flex_attention on CUDA, else sdpa) | sdpa | eager | flex_attention | a "
-                        "registered backend", "numerics and hardware", flags=("--backend",))
-    device: str = _f("auto", "auto (default) | cpu | cuda | cuda:N", "numerics and hardware")
-    length_buckets: int = _f(4, "flex_attention: each forward pass (its rows side by side) padded to one of at most "
-                             "N lengths chosen from the run's passes, one compile each; 0: every new length "
-                             "compiles", "numerics and hardware")
-    sp_size: int = _f(1, "sequence parallelism: split each row over this many processes (Ulysses; accelerate's "
-                      "parallelism_config_sp_size works too); the processes must be a multiple of it",
-                      "numerics and hardware")
-    # outputs
-    output_dir: str = _f("runs/train", "where metrics, checkpoints and the final model go", "outputs",
-                         flags=("--out",))
-    overwrite_output_dir: bool = _f(False, "start a new run in an output_dir that holds another run (its "
-                                    "checkpoints are removed); without it that is refused unless --resume",
-                                    "outputs", flags=("--overwrite",))
-    seed: int = _f(0, "data order and initialisation seed", "outputs")
-    logging_steps: int = _f(1, "write metrics every N steps", "outputs")
-    save_steps: int | None = _f(None, "checkpoint every N steps (and always at the end)", "outputs")
-    save_total_limit: int | None = _f(2, "checkpoints to keep", "outputs")
-    eval_steps: int | None = _f(None, "eval loss every N steps (needs eval_data)", "outputs")
-    report_to: tuple[str, ...] = _f((), "trackers through accelerate: tensorboard, wandb, mlflow, trackio, "
-                                    "comet_ml, aim, clearml, dvclive, swanlab (comma list), all, or none",
-                                    "outputs")
-    run_name: str | None = _f(None, "the run's name in the trackers (default: the output_dir's name)", "outputs")
-    progress: bool = _f(True, "a progress bar", "outputs")
-    save_model: bool = _f(True, "save_pretrained into OUTPUT_DIR/final at the end", "outputs")
+    model_config: ModelConfig = component(ModelConfig, "model")
+    input_config: InputConfig = component(InputConfig, "data")
+    finetune_config: FinetuneConfig = component(FinetuneConfig, "fine-tuning")
+    optim_config: OptimConfig = component(OptimConfig, "optimisation")
+    hardware_config: HardwareConfig = component(HardwareConfig, "numerics and hardware")
+    output_config: OutputConfig = component(OutputConfig, "outputs")
 
     def __post_init__(self) -> None:
         _validate(self)
 
+    def __getattr__(self, name: str) -> Any:
+        """A setting or a component by its flat name (``cfg.learning_rate`` is ``cfg.optim_config.learning_rate``)."""
+        path = flat_paths(type(self)).get(name)
+        if path is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        value: Any = self
+        for part in path:
+            value = getattr(value, part)
+        return value
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain values by config key (the data settings flattened in, as a YAML file has them)."""
-        out: dict[str, Any] = {}
-        for key, value in dataclasses.asdict(self).items():
-            if key == "data_config":
-                out.update(self.data_config.to_dict())
-            else:
-                out[key] = list(value) if isinstance(value, tuple) else value
-        return out
+        """Plain values by config key, flat, in declaration order (as a YAML file has them)."""
+        return flat_dict(self)
 
     def replace(self, **changes: Any) -> TrainConfig:
-        """A copy with ``changes``; a data setting (``schedule=...``) changes ``data_config``."""
-        data = {k: changes.pop(k) for k in DATA_KEYS if k in changes}
-        if data:
-            changes["data_config"] = changes.get("data_config", self.data_config).replace(**data)
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes`` by flat name (``schedule=...`` changes ``data_config``; a component by its name)."""
+        return replace_flat(self, changes)
 
 
 def _fail(message: str) -> typing.NoReturn:
     raise TrainConfigError(message)
 
 
-def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        _fail(f"unknown {name} {value!r}; use one of {', '.join(allowed)}")
-
-
 def _validate(c: TrainConfig) -> None:
+    """What no component can check alone (each checks its own settings' choices and ranges when it is built)."""
     if c.data is None:
         _fail("no training data: set data (a conversations file, builtin:mathchat or a prepared directory)")
     if (c.model is None) == (c.tiny is None):
         _fail("set exactly one of model (a hub id or local directory) and tiny (an architecture for "
               f"a random tiny model: {', '.join(TINY_ARCHS)})")
-    if c.tiny is not None:
-        _one_of("tiny architecture", c.tiny, TINY_ARCHS)
-    if not isinstance(c.data_config, DataConfig):
-        _fail(f"data_config must be a DataConfig, got {type(c.data_config).__name__}")
     try:
         c.data_config.check_share_window()
     except ConfigError as e:
         _fail(str(e))
-    _one_of("finetune", c.finetune, FINETUNES)
-    _one_of("optim", c.optim, OPTIMIZERS)
-    _one_of("lr_scheduler_type", c.lr_scheduler_type, LR_SCHEDULERS)
-    _one_of("dtype", c.dtype, dtype_names(trains=True))
-    _one_of("mixed_precision", c.mixed_precision, MIXED_PRECISION)
-    for r in c.report_to:
-        _one_of("report_to tracker", r, REPORT_TO)
-    for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps", "lora_r", "sp_size"):
-        if getattr(c, name) < 1:
-            _fail(f"{name} must be >= 1, got {getattr(c, name)}")
-    if c.length_buckets < 0:
-        _fail(f"length_buckets must be >= 0 (0: no length buckets), got {c.length_buckets}")
-    for name in ("max_batch_tokens", "max_steps", "save_steps", "eval_steps", "limit",
-                 "save_total_limit"):
-        value = getattr(c, name)
-        if value is not None and value < 1:
-            _fail(f"{name} must be >= 1 (or unset), got {value}")
-    check_hyperparameters(c, names=epochs_counted(c.max_steps is None), error=TrainConfigError)  # OnePassConfig's too
     if c.eval_steps is not None and c.eval_data is None:  # else no eval would ever run, without a word
         _fail("eval_steps needs eval_data (the held-out data to evaluate): set eval_data, or drop eval_steps")
     if c.finetune == "qlora" and c.tiny is not None:
@@ -244,11 +312,9 @@ QLORA_ON_CPU = ("qlora (4-bit NF4 through bitsandbytes) needs a CUDA GPU; on CPU
 # YAML + overrides -> TrainConfig
 
 
-def _hints() -> dict[str, Any]:
-    """Each config key's type (the data settings' from DataConfig)."""
-    hints = typing.get_type_hints(TrainConfig)
-    del hints["data_config"]
-    return {**hints, **data_config_hints()}
+def _hints(config: type) -> dict[str, Any]:
+    """Each config key's type."""
+    return {leaf.name: leaf.hint for leaf in leaves(config)}
 
 
 def _coerce(name: str, value: Any, hint: Any) -> Any:
@@ -299,12 +365,10 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
     return value
 
 
-def config_keys() -> list[str]:
-    """Every key of a config file (the data settings by their own names, not ``data_config``)."""
-    out: list[str] = []
-    for f in dataclasses.fields(TrainConfig):
-        out.extend(DATA_KEYS if f.name == "data_config" else (f.name,))
-    return out
+def config_keys(config: type = TrainConfig) -> list[str]:
+    """Every key of a config file: every setting of ``config`` by its flat name (the data settings' too, not
+    ``data_config``)."""
+    return [leaf.name for leaf in leaves(config)]
 
 
 def rename_deprecated(values: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -327,8 +391,8 @@ def rename_deprecated(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def _check_keys(values: Mapping[str, Any], where: str) -> None:
-    known = config_keys()
+def _check_keys(values: Mapping[str, Any], where: str, config: type = TrainConfig) -> None:
+    known = config_keys(config)
     for key in values:
         if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
@@ -336,11 +400,12 @@ def _check_keys(values: Mapping[str, Any], where: str) -> None:
             _fail(f"unknown config key {key!r} in {where}{hint}")
 
 
-def config_from_dict(values: Mapping[str, Any], *, where: str = "the config") -> TrainConfig:
-    """A validated :class:`TrainConfig` from plain values (YAML types are coerced)."""
+def config_from_dict(values: Mapping[str, Any], *, where: str = "the config", config: type = TrainConfig) -> Any:
+    """A validated :class:`TrainConfig` (or ``config``, a record of settings) from plain values (YAML types are
+    coerced)."""
     values = rename_deprecated(values, where)
-    _check_keys(values, where)
-    hints = _hints()
+    _check_keys(values, where, config)
+    hints = _hints(config)
     report = values.get("report_to")
     if report in ("none", None, [], ["none"]):
         values = {**values, "report_to": ()}
@@ -350,10 +415,11 @@ def config_from_dict(values: Mapping[str, Any], *, where: str = "the config") ->
         values = {**values, "optim": OPTIMIZER_ALIASES[values["optim"]]}
     values = {k: _coerce(k, v, hints[k]) for k, v in values.items()}
     try:
-        data_config = DataConfig(**{k: values.pop(k) for k in DATA_KEYS if k in values})
-    except ConfigError as e:  # one line, as a TrainConfigError like every other bad setting
+        return build(config, values)
+    except TrainConfigError:
+        raise
+    except ConfigError as e:  # DataConfig's: one line, as a TrainConfigError like every other bad setting
         _fail(str(e))
-    return TrainConfig(**values, data_config=data_config)
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -396,14 +462,9 @@ def write_yaml(config: TrainConfig, path: str | Path) -> None:
         _fail(f"cannot write {path} ({e.strerror or e}): free space or choose another output_dir")
 
 
-# Settings that must match for --resume to continue the same run (the rest may change,
-# e.g. max_steps to train longer, save_steps, logging). The optimizer's hyper-parameters are here
-# because the checkpoint's optimizer and scheduler state would silently keep the old values.
-RESUME_KEYS = ("model", "tiny", "tiny_config", "compact_vocab", "tokenizer", "chat_template", "completion_format",
-               "template_kwargs", "reasoning", "train_turns", "data", "eval_data", "limit", "schedule", "max_tokens",
-               "pack", "weighting", "finetune", "lora_r", "lora_alpha", "lora_dropout",
-               "lora_target_modules", "optim", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2",
-               "adam_epsilon", "lr_scheduler_type", "warmup_ratio", "warmup_steps", "max_grad_norm",
-               "per_device_train_batch_size", "gradient_accumulation_steps", "seed", "dtype", "mixed_precision",
-               "sp_size")
-PATH_KEYS = ("model", "tokenizer", "chat_template", "data", "eval_data")  # compared as resolved paths
+RESUME_KEYS = resume_keys(TrainConfig)
+"""Settings that must match for --resume to continue the same run (``resume=True``; the rest may change, e.g.
+max_steps to train longer, save_steps, logging). The optimizer's hyper-parameters are among them because the
+checkpoint's optimizer and scheduler state would silently keep the old values."""
+PATH_KEYS = path_keys(TrainConfig)
+"""The settings naming a file or folder (``path=True``): compared as resolved paths."""

@@ -29,8 +29,10 @@ chat template that reads the clock renders; None: today, resolved when the confi
 ``to_dict()``), ``train_greeting``, ``allow_inexact``; ``max_tokens`` is an alias of ``max_length``. They stay flat
 fields (an ``SFTConfig`` drop-in, read by ``HfArgumentParser``) and are built
 once into a :class:`~onepass.prepare.config.DataConfig` (:attr:`OnePassConfig.data_config`,
-the schedule parsed there), which is all the data preparation reads; their
-help texts and checks are DataConfig's.
+the schedule parsed there, the date resolved there), which is all the data preparation reads. The data
+settings' fields are generated from DataConfig's (:func:`with_data_settings`; where the flat spelling differs,
+a row of :data:`FLAT_SPELLING`), so their names, defaults, help texts and checks are DataConfig's; the ranges
+of the ``TrainingArguments`` hyper-parameters are ``onepass train``'s (:mod:`onepass.train.hyperparams`).
 
     >>> args = OnePassConfig("out", max_length=2048, report_to="none", use_cpu=True)
     >>> args.schedule, args.max_tokens, args.weighting, args.learning_rate
@@ -44,13 +46,14 @@ from __future__ import annotations
 import json
 import logging
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import TrainingArguments
 
-from onepass.prepare.config import DataConfig, data_field_help
-from onepass.render.clock import resolve_template_date
+from onepass.prepare.config import DataConfig
+from onepass.settings import Leaf, leaves
 from onepass.train.config import TrainConfigError
 from onepass.train.hyperparams import check_hyperparameters, epochs_counted
 
@@ -163,7 +166,46 @@ def _h(text: str) -> dict[str, Any]:
     return {"help": text}
 
 
+# DataConfig's settings as OnePassConfig spells them, where that differs from DataConfig's field (the rest: its
+# name, type, default, help and choices). ``None``: not a field (TRL's ``packing`` packs).
+FLAT_SPELLING: dict[str, dict[str, Any] | None] = {
+    "pack": None,
+    "schedule": {"type": "str", "default": "budget"},  # one tree per conversation, split to fit max_length
+    "max_tokens": {"help": "alias of max_length"},
+    "template_kwargs": {"type": "dict | str | None", "default": None,  # JSON text on HfArgumentParser's command line
+                        "help": "extra chat template variables, e.g. {\"enable_thinking\": false}"},
+    "template_date": {"type": "str | None"},
+}
+
+
+def with_data_settings(source: type) -> Callable[[type], type]:
+    """A class decorator (under ``@dataclass``) adding each setting of ``source`` (a
+    :class:`~onepass.prepare.config.DataConfig`) as a flat field, spelled as :data:`FLAT_SPELLING` says, and
+    recording ``source`` as the record :attr:`OnePassConfig.data_config` builds: a data setting is declared once,
+    on DataConfig, and ``OnePassConfig`` (its fields, ``HfArgumentParser``'s flags, ``to_dict``) follows."""
+
+    def add(cls: type) -> type:
+        for leaf in leaves(source):
+            spelling = FLAT_SPELLING.get(leaf.name, {})
+            if spelling is None:
+                continue
+            cls.__annotations__[leaf.name] = spelling.get("type", leaf.field.type)
+            meta = {"help": spelling["help"]} if "help" in spelling else _flat_help(leaf)
+            setattr(cls, leaf.name, field(default=spelling.get("default", leaf.default), metadata=meta))
+        cls.DATA_CONFIG = source  # type: ignore[attr-defined]
+        return cls
+
+    return add
+
+
+def _flat_help(leaf: Leaf) -> dict[str, Any]:
+    """``help`` and ``choices`` as ``HfArgumentParser`` reads them."""
+    choices = leaf.meta["choices"]
+    return {"help": leaf.meta["help"], **({"choices": list(choices)} if choices else {})}
+
+
 @dataclass
+@with_data_settings(DataConfig)
 class OnePassConfig(TrainingArguments):
     """``SFTConfig``'s fields with TRL's defaults, plus the one-pass settings (see the module doc)."""
 
@@ -220,21 +262,7 @@ class OnePassConfig(TrainingArguments):
     activation_offloading: bool = field(default=False, metadata=_h("keep saved activations in CPU memory"))
     pad_token: str | None = field(default=None, metadata=_h("deprecated in TRL; the tokenizer's pad token"))
 
-    # one-pass
-    # (the data settings of DataConfig, flat; default schedule budget: one tree per conversation, split to fit
-    # max_length; help and choices are DataConfig's)
-    schedule: str = field(default="budget", metadata=data_field_help("schedule"))
-    weighting: str = field(default="token", metadata=data_field_help("weighting"))
-    max_tokens: int | None = field(default=None, metadata=_h("alias of max_length"))
-    completion_format: str | None = field(default=None, metadata=data_field_help("completion_format"))
-    template_kwargs: dict | str | None = field(
-        default=None, metadata=_h("extra chat template variables, e.g. {\"enable_thinking\": false}"))
-    reasoning: str = field(default="keep", metadata=data_field_help("reasoning"))
-    train_turns: str = field(default="all", metadata=data_field_help("train_turns"))
-    share_prefix: bool = field(default=True, metadata=data_field_help("share_prefix"))  # with packing
-    share_window: int | None = field(default=None, metadata=data_field_help("share_window"))
-    template_date: str | None = field(default=None, metadata=data_field_help("template_date"))
-    train_greeting: bool = field(default=False, metadata=data_field_help("train_greeting"))
+    # one-pass: the data settings of DataConfig, flat, are added by @_with_data_settings (after this field)
     allow_inexact: bool = field(
         default=False, metadata=_h("train even when the exactness guard finds one-pass != N-pass"))
     sp_size: int = field(default=1, metadata=_h("sequence parallelism: split each row over this many processes "
@@ -257,7 +285,6 @@ class OnePassConfig(TrainingArguments):
             self.max_length = self.max_tokens
         self.max_tokens = self.max_length
         self.template_kwargs = _json(self.template_kwargs, "template_kwargs")
-        self.template_date = resolve_template_date(self.template_date)  # once: the run renders one date
         self.model_init_kwargs = _json(self.model_init_kwargs, "model_init_kwargs") or None
         self.dataset_kwargs = _json(self.dataset_kwargs, "dataset_kwargs") or None
         if isinstance(self.pad_to_multiple_of, str):
@@ -302,12 +329,9 @@ class OnePassConfig(TrainingArguments):
         return bool((self.dataset_kwargs or {}).get("skip_prepare_dataset", False))
 
     def _data_values(self) -> dict[str, Any]:
-        return {"schedule": self.schedule, "max_tokens": self.max_length, "weighting": self.weighting,
-                "completion_format": self.completion_format, "reasoning": self.reasoning,
-                "train_turns": self.train_turns,
-                "template_kwargs": dict(self.template_kwargs or {}), "template_date": self.template_date,
-                "share_prefix": self.share_prefix, "share_window": self.share_window,
-                "train_greeting": self.train_greeting}
+        values = {leaf.name: getattr(self, leaf.name) for leaf in leaves(self.DATA_CONFIG)
+                  if FLAT_SPELLING.get(leaf.name, {}) is not None}
+        return {**values, "max_tokens": self.max_length, "template_kwargs": dict(self.template_kwargs or {})}
 
     @property
     def data_config(self) -> DataConfig:
@@ -317,7 +341,9 @@ class OnePassConfig(TrainingArguments):
         values = self._data_values()
         built = self.__dict__.get("_data_config")
         if built is None or built[0] != values:
-            built = (values, DataConfig(**values))
+            config = self.DATA_CONFIG(**values)
+            self.template_date = config.template_date  # resolved there, once: the run renders one date (to_dict)
+            built = ({**values, "template_date": config.template_date}, config)
             self.__dict__["_data_config"] = built
         return built[1]
 
