@@ -206,7 +206,7 @@ def test_eight_bit_optimizer_names_are_transformers_names_and_bitsandbytes_class
     from transformers.training_args import OptimizerNames
 
     from onepass.train.config import OPTIMIZERS
-    from onepass.train.model import BNB_OPTIMIZERS
+    from onepass.train.optimizer import BNB_OPTIMIZERS
 
     assert sorted(BNB_OPTIMIZERS) == sorted(o for o in OPTIMIZERS if o.endswith("8bit"))
     assert set(BNB_OPTIMIZERS) <= {o.value for o in OptimizerNames}  # what TrainingArguments(optim=...) takes

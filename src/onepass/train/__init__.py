@@ -4,6 +4,7 @@
     hyperparams.py  the range of every hyper-parameter: one table, read by TrainConfig and OnePassConfig
     data.py         units (conversations or prepared rows), the order of steps, micro-batches, passes
     model.py        model, tokenizer, LoRA/QLoRA, attention backend
+    optimizer.py    the optimizer and the learning-rate schedule
     step.py         one optimizer step equal to the N-pass step (the loss normaliser over processes)
     evaluation.py   the held-out loss, in a run or for any model (``eval_loss``)
     loop.py         the run around the steps: load, resume, eval and save on schedule, stop (``train``)

@@ -79,12 +79,11 @@ from onepass.train.model import (
     check_sequence_parallel,
     count_parameters,
     load_model,
-    make_optimizer,
-    make_scheduler,
     resolve_attention,
     resolve_device,
     save_final,
 )
+from onepass.train.optimizer import make_optimizer, make_scheduler
 from onepass.train.report import Reporter, make_trackers
 from onepass.train.sequence_parallel import data_parallel, sequence_mesh, sequence_parallel_size
 from onepass.train.signals import deliver, sigterm_as_interrupt

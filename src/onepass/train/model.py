@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
@@ -225,10 +224,6 @@ def quantization_config(config: TrainConfig, settings: dict[str, Any] | None = N
     return BitsAndBytesConfig(**settings)
 
 
-BNB_OPTIMIZERS = {"adamw_8bit": "AdamW8bit", "paged_adamw_8bit": "PagedAdamW8bit"}
-"""onepass's 8-bit optimizer names (TrainingArguments' names) -> the ``bitsandbytes.optim`` classes."""
-
-
 def enable_checkpointing(model: Any) -> None:
     """Recompute each layer's activations in the backward pass (non-reentrant: works with DDP and peft)."""
     kwargs = {"use_reentrant": False}
@@ -236,43 +231,6 @@ def enable_checkpointing(model: Any) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
-def make_optimizer(model: Any, config: TrainConfig) -> torch.optim.Optimizer:
-    """Weight decay on matrices only (not on norms and biases), as transformers' Trainer does."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    groups = [g for g in groups if g["params"]]
-    if config.optim == "sgd":
-        return _fused_if_possible(torch.optim.SGD, groups, lr=config.learning_rate)
-    betas = (config.adam_beta1, config.adam_beta2)
-    if config.optim == "adamw":
-        return _fused_if_possible(torch.optim.AdamW, groups, lr=config.learning_rate, betas=betas,
-                                  eps=config.adam_epsilon)
-    import bitsandbytes as bnb
-
-    cls = getattr(bnb.optim, BNB_OPTIMIZERS[config.optim])
-    return cls(groups, lr=config.learning_rate, betas=betas, eps=config.adam_epsilon)
-
-
-def _fused_if_possible(cls: type[torch.optim.Optimizer], groups: list[dict[str, Any]],
-                       **kwargs: Any) -> torch.optim.Optimizer:
-    """``cls(groups, fused=True)`` (one kernel per update, transformers' Trainer default since torch 2.8, and an
-    update the step can skip on the device: :class:`onepass.train.step.Stepper`), else the default
-    implementation where the parameters' device or dtype has no fused kernel."""
-    try:
-        return cls(groups, fused=True, **kwargs)
-    except (RuntimeError, ValueError):
-        return cls(groups, **kwargs)
-
-
-def make_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig, total: int) -> Any:
-    from transformers import get_scheduler
-
-    warmup = config.warmup_steps or math.ceil(config.warmup_ratio * total)
-    name = "constant_with_warmup" if config.lr_scheduler_type == "constant" else config.lr_scheduler_type
-    return get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total)
 
 
 def lora_config(config: TrainConfig) -> Any:
