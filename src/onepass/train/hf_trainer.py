@@ -61,8 +61,6 @@ from onepass.conversation.parse import Conversation
 from onepass.model.couplings import checkpointing_on
 from onepass.errors import UsageError
 from onepass.layout.geometry import branches
-from onepass.guard.check import check_exact_once, enforce
-from onepass.prepare.guard_sample import views_for_check
 from onepass.head import add_logit_stats, weighted_ce
 from onepass.loss import ForwardView, batch_dft_loss, batch_loss, dft_sum, row_losses
 from onepass.mixers.tree import tree_kwargs
@@ -81,6 +79,8 @@ from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: t
 )
 from onepass.train.hf_records import as_rows  # noqa: F401  (its import path in tests and scripts)
 from onepass.model.couplings import base_model, is_peft, loaded_from
+from onepass.train.core.guard import run_guard
+from onepass.train.core.normalise import loss_scale, weighted_mean
 from onepass.train.checkpoint import NonFiniteWeightsError, non_finite_weights
 from onepass.train.distributed import asked_mode, check_fsdp_accelerate, honour_request
 from onepass.train.sequence_parallel import accelerate_sp_size
@@ -345,13 +345,12 @@ class OnePassTrainer(Trainer):
         tokenizer = inputs.tokenizer if inputs is not None else self.processing_class
         render = inputs.render if inputs is not None else None
         sampled = inputs.views if inputs is not None and not self.exactness_conversations else None  # as prepared
-        views, where = views_for_check(convs, tokenizer if hasattr(tokenizer, "apply_chat_template") else None,
-                                       render, source="the training conversations", sampled=sampled)
         model = self.accelerator.unwrap_model(self.model)
-        result = check_exact_once(model, views, backend=model_backend(base_model(model)))
-        enforce(result, allow_inexact=self.allow_inexact,
-                hint="train with schedule='n-pass', or pass allow_inexact=True to train anyway",
-                log=lambda line: log.info("exactness guard on %s: %s", where, line))
+        result, _ = run_guard(model, conversations=convs, render=render, sampled=sampled,
+                              tokenizer=tokenizer if hasattr(tokenizer, "apply_chat_template") else None,
+                              source="the training conversations", backend=model_backend(base_model(model)),
+                              allow_inexact=self.allow_inexact, log=log.info,
+                              hint="train with schedule='n-pass', or pass allow_inexact=True to train anyway")
         self.exactness = result
         return result
 
@@ -461,9 +460,7 @@ class OnePassTrainer(Trainer):
         else:
             # DDP / DeepSpeed average gradients over processes: undo that, the normaliser is global. A step
             # with no target weight trains nothing (as `onepass train`): 0 / 0 would make every gradient NaN
-            weight = num_items_in_batch.to(total.dtype)
-            loss = total * torch.where(weight > 0, self.accelerator.num_processes / weight.clamp_min(1e-30),
-                                       torch.zeros_like(weight))
+            loss = total * loss_scale(num_items_in_batch.to(total.dtype), self.accelerator.num_processes)
         return (loss, {"loss": loss}) if return_outputs else loss
 
     def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
@@ -481,7 +478,7 @@ class OnePassTrainer(Trainer):
             self._eval_pairs = None
         if pairs:
             loss_sum, weight = torch.cat([p.to(pairs[0].device) for p in pairs]).sum(dim=0).tolist()
-            output.metrics[f"{metric_key_prefix}_loss"] = loss_sum / weight if weight > 0 else float("nan")
+            output.metrics[f"{metric_key_prefix}_loss"] = weighted_mean(loss_sum, weight)
         return output
 
     def prediction_step(self, model: Any, inputs: dict[str, Any], prediction_loss_only: bool,

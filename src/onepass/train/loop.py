@@ -41,7 +41,7 @@ from onepass.data.sources import CONVERSATIONS, DataSource, resolve_data
 from onepass.files import atomic_dir, check_writable, output_lock, write_failure
 from onepass.model.private_names import private
 from onepass.errors import OnePassError
-from onepass.layout.row_check import check_ids
+from onepass.layout.row_check import check_ids, model_vocab
 from onepass.train import distributed
 from onepass.train.compiles import run_shapes
 from onepass.train.checkpoint import (
@@ -156,7 +156,8 @@ _MAX_VOCAB = 1 << 21  # more ids than any released tokenizer has (the largest ar
 
 def _check_ids(model: Any, *datas: TrainData | None) -> None:
     """Prepared rows hold only ids the model embeds (else a raw ``IndexError`` deep in the forward)."""
-    vocab = model.get_input_embeddings().num_embeddings
+    vocab = model_vocab(model)  # the bound OnePassTrainer checks its rows against
+    assert vocab is not None, "a model onepass train loaded has an input embedding"
     for d in datas:
         if d is not None and d.kind == "row":
             check_ids([x for u in d.units for x in u], vocab, source=f"prepared dataset {d.source}")

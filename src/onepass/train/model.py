@@ -16,7 +16,6 @@ preparing data.
 
 from __future__ import annotations
 
-import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -26,12 +25,10 @@ import torch
 from onepass.attention.backends import check_backend, default_backend
 from onepass.attention.cpu import register
 from onepass.model.dtypes import torch_dtype
-from onepass.guard.check import check_exact_once, enforce
-from onepass.prepare.guard_sample import views_for_check
-from onepass.model.load import ModelSpec, load_causal_lm, load_model_config
-from onepass.mixers.tree import install as install_mixers
+from onepass.model.load import ModelSpec, load_model_config
 from onepass.model.tiny import tiny_config
-from onepass.render.tokenizer import load_tokenizer
+from onepass.train.core.guard import run_guard
+from onepass.train.core.load import load_model as load_model_of, load_tokenizer
 from onepass.train.config import QLORA_ON_CPU, TrainConfig, TrainConfigError
 from onepass.train.data import TrainData
 from onepass.guard.sequence_parallel import check_sequence_parallel as check_twin
@@ -109,16 +106,7 @@ def _require(module: str, what: str, install: str) -> None:
 def load_tokenizer_for(config: TrainConfig) -> Any:
     """The tokenizer of ``config`` (its own spec, else the model's, else builtin:qwen3 for tiny)."""
     spec = config.tokenizer or (config.model if config.model is not None else "builtin:qwen3")
-    template = config.chat_template
-    content = Path(template).read_bytes() if template and Path(template).is_file() else None
-    return _cached_tokenizer(spec, template, content)
-
-
-@functools.lru_cache(maxsize=4)
-def _cached_tokenizer(spec: str, chat_template: str | None, _content: bytes | None = None) -> Any:
-    """Loading a 150k-token vocabulary takes seconds; runs in one process (tests, the demo) share it.
-    ``_content``: the template file's bytes, so an edited template is loaded again."""
-    return load_tokenizer(spec, chat_template=chat_template)
+    return load_tokenizer(spec, chat_template=config.chat_template)
 
 
 def check_exactness(config: TrainConfig, data: TrainData, tokenizer: Any | None, *, attention: str,
@@ -135,12 +123,10 @@ def check_exactness(config: TrainConfig, data: TrainData, tokenizer: Any | None,
     if data_config.schedule_spec.kind == "n-pass" and not data_config.pack:
         return {"checked": False, "why": "n-pass rows without packing are each one plain sequence"}
     rows = data.kind == "row"  # no conversations: the bundled pair, rendered with the run's tokenizer
-    views, where = views_for_check((), load_tokenizer_for(config) if tokenizer is None else tokenizer,
-                                   data_config.render, source=config.data, empty="the data is prepared rows",
-                                   sampled=None if rows else data.guard_views)
-    model_config = model_config_of(config)
-    result = check_exact_once(model_config, views, pack=data_config.pack, backend=attention)
-    enforce(result, allow_inexact=config.allow_inexact, log=lambda line: log(f"exactness guard on {where}: {line}"))
+    result, where = run_guard(model_config_of(config), tokenizer=load_tokenizer_for(config) if tokenizer is None
+                              else tokenizer, render=data_config.render, sampled=None if rows else data.guard_views,
+                              source=config.data, empty="the data is prepared rows", pack=data_config.pack,
+                              backend=attention, allow_inexact=config.allow_inexact, log=log)
     return {"checked": True, "data": where, **result.to_dict()}
 
 
@@ -169,7 +155,7 @@ def check_sequence_parallel(config: TrainConfig, *, attention: str, log: Any = _
 
 def load_model(config: TrainConfig, *, device: torch.device, attention: str, vocab_size: int | None = None
                ) -> Any:
-    """The model to train, loaded by the one loader (:func:`onepass.model.load.load_causal_lm`), on ``device``, in
+    """The model to train, loaded by the one loader (:func:`onepass.train.core.load.load_model`), on ``device``, in
     train mode, with adapters when asked."""
     check_backend(attention, device, torch_dtype(config.dtype))  # flex_attention has no float64 kernel: before loading
     qlora = config.finetune == "qlora"
@@ -178,8 +164,7 @@ def load_model(config: TrainConfig, *, device: torch.device, attention: str, voc
                      quantization=quantization_config(config) if qlora else None,
                      device_map={"": device.index if device.index is not None else torch.cuda.current_device()}
                      if qlora else None)
-    model = load_causal_lm(spec)
-    install_mixers(model)  # the recurrent mixers' tree forward, couplings checked now: one CouplingError line at load
+    model = load_model_of(spec)
     model.config.use_cache = False
     if qlora:
         from peft import prepare_model_for_kbit_training

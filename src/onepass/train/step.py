@@ -7,7 +7,8 @@ weighted cross entropy by the same number. (1) is the data order of
 :mod:`onepass.train.data`; (2) is the *global* sum of target weights of the
 step, over every micro-batch and every process (for token weighting: the
 N-pass number of trained tokens). Each process adds ``loss_sum * world / W``
-to its gradients, because DDP averages gradients over processes:
+to its gradients (:func:`onepass.train.core.normalise.loss_scale`, which ``OnePassTrainer``
+calls too), because DDP averages gradients over processes:
 
     grad = (1/world) * sum_ranks d(loss_sum_r * world / W) = d(sum_r loss_sum_r) / W
 
@@ -46,6 +47,7 @@ from onepass.model.private_names import find_private
 from onepass.train.checkpoint import is_sharded
 from onepass.train.compiles import StaticShapes
 from onepass.train.config import TrainConfig
+from onepass.train.core.normalise import loss_scale
 from onepass.train.data import TrainData, step_passes, step_units, units_per_step
 from onepass.train.hyperparams import clip_norm
 from onepass.train.sequence_parallel import data_parallel
@@ -135,7 +137,7 @@ class Stepper:
                            window=config.data_config.share_window)
         weight = data.weight_sum(units)  # the same on every process: all hold the whole unit list
         compiled = self.shapes.total if self.shapes is not None else 0
-        sums = self._passes(units, scale=self.world / weight if weight > 0 else 0.0)
+        sums = self._passes(units, scale=loss_scale(weight, self.world))
         with stops_held() as self.held:  # a stop inside the update waits for it (deliver_held): whole steps only
             self.updating = True
             restore = (self.scheduler.state_dict(), [g["lr"] for g in self.optimizer.param_groups])
