@@ -56,6 +56,9 @@ from onepass.layout.tree import COLUMNS
 
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 CONVERSATION_COLUMNS = ("messages", "conversations", "interactions")
+TRL_COLUMNS = (("prompt", "completion"), ("text",), ("input_ids",))
+"""The columns of TRL's other dataset types (prompt-completion, text, tokenized): a saved dataset of them is read
+as records, which ``onepass train`` trains as TRL's rows and every other command counts as skipped."""
 CONVERSATIONS, ROWS = "conversations", "rows"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DATA_HELP = ("conversations: .jsonl/.json/.parquet, a folder of them, a saved dataset, builtin:mathchat, "
@@ -174,6 +177,8 @@ def _kind_of(columns: list[str], where: str) -> str:
         return ROWS
     if any(c in columns for c in CONVERSATION_COLUMNS) or {"input", "output"} <= set(columns):
         return CONVERSATIONS  # input/output: Llama-Nemotron pairs (onepass.conversation.parse reads them)
+    if any(set(c) <= set(columns) for c in TRL_COLUMNS):
+        return CONVERSATIONS  # records of TRL's other types: onepass train trains them as TRL's rows
     raise DataError(f"{where} has columns {', '.join(columns) or '(none)'}: neither conversations (a "
                     f"{', '.join(CONVERSATION_COLUMNS)} column) nor prepared rows ({', '.join(COLUMNS)})")
 

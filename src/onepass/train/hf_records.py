@@ -151,9 +151,7 @@ def _sort_records(records: Iterable[tuple[int, Any]], tokenizer: Any, args: OneP
             convs.append((i, record))
             continue
         settings = settings or _settings(args, tokenizer, packing)
-        kind = sft_rows.record_kind(record, args.dataset_text_field)
-        row = sft_rows.truncated(sft_rows.tokenize_record(record, kind, tokenizer, settings,
-                                                          where=f"{source} record {i}"), settings)
+        row = sft_rows.record_row(record, tokenizer, settings, where=f"{source} record {i}")
         if settings.truncate and not row.trained:
             continue  # TRL drops an example truncation left without a trained token
         rows.append((i, row))

@@ -228,6 +228,14 @@ def tokenize_record(record: Mapping[str, Any], kind: str, tokenizer: Any, settin
     return SftRow(input_ids=tuple(int(x) for x in ids), labels=tuple(labels_from(ids, masks)))
 
 
+def record_row(record: Mapping[str, Any], tokenizer: Any, settings: SftSettings, *, where: str = "a record") -> SftRow:
+    """``record`` (any of TRL's types) as TRL's row: its kind (:func:`record_kind`), tokenized and labelled
+    (:func:`tokenize_record`), truncated as TRL truncates it (:func:`truncated`). What ``OnePassTrainer`` and
+    ``onepass train`` both make of a record that is not a one-pass conversation."""
+    row = tokenize_record(record, record_kind(record, settings.text_field), tokenizer, settings, where=where)
+    return truncated(row, settings)
+
+
 def truncated(row: SftRow, settings: SftSettings) -> SftRow:
     """``max_length`` truncation as TRL's (keep_start, or the deprecated keep_end); none when packing."""
     n = settings.max_length
