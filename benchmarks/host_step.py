@@ -42,8 +42,8 @@ def worker(args: argparse.Namespace) -> dict:
     import torch
 
     from onepass.train.config import load_config
-    from onepass.train.loop import train_steps
-    from onepass.train.step import Stepper
+    from onepass.train.run.loop import train_steps
+    from onepass.train.run.step import Stepper
 
     torch.set_num_threads(1)
     out = tempfile.mkdtemp(prefix="host-step-")

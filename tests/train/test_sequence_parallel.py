@@ -24,7 +24,7 @@ import torch
 
 from onepass.train.config import TrainConfigError, load_config
 from onepass.train.sequence_parallel import sequence_parallel_size
-from onepass.train.loop import train
+from onepass.train.run.loop import train
 
 from float64_train import float64_load_model
 from ranks import fsdp_refused, rank_env as env, run_ranks
@@ -64,7 +64,7 @@ def flags(values):
 
 
 def one_process(tmp_path, chats, arch, extra, monkeypatch):
-    import onepass.train.loop as loop_module
+    import onepass.train.run.loop as loop_module
 
     monkeypatch.setattr(loop_module, "load_model", float64_load_model(loop_module.load_model))
     return train(load_config(None, dict(data=str(chats), output_dir=str(tmp_path / "one"), **settings(arch, extra))),

@@ -2,7 +2,7 @@
 
 Why this module exists: "resume continues the identical loss sequence" needs
 every piece of state that the next step reads. The data order is a function
-of (seed, step) (:mod:`onepass.train.data`), so a checkpoint holds only:
+of (seed, step) (:mod:`onepass.train.run.data`), so a checkpoint holds only:
 
     checkpoints/step-000012/
       trainable.safetensors   trainable parameters by name (the adapter for LoRA)
@@ -48,7 +48,7 @@ from onepass.train.config import (
     TrainConfig,
     TrainConfigError,
 )
-from onepass.train.model import trainable_state
+from onepass.train.run.model import trainable_state
 
 PREFIX = "step-"
 

@@ -93,7 +93,7 @@ def sequence_mesh(accelerator: Any, sp_size: int) -> SequenceShard | None:
     """This process's :class:`onepass.ulysses.comm.SequenceShard` on a ``(dp, sp)`` device mesh (consecutive
     ranks share a row), or None for ``sp_size`` 1. FSDP2 keeps sharding over every rank (the flattened
     mesh, as torchtitan shards over dp x cp) and DDP averages over every rank: with each rank's loss the
-    sum over its shard and the global normaliser, the gradient is one process's (onepass.train.step)."""
+    sum over its shard and the global normaliser, the gradient is one process's (onepass.train.run.step)."""
     if sp_size <= 1:
         return None
     from torch.distributed.device_mesh import init_device_mesh

@@ -1,6 +1,6 @@
 """The exactness guard's call, as both front ends make it before their first step.
 
-Why this module exists: ``onepass train`` (:func:`onepass.train.model.check_exactness`) and
+Why this module exists: ``onepass train`` (:func:`onepass.train.run.model.check_exactness`) and
 ``OnePassTrainer.check_exactness`` each picked the views, ran the tiny float64 twin
 (:func:`onepass.guard.check.check_exact_once`), enforced its verdict and logged it; the three steps, and the
 line a user reads (``exactness guard on 2 conversations of file chats.jsonl: ...``), are written here once.

@@ -1,7 +1,7 @@
 """The one loader of the model a front end trains, and of its tokenizer.
 
-Why this module exists: ``onepass train`` (:mod:`onepass.train.model`) and ``OnePassTrainer``
-(:mod:`onepass.train.hf_model`) each loaded the model and then installed the recurrent mixers' tree forward,
+Why this module exists: ``onepass train`` (:mod:`onepass.train.run.model`) and ``OnePassTrainer``
+(:mod:`onepass.train.trainer.model`) each loaded the model and then installed the recurrent mixers' tree forward,
 and each had its own way to the tokenizer. Both go through here now. The model is
 :func:`onepass.model.load.load_causal_lm` of a :class:`~onepass.model.load.ModelSpec` (each front end turns
 its settings into that spec once: TrainConfig's fields, or TRL's ``model_init_kwargs``) with the mixers

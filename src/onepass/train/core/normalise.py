@@ -3,8 +3,8 @@
 Why this module exists: a one-pass step equals the N-pass step only when its loss is divided by the
 *global* sum of target weights ``W`` of the step (every micro-batch, every process); a held-out loss is
 comparable only when it is the same quotient over the whole set. ``onepass train``
-(:mod:`onepass.train.step`, :mod:`onepass.train.evaluation`) and ``OnePassTrainer``
-(:mod:`onepass.train.hf_trainer`) used to write each rule for themselves; both call these now.
+(:mod:`onepass.train.run.step`, :mod:`onepass.train.run.evaluation`) and ``OnePassTrainer``
+(:mod:`onepass.train.trainer.trainer`) used to write each rule for themselves; both call these now.
 
 Each process adds ``loss_sum_r * world / W`` to its gradients, because DDP (and DeepSpeed, FSDP) average
 gradients over processes:

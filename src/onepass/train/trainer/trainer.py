@@ -12,11 +12,11 @@ the class names (``docs/train.md``; ``tests/train/test_sft_scripts.py`` runs
 TRL's own ``trl/scripts/sft.py`` so renamed). It keeps what the Trainer does
 and changes only what one-pass needs:
 
-- the datasets are prepared by :mod:`onepass.train.hf_data` (one item per
+- the datasets are prepared by :mod:`onepass.train.trainer.data` (one item per
   conversation, or packed rows of ``max_length`` tokens with ``packing``); every
   other type SFTTrainer takes (text, prompt-completion, tokenized rows) is TRL's
-  row, a plain causal sequence (:mod:`onepass.train.sft_rows`), so its loss is TRL's;
-- SFTTrainer's argument checks are made (:mod:`onepass.train.sft_checks`);
+  row, a plain causal sequence (:mod:`onepass.train.core.sft_rows`), so its loss is TRL's;
+- SFTTrainer's argument checks are made (:mod:`onepass.train.trainer.sft_checks`);
 - the collator stacks rows and pads them with self-only, untrained positions;
 - ``compute_loss`` builds the tree mask from ``kv_end`` for the model's
   attention backend, passes ``position_ids``, asks for logits only at targets
@@ -66,10 +66,10 @@ from onepass.loss import ForwardView, batch_dft_loss, batch_loss, dft_sum, row_l
 from onepass.mixers.tree import tree_kwargs
 from onepass.model.private_names import private
 from onepass.layout.row_check import model_vocab
-from onepass.train import sft_checks
+from onepass.train.trainer import sft_checks
 from onepass.train.config import TrainConfigError
 from onepass.train.hf_config import OnePassConfig, warn_once
-from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: their documented import path)
+from onepass.train.trainer.data import (  # noqa: F401  (conversation_dataset & co: their documented import path)
     GuardInputs,
     OnePassCollator,
     conversation_dataset,
@@ -77,16 +77,16 @@ from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: t
     prepared_dataset,
     rows_dataset,
 )
-from onepass.train.hf_records import as_rows  # noqa: F401  (its import path in tests and scripts)
+from onepass.train.trainer.records import as_rows  # noqa: F401  (its import path in tests and scripts)
 from onepass.model.couplings import base_model, is_peft, loaded_from
 from onepass.train.core.guard import run_guard
 from onepass.train.core.normalise import loss_scale, weighted_mean
 from onepass.train.checkpoint import NonFiniteWeightsError, non_finite_weights
 from onepass.train.distributed import asked_mode, check_fsdp_accelerate, honour_request
 from onepass.train.sequence_parallel import accelerate_sp_size
-from onepass.train.hf_model import chat_template_of, load_model, load_tokenizer, set_special_tokens
-from onepass.train.hf_stream import check_dataset_rows, is_stream, trainer_rows
-from onepass.train.report import plot_losses
+from onepass.train.trainer.model import chat_template_of, load_model, load_tokenizer, set_special_tokens
+from onepass.train.trainer.stream import check_dataset_rows, is_stream, trainer_rows
+from onepass.train.core.report import plot_losses
 from onepass.layout.tree import COLUMNS, IGNORE
 
 log = logging.getLogger("onepass")
@@ -195,7 +195,7 @@ def _fit_model_to_loss(model: Any, args: OnePassConfig) -> None:
 
 def _datasets_of(train_dataset: Any, eval_dataset: Any, model: Any, processing_class: Any, args: OnePassConfig, *,
                  formatting_func: Callable[[dict], Any] | None) -> tuple[Any, Any]:
-    """The train rows (:func:`onepass.train.hf_stream.trainer_rows`: the dataset and the guard's inputs) and
+    """The train rows (:func:`onepass.train.trainer.stream.trainer_rows`: the dataset and the guard's inputs) and
     the eval dataset (or mapping of them) prepared; every row checked against the model's vocabulary as
     ``onepass train`` checks a prepared folder."""
     if args.dataset_prepared and formatting_func is not None:
@@ -563,7 +563,7 @@ def _causal_rows_mask(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
 
 
 def _labels_of(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """The ``labels`` view of collated rows (:func:`onepass.train.sft_rows.labels_view`, in torch)."""
+    """The ``labels`` view of collated rows (:func:`onepass.train.core.sft_rows.labels_view`, in torch)."""
     ids, pos, targets = inputs["input_ids"], inputs["position_ids"], inputs["targets"]
     labels = torch.full_like(ids, -100)
     nxt = (pos[:, 1:] == pos[:, :-1] + 1) & (targets[:, :-1] == ids[:, 1:])

@@ -25,7 +25,7 @@ def test_weighted_mean_is_nan_without_weight():
 def test_eval_loss_of_rows_without_weight_is_nan_as_in_a_run():
     """eval_loss raised ZeroDivisionError where a run's eval (and OnePassTrainer's) reports NaN."""
     from onepass.model.load import ModelSpec, load_causal_lm
-    from onepass.train.evaluation import eval_loss
+    from onepass.train.run.evaluation import eval_loss
 
     model = load_causal_lm(ModelSpec(tiny="qwen3", vocab_size=32, tiny_config={"hidden_size": 32,
                                                                               "intermediate_size": 64}))

@@ -6,8 +6,8 @@ weighted cross entropy of every target over the sum of target weights, whatever
 the rows, batches or processes (:func:`onepass.loss.batch_loss` gives the sum of
 one forward pass). Two ways in:
 
-- :func:`evaluate`, inside a run (:mod:`onepass.train.loop`): every process takes
-  every world-th unit (:func:`onepass.train.data.eval_passes`), the two sums are
+- :func:`evaluate`, inside a run (:mod:`onepass.train.run.loop`): every process takes
+  every world-th unit (:func:`onepass.train.run.data.eval_passes`), the two sums are
   reduced over processes;
 - :func:`eval_loss`, for any HF causal LM (or peft model) and prepared rows, one
   process: a saved adapter reloaded reproduces the run's eval loss.
@@ -27,10 +27,10 @@ import torch
 from onepass.layout.buckets import static_rows
 from onepass.loss import ForwardView, batch_loss, layouts_to_batch
 from onepass.train.checkpoint import is_sharded
-from onepass.train.compiles import StaticShapes
+from onepass.train.run.compiles import StaticShapes
 from onepass.train.config import TrainConfig
 from onepass.train.core.normalise import weighted_mean
-from onepass.train.data import TrainData, eval_passes
+from onepass.train.run.data import TrainData, eval_passes
 from onepass.train.sequence_parallel import data_parallel
 from onepass.layout.tree import Layout
 from onepass.ulysses.comm import SequenceShard

@@ -1,7 +1,7 @@
 """The optimizer and learning-rate schedule of ``onepass train``: TrainingArguments' names, transformers' rules.
 
 Why this module exists: what updates the weights is one concept, apart from the model that is loaded
-(:mod:`onepass.train.model`) and the step that scales the gradients (:mod:`onepass.train.step`). The
+(:mod:`onepass.train.run.model`) and the step that scales the gradients (:mod:`onepass.train.run.step`). The
 parameter groups follow transformers' ``Trainer`` (weight decay on matrices, not on norms and biases), the
 8-bit optimizers are bitsandbytes' under TrainingArguments' names, and ``lr_scheduler_type`` is
 transformers' ``get_scheduler`` (``constant`` with its warmup). ``OnePassTrainer`` keeps HF ``Trainer``'s own.
@@ -47,7 +47,7 @@ def make_optimizer(model: Any, config: TrainConfig) -> torch.optim.Optimizer:
 def _fused_if_possible(cls: type[torch.optim.Optimizer], groups: list[dict[str, Any]],
                        **kwargs: Any) -> torch.optim.Optimizer:
     """``cls(groups, fused=True)`` (one kernel per update, transformers' Trainer default since torch 2.8, and an
-    update the step can skip on the device: :class:`onepass.train.step.Stepper`), else the default
+    update the step can skip on the device: :class:`onepass.train.run.step.Stepper`), else the default
     implementation where the parameters' device or dtype has no fused kernel."""
     try:
         return cls(groups, fused=True, **kwargs)

@@ -48,9 +48,9 @@ from onepass.prepare.config import DataConfig
 from onepass.prepare.pipeline import INVALID, PrepareStats, load_rows
 from onepass.layout.row_check import check_rows
 from onepass.layout.share import Key, prefix_key, share_rows
-from onepass.train import sft_rows
+from onepass.train.core import sft_rows
 from onepass.train.config import TrainConfig, TrainConfigError
-from onepass.train.sft_rows import SftSettings
+from onepass.train.core.sft_rows import SftSettings
 from onepass.layout.tree import COLUMNS as ROW_COLUMNS
 from onepass.layout.tree import Layout, row_from_columns
 from onepass.layout.view import View
@@ -172,7 +172,7 @@ TEXT_FIELD = "text"
 def read_records(source: DataSource, *, limit: int | None = None
                  ) -> tuple[list[Conversation], list[RawRecord], list[str]]:
     """The records of a source of conversations: the conversations, the records of TRL's other dataset types
-    (text, prompt-completion, tokenized: :func:`onepass.train.sft_rows.record_kind`), and why each other record
+    (text, prompt-completion, tokenized: :func:`onepass.train.core.sft_rows.record_kind`), and why each other record
     was skipped, in order; ``limit``: the first that many of the first two.
 
     A record that parses as a conversation is one, whatever else it holds; a record that does not, and is of
@@ -195,7 +195,7 @@ def read_records(source: DataSource, *, limit: int | None = None
 
 
 def trl_units(records: Sequence[RawRecord], tokenizer: Any, config: DataConfig, stats: PrepareStats) -> list[Unit]:
-    """One unit per record of TRL's types: TRL's row of it (:func:`onepass.train.sft_rows.record_row`, the
+    """One unit per record of TRL's types: TRL's row of it (:func:`onepass.train.core.sft_rows.record_row`, the
     completion alone trained for prompt-completion, every token for text, the labels given for tokenized
     records), rendered with the run's ``template_kwargs`` and ``template_date``. Not truncated (as a
     conversation's tree is not): a row over ``max_tokens``, one training no token, or a record of a shape
@@ -278,7 +278,7 @@ def rows_setting(config: TrainConfig, data: TrainData, key: str, say: Any) -> st
 
 
 def check_same_units(accelerator: Any, config: TrainConfig, data: TrainData, rows: dict[str, str | None]) -> None:
-    """Every process read the same rows (:func:`~onepass.train.data.units_digest`), else one line on each: two
+    """Every process read the same rows (:func:`~onepass.train.run.data.units_digest`), else one line on each: two
     ranks given different data files (a node-local path, a file being rewritten) would train inconsistent steps,
     or, with different step counts, wait for each other forever."""
     if accelerator.num_processes == 1:

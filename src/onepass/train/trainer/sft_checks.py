@@ -3,7 +3,7 @@ the same (TRL's wording where it is a drop-in's, ours where it says more).
 
 Why this module exists: a config TRL rejects must not be accepted by a drop-in for it, and a user who
 moves a script should meet the same error at the same place. Each function is one group of TRL's checks,
-in TRL's order; :class:`~onepass.train.hf_trainer.OnePassTrainer` calls them. The checks of
+in TRL's order; :class:`~onepass.train.trainer.trainer.OnePassTrainer` calls them. The checks of
 ``SFTConfig.__post_init__`` are in :mod:`onepass.train.hf_config`.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from onepass.model.couplings import base_model, is_peft
-from onepass.train import sft_rows
+from onepass.train.core import sft_rows
 
 log = logging.getLogger("onepass")
 

@@ -11,8 +11,8 @@ import pytest
 from onepass.data.sources import resolve_data
 from onepass.layout.tree import IGNORE
 from onepass.train.config import load_config
-from onepass.train.data import load_train_data
-from onepass.train.loop import train
+from onepass.train.run.data import load_train_data
+from onepass.train.run.loop import train
 
 CONVERSATION = {"messages": [{"role": "user", "content": "What is 2 + 3?"},
                              {"role": "assistant", "content": "It is 5."}]}

@@ -4,7 +4,7 @@ template from ``chat_template_path``, the ``eos_token`` / ``pad_token`` settings
 Why this module exists: these follow TRL's rules (``model_init_kwargs``, no device map when distributed
 or on CPU, the tokenizer of the folder or hub id the model came from, the special tokens mirrored onto
 the model's config and generation config) and have nothing to do with the one-pass loss; the trainer
-(:mod:`onepass.train.hf_trainer`) calls them before it prepares the data.
+(:mod:`onepass.train.trainer.trainer`) calls them before it prepares the data.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Why this module exists: the one-pass loss equals the N-pass loss for a set of
 conversations (:mod:`onepass.loss`), so a training run is equivalent when each
 optimizer step (1) covers the same conversations and (2) divides the summed
 weighted cross entropy by the same number. (1) is the data order of
-:mod:`onepass.train.data`; (2) is the *global* sum of target weights of the
+:mod:`onepass.train.run.data`; (2) is the *global* sum of target weights of the
 step, over every micro-batch and every process (for token weighting: the
 N-pass number of trained tokens). Each process adds ``loss_sum * world / W``
 to its gradients (:func:`onepass.train.core.normalise.loss_scale`, which ``OnePassTrainer``
@@ -15,7 +15,7 @@ calls too), because DDP averages gradients over processes:
 So ``schedule: one-pass`` and ``schedule: n-pass`` with one seed take the same
 steps (tests: 20 float64 steps, same loss at every step, same final weights),
 and 2 processes equal 1 process on the same global batch. The run around the
-steps (data, resume, checkpoints, reports) is :mod:`onepass.train.loop`.
+steps (data, resume, checkpoints, reports) is :mod:`onepass.train.run.loop`.
 
 Sequence parallelism (``sp_size`` S, :mod:`onepass.ulysses`) changes nothing in that
 derivation: the S ranks of a row take the same units (data parallelism is over the
@@ -45,13 +45,13 @@ from onepass.layout.flops import visible_pairs
 from onepass.loss import ForwardView, batch_loss, layouts_to_batch
 from onepass.model.private_names import find_private
 from onepass.train.checkpoint import is_sharded
-from onepass.train.compiles import StaticShapes
+from onepass.train.run.compiles import StaticShapes
 from onepass.train.config import TrainConfig
 from onepass.train.core.normalise import loss_scale
-from onepass.train.data import TrainData, step_passes, step_units, units_per_step
+from onepass.train.run.data import TrainData, step_passes, step_units, units_per_step
 from onepass.train.hyperparams import clip_norm
 from onepass.train.sequence_parallel import data_parallel
-from onepass.train.signals import stops_held
+from onepass.train.run.signals import stops_held
 from onepass.ulysses.comm import SequenceShard
 
 

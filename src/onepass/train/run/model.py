@@ -30,7 +30,7 @@ from onepass.model.tiny import tiny_config
 from onepass.train.core.guard import run_guard
 from onepass.train.core.load import load_model as load_model_of, load_tokenizer
 from onepass.train.config import QLORA_ON_CPU, TrainConfig, TrainConfigError
-from onepass.train.data import TrainData
+from onepass.train.run.data import TrainData
 from onepass.guard.sequence_parallel import check_sequence_parallel as check_twin
 from onepass.ulysses.model import check_degree, install as install_sequence_parallel
 
@@ -113,7 +113,7 @@ def check_exactness(config: TrainConfig, data: TrainData, tokenizer: Any | None,
                     log: Any = _LOG.info) -> dict[str, Any]:
     """The exactness guard (:mod:`onepass.guard`) for this run, before any training: one-pass
     against N-pass on a tiny float64 twin of the model, on two of the run's conversations as the run
-    rendered them (:attr:`~onepass.train.data.TrainData.guard_views`); on the bundled MathChat pair
+    rendered them (:attr:`~onepass.train.run.data.TrainData.guard_views`); on the bundled MathChat pair
     rendered with the run's tokenizer when the data is prepared rows.
 
     Raises :class:`onepass.guard.InexactModelError` (one line) when they differ, unless
