@@ -56,6 +56,19 @@ def test_an_import_that_runs_upward_fails_and_is_named(tmp_path):
     assert "onepass.layout.tree -> onepass.train.run.loop" in out.stdout, broken(out)
 
 
+def test_the_two_front_ends_share_only_the_core(tmp_path):
+    """Mutation: OnePassTrainer's checks reach into ``onepass train``'s step: what both need belongs in
+    onepass.train.core (issue 47.3: two front ends over one core; a chain through a shared module fails too)."""
+    shutil.copytree(SRC, tmp_path / "onepass", ignore=shutil.ignore_patterns("__pycache__"))
+    checks = tmp_path / "onepass" / "train" / "trainer" / "sft_checks.py"
+    checks.write_text(checks.read_text() + "\n\ndef _sideways():\n    from onepass.train.run.step import Stepper\n"
+                      "    return Stepper\n")
+    out = lint_imports(tmp_path)
+    assert out.returncode != 0
+    assert "onepass.train.trainer is not allowed to import onepass.train.run" in out.stdout, broken(out)
+    assert "onepass.train.trainer.sft_checks -> onepass.train.run.step" in out.stdout, broken(out)
+
+
 # ---------------------------------------------------------------------------------------------
 # the names onepass.lazy imports when first used
 

@@ -62,15 +62,19 @@ def test_a_prompt_completion_record_trains_its_completion_as_trl_does(tmp_path, 
 
 def test_a_record_trl_refuses_or_over_max_tokens_is_a_counted_skip_naming_its_line(tmp_path, qwen3_tokenizer):
     data = write(tmp_path / "bad.jsonl", [CONVERSATION, {"prompt": "a", "completion": 3},
-                                          {"text": "word " * 400}])
+                                          {"text": "word " * 400}, {"input_ids": [1, 2, 10 ** 7]},
+                                          {"prompt": None, "completion": None}])
     lines: list[str] = []
     loaded = load_train_data(resolve_data(data), config_of(tmp_path, data, max_tokens=256), qwen3_tokenizer,
                              log=lines.append)
     assert loaded.num_units == 1 and "trl_rows" not in loaded.stats
-    assert loaded.stats["skipped_by_reason"] == {"invalid record": 1, "over max_tokens": 1}
+    assert loaded.stats["skipped_by_reason"] == {"invalid record": 3, "over max_tokens": 1}
     (summary,) = [line for line in lines if line.startswith("skipped")]
     assert f"first: {data} line 2: " in summary  # the file and line (1-based) of the record
-    assert loaded.stats["skipped"][1].startswith(f"{data} line 3: 402 tokens, more than max_tokens=256")
+    skipped = loaded.stats["skipped"]  # invalid records first, each naming its line
+    assert skipped[1] == f"{data} line 4: input_ids holds 10000000, outside the tokenizer's vocabulary of 151669"
+    assert skipped[2].startswith(f"{data} line 5: ")
+    assert skipped[3] == f"{data} line 3: 402 tokens, more than max_tokens=256"
 
 
 def test_conversation_files_read_as_before(tmp_path, qwen3_tokenizer):

@@ -39,7 +39,6 @@ import numpy as np
 
 from onepass.conversation.parse import Conversation
 from onepass.data.sources import ROWS, DataSource, RawRecord, iter_conversation_records
-from onepass.prepare.parallel import iter_units
 from onepass.errors import ConversationError, DataError
 from onepass.layout.flops import token_ratio
 from onepass.prepare.guard_sample import ViewSample
@@ -51,12 +50,11 @@ from onepass.layout.share import Key, prefix_key, share_rows
 from onepass.train.core import sft_rows
 from onepass.train.config import TrainConfig, TrainConfigError
 from onepass.train.core.sft_rows import SftSettings
+from onepass.train.core.units import Unit, conversation_units
 from onepass.layout.tree import COLUMNS as ROW_COLUMNS
-from onepass.layout.tree import Layout, row_from_columns
+from onepass.layout.tree import IGNORE, Layout, row_from_columns
 from onepass.layout.view import View
 from onepass.layout.vocab import layout_ids, remap_layout, used_ids
-
-Unit = list[Layout]
 
 _LOG = logging.getLogger("onepass")
 
@@ -87,28 +85,6 @@ def prepare_config(config: TrainConfig) -> DataConfig:
     """How raw conversations become trees: the run's data settings, unpacked (packing happens per
     micro-batch, see the module docstring); the schedule is not parsed again."""
     return config.data_config.replace(pack=False)
-
-
-def conversation_units(conversations: Sequence[Any], tokenizer: Any, config: DataConfig, *,
-                       stats: PrepareStats | None = None, progress: bool = False, num_proc: int = 1,
-                       sample: ViewSample | None = None) -> tuple[list[Unit], PrepareStats]:
-    """One unit per conversation that keeps at least one view: the trees ``config.schedule`` makes.
-
-    Runs :func:`onepass.prepare.pipeline.prepare_conversation` one conversation at a time (on ``num_proc``
-    forked workers when > 1, :func:`onepass.prepare.parallel.iter_units`) so each tree keeps its
-    conversation; the running totals of ``stats`` add up, the whole-set ones are set at the end.
-    ``sample`` is offered each conversation's rendering (the exactness guard's views).
-    """
-    stats = stats or PrepareStats()
-    units: list[Unit] = [trees for trees in iter_units(conversations, tokenizer, config, stats, num_proc=num_proc,
-                                                        progress=progress, total=len(conversations), sample=sample)
-                         if trees]
-    trees = [x for u in units for x in u]
-    stats.trees = stats.rows = len(trees)
-    stats.row_tokens = sum(len(x) for x in trees)
-    stats.padding_tokens, stats.padding_fraction = 0, 0.0
-    stats.token_ratio = token_ratio(stats.n_pass_tokens, stats.one_pass_tokens)
-    return units, stats
 
 
 def load_train_data(source: DataSource, config: TrainConfig, tokenizer: Any | None, *, progress: bool = False,
@@ -198,8 +174,9 @@ def trl_units(records: Sequence[RawRecord], tokenizer: Any, config: DataConfig, 
     """One unit per record of TRL's types: TRL's row of it (:func:`onepass.train.core.sft_rows.record_row`, the
     completion alone trained for prompt-completion, every token for text, the labels given for tokenized
     records), rendered with the run's ``template_kwargs`` and ``template_date``. Not truncated (as a
-    conversation's tree is not): a row over ``max_tokens``, one training no token, or a record of a shape
-    TRL refuses is a counted skip in ``stats`` naming its file and line."""
+    conversation's tree is not): a row over ``max_tokens``, one training no token, a record of a shape TRL
+    refuses, or a tokenized record holding an id the tokenizer does not have, is a counted skip in ``stats``
+    naming its file and line."""
     settings = SftSettings(text_field=TEXT_FIELD, template_kwargs=dict(config.template_kwargs),
                            template_date=config.template_date, max_length=None, truncate=False)
     units: list[Unit] = []
@@ -210,7 +187,13 @@ def trl_units(records: Sequence[RawRecord], tokenizer: Any, config: DataConfig, 
         except DataError as e:
             stats.skip(INVALID, str(e))
             continue
-        if config.max_tokens is not None and len(row) > config.max_tokens:
+        except (TypeError, ValueError) as e:  # e.g. a prompt and a completion both null
+            stats.skip(INVALID, f"{where}: not a record of TRL's dataset types ({e})")
+            continue
+        outside = _outside_vocab(row, len(tokenizer)) if "input_ids" in raw.record else None
+        if outside is not None:  # tokenized by the user: its ids must be the tokenizer's
+            stats.skip(INVALID, f"{where}: {outside}")
+        elif config.max_tokens is not None and len(row) > config.max_tokens:
             stats.skip("over max_tokens", f"{where}: {len(row)} tokens, more than max_tokens={config.max_tokens}")
         elif not row.num_targets:
             stats.skip("nothing trained", f"{where}: no token of the record is trained")
@@ -222,6 +205,17 @@ def trl_units(records: Sequence[RawRecord], tokenizer: Any, config: DataConfig, 
     stats.n_pass_tokens, stats.one_pass_tokens = stats.n_pass_tokens + tokens, stats.one_pass_tokens + tokens
     stats.token_ratio = token_ratio(stats.n_pass_tokens, stats.one_pass_tokens)
     return units
+
+
+def _outside_vocab(row: Layout, vocab_size: int) -> str | None:
+    """What of a tokenized record's row is no id of a vocabulary of ``vocab_size`` (its input ids, or the
+    labels it trains), or None."""
+    targets = row.targets[row.targets != IGNORE]
+    for name, ids in (("input_ids", row.input_ids), ("labels", targets)):
+        bad = ids[(ids < 0) | (ids >= vocab_size)]
+        if len(bad):
+            return f"{name} holds {int(bad[0])}, outside the tokenizer's vocabulary of {vocab_size}"
+    return None
 
 
 def unit_keys(units: Sequence[Unit]) -> list[Key | None]:

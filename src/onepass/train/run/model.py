@@ -245,11 +245,6 @@ def add_lora(model: Any, config: TrainConfig) -> Any:
                                    "all-linear)") from None
 
 
-def trainable_state(model: Any) -> dict[str, torch.Tensor]:
-    """What a checkpoint must keep of the model: its trainable parameters, by name."""
-    return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-
-
 def count_parameters(model: Any) -> tuple[int, int]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return trainable, sum(p.numel() for p in model.parameters())

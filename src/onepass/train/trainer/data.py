@@ -47,7 +47,7 @@ from onepass.conversation.records import without_nulls
 from onepass.render import RenderConfig
 from onepass.layout.schedule import Schedule
 from onepass.layout.share import share_and_pack
-from onepass.train.run.data import conversation_units
+from onepass.train.core.units import conversation_units
 from onepass.layout.tree import COLUMNS, Layout, concat, row_from_columns, rows_to_columns
 from onepass.layout.view import View
 
