@@ -9,6 +9,7 @@ import math
 import pytest
 
 from onepass.data.sources import resolve_data
+from onepass.errors import DataError
 from onepass.layout.tree import IGNORE
 from onepass.train.config import load_config
 from onepass.train.run.data import load_train_data
@@ -92,6 +93,11 @@ def test_a_saved_dataset_of_prompt_completion_records_is_a_data_source(tmp_path,
     folder = tmp_path / "saved"
     datasets.Dataset.from_list([PROMPT_COMPLETION, {"prompt": "One and one make", "completion": " two."}]
                                ).save_to_disk(str(folder))
-    loaded = load_train_data(resolve_data(folder), config_of(tmp_path, folder), qwen3_tokenizer)
+    loaded = load_train_data(resolve_data(folder, trl_records=True), config_of(tmp_path, folder), qwen3_tokenizer)
     assert loaded.num_units == 2 and loaded.stats["trl_rows"] == 2
     assert all(u[0].num_targets > 0 for u in loaded.units)
+    with pytest.raises(DataError, match="neither conversations"):  # the commands that take conversations only
+        resolve_data(folder)
+    result = train(config_of(tmp_path, folder, max_steps=1, tiny_config={"hidden_size": 32, "intermediate_size": 64}),
+                   log=lambda _line: None)  # the run resolves --data with TRL's types
+    assert result.steps == 1 and math.isfinite(result.losses[0])

@@ -216,7 +216,8 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     checked, the model built, a checkpoint resumed, the report started; then the optimizer steps (each
     yielded), the end (final eval, checkpoint, model) and the summary."""
     config, device, attention = _check_machine(config)  # everything that can fail on this machine fails here
-    sources = [resolve_data(s) if s is not None else None for s in (config.data, config.eval_data)]  # once per run
+    sources = [resolve_data(s, trl_records=True) if s is not None else None  # once per run; TRL's types too
+               for s in (config.data, config.eval_data)]
     log = log or logging.getLogger("onepass").info
     prior = _open_output(config, resume, anyway=resume_anyway, log=log)
     procs = _start_processes(config, device, prior, anyway=resume_anyway, log=log)
