@@ -42,8 +42,13 @@ def worker(args: argparse.Namespace) -> dict:
     import torch
 
     from onepass.train.config import load_config
-    from onepass.train.loop import train_steps
-    from onepass.train.step import Stepper
+
+    try:
+        from onepass.train.run.loop import train_steps
+        from onepass.train.run.step import Stepper
+    except ImportError:  # a baseline from before train/run/ (issue 47.3)
+        from onepass.train.loop import train_steps
+        from onepass.train.step import Stepper
 
     torch.set_num_threads(1)
     out = tempfile.mkdtemp(prefix="host-step-")

@@ -2,7 +2,7 @@
 
 Before, ``onepass train`` rewrote ``metrics.json`` with the whole history at every logged step, so the cost of
 a step's log grew with the step number (issue 37: 253 ms a write at 10k steps, 2.5 s at 100k). Now each logged
-step appends one line to ``metrics.jsonl`` and rewrites a bounded summary (:mod:`onepass.train.report`). This
+step appends one line to ``metrics.jsonl`` and rewrites a bounded summary (:mod:`onepass.train.core.report`). This
 times one logged step at steps 1k, 10k and 100k for both, with records like a real run's (15 fields) and the
 real header of a tiny run, in a temporary folder on the given disk.
 
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from onepass.files import atomic_write_text
-from onepass.train.report import Reporter
+from onepass.train.core.report import Reporter
 
 RECORD = {"step": 0, "epoch": 0.1, "loss": 5.7193, "grad_norm": 1.4611, "lr": 1.9e-05, "target_weight": 321.0,
           "tokens": 757, "padded_tokens": 757, "dense_pairs": 573049, "visible_pairs": 198402,

@@ -163,7 +163,7 @@ def policy_rows(policy: str, convs: Sequence[Any], tok: Any) -> list[Any]:
     from onepass.prepare.config import DataConfig
     from onepass.prepare.pipeline import PrepareStats, prepare_conversation
     from onepass.render.messages import template_messages
-    from onepass.train.sft_rows import MESSAGES, SftSettings, causal_layout, tokenize_record
+    from onepass.train.core.sft_rows import MESSAGES, SftSettings, causal_layout, tokenize_record
 
     if policy in ("a", "b"):
         settings = SftSettings(assistant_only_loss=True, chat_template=DROP_MARKED if policy == "a" else KEEP_MARKED)

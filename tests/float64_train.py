@@ -14,7 +14,7 @@ from typing import Any
 
 
 def float64_load_model(load: Any) -> Any:
-    """``onepass.train.loop.load_model`` (the loop's name for ``onepass.train.model.load_model``) returning the model with float64 norms, routers and kernels."""
+    """``onepass.train.run.loop.load_model`` (the loop's name for ``onepass.train.run.model.load_model``) returning the model with float64 norms, routers and kernels."""
     from onepass.mixers import tree
     from onepass.model.precision import float64_norms
 
@@ -29,7 +29,7 @@ def float64_load_model(load: Any) -> Any:
 
 
 if __name__ == "__main__":
-    import onepass.train.loop as loop_module
+    import onepass.train.run.loop as loop_module
     from onepass.train.cli import main
 
     loop_module.load_model = float64_load_model(loop_module.load_model)

@@ -6,7 +6,7 @@ depends on the data (``nonzero``, ``masked_select``, a boolean index, ``unique``
 without ``output_size``, ``bincount``, ``equal``). On CPU none of them waits, so a test there counts them
 instead: a ``TorchDispatchMode`` sees the aten ops, and the Python-level reads that never reach the
 dispatcher on CPU are counted by wrapping their ``torch.Tensor`` methods while the counter is on.
-``torch.cuda.set_sync_debug_mode("error")`` is the same check on CUDA (tests/train/test_host_syncs.py).
+``torch.cuda.set_sync_debug_mode("error")`` is the same check on CUDA (tests/train/run/test_host_syncs.py).
 """
 
 from __future__ import annotations

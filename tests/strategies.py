@@ -67,7 +67,7 @@ def batch_strategy(max_extra_pad: int):
                      st.integers(0, max_extra_pad), st.integers(0, 2**16)).map(rows)
 
 
-# --- conversations for the training tests (test_train, test_hf_trainer) ---
+# --- conversations for the training tests (test_train, test_trainer) ---
 
 WORDS = "the of a to is in that it for on with as was at by an be this from or have not are but".split()
 

@@ -204,7 +204,7 @@ def shared_tokenizer(monkeypatch, qwen3_tokenizer):
     import onepass.bench.command  # noqa: F401  (every command's code loaded, so each binding is replaced)
     import onepass.evaluate.command  # noqa: F401
     import onepass.render.tokenizer
-    import onepass.train.loop  # noqa: F401
+    import onepass.train.run.loop  # noqa: F401
     import onepass.verify.check  # noqa: F401
 
     real = onepass.render.tokenizer.load_tokenizer

@@ -17,18 +17,19 @@ def mapped(text: str) -> list[str]:
     the ``name.py`` lines indented under it are its modules; descriptions (their lines go on at the
     description's column) and ``#`` stage lines are skipped."""
     block = text.split("```", 2)[1].splitlines()[2:]  # after "src/onepass/"
-    out, package = [], None
+    out: list[str] = []
+    packages: list[tuple[str, int]] = []  # the open packages, outermost first: (name, indent)
     for line in block:
         m = ENTRY.match(line)
         if not m:
             continue
         indent, name = len(m["indent"]), m["name"]
-        if package is not None and indent <= package[1]:
-            package = None
+        while packages and indent <= packages[-1][1]:
+            packages.pop()
         if name.endswith("/"):
-            package = (name, indent)
+            packages.append((name, indent))
         else:
-            out.append((package[0] if package else "") + name)
+            out.append("".join(p for p, _ in packages) + name)
     return out
 
 
@@ -39,6 +40,8 @@ def modules() -> set[str]:
 def test_the_parser_reads_packages_and_skips_descriptions():
     text = "```\nsrc/onepass/\n  a.py   x\n                b.py is prose\n  pkg/   y\n    c.py  z\n  d.py\n```\n"
     assert mapped(text) == ["a.py", "pkg/c.py", "d.py"]
+    nested = "```\nsrc/onepass/\n  pkg/\n    sub/\n      e.py\n    f.py\n  g.py\n```\n"
+    assert mapped(nested) == ["pkg/sub/e.py", "pkg/f.py", "g.py"]
 
 
 def test_every_module_is_in_the_code_map_and_every_name_there_is_a_module():

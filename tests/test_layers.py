@@ -49,11 +49,24 @@ def test_an_import_that_runs_upward_fails_and_is_named(tmp_path):
     """Mutation: the layout (near the bottom) imports the training loop (near the top), in a function body."""
     shutil.copytree(SRC, tmp_path / "onepass", ignore=shutil.ignore_patterns("__pycache__"))
     tree = tmp_path / "onepass" / "layout" / "tree.py"
-    tree.write_text(tree.read_text() + "\n\ndef _upward():\n    from onepass.train.loop import train\n    return train\n")
+    tree.write_text(tree.read_text() + "\n\ndef _upward():\n    from onepass.train.run.loop import train\n    return train\n")
     out = lint_imports(tmp_path)
     assert out.returncode != 0
     assert "onepass.layout is not allowed to import onepass.train" in out.stdout, broken(out)
-    assert "onepass.layout.tree -> onepass.train.loop" in out.stdout, broken(out)
+    assert "onepass.layout.tree -> onepass.train.run.loop" in out.stdout, broken(out)
+
+
+def test_the_two_front_ends_share_only_the_core(tmp_path):
+    """Mutation: OnePassTrainer's checks reach into ``onepass train``'s step: what both need belongs in
+    onepass.train.core (issue 47.3: two front ends over one core; a chain through a shared module fails too)."""
+    shutil.copytree(SRC, tmp_path / "onepass", ignore=shutil.ignore_patterns("__pycache__"))
+    checks = tmp_path / "onepass" / "train" / "trainer" / "sft_checks.py"
+    checks.write_text(checks.read_text() + "\n\ndef _sideways():\n    from onepass.train.run.step import Stepper\n"
+                      "    return Stepper\n")
+    out = lint_imports(tmp_path)
+    assert out.returncode != 0
+    assert "onepass.train.trainer is not allowed to import onepass.train.run" in out.stdout, broken(out)
+    assert "onepass.train.trainer.sft_checks -> onepass.train.run.step" in out.stdout, broken(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,7 +81,7 @@ def layers() -> list[set[str]]:
 
 
 def layer_of(module: str, order: list[set[str]]) -> int:
-    """0 for the top layer; ``onepass.train.loop`` is in the layer of ``train``."""
+    """0 for the top layer; ``onepass.train.run.loop`` is in the layer of ``train``."""
     top = module.split(".")[1]
     return next(i for i, names in enumerate(order) if top in names)
 
@@ -101,6 +114,6 @@ def test_names_imported_when_first_used_point_down_the_layers_too():
 
 def test_the_lazy_name_check_finds_one_running_up():
     order = layers()
-    assert layer_of("onepass.train.loop", order) < layer_of("onepass.layout.tree", order)
+    assert layer_of("onepass.train.run.loop", order) < layer_of("onepass.layout.tree", order)
     assert layer_of("onepass.cli", order) < layer_of("onepass.train", order) < layer_of("onepass.errors", order)
     assert COMMANDS.match("onepass.verify.cli") and not COMMANDS.match("onepass.verify.check")

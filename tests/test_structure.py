@@ -22,7 +22,7 @@ PURE = (*sorted(".".join(("onepass", *p.relative_to(SRC).with_suffix("").parts))
         "onepass.render", "onepass.attention.blocks", "onepass.attention.segments", "onepass.attention.gather",
         "onepass.attention.paper",
         "onepass.model.config", "onepass.model.dtypes", "onepass.rl.rollouts", "onepass.rl.layout",
-        "onepass.rl.synthetic", "onepass.ulysses.plan", "onepass.prepare.guard_sample", "onepass.train.data", "onepass.lazy",
+        "onepass.rl.synthetic", "onepass.ulysses.plan", "onepass.prepare.guard_sample", "onepass.train.run.data", "onepass.lazy",
         "onepass.data.synthetic")
 
 
@@ -226,7 +226,7 @@ def test_the_long_function_finder_finds_one():
 def test_a_run_and_the_trainers_init_read_as_named_steps():
     # issue 38: `onepass train`'s run (train/loop.py `_train`) and OnePassTrainer.__init__ are lists of named
     # steps, each a function with a docstring: set up, load, check, build, resume, step, finish
-    for module in ("onepass.train.loop", "onepass.train.hf_trainer"):
+    for module in ("onepass.train.run.loop", "onepass.train.trainer.trainer"):
         long = long_functions(MODULES[module].read_text())
         assert not long, f"{module}: functions past {STEP_LINES} lines (break them into named steps): {long}"
 

@@ -29,8 +29,8 @@ from onepass.errors import run_main
 from onepass.layout.flops import speed_bound
 from onepass.train.cli import setup_logging
 from onepass.train.config import load_config
-from onepass.train.loop import train_steps
-from onepass.train.report import log as train_log, plot_losses
+from onepass.train.run.loop import train_steps
+from onepass.train.core.report import log as train_log, plot_losses
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -183,7 +183,7 @@ def train_side_by_side(out: Path, steps: int, *, block_steps: int = BLOCK_STEPS)
           f"{n['train_tokens'] / one['train_tokens']:.2f}x in tokens; deeper conversations save more "
           "(onepass data stats; onepass bench --workload synthetic --depth-groups; benchmarks/RESULTS.md)")
     print(f"losses agree at every step to {diff:.1e} (float32 rounding, compounded over the steps; "
-          "in float64 they agree to 1e-9: tests/train/test_train.py)")
+          "in float64 they agree to 1e-9: tests/train/run/test_train.py)")
     print(f"loss curves: {both} (both; time axis: the interleaved blocks), {out / 'train-one-pass' / 'loss.png'}, "
           f"{out / 'train-n-pass' / 'loss.png'}")
     print(f"models: {out / 'train-one-pass' / 'final'}, {out / 'train-n-pass' / 'final'}")

@@ -126,7 +126,7 @@ def test_a_later_part_gets_what_an_earlier_one_left(monkeypatch):
 def test_the_cuda_test_files_are_those_that_mark_a_test():
     files = {str(p.relative_to(ROOT)) for p in cuda_test_files(ROOT / "tests")}
     assert {"tests/attention/test_blocks.py", "tests/attention/test_mask.py", "tests/attention/test_varlen.py",
-            "tests/train/test_train_cli.py"} <= files
+            "tests/train/run/test_train_cli.py"} <= files
     assert "tests/conftest.py" not in files
 
 

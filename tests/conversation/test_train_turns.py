@@ -149,9 +149,9 @@ def test_prepare_and_verify_take_the_flag(tmp_path, convs, capsys):
 
 def test_train_and_the_trainer_take_the_setting(qwen3_tokenizer, convs):
     from onepass.train.config import config_from_dict
-    from onepass.train.data import prepare_config
+    from onepass.train.run.data import prepare_config
     from onepass.train.hf_config import OnePassConfig
-    from onepass.train.hf_data import conversation_dataset
+    from onepass.train.trainer.data import conversation_dataset
 
     train = config_from_dict({"tiny": "qwen3", "data": "builtin:mathchat", "train_turns": "last"})
     assert prepare_config(train).render.train_turns == "last"

@@ -133,7 +133,7 @@ def test_an_in_memory_dataset_reads_as_its_records():
     with the other records' keys as nulls; they are dropped, so it reads as the records themselves."""
     import datasets
 
-    from onepass.train.hf_data import parse_dataset
+    from onepass.train.trainer.data import parse_dataset
 
     def chat(name, args):
         return {"messages": [

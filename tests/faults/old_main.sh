@@ -24,7 +24,7 @@ import importlib
 import sys
 
 for new, old in {"onepass.train.checkpoint": "onepass.train_checkpoint", "onepass.train.config": "onepass.train_config",
-                 "onepass.train.loop": "onepass.train"}.items():
+                 "onepass.train.run.loop": "onepass.train"}.items():
     sys.modules[new] = importlib.import_module(old)
 EOF
   plugin=(-p old_layout)

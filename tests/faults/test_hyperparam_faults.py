@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from onepass.errors import OnePassError
 from onepass.train.cli import main
 from onepass.train.config import load_config
-from onepass.train.loop import train
+from onepass.train.run.loop import train
 
 # flag, value, the key the line names
 BAD = [("--max-grad-norm", "nan", "max_grad_norm"), ("--learning-rate", "inf", "learning_rate"),

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from onepass.errors import OnePassError
 from onepass.train.checkpoint import list_checkpoints
 from onepass.train.config import load_config
-from onepass.train.loop import train
+from onepass.train.run.loop import train
 
 
 def _run(out, resume=None, anyway=False, log=lambda _m: None, **overrides):

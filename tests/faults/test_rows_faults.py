@@ -18,7 +18,7 @@ from fault_helpers import onepass
 
 from onepass.errors import OnePassError
 from onepass.train.config import load_config
-from onepass.train.loop import train
+from onepass.train.run.loop import train
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_a_non_finite_loss_stops_with_the_last_good_checkpoint(tmp_path, monkeyp
     last checkpoint is step 1's and holds finite weights, metrics.json does not say "finished"."""
     from safetensors.torch import load_file
 
-    import onepass.train.step as step
+    import onepass.train.run.step as step
     from onepass.train.checkpoint import list_checkpoints
 
     calls = {"n": 0}

@@ -27,7 +27,7 @@ import torch
 from onepass.errors import OnePassError
 from onepass.train.checkpoint import list_checkpoints
 from onepass.train.config import load_config
-from onepass.train.loop import train
+from onepass.train.run.loop import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -103,7 +103,7 @@ _KILL_IN_PRUNING = """
 import os, shutil, signal, sys
 import onepass.train.checkpoint as checkpoint
 from onepass.train.config import load_config
-from onepass.train.loop import train
+from onepass.train.run.loop import train
 
 real = shutil.rmtree
 def rmtree(path, *a, **kw):  # pruning an older checkpoint: its state.json goes first, then the process is killed
@@ -275,7 +275,7 @@ def test_logging_a_step_writes_as_much_at_step_3000_as_at_step_10(tmp_path, monk
     with the whole history each time (31 MB a write at 100k steps)."""
     import builtins
 
-    import onepass.train.report as report
+    import onepass.train.core.report as report
 
     written = {"n": 0}
     real_atomic, real_open = report.atomic_write_text, builtins.open
@@ -317,8 +317,8 @@ def test_logging_a_step_writes_as_much_at_step_3000_as_at_step_10(tmp_path, monk
 
 
 def test_a_killed_run_keeps_every_logged_step_and_a_resume_drops_the_ones_past_its_checkpoint(tmp_path):
-    from onepass.train.loop import train_steps
-    from onepass.train.report import read_metrics
+    from onepass.train.run.loop import train_steps
+    from onepass.train.core.report import read_metrics
 
     out = tmp_path / "run"
     steps = train_steps(_config(out, max_steps=6, save_steps=2, save_total_limit=5))

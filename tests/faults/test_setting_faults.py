@@ -80,7 +80,7 @@ def test_stats_json_has_no_shared_section_when_nothing_was_shared(tmp_path, caps
 
 
 def _train(tmp_path, log, **overrides):
-    from onepass.train.loop import train
+    from onepass.train.run.loop import train
 
     values = dict(tiny="qwen3", data="builtin:mathchat", limit=2, max_steps=1, progress=False, save_model=False,
                   output_dir=str(tmp_path / "run"))

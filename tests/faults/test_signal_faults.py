@@ -18,7 +18,7 @@ from fault_helpers import onepass, wait_for
 
 from onepass.train.checkpoint import list_checkpoints, read_state
 from onepass.train.config import load_config
-from onepass.train.loop import train
+from onepass.train.run.loop import train
 
 
 def _default_sigint() -> None:

@@ -15,7 +15,7 @@ from fault_helpers import kill9, onepass, wait_for
 
 from onepass.train.checkpoint import list_checkpoints, read_state
 from onepass.train.config import TrainConfigError, load_config
-from onepass.train.loop import train
+from onepass.train.run.loop import train
 
 
 def _run(out, resume=None, **overrides):

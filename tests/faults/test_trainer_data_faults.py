@@ -31,7 +31,7 @@ def _args(tmp_path, **kw):
 
 
 def _rows(records, tokenizer, args):
-    from onepass.train.hf_records import as_rows
+    from onepass.train.trainer.records import as_rows
 
     return as_rows(datasets.Dataset.from_list(records), tokenizer, args, source="train_dataset")
 
@@ -113,7 +113,7 @@ def test_conversations_whose_every_turn_has_weight_0_say_so_in_prepare(tmp_path,
 def test_conversations_whose_every_turn_has_weight_0_say_so_in_train(tmp_path):
     from onepass.errors import DataError
     from onepass.train.config import load_config
-    from onepass.train.loop import train
+    from onepass.train.run.loop import train
 
     data = tmp_path / "zero.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ZERO))

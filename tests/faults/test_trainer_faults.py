@@ -24,7 +24,7 @@ from strategies import synthetic_conversations
 from onepass.conversation.parse import parse_record
 from onepass.errors import OnePassError
 from onepass.model.tiny import tiny_model
-from onepass.train.evaluation import eval_loss
+from onepass.train.run.evaluation import eval_loss
 from onepass.layout.tree import COLUMNS, row_from_columns
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def rows(qwen3_tokenizer):
     """One row per conversation of 12 synthetic conversations, ids compacted to those that occur."""
-    from onepass.train.hf_data import conversation_dataset
+    from onepass.train.trainer.data import conversation_dataset
 
     convs = [parse_record(c, index=i) for i, c in enumerate(synthetic_conversations(12))]
     ds = conversation_dataset(convs, qwen3_tokenizer, schedule="one-pass")
@@ -51,7 +51,7 @@ def _dataset(rows):
 def _trainer(tmp_path, vocab, train, eval_dataset=None, **overrides):
     from transformers import TrainingArguments
 
-    from onepass.train.hf_trainer import OnePassTrainer
+    from onepass.train.trainer.trainer import OnePassTrainer
 
     values = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, learning_rate=1e-3, max_steps=3,
                   logging_steps=1, save_strategy="no", report_to=[], seed=0, use_cpu=True, disable_tqdm=True,
@@ -135,9 +135,9 @@ def _endless(limit: int = 3000):
 def test_an_endless_iterable_dataset_streams(tmp_path, qwen3_tokenizer, monkeypatch, packing):
     from transformers import TrainingArguments
 
-    import onepass.train.hf_stream as hf_stream
+    import onepass.train.trainer.stream as hf_stream
     from onepass.train.hf_config import OnePassConfig
-    from onepass.train.hf_trainer import OnePassTrainer
+    from onepass.train.trainer.trainer import OnePassTrainer
 
     # 16 records made into rows at a time, not 256: 3 steps read a few such batches (crossing from one to the
     # next), not one batch of 256 conversations rendered for 6 rows; and a narrow model (the LM head over the

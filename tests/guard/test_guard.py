@@ -312,7 +312,7 @@ def test_one_pass_trainer_refuses_a_hybrid(tmp_path, qwen3_tokenizer, unsupporte
     from transformers import TrainingArguments
 
     from onepass.conversation.parse import parse_record
-    from onepass.train.hf_trainer import OnePassTrainer, conversation_dataset
+    from onepass.train.trainer.trainer import OnePassTrainer, conversation_dataset
 
     train = conversation_dataset([parse_record(GOOD)] * 2, qwen3_tokenizer)
     model = tiny_model("lfm2", len(qwen3_tokenizer), attn_implementation="sdpa")

@@ -47,7 +47,7 @@ def test_compacting_commutes_with_the_layout(views):
 
 
 def test_the_train_data_compaction_uses_one_map_for_train_and_eval():
-    from onepass.train.data import TrainData, compact_vocab
+    from onepass.train.run.data import TrainData, compact_vocab
 
     train = TrainData(units=[[build_layout([V([5, 9, 7], 1)])]], kind="row", source="a", stats={})
     evals = TrainData(units=[[build_layout([V([9, 11], 1)])]], kind="row", source="b", stats={})

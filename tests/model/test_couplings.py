@@ -169,7 +169,7 @@ class Aten:  # a torch release without the private CPU flash ops
             raise AttributeError(name)
         return getattr(real, name)
 torch.ops.aten = Aten()
-import onepass.attention.backends, onepass.attention.cpu_tiles, onepass.train.loop  # no error at import
+import onepass.attention.backends, onepass.attention.cpu_tiles, onepass.train.run.loop  # no error at import
 import onepass.verify.check
 from onepass.attention.cpu import register
 try:
@@ -219,7 +219,7 @@ def test_a_grpo_override_that_would_stop_applying_is_one_line(fake, why, monkeyp
 
 
 def test_onepass_trainer_checks_the_trainer_privates_before_anything_else(monkeypatch):
-    from onepass.train.hf_trainer import TRAINER_PRIVATES, OnePassTrainer
+    from onepass.train.trainer.trainer import TRAINER_PRIVATES, OnePassTrainer
 
     label = TRAINER_PRIVATES[0]
 
@@ -313,7 +313,7 @@ def test_onepass_train_runs_batches_of_rows_on_a_model_without_row_masks(tmp_pat
     """As on transformers 5.2-5.22: a batch of 2 rows per forward trains (before: refused at load, in one line)."""
     import onepass.model.couplings as couplings
     from onepass.train.config import load_config
-    from onepass.train.loop import train
+    from onepass.train.run.loop import train
 
     monkeypatch.setattr(couplings, "takes_row_mask", lambda cls: False)
     config = load_config(None, dict(tiny="qwen3", data="builtin:mathchat", limit=2, max_steps=1, progress=False,

@@ -14,7 +14,7 @@ import onepass.prepare.parallel
 import onepass.prepare.pipeline
 import onepass.layout.schedule
 import onepass.train.config
-import onepass.train.data
+import onepass.train.run.data
 from onepass.data.sources import resolve_data
 from onepass.prepare.config import DATA_KEYS, DataConfig, data_config_from_args
 from onepass.errors import ConfigError
@@ -51,7 +51,7 @@ def test_prepare_parses_the_schedule_once_per_run(flags, parses, tmp_path, capsy
 def test_train_parses_the_schedule_once_per_run(parses, qwen3_tokenizer):
     config = onepass.train.config.load_config(None, {"tiny": "qwen3", "data": "builtin:mathchat", "limit": 3,
                                                      "schedule": "k-pass:2", "max_tokens": 4096})
-    data = onepass.train.data.load_train_data(resolve_data("builtin:mathchat"), config, qwen3_tokenizer)
+    data = onepass.train.run.data.load_train_data(resolve_data("builtin:mathchat"), config, qwen3_tokenizer)
     assert data.num_units == 3 and data.stats["schedule"] == "k-pass:2"
     assert len(parses) == 1, parses
 
@@ -60,7 +60,7 @@ def test_one_pass_trainer_data_parses_the_schedule_once(parses, qwen3_tokenizer)
     import datasets
 
     from onepass.train.hf_config import OnePassConfig
-    from onepass.train.hf_records import as_rows
+    from onepass.train.trainer.records import as_rows
 
     args = OnePassConfig("o", schedule="k-pass:2", report_to="none", use_cpu=True)
     rows = as_rows(datasets.Dataset.from_list(synthetic_conversations(3)), qwen3_tokenizer, args, source="train")
@@ -147,7 +147,7 @@ def trainer_for(tmp_path, qwen3_tokenizer):
 
     from onepass.model.tiny import tiny_model
     from onepass.train.hf_config import OnePassConfig
-    from onepass.train.hf_trainer import OnePassTrainer
+    from onepass.train.trainer.trainer import OnePassTrainer
 
     def make(train, **config):
         model = tiny_model("qwen3", len(qwen3_tokenizer), dtype=torch.float64, attn_implementation="sdpa")
@@ -162,7 +162,7 @@ def test_the_guard_gets_its_inputs_from_the_trainer_not_from_a_dataset_attribute
                                                                                     caplog):
     import datasets
 
-    from onepass.train.hf_data import GuardInputs
+    from onepass.train.trainer.data import GuardInputs
 
     trainer = trainer_for(datasets.Dataset.from_list(synthetic_conversations(3)), schedule="one-pass")
     inputs = trainer.guard_inputs
@@ -178,7 +178,7 @@ def test_the_guard_gets_its_inputs_from_the_trainer_not_from_a_dataset_attribute
 
 def test_rows_given_as_they_are_are_guarded_on_the_bundled_pair(trainer_for, qwen3_tokenizer, caplog):
     from onepass.conversation.parse import parse_record
-    from onepass.train.hf_data import conversation_dataset
+    from onepass.train.trainer.data import conversation_dataset
 
     rows = conversation_dataset([parse_record(r) for r in synthetic_conversations(2)], qwen3_tokenizer)
     trainer = trainer_for(rows)
@@ -198,7 +198,7 @@ def test_rows_given_as_they_are_are_read_for_shared_prefixes(trainer_for, qwen3_
     from onepass.conversation.parse import parse_record
     from onepass.guard import InexactModelError
     from onepass.model.tiny import tiny_model
-    from onepass.train.hf_data import conversation_dataset
+    from onepass.train.trainer.data import conversation_dataset
 
     monkeypatch.setattr(onepass.mixers.tree, "recurrent_mixer", lambda cls: None)
     rows = conversation_dataset([parse_record(r) for r in synthetic_conversations(2)], qwen3_tokenizer,

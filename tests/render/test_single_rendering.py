@@ -15,7 +15,7 @@ from onepass.prepare.pipeline import prepare
 from onepass.render import RenderConfig, render_conversation
 from onepass.render.messages import template_messages
 from onepass.render.single import SingleRendering, single_rendering, sum_counts, trl_training_template
-from onepass.train.sft_rows import MESSAGES, SftSettings, tokenize_record
+from onepass.train.core.sft_rows import MESSAGES, SftSettings, tokenize_record
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "chat_templates"
 DROP_MARKED = Path(__file__).parents[2] / "benchmarks" / "policy" / "drop_marked.jinja"

@@ -19,7 +19,7 @@ import torch
 
 from onepass.train.config import TrainConfigError, load_config
 from onepass.train.distributed import accelerate_predates_fsdp, asked_mode, check_launch
-from onepass.train.loop import train
+from onepass.train.run.loop import train
 
 from ranks import fsdp_refused, rank_env as env, run_ranks
 from strategies import synthetic_conversations
@@ -190,7 +190,7 @@ def test_a_misspelled_accelerate_config_key_or_value_is_refused(tmp_path, edit, 
 
 
 def test_qlora_quantization_config_is_built_and_checked_on_cpu():
-    from onepass.train.model import quantization_config, qlora_settings
+    from onepass.train.run.model import quantization_config, qlora_settings
 
     config = load_config(None, dict(model="x", data="x", finetune="qlora", dtype="bfloat16"))
     built = quantization_config(config)
@@ -206,7 +206,7 @@ def test_eight_bit_optimizer_names_are_transformers_names_and_bitsandbytes_class
     from transformers.training_args import OptimizerNames
 
     from onepass.train.config import OPTIMIZERS
-    from onepass.train.model import BNB_OPTIMIZERS
+    from onepass.train.run.optimizer import BNB_OPTIMIZERS
 
     assert sorted(BNB_OPTIMIZERS) == sorted(o for o in OPTIMIZERS if o.endswith("8bit"))
     assert set(BNB_OPTIMIZERS) <= {o.value for o in OptimizerNames}  # what TrainingArguments(optim=...) takes

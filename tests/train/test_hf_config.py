@@ -19,7 +19,7 @@ from transformers import HfArgumentParser, TrainingArguments
 from onepass.conversation.parse import parse_record
 from onepass.errors import DataError, UsageError
 from onepass.train import OnePassConfig
-from onepass.train.hf_trainer import as_rows, conversation_dataset, parse_dataset
+from onepass.train.trainer.trainer import as_rows, conversation_dataset, parse_dataset
 from onepass.layout.tree import COLUMNS
 
 COMMON = {"report_to": "none", "use_cpu": True}
@@ -46,7 +46,7 @@ def test_hf_argument_parser_reads_our_fields_from_yaml_and_flags(tmp_path):
 def test_train_config_reaches_the_render_config():
     """``onepass train --reasoning drop`` renders as ``prepare --reasoning drop`` does; a bad value is one line."""
     from onepass.train.config import TrainConfigError, config_from_dict
-    from onepass.train.data import prepare_config
+    from onepass.train.run.data import prepare_config
 
     data = {"tiny": "qwen3", "data": "builtin:mathchat"}
     assert prepare_config(config_from_dict({**data, "reasoning": "drop"})).render.reasoning == "drop"
@@ -138,7 +138,7 @@ def test_a_plain_training_arguments_with_the_releases_defaults_is_taken(tmp_path
     """transformers 5.2 declares ``warmup_ratio: float | None = None`` (deprecated, gone in 5.24): a field left
     at the release's own None is not given, not out of range; None where the default is a number still is."""
     from onepass.train.config import TrainConfigError
-    from onepass.train.hf_trainer import as_onepass_config
+    from onepass.train.trainer.trainer import as_onepass_config
 
     config = as_onepass_config(TrainingArguments(str(tmp_path), report_to=[], use_cpu=True), None)
     assert isinstance(config, OnePassConfig)

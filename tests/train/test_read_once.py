@@ -17,7 +17,7 @@ import pytest
 import onepass.conversation.parse
 import onepass.data.sources
 import onepass.render.views
-import onepass.train.loop  # noqa: F401  (imported before the counters go in: every module that runs is loaded)
+import onepass.train.run.loop  # noqa: F401  (imported before the counters go in: every module that runs is loaded)
 from onepass.cli import main
 
 

@@ -24,7 +24,7 @@ import torch
 
 from onepass.train.config import TrainConfigError, load_config
 from onepass.train.sequence_parallel import sequence_parallel_size
-from onepass.train.loop import train
+from onepass.train.run.loop import train
 
 from float64_train import float64_load_model
 from ranks import fsdp_refused, rank_env as env, run_ranks
@@ -64,7 +64,7 @@ def flags(values):
 
 
 def one_process(tmp_path, chats, arch, extra, monkeypatch):
-    import onepass.train.loop as loop_module
+    import onepass.train.run.loop as loop_module
 
     monkeypatch.setattr(loop_module, "load_model", float64_load_model(loop_module.load_model))
     return train(load_config(None, dict(data=str(chats), output_dir=str(tmp_path / "one"), **settings(arch, extra))),
@@ -246,14 +246,14 @@ def branching_rows(num, vocab, seed=0):
 def test_onepass_trainer_split_over_two_ranks_takes_the_steps_of_one_process(tmp_path):
     """OnePassConfig(sp_size=2) on 2 gloo ranks (each row split over both: one data-parallel group, so the same
     global batch of 2 rows) against one process, float64: the logged losses of 3 steps and the final weights."""
-    from onepass.train.hf_data import rows_dataset
+    from onepass.train.trainer.data import rows_dataset
 
     from ranks import rank_env
 
     vocab = 64
     data = tmp_path / "rows"
     rows_dataset(branching_rows(4, vocab)).save_to_disk(str(data))
-    script = str(Path(__file__).parent / "hf_trainer_script.py")
+    script = str(Path(__file__).parent / "trainer" / "hf_trainer_script.py")
     env = rank_env()
     one = run_ranks([sys.executable, script, str(data), str(tmp_path / "one"), "2", str(vocab)], env, timeout=300)
     assert one.returncode == 0, one.stderr[-3000:]

@@ -56,6 +56,9 @@ from onepass.layout.tree import COLUMNS
 
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 CONVERSATION_COLUMNS = ("messages", "conversations", "interactions")
+TRL_COLUMNS = (("prompt", "completion"), ("text",), ("input_ids",))
+"""The columns of TRL's other dataset types (prompt-completion, text, tokenized): ``onepass train`` reads a saved
+dataset of them as records (:func:`resolve_data`'s ``trl_records``) and trains them as TRL's rows."""
 CONVERSATIONS, ROWS = "conversations", "rows"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DATA_HELP = ("conversations: .jsonl/.json/.parquet, a folder of them, a saved dataset, builtin:mathchat, "
@@ -169,16 +172,18 @@ def _saved_columns(folder: Path) -> list[str]:
         raise DataError(f"{folder}: a saved dataset that cannot be opened ({e})") from None
 
 
-def _kind_of(columns: list[str], where: str) -> str:
+def _kind_of(columns: list[str], where: str, trl_records: bool = False) -> str:
     if set(COLUMNS) <= set(columns):
         return ROWS
     if any(c in columns for c in CONVERSATION_COLUMNS) or {"input", "output"} <= set(columns):
         return CONVERSATIONS  # input/output: Llama-Nemotron pairs (onepass.conversation.parse reads them)
+    if trl_records and any(set(c) <= set(columns) for c in TRL_COLUMNS):
+        return CONVERSATIONS  # records of TRL's other types: onepass train trains them as TRL's rows
     raise DataError(f"{where} has columns {', '.join(columns) or '(none)'}: neither conversations (a "
                     f"{', '.join(CONVERSATION_COLUMNS)} column) nor prepared rows ({', '.join(COLUMNS)})")
 
 
-def _resolve_saved(spec: str, path: Path, split: str | None) -> DataSource:
+def _resolve_saved(spec: str, path: Path, split: str | None, trl_records: bool = False) -> DataSource:
     folder, where = path, f"saved dataset {path}"
     if (path / "dataset_dict.json").is_file():
         try:
@@ -194,16 +199,16 @@ def _resolve_saved(spec: str, path: Path, split: str | None) -> DataSource:
         folder, where = path / split, f"saved dataset {path} [{split}]"
     elif split is not None:
         raise DataError(f"{path}: a single saved Dataset has no splits (got split={split!r})")
-    kind = _kind_of(_saved_columns(folder), where)
+    kind = _kind_of(_saved_columns(folder), where, trl_records)
     if kind == ROWS and folder != path:
         raise DataError(f"{where} holds prepared rows inside a DatasetDict; pass the split's folder {folder}")
     what = "prepared rows" if kind == ROWS else "conversations"
     return DataSource(spec=spec, kind=kind, form="saved", path=path, split=split, description=f"{where} ({what})")
 
 
-def _resolve_folder(spec: str, path: Path, split: str | None) -> DataSource:
+def _resolve_folder(spec: str, path: Path, split: str | None, trl_records: bool = False) -> DataSource:
     if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
-        return _resolve_saved(spec, path, split)
+        return _resolve_saved(spec, path, split, trl_records)
     files = data_files(path, split)
     if not files:
         what = f" for split {split!r}" if split else ""
@@ -213,11 +218,13 @@ def _resolve_folder(spec: str, path: Path, split: str | None) -> DataSource:
                       description=f"folder {path} ({len(files)} data file{'s' * (len(files) != 1)})")
 
 
-def resolve_data(spec: str | Path, *, split: str | None = None) -> DataSource:
+def resolve_data(spec: str | Path, *, split: str | None = None, trl_records: bool = False) -> DataSource:
     """What ``spec`` names (see the module docstring), or one :class:`DataError` line saying what was found.
 
     Cheap: a saved dataset is recognised by the columns in its ``dataset_info.json``, a
     folder by its file names; nothing is read. A hub id is taken on trust (online only).
+    ``trl_records`` (``onepass train``, which trains them): a saved dataset of TRL's other types
+    (:data:`TRL_COLUMNS`) is a source of records too; every other command refuses it by its columns.
     """
     text = str(spec)
     if text == "builtin:mathchat":
@@ -233,7 +240,7 @@ def resolve_data(spec: str | Path, *, split: str | None = None) -> DataSource:
         raise DataNotFound(f"unknown built-in data {text!r}; have builtin:mathchat, synthetic:NAME")
     path = Path(spec)
     if path.is_dir():
-        return _resolve_folder(text, path, split)
+        return _resolve_folder(text, path, split, trl_records)
     if path.exists():
         if split is not None:
             raise DataError(f"{path}: split={split!r} only applies to a dataset directory or hub id")

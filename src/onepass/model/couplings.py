@@ -124,13 +124,13 @@ COUPLINGS: tuple[Coupling, ...] = (
                        "hands them) and then leave weights, moments and step counts unchanged",
              detected_by="the installed optimizers' step source reads found_inf (PRIVATE_NAMES)",
              fails_as="none: the non-finite guard reads the step's numbers before the update (one wait per step)",
-             where="onepass.train.step.Stepper", checked="torch 2.13"),
+             where="onepass.train.run.step.Stepper", checked="torch 2.13"),
     Coupling(name="torch dynamo static shapes",
              relies_on="torch._dynamo.config (automatic_dynamic_shapes, recompile_limit, patch) and "
                        "torch._dynamo.utils.counters['frames']['ok'] (private)",
              detected_by="attribute lookup when a flex_attention run starts (PRIVATE_NAMES)",
              fails_as="none: without them flex compiles as torch decides and no compile is counted",
-             where="onepass.train.compiles", checked="torch 2.13"),
+             where="onepass.train.run.compiles", checked="torch 2.13"),
     Coupling(name="causal-LM class of a config",
              relies_on="AutoModelForCausalLM._model_mapping[type(config)] (private)",
              detected_by="attribute lookup (PRIVATE_NAMES)", fails_as="CouplingError where a class is looked up",
@@ -148,7 +148,7 @@ COUPLINGS: tuple[Coupling, ...] = (
                        "_prepare_inputs (called): private methods",
              detected_by="each defined on Trainer and called by Trainer's own source (an override of a method "
                          "no longer called would silently stop applying)",
-             fails_as="CouplingError when OnePassTrainer is built", where="onepass.train.hf_trainer",
+             fails_as="CouplingError when OnePassTrainer is built", where="onepass.train.trainer.trainer",
              checked="transformers 5.17-5.24"),
     Coupling(name="TRL GRPO log-probs",
              relies_on="GRPOTrainer._get_per_token_logps_and_entropies (private, overridden)",
@@ -168,8 +168,8 @@ COUPLINGS: tuple[Coupling, ...] = (
                        "alias, warns a FutureWarning and goes in v6); PreTrainedModel.activation_checkpointing_enable",
              detected_by="the TrainingArguments dataclass fields / the model's methods",
              fails_as="the old name on a release without the new one, never a FutureWarning from onepass's own calls",
-             where="onepass.model.couplings.checkpointing_field, onepass.bench.trl, onepass.train.hf_trainer, "
-                   "onepass.train.model", checked="transformers 5.17-5.24"),
+             where="onepass.model.couplings.checkpointing_field, onepass.bench.trl, onepass.train.trainer.trainer, "
+                   "onepass.train.run.model", checked="transformers 5.17-5.24"),
     Coupling(name="accelerate config check",
              relies_on="accelerate.commands.launch.launch_command_parser()._actions (argparse's private list)",
              detected_by="the parser's actions, one of them num_processes",
@@ -210,7 +210,7 @@ COUPLINGS: tuple[Coupling, ...] = (
              where="onepass.rl.skyrl", checked="skyrl 0.3.0"),
     Coupling(name="accelerate state reset",
              relies_on="AcceleratorState._reset_state (private) between two train() calls in one process",
-             detected_by="attribute lookup", fails_as="AttributeError", where="onepass.train.loop",
+             detected_by="attribute lookup", fails_as="AttributeError", where="onepass.train.run.loop",
              checked="accelerate 1.0-1.15"),
 )
 
@@ -228,6 +228,14 @@ def is_peft(model: Any) -> bool:
     peft = sys.modules.get("peft")
     classes = tuple(c for c in (getattr(peft, "PeftModel", None), getattr(peft, "PeftMixedModel", None)) if c)
     return bool(classes) and isinstance(model, classes)
+
+
+def is_prompt_learning(model: Any) -> bool:
+    """A PEFT prompt-learning model (prompt tuning, prefix tuning, p-tuning): virtual tokens every position sees."""
+    if not is_peft(model):
+        return False
+    config = model.peft_config.get(getattr(model, "active_adapter", "default"))
+    return bool(getattr(config, "is_prompt_learning", False))
 
 
 def base_model(model: Any) -> Any:

@@ -69,7 +69,7 @@ def apply_template(tokenizer: Any, messages: list[dict[str, Any]], *, tools: lis
     template kwargs and the pinned date, :data:`~onepass.render.clock.TEMPLATE_DATE`). Raises what the
     template raises; may return a non-str (batched input). ``tokenize``: the tokenized dict instead
     (``input_ids``, and ``assistant_masks`` when ``kwargs`` ask for them: TRL's rows,
-    :mod:`onepass.train.sft_rows`). Text is rendered with the tools once per distinct value where the
+    :mod:`onepass.train.core.sft_rows`). Text is rendered with the tools once per distinct value where the
     template allows it (:mod:`onepass.render.tools_block`)."""
     kwargs = dict(kwargs)
     out = {"tokenize": True, "return_dict": True} if tokenize else {"tokenize": False}

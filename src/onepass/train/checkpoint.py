@@ -2,7 +2,7 @@
 
 Why this module exists: "resume continues the identical loss sequence" needs
 every piece of state that the next step reads. The data order is a function
-of (seed, step) (:mod:`onepass.train.data`), so a checkpoint holds only:
+of (seed, step) (:mod:`onepass.train.run.data`), so a checkpoint holds only:
 
     checkpoints/step-000012/
       trainable.safetensors   trainable parameters by name (the adapter for LoRA)
@@ -48,7 +48,6 @@ from onepass.train.config import (
     TrainConfig,
     TrainConfigError,
 )
-from onepass.train.model import trainable_state
 
 PREFIX = "step-"
 
@@ -59,6 +58,11 @@ class CheckpointWriteError(OnePassError):
 
 class NonFiniteWeightsError(OnePassError):
     """Weights with NaN or infinite values: never written as a checkpoint or a final model."""
+
+
+def trainable_state(model: Any) -> dict[str, torch.Tensor]:
+    """What a checkpoint must keep of the model: its trainable parameters, by name."""
+    return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
 
 
 def non_finite_weights(model: Any) -> list[str]:

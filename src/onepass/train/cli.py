@@ -17,7 +17,7 @@ last release (``--lr``, ``--batch-size``, ...) still work, with a warning.
 
 Also runnable alone (``python -m onepass.train.cli ...``), which is what
 ``torchrun`` / ``accelerate launch`` start on every process. The parser imports no torch; the
-run is :func:`onepass.train.loop.run`, imported when the command runs (:data:`RUN`).
+run is :func:`onepass.train.run.loop.run`, imported when the command runs (:data:`RUN`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from onepass.lazy import resolve
 from onepass.settings import Leaf, leaves
 from onepass.train.config import DEPRECATED_KEYS, TrainConfig
 
-RUN = "onepass.train.loop:run"  # the command's runner (torch), imported when it runs
+RUN = "onepass.train.run.loop:run"  # the command's runner (torch), imported when it runs
 
 _DESCRIPTION = "Fine-tune a HF causal LM on one-pass rows: a YAML config (--config) plus flag overrides."
 _EPILOG = """\

@@ -11,7 +11,7 @@ rows), a chat template edited behind the same path, a tokenizer updated on disk.
      "rows": "blake2b:77e1...", "eval_rows": null}
 
 ``rows`` (and ``eval_rows``) is the digest of the rows as the run loaded them
-(:func:`onepass.train.data.units_digest`, added by the loop): it also changes when the same data and
+(:func:`onepass.train.run.data.units_digest`, added by the loop): it also changes when the same data and
 tokenizer render otherwise (another onepass or transformers version), and the processes of a run compare
 it before their first step.
 

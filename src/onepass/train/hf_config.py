@@ -15,7 +15,7 @@ value onepass cannot honour is accepted and logs one WARNING line, once per
 process, saying what is done instead. The checks ``SFTConfig.__post_init__`` makes
 (``loss_type``, the deprecated ``chunked_nll``, ``pad_token``, ``keep_end``, ``bfd-requeue``) are made
 here with messages that say the same; the ones ``SFTTrainer.__init__`` makes are in
-:mod:`onepass.train.hf_trainer`.
+:mod:`onepass.train.trainer.trainer`.
 
 Add a field (a TRL release adds one and ``tests/train/test_hf_config.py`` fails naming it): the field on
 :class:`OnePassConfig` with TRL's name, type and default, a row of :data:`SFT_FIELDS` saying what
@@ -336,7 +336,7 @@ class OnePassConfig(TrainingArguments):
     @property
     def data_config(self) -> DataConfig:
         """The data settings as one :class:`~onepass.prepare.config.DataConfig` (``max_tokens`` is ``max_length``;
-        ``pack`` False: ``packing`` packs the trees of several conversations, :mod:`onepass.train.hf_data`).
+        ``pack`` False: ``packing`` packs the trees of several conversations, :mod:`onepass.train.trainer.data`).
         Built, and the schedule parsed, once; again only after one of the fields was set to another value."""
         values = self._data_values()
         built = self.__dict__.get("_data_config")

@@ -41,11 +41,10 @@ import torch
 
 from onepass.attention.backends import model_backend
 from onepass.guard.sequence_parallel import check_sequence_parallel
-from onepass.model.couplings import base_model
+from onepass.model.couplings import base_model, is_prompt_learning
 from onepass.train.checkpoint import is_sharded
 from onepass.train.config import TrainConfigError
 from onepass.train.distributed import PARALLELISM_ENV, asked_mode
-from onepass.train.sft_checks import is_prompt_learning
 from onepass.ulysses.comm import SequenceShard, TorchGroup
 from onepass.ulysses.model import check_degree, install
 
@@ -153,7 +152,7 @@ def parallel_dims(accelerator: Any, sp_size: int) -> ParallelDims:
     """The run's :class:`ParallelDims`, built once: for ``sp_size`` > 1 a ``(dp, sp)`` device mesh (consecutive
     ranks share a row) and this process's :class:`~onepass.ulysses.comm.SequenceShard` on its ``sp`` group.
     FSDP2 keeps sharding over every rank and DDP averages over every rank: with each rank's loss the sum
-    over its shard and the global normaliser, the gradient is one process's (onepass.train.step)."""
+    over its shard and the global normaliser, the gradient is one process's (onepass.train.run.step)."""
     world, rank, sharded = accelerator.num_processes, accelerator.process_index, is_sharded(accelerator)
     if sp_size <= 1:
         return ParallelDims(world=world, rank=rank, sharded=sharded)

@@ -16,6 +16,6 @@ model's own backend on every position for a subset of heads, so the ``kv_end`` r
 and the chunked LM head run unchanged; recurrent mixers gather their input along the sequence and
 scan the whole row chain by chain (:mod:`onepass.mixers.tree`). Position ids and ``kv_end`` stay
 global. The loss of a rank is the weighted sum of its shard's targets; the normaliser stays the
-step's global weight (:mod:`onepass.train.step`), so S ranks take the steps of one process.
+step's global weight (:mod:`onepass.train.run.step`), so S ranks take the steps of one process.
 docs/distributed.md says when to use it.
 """

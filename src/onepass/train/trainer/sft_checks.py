@@ -3,7 +3,7 @@ the same (TRL's wording where it is a drop-in's, ours where it says more).
 
 Why this module exists: a config TRL rejects must not be accepted by a drop-in for it, and a user who
 moves a script should meet the same error at the same place. Each function is one group of TRL's checks,
-in TRL's order; :class:`~onepass.train.hf_trainer.OnePassTrainer` calls them. The checks of
+in TRL's order; :class:`~onepass.train.trainer.trainer.OnePassTrainer` calls them. The checks of
 ``SFTConfig.__post_init__`` are in :mod:`onepass.train.hf_config`.
 """
 
@@ -13,8 +13,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from onepass.model.couplings import base_model, is_peft
-from onepass.train import sft_rows
+from onepass.model.couplings import base_model, is_peft, is_prompt_learning  # noqa: F401  (sft_checks.is_prompt_learning)
+from onepass.train.core import sft_rows
 
 log = logging.getLogger("onepass")
 
@@ -148,9 +148,3 @@ def check_model(model: Any, args: Any) -> None:
         args.gradient_checkpointing_kwargs.pop("selective", None)
 
 
-def is_prompt_learning(model: Any) -> bool:
-    """A PEFT prompt-learning model (prompt tuning, prefix tuning, p-tuning): virtual tokens every position sees."""
-    if not is_peft(model):
-        return False
-    config = model.peft_config.get(getattr(model, "active_adapter", "default"))
-    return bool(getattr(config, "is_prompt_learning", False))

@@ -1,11 +1,11 @@
 """The records a trainer is given, any of TRL's dataset types mixed, made into one-pass rows.
 
 Why this module exists: ``OnePassTrainer`` takes every dataset ``SFTTrainer`` takes, record by record: a
-conversation is rendered view by view into a tree (:mod:`onepass.train.hf_data`), every other record is TRL's
-row, a plain causal sequence tokenized and labelled as TRL does it (:mod:`onepass.train.sft_rows`). Sorting a
+conversation is rendered view by view into a tree (:mod:`onepass.train.trainer.data`), every other record is TRL's
+row, a plain causal sequence tokenized and labelled as TRL does it (:mod:`onepass.train.core.sft_rows`). Sorting a
 dataset's records by kind, packing them, and giving TRL's code the columns it looks for (``labels``,
 ``seq_lengths``) is one path, :func:`records_rows`, used whole by a map-style dataset (:func:`as_rows`) and a
-batch at a time by a stream (:mod:`onepass.train.hf_stream`), so the two make the same rows in the same order:
+batch at a time by a stream (:mod:`onepass.train.trainer.stream`), so the two make the same rows in the same order:
 
     records  [text, prompt-completion, conversation]
     rows     [conversation's tree] [text's row] [prompt-completion's row]   (conversations first, then TRL's rows)
@@ -29,9 +29,9 @@ from onepass.layout.share import merge_shared
 from onepass.layout.tree import COLUMNS, Layout, concat, rows_to_columns
 from onepass.prepare.config import DataConfig
 from onepass.prepare.pipeline import PrepareStats
-from onepass.train import sft_rows
+from onepass.train.core import sft_rows
 from onepass.train.hf_config import OnePassConfig, warn_once
-from onepass.train.hf_data import (
+from onepass.train.trainer.data import (
     GuardInputs,
     PreparedRows,
     _columns,
@@ -40,13 +40,13 @@ from onepass.train.hf_data import (
     prepare_units,
     rows_dataset,
 )
-from onepass.train.sft_rows import SftSettings
+from onepass.train.core.sft_rows import SftSettings
 
 log = logging.getLogger("onepass")
 
 
 def _settings(args: OnePassConfig, tokenizer: Any, packing: bool) -> Any:
-    """TRL's tokenizing and labelling settings of ``args`` (:class:`onepass.train.sft_rows.SftSettings`)."""
+    """TRL's tokenizing and labelling settings of ``args`` (:class:`onepass.train.core.sft_rows.SftSettings`)."""
     return SftSettings(text_field=args.dataset_text_field, completion_only_loss=args.completion_only_loss,
                        assistant_only_loss=bool(args.assistant_only_loss),
                        chat_template=training_template(tokenizer) if args.assistant_only_loss else None,
@@ -141,7 +141,7 @@ def _records(ds: Any) -> Iterable[Any]:
 def _sort_records(records: Iterable[tuple[int, Any]], tokenizer: Any, args: OnePassConfig, *, source: str,
                   formatting_func: Callable[[dict], Any] | None, packing: bool) -> _Sorted:
     """Each record as TRL's kind says: conversations stay records (rendered one-pass later); every other
-    kind becomes TRL's row (:mod:`onepass.train.sft_rows`), truncated as TRL truncates it."""
+    kind becomes TRL's row (:mod:`onepass.train.core.sft_rows`), truncated as TRL truncates it."""
     settings = None
     convs: list[tuple[int, Any]] = []
     rows: list[tuple[int, Any]] = []
@@ -151,9 +151,7 @@ def _sort_records(records: Iterable[tuple[int, Any]], tokenizer: Any, args: OneP
             convs.append((i, record))
             continue
         settings = settings or _settings(args, tokenizer, packing)
-        kind = sft_rows.record_kind(record, args.dataset_text_field)
-        row = sft_rows.truncated(sft_rows.tokenize_record(record, kind, tokenizer, settings,
-                                                          where=f"{source} record {i}"), settings)
+        row = sft_rows.record_row(record, tokenizer, settings, where=f"{source} record {i}")
         if settings.truncate and not row.trained:
             continue  # TRL drops an example truncation left without a trained token
         rows.append((i, row))
@@ -164,7 +162,7 @@ def _sort_records(records: Iterable[tuple[int, Any]], tokenizer: Any, args: OneP
 @dataclass(frozen=True, kw_only=True)
 class MadeRows:
     """Rows made of a dataset's records, with the columns TRL's code looks for: ``labels``
-    (:func:`onepass.train.sft_rows.labels_view`; TRL's labels on TRL's rows) and, packed, ``seq_lengths``; the
+    (:func:`onepass.train.core.sft_rows.labels_view`; TRL's labels on TRL's rows) and, packed, ``seq_lengths``; the
     guard's inputs and the conversations' statistics (None: no conversation among the records)."""
 
     rows: list[Layout]
@@ -186,7 +184,7 @@ class MadeRows:
 
 def as_rows(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str, packing: bool | None = None,
             formatting_func: Callable[[dict], Any] | None = None) -> PreparedRows:
-    """What :class:`OnePassTrainer` trains on (a map-style dataset; a stream: :mod:`onepass.train.hf_stream`):
+    """What :class:`OnePassTrainer` trains on (a map-style dataset; a stream: :mod:`onepass.train.trainer.stream`):
 
     - one-pass rows (the five columns) pass through (no :class:`GuardInputs`);
     - every other dataset becomes :func:`records_rows` (with ``dataset_kwargs`` ``skip_prepare_dataset``:
@@ -222,7 +220,7 @@ def records_rows(records: Iterable[tuple[int, Any]], tokenizer: Any, args: OnePa
       over the run's ``template_kwargs``;
     - every other record of TRL's dataset types (text, prompt-completion, tokenized ``input_ids``; and
       conversations under ``assistant_only_loss=False``) becomes TRL's row, a plain causal sequence
-      (:mod:`onepass.train.sft_rows`).
+      (:mod:`onepass.train.core.sft_rows`).
 
     ``part``: the records are one batch of a stream (read in order, shuffled as a stream is): a batch with
     nothing trainable is logged, not an error, and packing packs within the batch.
@@ -327,8 +325,8 @@ def _rows_of(conversations: Sequence[tuple[int, Any]], trl_rows: Sequence[Any], 
 def _shared(units: Sequence[Sequence[Layout]], data_config: DataConfig, max_tokens: int) -> list[Layout]:
     """The conversations' trees to pack: with ``share_prefix`` (under every schedule but n-pass), trees of
     conversations that share a token prefix merged into one tree (:func:`onepass.layout.share.merge_shared`,
-    the code ``prepare --pack`` and :func:`~onepass.train.hf_data.prepare_rows` pack with), each tree alone
-    otherwise. A stream shares within each batch it packs (:mod:`onepass.train.hf_stream`)."""
+    the code ``prepare --pack`` and :func:`~onepass.train.trainer.data.prepare_rows` pack with), each tree alone
+    otherwise. A stream shares within each batch it packs (:mod:`onepass.train.trainer.stream`)."""
     trees = [tree for unit in units for tree in unit]
     packed = data_config.replace(pack=True, max_tokens=max_tokens)
     if not packed.shares or len(trees) < 2:

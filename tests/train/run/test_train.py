@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from onepass.train.evaluation import eval_loss
-from onepass.train.loop import train, train_steps
+from onepass.train.run.evaluation import eval_loss
+from onepass.train.run.loop import train, train_steps
 from onepass.train.config import load_config
-from onepass.train.data import (
+from onepass.train.run.data import (
     TrainData,
     epoch_order,
     eval_passes,
@@ -52,7 +52,7 @@ def held_out(tmp_path_factory):
 @pytest.fixture
 def exact_norms(monkeypatch):
     """Training models get float64 RMSNorms (transformers upcasts them to float32; see onepass.model.precision)."""
-    import onepass.train.loop as loop  # the run's loop calls load_model by the name it imported
+    import onepass.train.run.loop as loop  # the run's loop calls load_model by the name it imported
     from onepass.model.precision import float64_norms
 
     original = loop.load_model
@@ -241,7 +241,7 @@ def test_resume_from_a_checkpoint_continues_the_identical_losses(tmp_path, chats
 
 
 def test_a_crash_leaves_a_checkpoint_to_resume_from(tmp_path, chats, monkeypatch):
-    import onepass.train.step as tr
+    import onepass.train.run.step as tr
 
     common = dict(data=str(chats), max_steps=5)
     ref = run(tmp_path, "ref", **common)

@@ -16,9 +16,7 @@ preparing data.
 
 from __future__ import annotations
 
-import functools
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +25,12 @@ import torch
 from onepass.attention.backends import check_backend, default_backend
 from onepass.attention.cpu import register
 from onepass.model.dtypes import torch_dtype
-from onepass.guard.check import check_exact_once, enforce
-from onepass.prepare.guard_sample import views_for_check
-from onepass.model.load import ModelSpec, load_causal_lm, load_model_config
-from onepass.mixers.tree import install as install_mixers
+from onepass.model.load import ModelSpec, load_model_config
 from onepass.model.tiny import tiny_config
-from onepass.render.tokenizer import load_tokenizer
+from onepass.train.core.guard import run_guard
+from onepass.train.core.load import load_model as load_model_of, load_tokenizer
 from onepass.train.config import QLORA_ON_CPU, TrainConfig, TrainConfigError
-from onepass.train.data import TrainData
+from onepass.train.run.data import TrainData
 from onepass.ulysses.model import install as install_sequence_parallel
 
 _LOG = logging.getLogger("onepass")
@@ -109,23 +105,14 @@ def _require(module: str, what: str, install: str) -> None:
 def load_tokenizer_for(config: TrainConfig) -> Any:
     """The tokenizer of ``config`` (its own spec, else the model's, else builtin:qwen3 for tiny)."""
     spec = config.tokenizer or (config.model if config.model is not None else "builtin:qwen3")
-    template = config.chat_template
-    content = Path(template).read_bytes() if template and Path(template).is_file() else None
-    return _cached_tokenizer(spec, template, content)
-
-
-@functools.lru_cache(maxsize=4)
-def _cached_tokenizer(spec: str, chat_template: str | None, _content: bytes | None = None) -> Any:
-    """Loading a 150k-token vocabulary takes seconds; runs in one process (tests, the demo) share it.
-    ``_content``: the template file's bytes, so an edited template is loaded again."""
-    return load_tokenizer(spec, chat_template=chat_template)
+    return load_tokenizer(spec, chat_template=config.chat_template)
 
 
 def check_exactness(config: TrainConfig, data: TrainData, tokenizer: Any | None, *, attention: str,
                     log: Any = _LOG.info) -> dict[str, Any]:
     """The exactness guard (:mod:`onepass.guard`) for this run, before any training: one-pass
     against N-pass on a tiny float64 twin of the model, on two of the run's conversations as the run
-    rendered them (:attr:`~onepass.train.data.TrainData.guard_views`); on the bundled MathChat pair
+    rendered them (:attr:`~onepass.train.run.data.TrainData.guard_views`); on the bundled MathChat pair
     rendered with the run's tokenizer when the data is prepared rows.
 
     Raises :class:`onepass.guard.InexactModelError` (one line) when they differ, unless
@@ -135,12 +122,10 @@ def check_exactness(config: TrainConfig, data: TrainData, tokenizer: Any | None,
     if data_config.schedule_spec.kind == "n-pass" and not data_config.pack:
         return {"checked": False, "why": "n-pass rows without packing are each one plain sequence"}
     rows = data.kind == "row"  # no conversations: the bundled pair, rendered with the run's tokenizer
-    views, where = views_for_check((), load_tokenizer_for(config) if tokenizer is None else tokenizer,
-                                   data_config.render, source=config.data, empty="the data is prepared rows",
-                                   sampled=None if rows else data.guard_views)
-    model_config = model_config_of(config)
-    result = check_exact_once(model_config, views, pack=data_config.pack, backend=attention)
-    enforce(result, allow_inexact=config.allow_inexact, log=lambda line: log(f"exactness guard on {where}: {line}"))
+    result, where = run_guard(model_config_of(config), tokenizer=load_tokenizer_for(config) if tokenizer is None
+                              else tokenizer, render=data_config.render, sampled=None if rows else data.guard_views,
+                              source=config.data, empty="the data is prepared rows", pack=data_config.pack,
+                              backend=attention, allow_inexact=config.allow_inexact, log=log)
     return {"checked": True, "data": where, **result.to_dict()}
 
 
@@ -153,7 +138,7 @@ def model_config_of(config: TrainConfig) -> Any:
 
 def load_model(config: TrainConfig, *, device: torch.device, attention: str, vocab_size: int | None = None
                ) -> Any:
-    """The model to train, loaded by the one loader (:func:`onepass.model.load.load_causal_lm`), on ``device``, in
+    """The model to train, loaded by the one loader (:func:`onepass.train.core.load.load_model`), on ``device``, in
     train mode, with adapters when asked."""
     check_backend(attention, device, torch_dtype(config.dtype))  # flex_attention has no float64 kernel: before loading
     qlora = config.finetune == "qlora"
@@ -162,8 +147,7 @@ def load_model(config: TrainConfig, *, device: torch.device, attention: str, voc
                      quantization=quantization_config(config) if qlora else None,
                      device_map={"": device.index if device.index is not None else torch.cuda.current_device()}
                      if qlora else None)
-    model = load_causal_lm(spec)
-    install_mixers(model)  # the recurrent mixers' tree forward, couplings checked now: one CouplingError line at load
+    model = load_model_of(spec)
     model.config.use_cache = False
     if qlora:
         from peft import prepare_model_for_kbit_training
@@ -208,10 +192,6 @@ def quantization_config(config: TrainConfig, settings: dict[str, Any] | None = N
     return BitsAndBytesConfig(**settings)
 
 
-BNB_OPTIMIZERS = {"adamw_8bit": "AdamW8bit", "paged_adamw_8bit": "PagedAdamW8bit"}
-"""onepass's 8-bit optimizer names (TrainingArguments' names) -> the ``bitsandbytes.optim`` classes."""
-
-
 def enable_checkpointing(model: Any) -> None:
     """Recompute each layer's activations in the backward pass (non-reentrant: works with DDP and peft)."""
     kwargs = {"use_reentrant": False}
@@ -219,43 +199,6 @@ def enable_checkpointing(model: Any) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
-def make_optimizer(model: Any, config: TrainConfig) -> torch.optim.Optimizer:
-    """Weight decay on matrices only (not on norms and biases), as transformers' Trainer does."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    groups = [g for g in groups if g["params"]]
-    if config.optim == "sgd":
-        return _fused_if_possible(torch.optim.SGD, groups, lr=config.learning_rate)
-    betas = (config.adam_beta1, config.adam_beta2)
-    if config.optim == "adamw":
-        return _fused_if_possible(torch.optim.AdamW, groups, lr=config.learning_rate, betas=betas,
-                                  eps=config.adam_epsilon)
-    import bitsandbytes as bnb
-
-    cls = getattr(bnb.optim, BNB_OPTIMIZERS[config.optim])
-    return cls(groups, lr=config.learning_rate, betas=betas, eps=config.adam_epsilon)
-
-
-def _fused_if_possible(cls: type[torch.optim.Optimizer], groups: list[dict[str, Any]],
-                       **kwargs: Any) -> torch.optim.Optimizer:
-    """``cls(groups, fused=True)`` (one kernel per update, transformers' Trainer default since torch 2.8, and an
-    update the step can skip on the device: :class:`onepass.train.step.Stepper`), else the default
-    implementation where the parameters' device or dtype has no fused kernel."""
-    try:
-        return cls(groups, fused=True, **kwargs)
-    except (RuntimeError, ValueError):
-        return cls(groups, **kwargs)
-
-
-def make_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig, total: int) -> Any:
-    from transformers import get_scheduler
-
-    warmup = config.warmup_steps or math.ceil(config.warmup_ratio * total)
-    name = "constant_with_warmup" if config.lr_scheduler_type == "constant" else config.lr_scheduler_type
-    return get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total)
 
 
 def lora_config(config: TrainConfig) -> Any:
@@ -283,11 +226,6 @@ def add_lora(model: Any, config: TrainConfig) -> Any:
             raise TrainConfigError(f"lora_target_modules {config.lora_target_modules!r}: no such module in "
                                    f"{type(model).__name__}; its linear layers are {', '.join(linear)} (or use "
                                    "all-linear)") from None
-
-
-def trainable_state(model: Any) -> dict[str, torch.Tensor]:
-    """What a checkpoint must keep of the model: its trainable parameters, by name."""
-    return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
 
 
 def count_parameters(model: Any) -> tuple[int, int]:

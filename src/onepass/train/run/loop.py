@@ -1,10 +1,10 @@
 """Fine-tune a HF causal LM on one-pass rows: an accelerate loop whose steps equal N-pass steps.
 
 Why this module exists: a run is more than its steps. Each optimizer step
-equals the N-pass step (:mod:`onepass.train.step` says why); around the steps
+equals the N-pass step (:mod:`onepass.train.run.step` says why); around the steps
 this module loads the data and the model, resumes from a checkpoint, evaluates
-(:mod:`onepass.train.evaluation`) and saves on schedule, reports
-(:mod:`onepass.train.report`), and stops so that the run can go on: Ctrl-C or
+(:mod:`onepass.train.run.evaluation`) and saves on schedule, reports
+(:mod:`onepass.train.core.report`), and stops so that the run can go on: Ctrl-C or
 SIGTERM saves a checkpoint to resume from, a non-finite step stops before its
 update with the last good step saved.
 
@@ -15,7 +15,7 @@ accelerate still gives DDP / FSDP from ``accelerate launch`` (and torchrun),
 bf16 autocast and the device; everything else (accumulation and
 normalisation in the step, checkpoints, resume here) is in plain sight.
 
-    >>> from onepass.train.loop import train
+    >>> from onepass.train.run.loop import train
     >>> from onepass.train.config import load_config
     >>> result = train(load_config("configs/tiny-cpu.yaml", {"max_steps": 5}))   # doctest: +SKIP
     >>> result.losses[-1] < result.losses[0]                                      # doctest: +SKIP
@@ -41,9 +41,9 @@ from onepass.data.sources import CONVERSATIONS, DataSource, resolve_data
 from onepass.files import atomic_dir, check_writable, output_lock, write_failure
 from onepass.model.private_names import private
 from onepass.errors import OnePassError
-from onepass.layout.row_check import check_ids
+from onepass.layout.row_check import check_ids, model_vocab
 from onepass.train import distributed
-from onepass.train.compiles import run_shapes
+from onepass.train.run.compiles import run_shapes
 from onepass.train.checkpoint import (
     CheckpointWriteError,
     check_compatible,
@@ -59,7 +59,7 @@ from onepass.train.checkpoint import (
 )
 from onepass.train.cli import overrides_from_args, setup_logging
 from onepass.train.config import TrainConfig, TrainConfigError, load_config, write_yaml
-from onepass.train.data import (
+from onepass.train.run.data import (
     TrainData,
     batch_cap_note,
     check_same_units,
@@ -70,25 +70,24 @@ from onepass.train.data import (
     units_digest,
 )
 from onepass.train.distributed import describe, shutdown
-from onepass.train.evaluation import evaluate
+from onepass.train.run.evaluation import evaluate
 from onepass.train.fingerprint import check_fingerprint, run_fingerprint
-from onepass.train.model import (
+from onepass.train.run.model import (
     load_tokenizer_for,
     check_environment,
     check_exactness,
     count_parameters,
     load_model,
-    make_optimizer,
-    make_scheduler,
     resolve_attention,
     model_config_of,
     resolve_device,
     save_final,
 )
-from onepass.train.report import Reporter, make_trackers
+from onepass.train.run.optimizer import make_optimizer, make_scheduler
+from onepass.train.core.report import Reporter, make_trackers
 from onepass.train.sequence_parallel import ParallelDims, check_split, parallel_dims, sequence_parallel_size
-from onepass.train.signals import deliver, sigterm_as_interrupt
-from onepass.train.step import InFlight, NonFiniteError, Stepper
+from onepass.train.run.signals import deliver, sigterm_as_interrupt
+from onepass.train.run.step import InFlight, NonFiniteError, Stepper
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,7 +104,7 @@ class TrainResult:
 
 
 def make_accelerator(config: TrainConfig, device: torch.device, log_with: Sequence[Any] = ()) -> Any:
-    """The run's ``Accelerator``; ``log_with``: its trackers (:func:`onepass.train.report.make_trackers`)."""
+    """The run's ``Accelerator``; ``log_with``: its trackers (:func:`onepass.train.core.report.make_trackers`)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:  # a second train() in one process may change precision
         private("accelerate.state.AcceleratorState._reset_state")(True)
         if device.type == "cuda" and device.index is not None:
@@ -157,7 +156,8 @@ _MAX_VOCAB = 1 << 21  # more ids than any released tokenizer has (the largest ar
 
 def _check_ids(model: Any, *datas: TrainData | None) -> None:
     """Prepared rows hold only ids the model embeds (else a raw ``IndexError`` deep in the forward)."""
-    vocab = model.get_input_embeddings().num_embeddings
+    vocab = model_vocab(model)  # the bound OnePassTrainer checks its rows against
+    assert vocab is not None, "a model onepass train loaded has an input embedding"
     for d in datas:
         if d is not None and d.kind == "row":
             check_ids([x for u in d.units for x in u], vocab, source=f"prepared dataset {d.source}")
@@ -183,7 +183,7 @@ def train(config: TrainConfig, *, resume: str | bool | None = None, log: Callabl
 
     Messages go to ``log`` (default: the ``onepass`` logger at INFO level). SIGTERM stops the run like
     Ctrl-C (a checkpoint to resume from, status "stopped"); a non-finite loss or gradient stops it with
-    :class:`~onepass.train.step.NonFiniteError` before that step's update, keeping a checkpoint of the last
+    :class:`~onepass.train.run.step.NonFiniteError` before that step's update, keeping a checkpoint of the last
     good step.
     ``resume_anyway``: resume although settings, data or tokenizer differ from the checkpoint's."""
     steps = train_steps(config, resume=resume, log=log, resume_anyway=resume_anyway)
@@ -216,7 +216,8 @@ def _train(config: TrainConfig, *, resume: str | bool | None, log: Callable[[str
     checked, the model built, a checkpoint resumed, the report started; then the optimizer steps (each
     yielded), the end (final eval, checkpoint, model) and the summary."""
     config, device, attention = _check_machine(config)  # everything that can fail on this machine fails here
-    sources = [resolve_data(s) if s is not None else None for s in (config.data, config.eval_data)]  # once per run
+    sources = [resolve_data(s, trl_records=True) if s is not None else None  # once per run; TRL's types too
+               for s in (config.data, config.eval_data)]
     log = log or logging.getLogger("onepass").info
     prior = _open_output(config, resume, anyway=resume_anyway, log=log)
     procs = _start_processes(config, device, prior, anyway=resume_anyway, log=log)
@@ -386,7 +387,7 @@ def _resume(prior: _Prior, parts: _Parts, procs: _Processes) -> tuple[int, list[
 def _start_report(config: TrainConfig, prior: _Prior, loaded: _Loaded, parts: _Parts, procs: _Processes, *,
                   attention: str, total: int, resumed: tuple[int, list[Any], list[Any]],
                   guard: tuple[Any, Any]) -> Reporter:
-    """The run's :class:`~onepass.train.report.Reporter`, its metrics header saying what runs (settings,
+    """The run's :class:`~onepass.train.core.report.Reporter`, its metrics header saying what runs (settings,
     processes, model, data, the guard's results); the schedule and weighting in effect and two lines saying
     what trains on what are logged first."""
     (start, history, evals), (exactness, split) = resumed, guard
@@ -448,7 +449,7 @@ def _step_loop(run: _Run) -> Generator[dict[str, Any], None, tuple[int, float, i
     call's seconds and tokens. A stop between updates (Ctrl-C, SIGTERM, an error) writes status "stopped" and,
     on one process, a checkpoint of the last step to resume from.
 
-    Step k + 1 is launched before step k is read (:class:`~onepass.train.step.InFlight`): the host plans and
+    Step k + 1 is launched before step k is read (:class:`~onepass.train.run.step.InFlight`): the host plans and
     queues the next step while the device runs this one. A step after which an eval or a checkpoint is due,
     and the last one, are read before anything else runs."""
     config, reporter, stepper, model = run.config, run.reporter, run.parts.stepper, run.parts.model

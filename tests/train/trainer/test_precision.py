@@ -14,7 +14,7 @@ import torch
 
 from onepass.layout.tree import row_from_columns
 from onepass.model.tiny import tiny_model
-from onepass.train.hf_trainer import OnePassTrainer, rows_dataset
+from onepass.train.trainer.trainer import OnePassTrainer, rows_dataset
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -2,7 +2,7 @@
 
 Why this module exists: TRL's ``SFTTrainer`` takes a dataset of conversations
 and prepares it (render, tokenize, pack) with ``SFTConfig``'s data settings;
-:class:`~onepass.train.hf_trainer.OnePassTrainer` takes the same datasets and
+:class:`~onepass.train.trainer.trainer.OnePassTrainer` takes the same datasets and
 settings, and this module does the preparing: parse the records (any shape
 onepass reads, after ``formatting_func``), render each conversation's views
 and lay them out as trees (``schedule``, ``max_length``; ``dataset_num_proc``
@@ -19,7 +19,7 @@ packing it is one row of at most ``max_length`` tokens (TRL: the same).
     packing=True   rows  [c1] [c2 c0]              2 rows of <= 1024 tokens, batch size counts rows
 
 The settings are one :class:`~onepass.prepare.config.DataConfig` (``OnePassConfig.data_config``), read
-here and by :mod:`onepass.train.hf_records` (which sorts a trainer's records by TRL's dataset types and hands
+here and by :mod:`onepass.train.trainer.records` (which sorts a trainer's records by TRL's dataset types and hands
 the conversations here). What the exactness guard checks on (the schedule, some of the conversations,
 the tokenizer, the render settings) comes back with the rows as :class:`GuardInputs`, which the
 trainer hands to the guard (``OnePassTrainer.check_exactness``); rows given as they are have none.
@@ -47,7 +47,7 @@ from onepass.conversation.records import without_nulls
 from onepass.render import RenderConfig
 from onepass.layout.schedule import Schedule
 from onepass.layout.share import share_and_pack
-from onepass.train.data import conversation_units
+from onepass.train.core.units import conversation_units
 from onepass.layout.tree import COLUMNS, Layout, concat, row_from_columns, rows_to_columns
 from onepass.layout.view import View
 
@@ -241,7 +241,7 @@ class OnePassCollator:
             missing = [k for k in COLUMNS if k not in f]
             if missing:
                 raise ValueError(f"dataset item {i} has no {', '.join(missing)}; onepass rows need "
-                                 f"{', '.join(COLUMNS)} (see onepass.train.hf_data.conversation_dataset)")
+                                 f"{', '.join(COLUMNS)} (see onepass.train.trainer.data.conversation_dataset)")
             rows.append(row_from_columns(f))
         if self.padding_free:
             rows = [concat(rows)]

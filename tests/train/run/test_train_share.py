@@ -1,7 +1,7 @@
 """Training with prefixes shared across conversations takes the steps it takes without (float64).
 
 ``onepass train --pack`` on conversations sorts each optimizer step's conversations by prefix
-(:func:`onepass.train.data.shared_order`, within the step by default: the same conversations per
+(:func:`onepass.train.run.data.shared_order`, within the step by default: the same conversations per
 step) and merges the trees of a micro-batch's conversations that share one (:mod:`onepass.layout.share`).
 Each step then covers the same conversations and is divided by the same weight sum, so the losses and
 the final weights are those of the run with ``--no-share-prefix``, with fewer tokens.
@@ -20,8 +20,8 @@ from onepass.model.precision import float64_norms
 from onepass.layout.share import loss_terms, same_terms
 from onepass.train import train
 from onepass.train.config import load_config
-from onepass.train import loop
-from onepass.train.data import shared_order, step_units
+from onepass.train.run import loop
+from onepass.train.run.data import shared_order, step_units
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -74,7 +74,7 @@ def test_a_step_keeps_its_units_and_puts_those_sharing_a_prefix_side_by_side():
 def test_onepass_trainer_packs_shared_rows_on_two_processes(agent_chats, qwen3_tokenizer):
     from onepass.conversation.parse import parse_record
     from onepass.prepare.config import DataConfig
-    from onepass.train.hf_data import prepare_rows
+    from onepass.train.trainer.data import prepare_rows
 
     convs = [parse_record(json.loads(line), source="agent", index=i)
              for i, line in enumerate(agent_chats.read_text().splitlines())]

@@ -18,8 +18,8 @@ import torch
 from onepass.loss import ForwardView, batch_loss
 from onepass.model.tiny import tiny_model
 from onepass.train import OnePassConfig
-from onepass.train.hf_data import OnePassCollator
-from onepass.train.hf_records import as_rows
+from onepass.train.trainer.data import OnePassCollator
+from onepass.train.trainer.records import as_rows
 from onepass.layout.tree import COLUMNS
 
 trl = pytest.importorskip("trl")
@@ -317,7 +317,7 @@ def _streamed(records):
 
 
 def _trainer_rows(dataset, tokenizer, tmp_path, **kw):
-    from onepass.train.hf_stream import trainer_rows
+    from onepass.train.trainer.stream import trainer_rows
 
     args = _args(OnePassConfig, tmp_path, **kw)
     return trainer_rows(dataset, tokenizer, args, source="train_dataset", vocab_size=len(tokenizer)).dataset

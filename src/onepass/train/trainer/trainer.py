@@ -12,11 +12,11 @@ the class names (``docs/train.md``; ``tests/train/test_sft_scripts.py`` runs
 TRL's own ``trl/scripts/sft.py`` so renamed). It keeps what the Trainer does
 and changes only what one-pass needs:
 
-- the datasets are prepared by :mod:`onepass.train.hf_data` (one item per
+- the datasets are prepared by :mod:`onepass.train.trainer.data` (one item per
   conversation, or packed rows of ``max_length`` tokens with ``packing``); every
   other type SFTTrainer takes (text, prompt-completion, tokenized rows) is TRL's
-  row, a plain causal sequence (:mod:`onepass.train.sft_rows`), so its loss is TRL's;
-- SFTTrainer's argument checks are made (:mod:`onepass.train.sft_checks`);
+  row, a plain causal sequence (:mod:`onepass.train.core.sft_rows`), so its loss is TRL's;
+- SFTTrainer's argument checks are made (:mod:`onepass.train.trainer.sft_checks`);
 - the collator stacks rows and pads them with self-only, untrained positions;
 - ``compute_loss`` builds the tree mask from ``kv_end`` for the model's
   attention backend, passes ``position_ids``, asks for logits only at targets
@@ -61,16 +61,14 @@ from onepass.conversation.parse import Conversation
 from onepass.model.couplings import checkpointing_on
 from onepass.errors import UsageError
 from onepass.layout.geometry import branches
-from onepass.guard.check import check_exact_once, enforce
-from onepass.prepare.guard_sample import views_for_check
 from onepass.head import add_logit_stats, weighted_ce
 from onepass.loss import ForwardView, batch_dft_loss, batch_loss, dft_sum, forward_plan, row_losses
 from onepass.model.private_names import private
 from onepass.layout.row_check import model_vocab
-from onepass.train import sft_checks
+from onepass.train.trainer import sft_checks
 from onepass.train.config import TrainConfigError
 from onepass.train.hf_config import OnePassConfig, warn_once
-from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: their documented import path)
+from onepass.train.trainer.data import (  # noqa: F401  (conversation_dataset & co: their documented import path)
     GuardInputs,
     OnePassCollator,
     conversation_dataset,
@@ -78,14 +76,16 @@ from onepass.train.hf_data import (  # noqa: F401  (conversation_dataset & co: t
     prepared_dataset,
     rows_dataset,
 )
-from onepass.train.hf_records import as_rows  # noqa: F401  (its import path in tests and scripts)
+from onepass.train.trainer.records import as_rows  # noqa: F401  (its import path in tests and scripts)
 from onepass.model.couplings import base_model, is_peft, loaded_from
+from onepass.train.core.guard import run_guard
+from onepass.train.core.normalise import loss_scale, weighted_mean
 from onepass.train.checkpoint import NonFiniteWeightsError, non_finite_weights
 from onepass.train.distributed import asked_mode, check_fsdp_accelerate, honour_request, without_accelerate_parallelism
 from onepass.train.sequence_parallel import check_split, parallel_dims, share_batches, split_model, trainer_sp_size
-from onepass.train.hf_model import chat_template_of, load_model, load_tokenizer, set_special_tokens
-from onepass.train.hf_stream import check_dataset_rows, is_stream, trainer_rows
-from onepass.train.report import plot_losses
+from onepass.train.trainer.model import chat_template_of, load_model, load_tokenizer, set_special_tokens
+from onepass.train.trainer.stream import check_dataset_rows, is_stream, trainer_rows
+from onepass.train.core.report import plot_losses
 from onepass.layout.tree import COLUMNS, IGNORE
 
 log = logging.getLogger("onepass")
@@ -194,7 +194,7 @@ def _fit_model_to_loss(model: Any, args: OnePassConfig) -> None:
 
 def _datasets_of(train_dataset: Any, eval_dataset: Any, model: Any, processing_class: Any, args: OnePassConfig, *,
                  formatting_func: Callable[[dict], Any] | None) -> tuple[Any, Any]:
-    """The train rows (:func:`onepass.train.hf_stream.trainer_rows`: the dataset and the guard's inputs) and
+    """The train rows (:func:`onepass.train.trainer.stream.trainer_rows`: the dataset and the guard's inputs) and
     the eval dataset (or mapping of them) prepared; every row checked against the model's vocabulary as
     ``onepass train`` checks a prepared folder."""
     if args.dataset_prepared and formatting_func is not None:
@@ -344,13 +344,12 @@ class OnePassTrainer(Trainer):
         tokenizer = inputs.tokenizer if inputs is not None else self.processing_class
         render = inputs.render if inputs is not None else None
         sampled = inputs.views if inputs is not None and not self.exactness_conversations else None  # as prepared
-        views, where = views_for_check(convs, tokenizer if hasattr(tokenizer, "apply_chat_template") else None,
-                                       render, source="the training conversations", sampled=sampled)
         model = self.accelerator.unwrap_model(self.model)
-        result = check_exact_once(model, views, backend=model_backend(base_model(model)))
-        enforce(result, allow_inexact=self.allow_inexact,
-                hint="train with schedule='n-pass', or pass allow_inexact=True to train anyway",
-                log=lambda line: log.info("exactness guard on %s: %s", where, line))
+        result, _ = run_guard(model, conversations=convs, render=render, sampled=sampled,
+                              tokenizer=tokenizer if hasattr(tokenizer, "apply_chat_template") else None,
+                              source="the training conversations", backend=model_backend(base_model(model)),
+                              allow_inexact=self.allow_inexact, log=log.info,
+                              hint="train with schedule='n-pass', or pass allow_inexact=True to train anyway")
         self.exactness = result
         return result
 
@@ -467,9 +466,7 @@ class OnePassTrainer(Trainer):
         else:
             # DDP / DeepSpeed average gradients over processes: undo that, the normaliser is global. A step
             # with no target weight trains nothing (as `onepass train`): 0 / 0 would make every gradient NaN
-            weight = num_items_in_batch.to(total.dtype)
-            loss = total * torch.where(weight > 0, self.accelerator.num_processes / weight.clamp_min(1e-30),
-                                       torch.zeros_like(weight))
+            loss = total * loss_scale(num_items_in_batch.to(total.dtype), self.accelerator.num_processes)
         return (loss, {"loss": loss}) if return_outputs else loss
 
     def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
@@ -487,7 +484,7 @@ class OnePassTrainer(Trainer):
             self._eval_pairs = None
         if pairs:
             loss_sum, weight = torch.cat([p.to(pairs[0].device) for p in pairs]).sum(dim=0).tolist()
-            output.metrics[f"{metric_key_prefix}_loss"] = loss_sum / weight if weight > 0 else float("nan")
+            output.metrics[f"{metric_key_prefix}_loss"] = weighted_mean(loss_sum, weight)
         return output
 
     def prediction_step(self, model: Any, inputs: dict[str, Any], prediction_loss_only: bool,
@@ -570,7 +567,7 @@ def _causal_rows_mask(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
 
 
 def _labels_of(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """The ``labels`` view of collated rows (:func:`onepass.train.sft_rows.labels_view`, in torch)."""
+    """The ``labels`` view of collated rows (:func:`onepass.train.core.sft_rows.labels_view`, in torch)."""
     ids, pos, targets = inputs["input_ids"], inputs["position_ids"], inputs["targets"]
     labels = torch.full_like(ids, -100)
     nxt = (pos[:, 1:] == pos[:, :-1] + 1) & (targets[:, :-1] == ids[:, 1:])

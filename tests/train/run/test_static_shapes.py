@@ -3,7 +3,7 @@ once, counted in metrics.json; no recompile during the run.
 
 flex_attention has no backward on CPU, so here the bucketing is switched on for sdpa and a part of the model
 (its final norm) is compiled (dynamo, eager backend: seconds): what compiles per shape is then ours to count,
-as flex's is on CUDA (tests/train/test_host_syncs.py runs flex itself there, and counts its compiles).
+as flex's is on CUDA (tests/train/run/test_host_syncs.py runs flex itself there, and counts its compiles).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import json
 import pytest
 import torch
 
-import onepass.train.loop as loop
-import onepass.train.step as step_mod
+import onepass.train.run.loop as loop
+import onepass.train.run.step as step_mod
 from onepass.train.config import load_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -6,7 +6,7 @@ they are (a dataset of the five row columns, or a stream of them) trained unchec
 made a NaN model with its loss logged 0.0. :func:`trainer_rows` is the one way in: a stream goes
 through :func:`stream_rows` (a batch of records at a time, when the Trainer reads it, through the same
 path as a map-style dataset: every one of TRL's types, mixed too), anything else through
-:func:`onepass.train.hf_records.as_rows`; then :func:`check_dataset_rows` checks every row as
+:func:`onepass.train.trainer.records.as_rows`; then :func:`check_dataset_rows` checks every row as
 ``onepass train`` checks a prepared folder (:func:`onepass.layout.row_check.check_rows`), all of them
 before training, or, for a stream, each item as it is read.
 
@@ -29,8 +29,8 @@ from onepass.prepare.guard_sample import GUARD_CONVERSATIONS
 from onepass.layout.row_check import check_rows
 from onepass.layout.tree import COLUMNS, Layout, row_from_columns
 from onepass.train.hf_config import OnePassConfig
-from onepass.train.hf_data import GuardInputs, PreparedRows, _columns
-from onepass.train.hf_records import (
+from onepass.train.trainer.data import GuardInputs, PreparedRows, _columns
+from onepass.train.trainer.records import (
     MadeRows,
     as_rows,
     check_preparable,
@@ -45,7 +45,7 @@ log = logging.getLogger("onepass")
 def trainer_rows(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str, vocab_size: int | None,
                  packing: bool | None = None, formatting_func: Callable[[dict], Any] | None = None) -> PreparedRows:
     """What the trainer trains (or evaluates) on: :func:`stream_rows` for a stream, else
-    :func:`~onepass.train.hf_records.as_rows`; either way checked (:func:`check_dataset_rows`)."""
+    :func:`~onepass.train.trainer.records.as_rows`; either way checked (:func:`check_dataset_rows`)."""
     prepare = stream_rows if ds is not None and is_stream(ds) else as_rows
     out = prepare(ds, tokenizer, args, source=source, packing=packing, formatting_func=formatting_func)
     return PreparedRows(dataset=check_dataset_rows(out.dataset, source=source, vocab_size=vocab_size),
@@ -63,10 +63,10 @@ STREAM_BATCH = 256  # records made into rows (and, with packing, packed) togethe
 
 def stream_rows(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str, packing: bool | None = None,
                 formatting_func: Callable[[dict], Any] | None = None) -> PreparedRows:
-    """:func:`~onepass.train.hf_records.as_rows` for a stream, lazily: each item is made into rows (or, for rows,
+    """:func:`~onepass.train.trainer.records.as_rows` for a stream, lazily: each item is made into rows (or, for rows,
     checked) when the Trainer reads it, so an endless ``IterableDataset`` trains from its first items on (the
     constructor used to read it all first, and never returned). The records are read :data:`STREAM_BATCH` at
-    a time and each batch goes through :func:`~onepass.train.hf_records.records_rows`, the map-style path, so
+    a time and each batch goes through :func:`~onepass.train.trainer.records.records_rows`, the map-style path, so
     every one of TRL's types (mixed too) makes the rows it makes map-style, in the same order (with
     ``packing``, packed within the batch, as TRL packs a stream); what a batch skips is logged as it is met.
     The guard checks the conversations among the first records (:func:`stream_guard`).
@@ -109,7 +109,7 @@ def stream_rows(ds: Any, tokenizer: Any, args: OnePassConfig, *, source: str, pa
 
 
 def row_features(*, labels: bool = False, seq_lengths: bool = False) -> Any:
-    """The features of a dataset of rows (those of :func:`~onepass.train.hf_data.rows_dataset`), declared so
+    """The features of a dataset of rows (those of :func:`~onepass.train.trainer.data.rows_dataset`), declared so
     that a mapped stream's columns are known without reading it."""
     import datasets
 

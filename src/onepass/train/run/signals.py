@@ -3,8 +3,8 @@
 Why this module exists: a run stopped by Ctrl-C or by a scheduler's SIGTERM (SLURM, Kubernetes, systemd)
 must leave a checkpoint to resume from, and a checkpoint holds whole steps only. :func:`sigterm_as_interrupt`
 makes SIGTERM a :class:`Terminated` (a KeyboardInterrupt) while training; :func:`stops_held` keeps either
-signal from landing inside an update (:class:`onepass.train.step.Stepper` runs the update in it) and
-:func:`deliver` raises it once the step counts (:mod:`onepass.train.loop`).
+signal from landing inside an update (:class:`onepass.train.run.step.Stepper` runs the update in it) and
+:func:`deliver` raises it once the step counts (:mod:`onepass.train.run.loop`).
 """
 
 from __future__ import annotations

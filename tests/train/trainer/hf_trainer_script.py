@@ -1,4 +1,4 @@
-"""Run by test_hf_trainer alone, under ``torchrun`` or ``accelerate launch``: train 3 steps, write result.json.
+"""Run by tests/train/trainer/test_trainer.py alone, under ``torchrun`` or ``accelerate launch``: train 3 steps, write result.json.
 
 Usage: hf_trainer_script.py DATA_DIR OUT_DIR PER_DEVICE_BATCH VOCAB [FSDP, e.g. "full_shard auto_wrap"] [SP_SIZE]
 """
@@ -18,7 +18,7 @@ def main(data: str, out: str, batch: int, vocab: int, fsdp: str = "", sp_size: s
     from transformers import TrainingArguments
 
     from onepass.train.hf_config import OnePassConfig
-    from onepass.train.hf_trainer import OnePassTrainer
+    from onepass.train.trainer.trainer import OnePassTrainer
     from onepass.model.precision import float64_norms
     from onepass.model.tiny import tiny_model
 

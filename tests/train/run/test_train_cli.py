@@ -12,7 +12,7 @@ import torch
 from onepass.train.cli import add_parser, main, overrides_from_args
 from onepass.train.config import DEPRECATED_KEYS, config_keys, load_config
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
 @pytest.fixture(autouse=True)
@@ -80,7 +80,7 @@ def test_flags_override_the_file_and_yaml_numbers_are_coerced(tmp_path):
     config = load_config(path, {"tiny": "llama", "per_device_train_batch_size": 2, "learning_rate": None})
     assert config.tiny == "llama" and config.model is None  # a flag picks the model source
     assert config.learning_rate == 1e-4 and config.per_device_train_batch_size == 2 and config.report_to == ()
-    from onepass.train.model import lora_config
+    from onepass.train.run.model import lora_config
 
     assert config.lora_target_modules == "q_proj"
     assert lora_config(config).target_modules == {"q_proj"}  # a module name, not a regex
@@ -184,7 +184,7 @@ def test_flex_blockmask_training_step_equals_sdpa_on_cuda(tmp_path):
     rate only the first step is compared tightly: AdamW's first updates are about lr * sign(gradient),
     so a gradient component that is zero up to rounding moves by +-lr in one run and -+lr in the other
     (the first H100 run compared all 3 steps at lr 1e-3 within 1e-3 and found 6.2588 vs 6.2499)."""
-    from onepass.train.loop import train
+    from onepass.train.run.loop import train
 
     base = dict(tiny="qwen3", data="builtin:mathchat", limit=8, per_device_train_batch_size=2, max_steps=3,
                 device="cuda", progress=False, save_model=False, dtype="float32")
@@ -202,7 +202,7 @@ def test_flex_blockmask_training_step_equals_sdpa_on_cuda(tmp_path):
 @pytest.mark.requires_cuda
 def test_qlora_trains_and_saves_an_adapter_on_cuda(tmp_path):
     pytest.importorskip("bitsandbytes")
-    from onepass.train.loop import train
+    from onepass.train.run.loop import train
 
     model_dir = _saved_tiny(tmp_path, vocab=151_669)
     config = load_config(None, dict(model=str(model_dir), tokenizer="builtin:qwen3", data="builtin:mathchat",
@@ -218,19 +218,19 @@ def test_qlora_trains_and_saves_an_adapter_on_cuda(tmp_path):
 
 def test_only_user_errors_become_one_line(monkeypatch, capsys):
     """A bug inside the run keeps its traceback; Ctrl-C is one line and exit 130."""
-    import onepass.train.loop
+    import onepass.train.run.loop
 
     def broken(config, resume=None, **_kw):
         raise ValueError("expected all tensors to be on the same device")
 
-    monkeypatch.setattr(onepass.train.loop, "train", broken)
+    monkeypatch.setattr(onepass.train.run.loop, "train", broken)
     with pytest.raises(ValueError, match="same device"):
         main(["--tiny", "qwen3", "--data", "builtin:mathchat"])
 
     def interrupted(config, resume=None, **_kw):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(onepass.train.loop, "train", interrupted)
+    monkeypatch.setattr(onepass.train.run.loop, "train", interrupted)
     assert main(["--tiny", "qwen3", "--data", "builtin:mathchat"]) == 130
     assert capsys.readouterr().err.strip().splitlines() == ["onepass: interrupted"]
 

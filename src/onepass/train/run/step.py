@@ -4,17 +4,18 @@ Why this module exists: the one-pass loss equals the N-pass loss for a set of
 conversations (:mod:`onepass.loss`), so a training run is equivalent when each
 optimizer step (1) covers the same conversations and (2) divides the summed
 weighted cross entropy by the same number. (1) is the data order of
-:mod:`onepass.train.data`; (2) is the *global* sum of target weights of the
+:mod:`onepass.train.run.data`; (2) is the *global* sum of target weights of the
 step, over every micro-batch and every process (for token weighting: the
 N-pass number of trained tokens). Each process adds ``loss_sum * world / W``
-to its gradients, because DDP averages gradients over processes:
+to its gradients (:func:`onepass.train.core.normalise.loss_scale`, which ``OnePassTrainer``
+calls too), because DDP averages gradients over processes:
 
     grad = (1/world) * sum_ranks d(loss_sum_r * world / W) = d(sum_r loss_sum_r) / W
 
 So ``schedule: one-pass`` and ``schedule: n-pass`` with one seed take the same
 steps (tests: 20 float64 steps, same loss at every step, same final weights),
 and 2 processes equal 1 process on the same global batch. The run around the
-steps (data, resume, checkpoints, reports) is :mod:`onepass.train.loop`.
+steps (data, resume, checkpoints, reports) is :mod:`onepass.train.run.loop`.
 
 Sequence parallelism (``sp_size`` S, :mod:`onepass.ulysses`) changes nothing in that
 derivation: the S ranks of a row take the same units (data parallelism is over the
@@ -43,12 +44,13 @@ from onepass.layout.buckets import static_rows
 from onepass.layout.flops import visible_pairs
 from onepass.loss import ForwardView, batch_loss, layouts_to_batch
 from onepass.model.private_names import find_private
-from onepass.train.compiles import StaticShapes
+from onepass.train.run.compiles import StaticShapes
 from onepass.train.config import TrainConfig
-from onepass.train.data import TrainData, step_passes, step_units, units_per_step
+from onepass.train.core.normalise import loss_scale
+from onepass.train.run.data import TrainData, step_passes, step_units, units_per_step
 from onepass.train.hyperparams import clip_norm
 from onepass.train.sequence_parallel import ParallelDims, parallel_dims
-from onepass.train.signals import stops_held
+from onepass.train.run.signals import stops_held
 
 
 class NonFiniteError(OnePassError):
@@ -134,7 +136,7 @@ class Stepper:
                            window=config.data_config.share_window)
         weight = data.weight_sum(units)  # the same on every process: all hold the whole unit list
         compiled = self.shapes.total if self.shapes is not None else 0
-        sums = self._passes(units, scale=self.world / weight if weight > 0 else 0.0)
+        sums = self._passes(units, scale=loss_scale(weight, self.world))
         with stops_held() as self.held:  # a stop inside the update waits for it (deliver_held): whole steps only
             self.updating = True
             restore = (self.scheduler.state_dict(), [g["lr"] for g in self.optimizer.param_groups])

@@ -31,29 +31,30 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from onepass.data.sources import ROWS, DataSource, load_conversations
-from onepass.prepare.parallel import iter_units
-from onepass.errors import DataError
+from onepass.conversation.parse import Conversation
+from onepass.data.sources import ROWS, DataSource, RawRecord, iter_conversation_records
+from onepass.errors import ConversationError, DataError
 from onepass.layout.flops import token_ratio
 from onepass.prepare.guard_sample import ViewSample
 from onepass.layout.pack import pack_layouts
 from onepass.prepare.config import DataConfig
-from onepass.prepare.pipeline import PrepareStats, load_rows
+from onepass.prepare.pipeline import INVALID, PrepareStats, load_rows
 from onepass.layout.row_check import check_rows
 from onepass.layout.share import Key, prefix_key, share_rows
+from onepass.train.core import sft_rows
 from onepass.train.config import TrainConfig, TrainConfigError
+from onepass.train.core.sft_rows import SftSettings
+from onepass.train.core.units import Unit, conversation_units
 from onepass.layout.tree import COLUMNS as ROW_COLUMNS
-from onepass.layout.tree import Layout, row_from_columns
+from onepass.layout.tree import IGNORE, Layout, row_from_columns
 from onepass.layout.view import View
 from onepass.layout.vocab import layout_ids, remap_layout, used_ids
-
-Unit = list[Layout]
 
 _LOG = logging.getLogger("onepass")
 
@@ -86,28 +87,6 @@ def prepare_config(config: TrainConfig) -> DataConfig:
     return config.data_config.replace(pack=False)
 
 
-def conversation_units(conversations: Sequence[Any], tokenizer: Any, config: DataConfig, *,
-                       stats: PrepareStats | None = None, progress: bool = False, num_proc: int = 1,
-                       sample: ViewSample | None = None) -> tuple[list[Unit], PrepareStats]:
-    """One unit per conversation that keeps at least one view: the trees ``config.schedule`` makes.
-
-    Runs :func:`onepass.prepare.pipeline.prepare_conversation` one conversation at a time (on ``num_proc``
-    forked workers when > 1, :func:`onepass.prepare.parallel.iter_units`) so each tree keeps its
-    conversation; the running totals of ``stats`` add up, the whole-set ones are set at the end.
-    ``sample`` is offered each conversation's rendering (the exactness guard's views).
-    """
-    stats = stats or PrepareStats()
-    units: list[Unit] = [trees for trees in iter_units(conversations, tokenizer, config, stats, num_proc=num_proc,
-                                                        progress=progress, total=len(conversations), sample=sample)
-                         if trees]
-    trees = [x for u in units for x in u]
-    stats.trees = stats.rows = len(trees)
-    stats.row_tokens = sum(len(x) for x in trees)
-    stats.padding_tokens, stats.padding_fraction = 0, 0.0
-    stats.token_ratio = token_ratio(stats.n_pass_tokens, stats.one_pass_tokens)
-    return units, stats
-
-
 def load_train_data(source: DataSource, config: TrainConfig, tokenizer: Any | None, *, progress: bool = False,
                     log: Any = _LOG.info) -> TrainData:
     """Units of ``source`` (a ``--data`` spec resolved once, by the run:
@@ -138,22 +117,105 @@ def load_train_data(source: DataSource, config: TrainConfig, tokenizer: Any | No
                                        f"max_tokens={budget}; raise max_tokens or prepare again")
         return TrainData(units=[[r] for r in rows], kind="row", source=spec, stats=stats)
 
-    report = load_conversations(source, strict=False, limit=config.limit)
+    conversations, trl_records, skipped = read_records(source, limit=config.limit)
     stats = PrepareStats()
-    for line in report.skipped:
-        stats.skip("invalid record", line)
+    for line in skipped:
+        stats.skip(INVALID, line)
     if tokenizer is None:
         raise TrainConfigError("raw conversations need a tokenizer: set tokenizer")
     sample = ViewSample()
-    units, stats = conversation_units(report.conversations, tokenizer, prepare_config(config), stats=stats,
+    units, stats = conversation_units(conversations, tokenizer, prepare_config(config), stats=stats,
                                       progress=progress, sample=sample)
+    trl_rows = trl_units(trl_records, tokenizer, config.data_config, stats)
+    if trl_rows:
+        log(f"{len(trl_rows)} records of TRL's dataset types (text, prompt-completion, tokenized) train as TRL's "
+            "rows: one causal sequence each, its completion (or every token) trained, as SFTTrainer trains it")
+    units += trl_rows
     if stats.skipped:
         log(f"skipped {stats.skip_summary()}")
     if not units:
         raise DataError(f"nothing to train in {spec}: {stats.none_trained()}")
     keys = unit_keys(units) if config.data_config.shares else None
-    return TrainData(units=units, kind="conversation", source=spec, stats=stats.to_dict(),
+    return TrainData(units=units, kind="conversation", source=spec,
+                     stats={**stats.to_dict(), **({"trl_rows": len(trl_rows)} if trl_rows else {})},
                      guard_views=sample.views(), keys=keys)
+
+
+TEXT_FIELD = "text"
+"""The column a TRL language-modeling record holds its text in (TRL's ``dataset_text_field`` default)."""
+
+
+def read_records(source: DataSource, *, limit: int | None = None
+                 ) -> tuple[list[Conversation], list[RawRecord], list[str]]:
+    """The records of a source of conversations: the conversations, the records of TRL's other dataset types
+    (text, prompt-completion, tokenized: :func:`onepass.train.core.sft_rows.record_kind`), and why each other record
+    was skipped, in order; ``limit``: the first that many of the first two.
+
+    A record that parses as a conversation is one, whatever else it holds; a record that does not, and is of
+    one of TRL's other types, is kept for :func:`trl_units` (``OnePassTrainer`` takes the same types).
+    """
+    conversations: list[Conversation] = []
+    trl: list[RawRecord] = []
+    skipped: list[str] = []
+    for raw in iter_conversation_records(source):
+        if limit is not None and len(conversations) + len(trl) >= limit:
+            break
+        try:
+            conversations.append(raw.parse())
+        except ConversationError as e:
+            if isinstance(raw.record, Mapping) and sft_rows.record_kind(raw.record, TEXT_FIELD) != sft_rows.MESSAGES:
+                trl.append(raw)
+            else:
+                skipped.append(str(e))
+    return conversations, trl, skipped
+
+
+def trl_units(records: Sequence[RawRecord], tokenizer: Any, config: DataConfig, stats: PrepareStats) -> list[Unit]:
+    """One unit per record of TRL's types: TRL's row of it (:func:`onepass.train.core.sft_rows.record_row`, the
+    completion alone trained for prompt-completion, every token for text, the labels given for tokenized
+    records), rendered with the run's ``template_kwargs`` and ``template_date``. Not truncated (as a
+    conversation's tree is not): a row over ``max_tokens``, one training no token, a record of a shape TRL
+    refuses, or a tokenized record holding an id the tokenizer does not have, is a counted skip in ``stats``
+    naming its file and line."""
+    settings = SftSettings(text_field=TEXT_FIELD, template_kwargs=dict(config.template_kwargs),
+                           template_date=config.template_date, max_length=None, truncate=False)
+    units: list[Unit] = []
+    for raw in records:
+        where = f"{raw.source} {raw.unit} {raw.index}"
+        try:
+            row = sft_rows.causal_layout(sft_rows.record_row(raw.record, tokenizer, settings, where=where))
+        except DataError as e:
+            stats.skip(INVALID, str(e))
+            continue
+        except (TypeError, ValueError) as e:  # e.g. a prompt and a completion both null
+            stats.skip(INVALID, f"{where}: not a record of TRL's dataset types ({e})")
+            continue
+        outside = _outside_vocab(row, len(tokenizer)) if "input_ids" in raw.record else None
+        if outside is not None:  # tokenized by the user: its ids must be the tokenizer's
+            stats.skip(INVALID, f"{where}: {outside}")
+        elif config.max_tokens is not None and len(row) > config.max_tokens:
+            stats.skip("over max_tokens", f"{where}: {len(row)} tokens, more than max_tokens={config.max_tokens}")
+        elif not row.num_targets:
+            stats.skip("nothing trained", f"{where}: no token of the record is trained")
+        else:
+            units.append([row])
+    tokens = sum(len(u[0]) for u in units)
+    stats.trees, stats.rows, stats.row_tokens = stats.trees + len(units), stats.rows + len(units), \
+        stats.row_tokens + tokens
+    stats.n_pass_tokens, stats.one_pass_tokens = stats.n_pass_tokens + tokens, stats.one_pass_tokens + tokens
+    stats.token_ratio = token_ratio(stats.n_pass_tokens, stats.one_pass_tokens)
+    return units
+
+
+def _outside_vocab(row: Layout, vocab_size: int) -> str | None:
+    """What of a tokenized record's row is no id of a vocabulary of ``vocab_size`` (its input ids, or the
+    labels it trains), or None."""
+    targets = row.targets[row.targets != IGNORE]
+    for name, ids in (("input_ids", row.input_ids), ("labels", targets)):
+        bad = ids[(ids < 0) | (ids >= vocab_size)]
+        if len(bad):
+            return f"{name} holds {int(bad[0])}, outside the tokenizer's vocabulary of {vocab_size}"
+    return None
 
 
 def unit_keys(units: Sequence[Unit]) -> list[Key | None]:
@@ -210,7 +272,7 @@ def rows_setting(config: TrainConfig, data: TrainData, key: str, say: Any) -> st
 
 
 def check_same_units(accelerator: Any, config: TrainConfig, data: TrainData, rows: dict[str, str | None]) -> None:
-    """Every process read the same rows (:func:`~onepass.train.data.units_digest`), else one line on each: two
+    """Every process read the same rows (:func:`~onepass.train.run.data.units_digest`), else one line on each: two
     ranks given different data files (a node-local path, a file being rewritten) would train inconsistent steps,
     or, with different step counts, wait for each other forever."""
     if accelerator.num_processes == 1:

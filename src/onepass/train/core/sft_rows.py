@@ -1,7 +1,7 @@
 """TRL's SFT dataset types as canonical rows: what ``SFTTrainer`` trains, where one-pass has nothing to share.
 
 Why this module exists: ``OnePassTrainer`` takes every dataset ``SFTTrainer`` takes. A conversation is
-rendered view by view and laid out as a tree (:mod:`onepass.train.hf_data`); every other record is one
+rendered view by view and laid out as a tree (:mod:`onepass.train.trainer.data`); every other record is one
 plain causal sequence, tokenized exactly as TRL tokenizes it (the same EOS rule, the same
 ``apply_chat_template`` calls, the completion mask from the common prefix, the labels from the masks,
 ``max_length`` truncation, fully masked examples dropped), and expressed as our canonical row:
@@ -20,7 +20,7 @@ sum of weights) is TRL's number of label tokens. The kinds, per record (a datase
 - ``prompt_completion``: standard (strings) or conversational (messages) prompt and completion; the
   completion alone is trained unless ``completion_only_loss=False``;
 - ``pretokenized``: ``input_ids`` with optional ``labels`` / ``assistant_masks`` / ``completion_mask``;
-- ``messages``: a conversation; one-pass views (:mod:`onepass.train.hf_data`) unless
+- ``messages``: a conversation; one-pass views (:mod:`onepass.train.trainer.data`) unless
   ``assistant_only_loss=False``, which asks for TRL's row (the whole rendering, every token trained).
 
 No torch here: numpy and the tokenizer only.
@@ -226,6 +226,14 @@ def tokenize_record(record: Mapping[str, Any], kind: str, tokenizer: Any, settin
         raise ValueError("assistant_only_loss=True, but an example has no assistant tokens: the chat template "
                          "does not mark them (it needs {% generation %} markers)")
     return SftRow(input_ids=tuple(int(x) for x in ids), labels=tuple(labels_from(ids, masks)))
+
+
+def record_row(record: Mapping[str, Any], tokenizer: Any, settings: SftSettings, *, where: str = "a record") -> SftRow:
+    """``record`` (any of TRL's types) as TRL's row: its kind (:func:`record_kind`), tokenized and labelled
+    (:func:`tokenize_record`), truncated as TRL truncates it (:func:`truncated`). What ``OnePassTrainer`` and
+    ``onepass train`` both make of a record that is not a one-pass conversation."""
+    row = tokenize_record(record, record_kind(record, settings.text_field), tokenizer, settings, where=where)
+    return truncated(row, settings)
 
 
 def truncated(row: SftRow, settings: SftSettings) -> SftRow:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from onepass.train.config import load_config
-from onepass.train.step import Stepper
+from onepass.train.run.step import Stepper
 
 from host_syncs import SyncCounter
 
@@ -27,7 +27,7 @@ def _config(out, **overrides):
 
 def _count_launches(monkeypatch, config) -> list[SyncCounter]:
     """Train ``config``; a SyncCounter per step launched (forward, backward, reduction, clip, update)."""
-    from onepass.train.loop import train
+    from onepass.train.run.loop import train
 
     counters: list[SyncCounter] = []
     name = "launch" if hasattr(Stepper, "launch") else "__call__"  # b757769 had no launch: its whole step
@@ -63,7 +63,7 @@ def test_the_trainer_loss_path_reads_nothing_back(tmp_path, monkeypatch):
 
     from onepass.layout.tree import row_from_columns
     from onepass.model.tiny import tiny_model
-    from onepass.train.hf_trainer import OnePassTrainer, rows_dataset
+    from onepass.train.trainer.trainer import OnePassTrainer, rows_dataset
 
     rows = []
     for n in (9, 14, 12, 7, 11, 10):
@@ -101,7 +101,7 @@ def test_a_cuda_step_never_syncs(tmp_path, monkeypatch, attention):
     in one length bucket (its one compile, in step 1: compiling syncs) and compiles nothing after."""
     import json
 
-    from onepass.train.loop import train
+    from onepass.train.run.loop import train
 
     real = Stepper.launch
     launched = []

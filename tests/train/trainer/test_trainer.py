@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from onepass.conversation.parse import parse_record
-from onepass.train.hf_trainer import OnePassCollator, OnePassTrainer, conversation_dataset, rows_dataset
+from onepass.train.trainer.trainer import OnePassCollator, OnePassTrainer, conversation_dataset, rows_dataset
 from onepass.loss import view_loss_reference
 from onepass.model.precision import float64_norms
 from onepass.render import render_views
@@ -240,7 +240,7 @@ def test_fsdp_on_two_cpu_ranks_matches_one_process(tmp_path, one_process, launch
     under torchrun with TrainingArguments(fsdp="full_shard auto_wrap")."""
     one, env, two_args = one_process
     args = two_args(tmp_path)
-    config = Path(__file__).parents[2] / "configs" / "accelerate-fsdp-cpu.yaml"
+    config = Path(__file__).parents[3] / "configs" / "accelerate-fsdp-cpu.yaml"
     launcher = (["-m", "accelerate.commands.launch", "--config_file", str(config)] if launch == "accelerate-config"
                 else ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"])
     fsdp = [] if launch == "accelerate-config" else ["full_shard auto_wrap"]
@@ -259,7 +259,7 @@ def test_fsdp_on_two_cpu_ranks_matches_one_process(tmp_path, one_process, launch
 def test_deepspeed_zero2_through_the_trainer_matches_plain(tmp_path, datasets_):
     pytest.importorskip("deepspeed")
     one, n, ids = datasets_
-    config = Path(__file__).parents[2] / "configs" / "deepspeed-zero2.json"
+    config = Path(__file__).parents[3] / "configs" / "deepspeed-zero2.json"
     losses = []
     for ds in (one, n):
         model = tiny_model("qwen3", len(ids), dtype=torch.float32, attn_implementation="flex_attention",

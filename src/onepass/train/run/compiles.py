@@ -28,7 +28,7 @@ from typing import Any
 from onepass.layout.buckets import bucket_of, length_buckets
 from onepass.model.private_names import find_private
 from onepass.train.config import TrainConfig
-from onepass.train.data import TrainData, forward_lengths
+from onepass.train.run.data import TrainData, forward_lengths
 
 COUNTERS = "torch._dynamo.utils.counters"
 CONFIG = "torch._dynamo.config.automatic_dynamic_shapes"

@@ -4,7 +4,7 @@ template from ``chat_template_path``, the ``eos_token`` / ``pad_token`` settings
 Why this module exists: these follow TRL's rules (``model_init_kwargs``, no device map when distributed
 or on CPU, the tokenizer of the folder or hub id the model came from, the special tokens mirrored onto
 the model's config and generation config) and have nothing to do with the one-pass loss; the trainer
-(:mod:`onepass.train.hf_trainer`) calls them before it prepares the data.
+(:mod:`onepass.train.trainer.trainer`) calls them before it prepares the data.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 from onepass.attention.backends import default_backend
 from onepass.errors import UsageError
-from onepass.mixers.tree import install as install_mixers
-from onepass.model.load import ModelSpec, load_causal_lm
-from onepass.render.tokenizer import auto_tokenizer, read_template
+from onepass.model.load import ModelSpec
+from onepass.render.tokenizer import read_template
+from onepass.train.core.load import load_model as load_one, load_tokenizer as load_one_tokenizer
 from onepass.train.hf_config import OnePassConfig
 
 _SPEC_KEYS = ("dtype", "quantization_config", "trust_remote_code", "device_map", "attn_implementation")
@@ -26,7 +26,7 @@ def load_model(model: str, args: OnePassConfig, quantization_config: Any = None)
     """``model`` loaded with ``args.model_init_kwargs`` as TRL loads it (``dtype`` float32 unless given,
     ``trust_remote_code``, ``quantization_config``, no device map when distributed or on CPU, else
     ``"auto"``), with a tree-mask attention backend unless one is named; by the one loader
-    (:func:`onepass.model.load.load_causal_lm`)."""
+    (:func:`onepass.train.core.load.load_model`)."""
     kwargs = dict(args.model_init_kwargs or {})
     if quantization_config is not None:
         if kwargs.get("quantization_config") is not None:
@@ -43,16 +43,14 @@ def load_model(model: str, args: OnePassConfig, quantization_config: Any = None)
                      trust_remote_code=args.trust_remote_code if trust is None else bool(trust),
                      device_map=device_map, attention=kwargs.get("attn_implementation") or default_backend(args.device),
                      init_kwargs={k: v for k, v in kwargs.items() if k not in _SPEC_KEYS and v is not None})
-    model = load_causal_lm(spec)
-    install_mixers(model)  # the recurrent mixers' tree forward, couplings checked now: one CouplingError line at load
-    return model
+    return load_one(spec)
 
 
 def load_tokenizer(model_id: str, args: OnePassConfig) -> Any:
     """The tokenizer of ``model_id`` (a model given by name, or the folder/hub id a model or PeftModel was
     loaded from), as TRL finds it when ``processing_class`` is not given."""
     revision = (args.model_init_kwargs or {}).get("revision")
-    return auto_tokenizer(model_id, revision=revision, trust_remote_code=args.trust_remote_code)
+    return load_one_tokenizer(model_id, shipped=True, revision=revision, trust_remote_code=args.trust_remote_code)
 
 
 def chat_template_of(spec: str, args: OnePassConfig) -> str:

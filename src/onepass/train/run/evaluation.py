@@ -6,11 +6,14 @@ weighted cross entropy of every target over the sum of target weights, whatever
 the rows, batches or processes (:func:`onepass.loss.batch_loss` gives the sum of
 one forward pass). Two ways in:
 
-- :func:`evaluate`, inside a run (:mod:`onepass.train.loop`): every process takes
-  every world-th unit (:func:`onepass.train.data.eval_passes`), the two sums are
+- :func:`evaluate`, inside a run (:mod:`onepass.train.run.loop`): every process takes
+  every world-th unit (:func:`onepass.train.run.data.eval_passes`), the two sums are
   reduced over processes;
 - :func:`eval_loss`, for any HF causal LM (or peft model) and prepared rows, one
   process: a saved adapter reloaded reproduces the run's eval loss.
+
+The quotient is :func:`onepass.train.core.normalise.weighted_mean`, which ``OnePassTrainer``'s
+evaluation reports too.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ import torch
 
 from onepass.layout.buckets import static_rows
 from onepass.loss import ForwardView, batch_loss, layouts_to_batch
-from onepass.train.compiles import StaticShapes
+from onepass.train.run.compiles import StaticShapes
 from onepass.train.config import TrainConfig
-from onepass.train.data import TrainData, eval_passes
+from onepass.train.core.normalise import weighted_mean
+from onepass.train.run.data import TrainData, eval_passes
 from onepass.train.sequence_parallel import ParallelDims, parallel_dims
 from onepass.layout.tree import Layout
 
@@ -60,11 +64,12 @@ def evaluate(accelerator: Any, model: Any, data: TrainData, config: TrainConfig,
             total[1] += batch["weights"].sum() if counts else 0.0
     total = accelerator.reduce(total, reduction="sum")
     unwrapped.train(was_training)
-    return float(total[0] / total[1]) if total[1] > 0 else float("nan")
+    return weighted_mean(float(total[0]), float(total[1]))
 
 
 def eval_loss(model: Any, rows: Sequence[Layout], *, batch_size: int = 1) -> float:
-    """Weighted mean loss of ``rows`` for any HF causal LM (or peft model), one process, no grad."""
+    """Weighted mean loss of ``rows`` for any HF causal LM (or peft model), one process, no grad (NaN for rows
+    with no target weight, as in a run)."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -75,7 +80,7 @@ def eval_loss(model: Any, rows: Sequence[Layout], *, batch_size: int = 1) -> flo
             num += float(batch_loss(model, batch))
             den += float(batch["weights"].sum())
     model.train(was_training)
-    return num / den
+    return weighted_mean(num, den)
 
 
 __all__ = ["eval_loss", "evaluate"]
