@@ -55,6 +55,31 @@ def _off(*args, **kwargs):
     return None
 
 
+@pytest.fixture(autouse=True)
+def renders_once(qwen3_tokenizer):
+    """Each distinct text render of the shared tokenizer's template is made once per test: the reference (the
+    pre-skip off) renders every view of the same conversations for every budget, and the prepare with the
+    pre-skip on renders the same views again. A render is a pure function of the template, the special tokens
+    and the call's arguments (the date is pinned), all of which are the key, so every comparison here holds the
+    same texts it would hold rendered anew; only the repeats are left out (the real-template sweep's CPU: 60 ->
+    26 s). A call that raises is not kept: it raises again."""
+    render = qwen3_tokenizer.apply_chat_template
+    texts: dict[str, str] = {}
+
+    def apply_chat_template(*args, **kwargs):
+        if kwargs.get("tokenize", True):
+            return render(*args, **kwargs)
+        key = json.dumps([qwen3_tokenizer.chat_template, qwen3_tokenizer.special_tokens_map, args, kwargs],
+                         sort_keys=True, default=repr)
+        if key not in texts:
+            texts[key] = render(*args, **kwargs)
+        return texts[key]
+
+    qwen3_tokenizer.apply_chat_template = apply_chat_template
+    yield texts
+    del qwen3_tokenizer.apply_chat_template  # the class's method again
+
+
 def long_tool_chain(rounds: int, words: int = 3) -> dict:
     """Tool-chain record 2 (two calls in a turn, a chain of calls, a user's thanks) played ``rounds`` times,
     each user and tool content lengthened by a line of ``words`` words: 4 assistant turns a round."""
