@@ -162,6 +162,10 @@ SETTINGS = [(f"vendored:{c.id}", chat_template(c.template), EOS.get(c.template),
              {"completion_format": c.completion_format, "reasoning": c.reasoning, "template_kwargs": c.template_kwargs})
             for c in CASES] + \
            [(f"shared:{p.stem}", p.read_text(encoding="utf-8"), None, {}) for p in sorted(SHARED.glob("*.jinja"))]
+# make test-quick's share of the template sweeps (the rest are marked slow: make test runs every one): the
+# built-in Qwen3, harmony, a template that drops reasoning and renders tools its own way, and a shared one.
+QUICK = {"vendored:qwen3", "vendored:gptoss", "vendored:cohere2_tool_use+reasoning=drop", "shared:kimi_k3"}
+SETTING_PARAMS = [pytest.param(*s, id=s[0], marks=() if s[0] in QUICK else pytest.mark.slow) for s in SETTINGS]
 
 
 def _provable(conv, tokenizer, config: RenderConfig, rendered) -> int:
@@ -196,7 +200,7 @@ def agent_records(n: int = 2) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize(("name", "template", "eos", "settings"), SETTINGS, ids=[s[0] for s in SETTINGS])
+@pytest.mark.parametrize(("name", "template", "eos", "settings"), SETTING_PARAMS)
 def test_the_floor_is_below_every_real_view_that_holds_its_messages(qwen3_tokenizer, name, template, eos, settings):
     """The pre-skip's floor is a true lower bound: on every vendored and shared template, on the real agent data
     and the tool-chain and chat conversations, every rendered view whose prompt and completion hold the messages'
@@ -257,7 +261,7 @@ def test_a_prepare_of_real_agent_data_with_the_preskip_equals_one_that_renders_e
     assert unrendered > 0
 
 
-@pytest.mark.parametrize(("name", "template", "eos", "settings"), SETTINGS, ids=[s[0] for s in SETTINGS])
+@pytest.mark.parametrize(("name", "template", "eos", "settings"), SETTING_PARAMS)
 def test_the_preskip_never_skips_a_view_that_fits_on_real_templates(qwen3_tokenizer, monkeypatch, name, template,
                                                                     eos, settings):
     """Every vendored template with each setting it is tested with (test_real_templates.CASES), and the shared
