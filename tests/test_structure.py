@@ -357,3 +357,24 @@ def test_the_tests_mirror_the_stages():
     homeless = flat - PACKAGE_WIDE_TESTS - {f"test_{m}" for m in TOP}
     assert not homeless, (f"tests at the top of tests/ that belong in their stage's folder: {sorted(homeless)} "
                           "(or, if they check the whole package, in PACKAGE_WIDE_TESTS)")
+
+
+def slow_rows_gone(table: dict[str, list[str]]) -> list[str]:
+    """The rows of a table like conftest's SLOW whose test function is not defined in its file."""
+    gone = []
+    for path, names in table.items():
+        source = (TESTS / path).read_text(encoding="utf-8") if (TESTS / path).is_file() else ""
+        gone += [f"{path}::{name}" for name in names
+                 if not re.search(rf"^(async )?def {re.escape(name.split('[', 1)[0])}\(", source, re.M)]
+    return gone
+
+
+def test_every_slow_row_names_a_test():
+    """tests/conftest.py's SLOW (the measured tests ``make test-quick`` leaves to ``make test``) names tests that
+    exist: a test renamed or moved takes its row along, else the inner loop quietly runs it again."""
+    from conftest import SLOW
+
+    assert slow_rows_gone({"test_structure.py": ["test_every_slow_row_names_a_test", "test_gone[case]"],
+                           "nowhere/test_x.py": ["test_y"]}) == ["test_structure.py::test_gone[case]",
+                                                                 "nowhere/test_x.py::test_y"]
+    assert not slow_rows_gone(SLOW), slow_rows_gone(SLOW)

@@ -55,6 +55,31 @@ def _off(*args, **kwargs):
     return None
 
 
+@pytest.fixture(autouse=True)
+def renders_once(qwen3_tokenizer):
+    """Each distinct text render of the shared tokenizer's template is made once per test: the reference (the
+    pre-skip off) renders every view of the same conversations for every budget, and the prepare with the
+    pre-skip on renders the same views again. A render is a pure function of the template, the special tokens
+    and the call's arguments (the date is pinned), all of which are the key, so every comparison here holds the
+    same texts it would hold rendered anew; only the repeats are left out (the real-template sweep's CPU: 60 ->
+    26 s). A call that raises is not kept: it raises again."""
+    render = qwen3_tokenizer.apply_chat_template
+    texts: dict[str, str] = {}
+
+    def apply_chat_template(*args, **kwargs):
+        if kwargs.get("tokenize", True):
+            return render(*args, **kwargs)
+        key = json.dumps([qwen3_tokenizer.chat_template, qwen3_tokenizer.special_tokens_map, args, kwargs],
+                         sort_keys=True, default=repr)
+        if key not in texts:
+            texts[key] = render(*args, **kwargs)
+        return texts[key]
+
+    qwen3_tokenizer.apply_chat_template = apply_chat_template
+    yield texts
+    del qwen3_tokenizer.apply_chat_template  # the class's method again
+
+
 def long_tool_chain(rounds: int, words: int = 3) -> dict:
     """Tool-chain record 2 (two calls in a turn, a chain of calls, a user's thanks) played ``rounds`` times,
     each user and tool content lengthened by a line of ``words`` words: 4 assistant turns a round."""
@@ -137,6 +162,10 @@ SETTINGS = [(f"vendored:{c.id}", chat_template(c.template), EOS.get(c.template),
              {"completion_format": c.completion_format, "reasoning": c.reasoning, "template_kwargs": c.template_kwargs})
             for c in CASES] + \
            [(f"shared:{p.stem}", p.read_text(encoding="utf-8"), None, {}) for p in sorted(SHARED.glob("*.jinja"))]
+# make test-quick's share of the template sweeps (the rest are marked slow: make test runs every one): the
+# built-in Qwen3, harmony, a template that drops reasoning and renders tools its own way, and a shared one.
+QUICK = {"vendored:qwen3", "vendored:gptoss", "vendored:cohere2_tool_use+reasoning=drop", "shared:kimi_k3"}
+SETTING_PARAMS = [pytest.param(*s, id=s[0], marks=() if s[0] in QUICK else pytest.mark.slow) for s in SETTINGS]
 
 
 def _provable(conv, tokenizer, config: RenderConfig, rendered) -> int:
@@ -171,7 +200,7 @@ def agent_records(n: int = 2) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize(("name", "template", "eos", "settings"), SETTINGS, ids=[s[0] for s in SETTINGS])
+@pytest.mark.parametrize(("name", "template", "eos", "settings"), SETTING_PARAMS)
 def test_the_floor_is_below_every_real_view_that_holds_its_messages(qwen3_tokenizer, name, template, eos, settings):
     """The pre-skip's floor is a true lower bound: on every vendored and shared template, on the real agent data
     and the tool-chain and chat conversations, every rendered view whose prompt and completion hold the messages'
@@ -232,7 +261,7 @@ def test_a_prepare_of_real_agent_data_with_the_preskip_equals_one_that_renders_e
     assert unrendered > 0
 
 
-@pytest.mark.parametrize(("name", "template", "eos", "settings"), SETTINGS, ids=[s[0] for s in SETTINGS])
+@pytest.mark.parametrize(("name", "template", "eos", "settings"), SETTING_PARAMS)
 def test_the_preskip_never_skips_a_view_that_fits_on_real_templates(qwen3_tokenizer, monkeypatch, name, template,
                                                                     eos, settings):
     """Every vendored template with each setting it is tested with (test_real_templates.CASES), and the shared
