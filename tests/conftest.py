@@ -175,21 +175,21 @@ SLOW = {
     ],
     "test_views_property.py": ["test_every_target_sees_exactly_its_view"],
     "train/test_hf_config.py": ["test_onepass_config_imports_without_trl"],
-    "train/test_hf_trainer.py": [
+    "train/trainer/test_trainer.py": [
         "test_cpu_fast_backend_serves_the_trainer",
         "test_gradient_accumulation_equals_one_bigger_batch",
         "test_lora_model_trains_through_the_trainer",
         "test_one_pass_and_n_pass_take_the_same_steps_through_the_trainer",
     ],
-    "train/test_sft_types.py": [
+    "train/trainer/test_sft_types.py": [
         "test_a_mixed_dataset_trains_each_type_with_sfttrainers_loss",
         "test_each_trl_dataset_type_has_sfttrainers_loss[conversational_prompt_completion]",
     ],
-    "train/test_static_shapes.py": [
+    "train/run/test_static_shapes.py": [
         "test_forwards_run_in_length_buckets_each_compiled_once",
         "test_length_buckets_keep_every_loss",
     ],
-    "train/test_train.py": [
+    "train/run/test_train.py": [
         "test_a_crash_leaves_a_checkpoint_to_resume_from",
         "test_a_prepared_directory_trains_row_by_row",
         "test_float32_curves_agree_closely",
@@ -199,8 +199,8 @@ SLOW = {
         "test_resume_from_a_checkpoint_continues_the_identical_losses",
         "test_two_runs_advanced_in_turn_take_the_steps_each_takes_alone",
     ],
-    "train/test_train_cli.py": ["test_a_run_from_the_command_line"],
-    "train/test_train_share.py": ["test_shared_prefixes_take_the_same_steps_with_fewer_tokens"],
+    "train/run/test_train_cli.py": ["test_a_run_from_the_command_line"],
+    "train/run/test_train_share.py": ["test_shared_prefixes_take_the_same_steps_with_fewer_tokens"],
     "ulysses/test_layout.py": [
         "test_split_over_ranks_equals_one_process[falcon-h1-onepass_cpu-2]",
         "test_split_over_ranks_equals_one_process[nemotron-h-onepass_cpu-4]",
