@@ -231,8 +231,9 @@ def mark_slow(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 
 def promised_refusal(error: BaseException) -> str | None:
-    """``"refused: <line>"`` for a one-line CouplingError that names a transformers release newer than the installed
-    one (what onepass promises on the older releases `make test-compat` runs), ``"absent: <line>"`` for an
+    """``"refused: <line>"`` for a one-line CouplingError (or the guard's refusal carrying one: what ``onepass
+    train`` stops with) that names a transformers release newer than the installed one (what onepass promises
+    on the older releases `make test-compat` and `make test-min` run), ``"absent: <line>"`` for an
     architecture the installed release does not have; None for anything else, which stays a failure (a refusal
     on a release it names as working is a regression)."""
     import re
@@ -240,6 +241,7 @@ def promised_refusal(error: BaseException) -> str | None:
     import transformers
     from packaging.version import Version
 
+    from onepass.guard.check import InexactModelError
     from onepass.model.couplings import CouplingError
     from onepass.model.tiny import ArchitectureAbsent
 
@@ -247,7 +249,9 @@ def promised_refusal(error: BaseException) -> str | None:
     if isinstance(error, ArchitectureAbsent):
         return f"absent: {line}"
     needs = re.search(r"transformers>=(\d+\.\d+(?:\.\d+)?)", line)
-    if isinstance(error, CouplingError) and "\n" not in line and needs \
+    coupling = isinstance(error, CouplingError) or isinstance(error, InexactModelError) and \
+        line.startswith("one-pass is refused for ")  # the guard's line for a CouplingError: onepass train's refusal
+    if coupling and "\n" not in line and needs \
             and Version(transformers.__version__) < Version(needs.group(1)):
         return f"refused: {line}"
     return None

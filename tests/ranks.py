@@ -76,12 +76,19 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 def fsdp_refused(proc: subprocess.CompletedProcess) -> bool:
-    """On an accelerate older than onepass's FSDP-on-CPU floor (``make test-min``), an FSDP launch must stop in
-    one line; True when it did (the caller's comparison is then moot), False on an accelerate that runs it."""
+    """On an accelerate older than onepass's FSDP-on-CPU floor (``make test-min``), an FSDP launch must stop
+    before any training; True when it did (the caller's comparison is then moot), False on an accelerate that
+    runs it. It stops in onepass's one line, or, for a config with a ``parallelism_config`` section (the
+    shipped sequence-parallel one) on an accelerate that predates the section (1.4, make test-min), earlier, in
+    ``accelerate launch`` itself: its config reader names the key and says to upgrade accelerate."""
     from onepass.train.distributed import FSDP_ACCELERATE, accelerate_predates_fsdp
 
-    if not accelerate_predates_fsdp():  # make test-min installs 1.4
+    if not accelerate_predates_fsdp():
         return False
     assert proc.returncode != 0
-    assert f"FSDP on CPU ranks needs accelerate>={FSDP_ACCELERATE}" in proc.stderr, proc.stderr[-4000:]
+    last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
+    ours = f"FSDP on CPU ranks needs accelerate>={FSDP_ACCELERATE}" in proc.stderr
+    launcher = last.startswith("ValueError: ") and "unknown keys (['parallelism_config'])" in last \
+        and "upgrading your `accelerate` version" in last
+    assert ours or launcher, proc.stderr[-4000:]
     return True

@@ -36,9 +36,11 @@ RECORDS = TOOL_CHAIN_RECORDS
 TEMPLATES = sorted(p.stem for p in FIXTURES.glob("*.jinja"))
 # What each template is probed to expect: (tool-call arguments, reasoning key, tool-call ids). transformers
 # hands ``reasoning_content`` to templates that read ``thinking`` (gpt-oss, LFM2.5), so that key works there
-# too. Kimi-K2 renders a call by its id alone: ids go over as functions.NAME:IDX.
+# too; a release before it did (5.17 did not, 5.21 does; make test-min's 5.2.0) gets ``thinking``, the key
+# those templates read (READ_AS_THINKING). Kimi-K2 renders a call by its id alone: ids go over as functions.NAME:IDX.
 FIELDS = {"deepseekv3": ("json", "reasoning_content", "given"), "deepseekv3_1": ("json", "reasoning_content", "given"),
           "kimi_k2_thinking": ("dict", "reasoning_content", "functions")}
+READ_AS_THINKING = ("gptoss", "lfm2_2_5")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,12 +252,21 @@ def test_every_kept_view_is_the_templates_own_rendering(template_tokenizer, case
     assert dropped == case.dropped, f"{case.id}: {dropped} views leave reasoning out, table says {case.dropped}"
 
 
+def transformers_hands_reasoning_as_thinking(tokenizer) -> bool:
+    """Does the installed transformers hand a message's ``reasoning_content`` to a template that reads
+    ``thinking``? Asked of transformers itself, with a one-line template, not of the probe under test."""
+    text = tokenizer.apply_chat_template([{"role": "assistant", "content": "", "reasoning_content": "why"}],
+                                         chat_template="{{ messages[0].thinking }}", tokenize=False)
+    return text == "why"
+
+
 @pytest.mark.parametrize("template_tokenizer", TEMPLATES, indirect=True)
 def test_the_probe_hands_fields_over_as_the_template_reads_them(template_tokenizer, request):
     name = request.node.callspec.params["template_tokenizer"]
     fields = template_fields(template_tokenizer, {})
-    assert (fields.arguments, fields.reasoning_key, fields.tool_ids) == FIELDS.get(
-        name, ("dict", "reasoning_content", "given"))
+    aliased = transformers_hands_reasoning_as_thinking(template_tokenizer)
+    reasoning = "thinking" if name in READ_AS_THINKING and not aliased else "reasoning_content"
+    assert (fields.arguments, fields.reasoning_key, fields.tool_ids) == FIELDS.get(name, ("dict", reasoning, "given"))
     assert fields.generation_always is False
     with_tools = template_fields(template_tokenizer, {}, tools=True)  # the same unless named templates pick
     assert with_tools == (TOOL_USE_FIELDS if name in NAMED else fields)

@@ -348,3 +348,54 @@ def test_a_mixer_whose_forward_a_decorator_hides_is_still_found_and_refused():
                                                                 "attention_mask"]
     with pytest.raises(CouplingError, match=r"cache_params\.conv_states, cache_params\.has_previous_state"):
         recurrent_mixer(_OldApiMixerBehindADecorator)
+
+
+def test_sources_are_parsed_one_thread_at_a_time(monkeypatch):
+    """CPython 3.11's AST constructor keeps its recursion depth per interpreter, not per thread: two threads
+    parsing at once raise ``SystemError: AST constructor recursion depth mismatch`` (the sequence-parallel
+    guard's simulated ranks, threads, did on both ranks of a launch). Each parse here holds the GIL released a
+    moment, so two threads reading sources would overlap unless the couplings take turns."""
+    import ast
+    import threading
+    import time
+
+    import onepass.model.couplings as couplings
+
+    inside, most, errors = 0, 0, []
+    count = threading.Lock()
+    real_parse = ast.parse
+
+    def parse(*args, **kwargs):
+        nonlocal inside, most
+        with count:
+            inside += 1
+            most = max(most, inside)
+        time.sleep(0.02)
+        try:
+            return real_parse(*args, **kwargs)
+        finally:
+            with count:
+                inside -= 1
+
+    class MixerA(torch.nn.Module):  # a forward behind a decorator without functools.wraps: read off the source
+        def forward(self, *args, **kwargs):
+            return args
+
+    class MixerB(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            return kwargs
+
+    def read(cls):
+        try:
+            couplings.forward_parameters(cls)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    monkeypatch.setattr(ast, "parse", parse)
+    threads = [threading.Thread(target=read, args=(cls,)) for cls in (MixerA, MixerB)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and most == 1, (errors, most)
+    assert couplings.forward_parameters(MixerA) == ["self"]  # *args, **kwargs: no named parameter

@@ -50,6 +50,7 @@ import functools
 import inspect
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -358,15 +359,24 @@ class MixerCoupling:
     cache_methods: frozenset[str]  # every method the class calls on it
 
 
+_PARSING = threading.RLock()
+"""Held while this module parses Python source (``inspect.getsource`` of a class parses its whole module file;
+:func:`forward_parameters` a class body). CPython 3.11 keeps the AST constructor's recursion depth per
+interpreter, not per thread: two threads parsing at once raise ``SystemError: AST constructor recursion depth
+mismatch``. The sequence-parallel guard's simulated ranks are threads that install the mixers on every forward
+(measured: both ranks of a 2-rank launch died so, before sources were read once; make test-min, Python 3.11.7)."""
+
+
 def source_of(obj: Any) -> str:
     """``obj``'s source text ("" where there is none: a builtin, a C extension). Read once per object: for a
     class, ``inspect.getsource`` parses the whole module file it is defined in, and the mixer search asks for
     every module class of a model each time a model is installed, made float64 or checked (measured: 297 reads,
-    14 CPU s, in one tiny Nemotron-H training run)."""
-    try:
-        return _source_once(obj)
-    except TypeError:  # unhashable: read it again
-        return _read_source(obj)
+    14 CPU s, in one tiny Nemotron-H training run). One thread at a time (:data:`_PARSING`)."""
+    with _PARSING:
+        try:
+            return _source_once(obj)
+        except TypeError:  # unhashable: read it again
+            return _read_source(obj)
 
 
 @functools.lru_cache(maxsize=None)
@@ -406,7 +416,8 @@ def forward_parameters(cls: type) -> list[str]:
     if set(names) - {"self", "args", "kwargs"}:
         return names
     try:
-        tree = ast.parse(textwrap.dedent(source_of(cls)))
+        with _PARSING:
+            tree = ast.parse(textwrap.dedent(source_of(cls)))
     except SyntaxError:
         return names
     for node in ast.walk(tree):

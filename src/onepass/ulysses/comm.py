@@ -44,14 +44,18 @@ class TorchGroup:
         self.rank = dist.get_rank(group)
 
     def all_to_all(self, sends: Sequence[torch.Tensor], rank: int) -> list[torch.Tensor]:
-        """``sends[j]`` goes to rank j; returns what each rank sent here (same shapes: the shards are equal)."""
+        """``sends[j]`` goes to rank j; returns what each rank sent here (same shapes: the shards are equal).
+
+        One ``all_to_all_single`` over the stacked pieces (equal splits along the first dimension), not the
+        list ``all_to_all``: gloo has the single-tensor collective in every torch onepass allows, the list
+        one only from torch 2.13 (2.11's gloo: "Backend gloo does not support alltoall")."""
         import torch.distributed as dist
 
         assert rank == self.rank and len(sends) == self.size
-        sends = [s.contiguous() for s in sends]
-        recvs = [torch.empty_like(s) for s in sends]
-        dist.all_to_all(recvs, sends, group=self.group)
-        return recvs
+        send_S = torch.stack(list(sends))  # piece j in row j: rank j's share
+        recv_S = torch.empty_like(send_S)
+        dist.all_to_all_single(recv_S, send_S, group=self.group)
+        return list(recv_S.unbind(0))
 
 
 class ThreadGroup:
