@@ -241,3 +241,31 @@ def test_fsdp_on_cpu_refuses_an_accelerate_older_than_its_floor():
     with pytest.raises(TrainConfigError, match=r"FSDP on CPU ranks needs accelerate>=1\.14 \(installed: 1\.13\.0\)"):
         check_fsdp_accelerate("1.13.0")
     check_fsdp_accelerate(FSDP_ACCELERATE)
+
+
+def test_a_stream_refuses_an_accelerate_older_than_its_floor(monkeypatch, qwen3_tokenizer, tmp_path):
+    """accelerate before 1.13 dispatches a stream's batches by concatenating every field as a tensor and dies on
+    the rows' host copy (make test-min's floor, 1.4): OnePassTrainer refuses the stream in one line when it is
+    made (276772d: the first step died inside accelerate), map-style data is untouched."""
+    import accelerate
+    import datasets
+
+    from onepass.model.tiny import tiny_model
+    from onepass.train import OnePassConfig, OnePassTrainer
+    from onepass.train.distributed import STREAM_ACCELERATE, check_stream_accelerate
+
+    with pytest.raises(TrainConfigError, match=r"^a streamed dataset needs accelerate>=1\.13 \(installed: 1\.12\.0\)"):
+        check_stream_accelerate("1.12.0")
+    check_stream_accelerate(STREAM_ACCELERATE)
+    monkeypatch.setattr(accelerate, "__version__", "1.12.0")
+    records = [{"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4."}]}] * 2
+    args = OnePassConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, max_steps=1)
+    model = tiny_model("qwen3", vocab_size=len(qwen3_tokenizer))
+    with pytest.raises(TrainConfigError, match="^a streamed dataset needs accelerate>="):
+        OnePassTrainer(model=model, args=args, processing_class=qwen3_tokenizer,
+                       train_dataset=datasets.Dataset.from_list(records).to_iterable_dataset())
+    with pytest.raises(TrainConfigError, match="^a streamed dataset needs accelerate>="):
+        OnePassTrainer(model=model, args=args, processing_class=qwen3_tokenizer, train_dataset=datasets.Dataset.from_list(records),
+                       eval_dataset={"held": datasets.Dataset.from_list(records).to_iterable_dataset()})
+    OnePassTrainer(model=model, args=args, processing_class=qwen3_tokenizer,
+                   train_dataset=datasets.Dataset.from_list(records))

@@ -47,6 +47,7 @@ from onepass.train.config import TrainConfigError
 
 MODES = ("single", "ddp", "fsdp", "deepspeed")
 FSDP_ACCELERATE = "1.14"  # the first accelerate whose FSDP2 path runs on CPU ranks (1.13: mixed Tensor and DTensor)
+STREAM_ACCELERATE = "1.13"  # the first accelerate whose batch dispatcher (streams) passes a batch's non-tensor fields
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
@@ -298,6 +299,22 @@ def check_fsdp_accelerate(version: str | None = None) -> None:
     if accelerate_predates_fsdp(version):
         raise TrainConfigError(f"FSDP on CPU ranks needs accelerate>={FSDP_ACCELERATE} (installed: {version}); "
                                "pip install -U accelerate, or launch DDP (accelerate launch --num_processes N)")
+
+
+def check_stream_accelerate(version: str | None = None) -> None:
+    """A streamed dataset (an ``IterableDataset``) reaches the model through accelerate's batch dispatcher, which
+    before accelerate :data:`STREAM_ACCELERATE` concatenates every field of a batch as a tensor and fails on the
+    rows' host copy (``HostRows``, "Can only concatenate tensors"; measured on 1.4, 1.11 and 1.12 at the floor,
+    make test-min). One line instead, when the trainer is given the stream, before anything trains."""
+    if version is None:
+        import accelerate
+
+        version = accelerate.__version__
+    from packaging.version import Version
+
+    if Version(version) < Version(STREAM_ACCELERATE):
+        raise TrainConfigError(f"a streamed dataset needs accelerate>={STREAM_ACCELERATE} (installed: {version}); "
+                               "pip install -U accelerate, or pass a map-style Dataset")
 
 
 # ---------------------------------------------------------------------------------------------

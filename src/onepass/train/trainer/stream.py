@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -28,6 +28,7 @@ from onepass.data.sources import RawRecord, parse_records
 from onepass.prepare.guard_sample import GUARD_CONVERSATIONS
 from onepass.layout.row_check import check_rows
 from onepass.layout.tree import COLUMNS, Layout, row_from_columns
+from onepass.train.distributed import check_stream_accelerate
 from onepass.train.hf_config import OnePassConfig
 from onepass.train.trainer.data import GuardInputs, PreparedRows, _columns
 from onepass.train.trainer.records import (
@@ -56,6 +57,16 @@ def is_stream(ds: Any) -> bool:
     """A dataset that is read as it comes and never whole: a ``datasets.IterableDataset`` (``streaming=True``,
     ``from_generator``) or any torch ``IterableDataset``."""
     return isinstance(ds, torch.utils.data.IterableDataset)
+
+
+def check_streams(*given: Any) -> None:
+    """Any stream among ``given`` (datasets, or mappings of them) needs an accelerate that can dispatch its
+    batches (:func:`onepass.train.distributed.check_stream_accelerate`): one line otherwise."""
+    for ds in given:
+        for one in ds.values() if isinstance(ds, Mapping) else (ds,):
+            if one is not None and is_stream(one):
+                check_stream_accelerate()
+                return
 
 
 STREAM_BATCH = 256  # records made into rows (and, with packing, packed) together from a stream

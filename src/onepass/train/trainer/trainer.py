@@ -84,7 +84,7 @@ from onepass.train.checkpoint import NonFiniteWeightsError, non_finite_weights
 from onepass.train.distributed import asked_mode, check_fsdp_accelerate, honour_request, without_accelerate_parallelism
 from onepass.train.sequence_parallel import check_split, parallel_dims, share_batches, split_model, trainer_sp_size
 from onepass.train.trainer.model import chat_template_of, load_model, load_tokenizer, set_special_tokens
-from onepass.train.trainer.stream import check_dataset_rows, is_stream, trainer_rows
+from onepass.train.trainer.stream import check_dataset_rows, check_streams, is_stream, trainer_rows
 from onepass.train.core.report import plot_losses
 from onepass.layout.tree import COLUMNS, IGNORE
 
@@ -200,6 +200,7 @@ def _datasets_of(train_dataset: Any, eval_dataset: Any, model: Any, processing_c
     if args.dataset_prepared and formatting_func is not None:
         warn_once("formatting_func", "formatting_func is ignored: dataset_kwargs skip_prepare_dataset=True")
     vocab = model_vocab(model)
+    check_streams(train_dataset, eval_dataset)  # before anything is read
     train = trainer_rows(train_dataset, processing_class, args, source="train_dataset", vocab_size=vocab,
                          formatting_func=formatting_func)
     eval_packing = args.packing if args.eval_packing is None else args.eval_packing
@@ -515,6 +516,7 @@ class OnePassTrainer(Trainer):
                 return trainer_rows(ds, self.processing_class, self.args, source=source, vocab_size=vocab,
                                     packing=packing, formatting_func=self._formatting_func).dataset
 
+            check_streams(eval_dataset)
             if isinstance(eval_dataset, Mapping):
                 eval_dataset = {k: prepared(v, f"eval_dataset[{k!r}]") for k, v in eval_dataset.items()}
             else:
