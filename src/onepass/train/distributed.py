@@ -277,25 +277,32 @@ def _fsdp_on_cpu(accelerator: Any, mixed_precision: str, plugin_args: Mapping[st
     private("accelerate.state.PartialState._shared_state")["distributed_type"] = DistributedType.FSDP
 
 
-def accelerate_predates_fsdp(version: str | None = None) -> bool:
-    """Is ``version`` (default: the installed accelerate) older than :data:`FSDP_ACCELERATE`?"""
-    from packaging.version import Version
-
+def accelerate_version(version: str | None = None) -> str:
+    """``version``, or the installed accelerate's when None."""
     if version is None:
         import accelerate
 
         version = accelerate.__version__
-    return Version(version) < Version(FSDP_ACCELERATE)
+    return version
+
+
+def accelerate_older_than(floor: str, version: str | None = None) -> bool:
+    """Is ``version`` (default: the installed accelerate) older than ``floor``?"""
+    from packaging.version import Version
+
+    return Version(accelerate_version(version)) < Version(floor)
+
+
+def accelerate_predates_fsdp(version: str | None = None) -> bool:
+    """Is ``version`` (default: the installed accelerate) older than :data:`FSDP_ACCELERATE`?"""
+    return accelerate_older_than(FSDP_ACCELERATE, version)
 
 
 def check_fsdp_accelerate(version: str | None = None) -> None:
     """FSDP on CPU ranks needs accelerate >= :data:`FSDP_ACCELERATE`: measured on 1.4-1.13, its FSDP2 path
     either knows no ``fsdp_version`` or wraps the model so that a step fails with ``aten.mm.default got
     mixed torch.Tensor and DTensor``. One line instead, before any process has started training."""
-    if version is None:
-        import accelerate
-
-        version = accelerate.__version__
+    version = accelerate_version(version)
     if accelerate_predates_fsdp(version):
         raise TrainConfigError(f"FSDP on CPU ranks needs accelerate>={FSDP_ACCELERATE} (installed: {version}); "
                                "pip install -U accelerate, or launch DDP (accelerate launch --num_processes N)")
@@ -306,13 +313,8 @@ def check_stream_accelerate(version: str | None = None) -> None:
     before accelerate :data:`STREAM_ACCELERATE` concatenates every field of a batch as a tensor and fails on the
     rows' host copy (``HostRows``, "Can only concatenate tensors"; measured on 1.4, 1.11 and 1.12 at the floor,
     make test-min). One line instead, when the trainer is given the stream, before anything trains."""
-    if version is None:
-        import accelerate
-
-        version = accelerate.__version__
-    from packaging.version import Version
-
-    if Version(version) < Version(STREAM_ACCELERATE):
+    version = accelerate_version(version)
+    if accelerate_older_than(STREAM_ACCELERATE, version):
         raise TrainConfigError(f"a streamed dataset needs accelerate>={STREAM_ACCELERATE} (installed: {version}); "
                                "pip install -U accelerate, or pass a map-style Dataset")
 

@@ -354,13 +354,10 @@ def test_a_streamed_dataset_trains_the_rows_of_the_map_style_dataset(case, model
 def _streams_refused(make_trainer) -> bool:
     """Below accelerate 1.13 (make test-min's floor) a stream is refused in one line when the trainer is made
     (its batch dispatcher cannot pass the rows' host copy): checked here, and True; else False (train it)."""
-    import accelerate
-    from packaging.version import Version
-
-    from onepass.train.distributed import STREAM_ACCELERATE
+    from onepass.train.distributed import STREAM_ACCELERATE, accelerate_older_than
     from onepass.train.config import TrainConfigError
 
-    if Version(accelerate.__version__) >= Version(STREAM_ACCELERATE):
+    if not accelerate_older_than(STREAM_ACCELERATE):
         return False
     with pytest.raises(TrainConfigError, match=rf"^a streamed dataset needs accelerate>={STREAM_ACCELERATE} "):
         make_trainer()
