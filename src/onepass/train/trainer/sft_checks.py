@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from onepass.model.couplings import base_model, is_peft, is_prompt_learning  # noqa: F401  (sft_checks.is_prompt_learning)
+from onepass.model.couplings import base_model, is_peft
 from onepass.train.core import sft_rows
 
 log = logging.getLogger("onepass")

@@ -77,7 +77,7 @@ from onepass.train.trainer.data import (  # noqa: F401  (conversation_dataset & 
     rows_dataset,
 )
 from onepass.train.trainer.records import as_rows  # noqa: F401  (its import path in tests and scripts)
-from onepass.model.couplings import base_model, is_peft, loaded_from
+from onepass.model.couplings import base_model, is_peft, is_prompt_learning, loaded_from
 from onepass.train.core.guard import run_guard
 from onepass.train.core.normalise import loss_scale, weighted_mean
 from onepass.train.checkpoint import NonFiniteWeightsError, non_finite_weights
@@ -308,7 +308,7 @@ class OnePassTrainer(Trainer):
         self.router_aux_loss_coef = 0.0
         self.padding_free = sft_checks.padding_free(self.args)
         self.completion_only_loss = sft_checks.completion_only_loss(self.args, sample)
-        self.prompt_learning = sft_checks.is_prompt_learning(self.model)
+        self.prompt_learning = is_prompt_learning(self.model)
         if hasattr(self.model, "add_model_tags"):
             self.model.add_model_tags(self._tag_names)
 
