@@ -38,7 +38,7 @@ import numpy as np
 from onepass.errors import DataError
 from onepass.render.clock import TEMPLATE_DATE
 from onepass.render.template import apply_template
-from onepass.layout.tree import IGNORE, Layout, concat
+from onepass.layout.tree import IGNORE, Layout
 
 TEXT, PROMPT_COMPLETION, PRETOKENIZED, MESSAGES = "text", "prompt_completion", "pretokenized", "messages"
 MASK_COLUMNS = ("assistant_masks", "completion_mask")
@@ -292,8 +292,3 @@ def seq_lengths(layout: Layout) -> list[int]:
     if len(starts) == 0:
         return [len(layout)]
     return np.diff(np.append(starts, len(layout))).tolist()
-
-
-def packed_causal(rows: Sequence[SftRow]) -> Layout:
-    """Documents side by side in one row, each causal on its own (TRL's bfd rows, padding-free)."""
-    return concat([causal_layout(r) for r in rows])
