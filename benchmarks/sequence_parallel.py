@@ -2,14 +2,14 @@
 
 Why this exists (issue 36): a tree longer than one device holds has two ways out. The ``budget``
 schedule cuts it into rows that fit and re-runs the shared history in each (the tokens one-pass saved
-come back); sequence parallelism (:mod:`onepass.ulysses`) splits the one row over S ranks and pays
+come back); sequence parallelism (:mod:`onepass.parallel`) splits the one row over S ranks and pays
 in communication instead. This reports, for one agent-shaped tree (a long history of tool results, each
 turn's reasoning branching off it; ~33k tokens by default) at a tiny width:
 
 - per degree S: tokens each rank holds, the peak bytes of live tensors of one forward + backward on each
   rank (:func:`onepass.bench.memory.step_memory`) against one process, and the elements each rank sends
-  per step, from the plan (:func:`onepass.ulysses.plan.forward_volume`, forward + backward) and counted
-  on the wire (they agree: tests/ulysses/test_layout.py holds them equal);
+  per step, from the plan (:func:`onepass.parallel.plan.forward_volume`, forward + backward) and counted
+  on the wire (they agree: tests/parallel/test_layout.py holds them equal);
 - per budget (the longest view, L/2, L/4): the rows it makes, their tokens, the re-run tokens (rows'
   tokens minus the tree's) and the views it cannot train (a view longer than the budget is skipped).
 
@@ -40,9 +40,9 @@ from onepass.loss import batch_loss, layouts_to_batch
 from onepass.layout.schedule import parse_schedule, schedule_views
 from onepass.model.tiny import tiny_model
 from onepass.layout.tree import build_layout
-from onepass.ulysses.comm import SequenceShard, TorchGroup
-from onepass.ulysses.model import install, layer_shapes
-from onepass.ulysses.plan import forward_volume, padded_length
+from onepass.parallel.comm import SequenceShard, TorchGroup
+from onepass.parallel.model import install, layer_shapes
+from onepass.parallel.plan import forward_volume, padded_length
 from onepass.layout.view import View
 
 MODEL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -201,7 +201,7 @@ SLOW = {
     ],
     "train/run/test_train_cli.py": ["test_a_run_from_the_command_line"],
     "train/run/test_train_share.py": ["test_shared_prefixes_take_the_same_steps_with_fewer_tokens"],
-    "ulysses/test_layout.py": [
+    "parallel/test_layout.py": [
         "test_split_over_ranks_equals_one_process[falcon-h1-onepass_cpu-2]",
         "test_split_over_ranks_equals_one_process[nemotron-h-onepass_cpu-4]",
         "test_split_over_ranks_equals_one_process[qwen3.5-onepass_cpu-2]",

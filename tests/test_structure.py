@@ -22,7 +22,7 @@ PURE = (*sorted(".".join(("onepass", *p.relative_to(SRC).with_suffix("").parts))
         "onepass.render", "onepass.attention.blocks", "onepass.attention.segments", "onepass.attention.gather",
         "onepass.attention.paper",
         "onepass.model.config", "onepass.model.dtypes", "onepass.rl.rollouts", "onepass.rl.layout",
-        "onepass.rl.synthetic", "onepass.ulysses.plan", "onepass.prepare.guard_sample", "onepass.train.run.data", "onepass.lazy",
+        "onepass.rl.synthetic", "onepass.parallel.plan", "onepass.prepare.guard_sample", "onepass.train.run.data", "onepass.lazy",
         "onepass.data.synthetic")
 
 

@@ -84,7 +84,7 @@ class HostRows:
 
     def local(self, degree: int, rank: int) -> HostRows:
         """Rank ``rank``'s positions of rows split into ``degree`` equal shards (sequence parallelism:
-        :meth:`onepass.ulysses.comm.SequenceShard.local` on the host). Only the targets are local: the
+        :meth:`onepass.parallel.comm.SequenceShard.local` on the host). Only the targets are local: the
         mask and the chains stay those of the whole rows."""
         B, L = self.shape
         assert L % degree == 0, f"rows of {L} positions do not split into {degree} shards"

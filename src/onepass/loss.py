@@ -36,8 +36,8 @@ from onepass.head import (
 )
 from onepass.mixers.tree import chains_for
 from onepass.layout.tree import IGNORE, ROW_SCHEMA, Layout
-from onepass.ulysses.comm import SequenceShard
-from onepass.ulysses.forward import ForwardPlan
+from onepass.parallel.comm import SequenceShard
+from onepass.parallel.forward import ForwardPlan
 from onepass.layout.view import View
 
 
@@ -88,7 +88,7 @@ def batch_loss(model: Any, batch: Mapping[str, torch.Tensor], *, lm_head: str | 
     or ``cce``; unset, ``$ONEPASS_LM_HEAD`` decides (see :func:`forward_at_targets`). ``stats``: a
     dict the target weight, argmax-correct weight and weighted entropy are added to
     (:func:`onepass.head.add_logit_stats`; TRL's ``mean_token_accuracy`` and ``entropy``).
-    ``shard``: sequence parallelism (:mod:`onepass.ulysses`); every rank of the group passes the
+    ``shard``: sequence parallelism (:mod:`onepass.parallel`); every rank of the group passes the
     same whole rows and gets the loss sum of its shard's targets (the sums add up to the rows').
     """
     mode = head_mode(lm_head)
@@ -254,7 +254,7 @@ def _forward_kept(model: Any, batch: Mapping[str, Any], shard: SequenceShard | N
 
 def forward_plan(model: Any, batch: Mapping[str, Any], *, host: HostRows | None = None,
                  shard: SequenceShard | None = None) -> ForwardPlan:
-    """The forward's one record for ``batch`` (:class:`onepass.ulysses.forward.ForwardPlan`): the tree mask
+    """The forward's one record for ``batch`` (:class:`onepass.parallel.forward.ForwardPlan`): the tree mask
     of ``model``'s backend, the rows' chains (its recurrent mixers installed to read them), ``shard`` and the
     backend's options, planned once from the host rows (``host``: the batch's, when the caller has them).
     Under sequence parallelism ``batch`` is the whole rows padded to a multiple of the degree

@@ -7,8 +7,8 @@ import pytest
 import onepass.mixers.tree as tree
 from onepass.model.tiny import tiny_config
 from onepass.guard.sequence_parallel import check_row, check_sequence_parallel
-from onepass.ulysses.model import check_degree
-from onepass.ulysses.plan import SequenceParallelError
+from onepass.parallel.model import check_degree
+from onepass.parallel.plan import SequenceParallelError
 from onepass.layout.geometry import branches, row_chains
 
 pytestmark = pytest.mark.usefixtures("one_thread")

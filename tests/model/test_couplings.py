@@ -25,7 +25,7 @@ from onepass.model.couplings import COUPLINGS, CouplingError, mixer_classes, rec
 from onepass.model.private_names import PRIVATE_NAMES, find_private, installed, missing_private_names, private
 from onepass.layout.geometry import Chain
 from onepass.model.tiny import HYBRID_ARCHS, tiny_model
-from onepass.ulysses.forward import ForwardPlan
+from onepass.parallel.forward import ForwardPlan
 
 
 @pytest.mark.parametrize("arch", HYBRID_ARCHS)

@@ -53,7 +53,7 @@ from onepass.model.private_names import private
 BACKENDS = ("onepass_cpu", "sdpa", "eager", "flex_attention", VARLEN)
 ONE_MASK = ""  # layer_windows' key for a model that takes one mask for every layer
 FULL, WINDOW = "full_attention", "sliding_attention"
-SP_PREFIX = "onepass_sp:"  # a backend wrapped for sequence parallelism (onepass.ulysses.attention): same mask
+SP_PREFIX = "onepass_sp:"  # a backend wrapped for sequence parallelism (onepass.parallel.attention): same mask
 
 
 def default_backend(device: torch.device | str) -> str:

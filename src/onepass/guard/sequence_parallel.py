@@ -2,12 +2,12 @@
 
 Why this module exists: splitting a row over ranks is exact for a layer only if the layer is
 per-token (norms, MLPs, experts), goes through the attention interface that
-:mod:`onepass.ulysses.attention` wraps, or is a recurrent mixer :mod:`onepass.mixers.tree` finds
+:mod:`onepass.parallel.attention` wraps, or is a recurrent mixer :mod:`onepass.mixers.tree` finds
 (it gathers the row). Anything else that mixes positions (a custom convolution, a cumulative
 sum, attention that bypasses the interface) would see only its shard and be silently wrong.
 Rather than trust a list, this checks the model's own architecture, as the one-pass guard does
 (:mod:`onepass.guard`): its tiny float64 twin's loss and every gradient on a branching tree row,
-in one process and split over two simulated ranks (:func:`onepass.ulysses.comm.run_ranks`:
+in one process and split over two simulated ranks (:func:`onepass.parallel.comm.run_ranks`:
 threads, no process group needed); when they differ, the first module whose output differs is
 named in one line.
 
@@ -30,9 +30,9 @@ from onepass.layout.tree import Layout, build_layout
 from onepass.layout.view import View
 from onepass.loss import batch_loss, layouts_to_batch, pad_batch
 from onepass.model.layers import decoder_layers
-from onepass.ulysses.comm import SequenceShard, run_ranks
-from onepass.ulysses.model import install, model_heads, uninstall
-from onepass.ulysses.plan import SequenceParallelError, head_split
+from onepass.parallel.comm import SequenceShard, run_ranks
+from onepass.parallel.model import install, model_heads, uninstall
+from onepass.parallel.plan import SequenceParallelError, head_split
 from onepass.verify.check import loss_and_grads
 from onepass.verify.divergence import first_differing, max_rel_grad_diff, rel_diff
 
@@ -90,7 +90,7 @@ def check_sequence_parallel(model_or_config: Any, degree: int, *, backend: str |
     """Raise :class:`SequenceParallelError` (one line naming the first module that differs) unless a tiny
     float64 twin of ``model_or_config`` takes the same loss and gradients split over ranks as in one
     process; returns what metrics.json records (``sequence_parallel``). ``degree``: the run's sp_size (its
-    heads are checked on the real config by :func:`onepass.ulysses.model.check_degree`)."""
+    heads are checked on the real config by :func:`onepass.parallel.model.check_degree`)."""
     _, _, architecture = describe(model_or_config)
     vocab = 64
     twin = build_twin(model_or_config, vocab, backend=backend)

@@ -13,11 +13,11 @@ copied here; states are never detached, so gradients flow through them.
 
 How the chains reach the mixers: :func:`install` wraps the forward of each
 mixer instance once (idempotent); :func:`chains_for` gives the rows' chains, which travel
-in the forward's one record (:class:`onepass.ulysses.forward.ForwardPlan`, built by
+in the forward's one record (:class:`onepass.parallel.forward.ForwardPlan`, built by
 :func:`onepass.loss.forward_plan`) that HF forwards through the decoder layers' ``**kwargs``
 to the mixer. A mixer called without it (the plain N-pass reference, generation) runs
 unchanged; with gradient checkpointing the recomputation gets the same kwargs, so it runs
-chain-wise too. Under sequence parallelism (the record's ``shard``, :mod:`onepass.ulysses`) a
+chain-wise too. Under sequence parallelism (the record's ``shard``, :mod:`onepass.parallel`) a
 rank holds a shard of each row and a chain may cross shards: the mixer's input is gathered
 along the sequence (an all-gather, exact in both directions), the whole row is scanned chain
 by chain, and the rank keeps its own positions.
@@ -52,7 +52,7 @@ import torch
 
 from onepass.model.couplings import check_cache_api, recurrent_mixer
 from onepass.layout.geometry import Chain, batch_chains
-from onepass.ulysses.forward import take
+from onepass.parallel.forward import take
 
 # The mixers with a float64 equivalence test (tests/mixers/test_hybrids.py), for the docs: which modules
 # are mixers, and which argument takes their cache, is read off the installed code
@@ -244,7 +244,7 @@ def uninstall(model: Any) -> None:
 
 
 def chains_for(model: Any, kv_end_BL: torch.Tensor | np.ndarray) -> tuple[tuple[Chain, ...], ...] | None:
-    """The rows' chains, for the forward's record (:class:`onepass.ulysses.forward.ForwardPlan`), with
+    """The rows' chains, for the forward's record (:class:`onepass.parallel.forward.ForwardPlan`), with
     ``model``'s recurrent mixers installed to read them; None for a model without recurrent mixers."""
     if not install(model):
         return None

@@ -142,7 +142,7 @@ COUPLINGS: tuple[Coupling, ...] = (
              detected_by="attribute lookup (PRIVATE_NAMES)",
              fails_as="_from_config missing: the public AutoModelForCausalLM.from_config; _experts_implementation "
                       "missing: nothing set (eager experts); _attn_implementation missing: CouplingError",
-             where="onepass.guard.check, onepass.guard.twin, onepass.model.tiny, onepass.ulysses.model",
+             where="onepass.guard.check, onepass.guard.twin, onepass.model.tiny, onepass.parallel.model",
              checked="transformers 5.17-5.24"),
     Coupling(name="Trainer overrides",
              relies_on="Trainer._set_signature_columns_if_needed / _get_num_items_in_batch (overridden), "
@@ -191,7 +191,7 @@ COUPLINGS: tuple[Coupling, ...] = (
              detected_by="a tiny float64 twin split over simulated ranks against one process before training "
                          "(onepass.guard.sequence_parallel), whatever the architecture",
              fails_as="SequenceParallelError at the start of training naming the first module whose output differs",
-             where="onepass.ulysses.attention, onepass.guard.sequence_parallel, onepass.mixers.tree",
+             where="onepass.parallel.attention, onepass.guard.sequence_parallel, onepass.mixers.tree",
              checked="transformers 5.24"),
     Coupling(name="accelerate parallelism_config for sequence parallelism",
              relies_on="accelerate launch exports ACCELERATE_USE_PARALLELISM_CONFIG and PARALLELISM_CONFIG_*_SIZE; "

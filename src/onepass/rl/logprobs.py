@@ -36,7 +36,7 @@ from onepass.rl.layout import RolloutBatch
 from onepass.rl.rollouts import Trajectory
 from onepass.layout.row_check import check_rows, model_vocab
 from onepass.layout.tree import IGNORE
-from onepass.ulysses.comm import SequenceShard
+from onepass.parallel.comm import SequenceShard
 
 PerTurn = tuple[tuple[torch.Tensor, ...], ...]  # [trajectory][turn] -> [C]
 
@@ -84,7 +84,7 @@ def row_logprobs(model: Any, batch: RolloutBatch, row: int, *, entropy: bool = F
                  ) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor | None]]:
     """One forward of ``batch.rows[row]``; yields ``(trajectory, turn, logprobs_C, entropy_C)`` of its turns.
 
-    ``shard``: the row split over a sequence-parallel group (:mod:`onepass.ulysses`); each rank scores its
+    ``shard``: the row split over a sequence-parallel group (:mod:`onepass.parallel`); each rank scores its
     shard's targets and every rank gets them all back (an all-gather), so the turns come out whole.
 
     The row is checked first, as every row that reaches a model is (:func:`onepass.layout.row_check.check_rows`:

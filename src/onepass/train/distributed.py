@@ -21,7 +21,7 @@ path (``fully_shard`` per decoder layer, gloo) - the path a GPU user's FSDP
 config takes. ``describe`` is what the first log line and ``metrics.json``
 (``distributed``) say.
 
-Sequence parallelism (one row split over ``sp_size`` processes, :mod:`onepass.ulysses`) is asked for
+Sequence parallelism (one row split over ``sp_size`` processes, :mod:`onepass.parallel`) is asked for
 the way accelerate names it: ``sp_size`` (``--sp-size``) or an accelerate config's
 ``parallelism_config_sp_size`` (``PARALLELISM_CONFIG_SP_SIZE``). accelerate 1.15 runs that degree
 through DeepSpeed's ALST only, which cannot carry a tree mask, and under FSDP it would run plain

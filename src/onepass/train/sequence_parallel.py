@@ -1,6 +1,6 @@
 """Sequence parallelism in a run: the degree asked for (as accelerate names it), its mesh, who shares data.
 
-Why this module exists: ``sp_size`` S splits each row over S processes (:mod:`onepass.ulysses`); the
+Why this module exists: ``sp_size`` S splits each row over S processes (:mod:`onepass.parallel`); the
 other ``world / S`` groups run data parallel. How a launch asks for it, and what a process then is, is
 decided here, once:
 
@@ -15,7 +15,7 @@ decided here, once:
   the same batches (``onepass train`` orders its units by the data-parallel rank itself);
 - :func:`parallel_dims`: the run's layout, one :class:`ParallelDims` built once from the accelerator
   and passed down: the data-parallel, sequence-parallel and sharding degrees, this process's ranks in
-  each, the ``(dp, sp)`` device mesh and its :class:`~onepass.ulysses.comm.SequenceShard` (torchtitan's
+  each, the ``(dp, sp)`` device mesh and its :class:`~onepass.parallel.comm.SequenceShard` (torchtitan's
   ``ParallelDims`` is the model: one object, every degree and rank derived from it).
 
 accelerate 1.15 would hand ``parallelism_config_sp_size`` to DeepSpeed's ALST, which drops the mask,
@@ -45,8 +45,8 @@ from onepass.model.couplings import base_model, is_prompt_learning
 from onepass.train.checkpoint import is_sharded
 from onepass.train.config import TrainConfigError
 from onepass.train.distributed import PARALLELISM_ENV, asked_mode
-from onepass.ulysses.comm import SequenceShard, TorchGroup
-from onepass.ulysses.model import check_degree, install
+from onepass.parallel.comm import SequenceShard, TorchGroup
+from onepass.parallel.model import check_degree, install
 
 
 def _accelerate_sizes(env: Mapping[str, str]) -> dict[str, int]:
@@ -110,7 +110,7 @@ def sequence_parallel_size(sp_size: int, env: Mapping[str, str] | None = None) -
 class ParallelDims:
     """How a run's processes share the work: ``world = dp x sp``, consecutive ranks split one row.
 
-    ``sp``: the sequence-parallel degree (each row over ``sp`` processes, :mod:`onepass.ulysses`); the
+    ``sp``: the sequence-parallel degree (each row over ``sp`` processes, :mod:`onepass.parallel`); the
     ``dp = world / sp`` groups take different units. ``sharded``: FSDP shards the parameters over every
     rank (the flattened ``dp x sp`` mesh, as torchtitan shards over dp x cp). ``shard``: this process's
     place in its row's group (None when ``sp`` is 1); ``mesh``: the ``(dp, sp)`` device mesh it came from.
@@ -150,7 +150,7 @@ class ParallelDims:
 
 def parallel_dims(accelerator: Any, sp_size: int) -> ParallelDims:
     """The run's :class:`ParallelDims`, built once: for ``sp_size`` > 1 a ``(dp, sp)`` device mesh (consecutive
-    ranks share a row) and this process's :class:`~onepass.ulysses.comm.SequenceShard` on its ``sp`` group.
+    ranks share a row) and this process's :class:`~onepass.parallel.comm.SequenceShard` on its ``sp`` group.
     FSDP2 keeps sharding over every rank and DDP averages over every rank: with each rank's loss the sum
     over its shard and the global normaliser, the gradient is one process's (onepass.train.run.step)."""
     world, rank, sharded = accelerator.num_processes, accelerator.process_index, is_sharded(accelerator)
@@ -167,9 +167,9 @@ def parallel_dims(accelerator: Any, sp_size: int) -> ParallelDims:
 def check_split(model_or_config: Any, degree: int, *, backend: str | None = None,
                 log: Callable[[str], None]) -> dict[str, Any]:
     """Before any training with ``degree`` > 1: the model's heads split over that many ranks
-    (:func:`onepass.ulysses.model.check_degree`), and its tiny float64 twin split over simulated ranks takes
+    (:func:`onepass.parallel.model.check_degree`), and its tiny float64 twin split over simulated ranks takes
     one process's loss and gradients (:func:`onepass.guard.sequence_parallel.check_sequence_parallel`); one
-    :class:`~onepass.ulysses.plan.SequenceParallelError` line otherwise. ``backend``: the run's attention
+    :class:`~onepass.parallel.plan.SequenceParallelError` line otherwise. ``backend``: the run's attention
     (default: the model's). Logs what runs; returns what metrics.json records (``sequence_parallel``)."""
     is_model = isinstance(model_or_config, torch.nn.Module)
     config = model_or_config.config if is_model else model_or_config
@@ -202,7 +202,7 @@ def trainer_sp_size(args: Any) -> int:
 
 def split_model(model: Any, dims: ParallelDims, args: Any) -> None:
     """``OnePassTrainer``'s (unwrapped) model made sequence-parallel when ``dims.sp`` > 1: its heads checked
-    and its attention wrapped (:func:`onepass.ulysses.model.install`); the nll loss of a causal LM only."""
+    and its attention wrapped (:func:`onepass.parallel.model.install`); the nll loss of a causal LM only."""
     if dims.sp == 1:
         return
     if args.loss_type == "dft" or is_prompt_learning(model):

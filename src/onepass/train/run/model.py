@@ -31,7 +31,7 @@ from onepass.train.core.guard import run_guard
 from onepass.train.core.load import load_model as load_model_of, load_tokenizer
 from onepass.train.config import QLORA_ON_CPU, TrainConfig, TrainConfigError
 from onepass.train.run.data import TrainData
-from onepass.ulysses.model import install as install_sequence_parallel
+from onepass.parallel.model import install as install_sequence_parallel
 
 _LOG = logging.getLogger("onepass")
 

@@ -17,7 +17,7 @@ steps (tests: 20 float64 steps, same loss at every step, same final weights),
 and 2 processes equal 1 process on the same global batch. The run around the
 steps (data, resume, checkpoints, reports) is :mod:`onepass.train.run.loop`.
 
-Sequence parallelism (``sp_size`` S, :mod:`onepass.ulysses`) changes nothing in that
+Sequence parallelism (``sp_size`` S, :mod:`onepass.parallel`) changes nothing in that
 derivation: the S ranks of a row take the same units (data parallelism is over the
 ``world / S`` groups), each ``loss_sum_r`` is the sum over its shard's targets, and the
 sum over every rank is still the step's loss sum; ``W`` stays the global weight.

@@ -2,7 +2,7 @@
 simulated ranks (threads) against one process, float64, loss and every gradient <= 1e-9 relative.
 
 The multi-process runs (gloo ranks, training steps) are tests/train/test_sequence_parallel.py; these are
-the same exchanges over :class:`onepass.ulysses.comm.ThreadGroup`, fast enough for every architecture.
+the same exchanges over :class:`onepass.parallel.comm.ThreadGroup`, fast enough for every architecture.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from onepass.model.precision import float64_norms
 from onepass.render import render_views
 from onepass.layout.schedule import parse_schedule, schedule_views
 from onepass.model.tiny import tiny_model
-from onepass.ulysses.comm import ThreadGroup, run_ranks
-from onepass.ulysses.forward import KWARG, take
+from onepass.parallel.comm import ThreadGroup, run_ranks
+from onepass.parallel.forward import KWARG, take
 from onepass.guard.sequence_parallel import split_loss_and_grads, whole_loss_and_grads
 from onepass.verify.divergence import max_rel_grad_diff, rel_diff
-from onepass.ulysses.model import install, is_installed, layer_shapes, uninstall
-from onepass.ulysses.plan import SequenceParallelError, forward_volume, head_split, padded_length, shard_range
+from onepass.parallel.model import install, is_installed, layer_shapes, uninstall
+from onepass.parallel.plan import SequenceParallelError, forward_volume, head_split, padded_length, shard_range
 from onepass.verify.check import compact_vocab
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -213,7 +213,7 @@ def test_installed_models_name_the_wrapped_backend_and_masks_stay_the_backends(r
 def test_a_misordered_exchange_is_caught(rows, monkeypatch):
     """The tests can fail: the shards of the other ranks laid out in the wrong order inside attention (each
     query then meets keys that are not its ancestors) is not one process."""
-    from onepass.ulysses.comm import SequenceShard
+    from onepass.parallel.comm import SequenceShard
 
     trees, _, vocab = rows
     model = exact_model("qwen3", vocab, "sdpa")
@@ -267,7 +267,7 @@ class CountingGroup(ThreadGroup):
 
 @pytest.mark.parametrize("arch, degree", [("qwen3", 2), ("qwen3", 4), ("deepseek-v3", 2), ("nemotron-h", 2)])
 def test_the_planned_volume_is_what_a_forward_pass_sends(rows, monkeypatch, arch, degree):
-    import onepass.ulysses.comm as comm
+    import onepass.parallel.comm as comm
     from onepass.loss import batch_loss
 
     trees, _, vocab = rows

@@ -1,7 +1,7 @@
 """A model made sequence-parallel: its heads checked against the degree, its attention backend wrapped.
 
 Why this module exists: a degree that cannot split a model must stop before any work, in one line,
-and the model's attention must go through the wrapper of :mod:`onepass.ulysses.attention` for the
+and the model's attention must go through the wrapper of :mod:`onepass.parallel.attention` for the
 rest of the run (a gradient checkpoint's recomputation included), whatever wraps the model later
 (peft, DDP, FSDP). Both happen once, here, on the loaded model:
 
@@ -23,9 +23,9 @@ from onepass.attention.backends import SP_PREFIX, model_backend
 from onepass.model.couplings import recurrent_mixer
 from onepass.model.layers import decoder_layers
 from onepass.model.config import text_config
-from onepass.ulysses.attention import register
+from onepass.parallel.attention import register
 from onepass.model.private_names import private
-from onepass.ulysses.plan import HeadSplit, LayerShapes, SequenceParallelError, head_split
+from onepass.parallel.plan import HeadSplit, LayerShapes, SequenceParallelError, head_split
 
 
 def model_heads(config: Any) -> tuple[int, int] | None:
@@ -54,7 +54,7 @@ def head_dims(config: Any) -> tuple[int, int]:
 
 def layer_shapes(model: Any) -> list[LayerShapes]:
     """What each decoder layer of ``model`` exchanges under sequence parallelism
-    (:func:`onepass.ulysses.plan.forward_volume`): its attention's heads, its recurrent mixer's width."""
+    (:func:`onepass.parallel.plan.forward_volume`): its attention's heads, its recurrent mixer's width."""
     config = text_config(model.config)
     heads = model_heads(config)
     qk, v = head_dims(config) if heads else (0, 0)

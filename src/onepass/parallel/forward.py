@@ -4,8 +4,8 @@ Why this module exists: a HF model takes ``input_ids``, ``position_ids`` and ``a
 one-pass row needs more, and only a few layers read it. The tree mask goes to every attention layer
 (as ``attention_mask``: HF passes a 4D mask or a BlockMask through untouched), the rows' chains to
 every recurrent mixer (:mod:`onepass.mixers.tree`: each chain scanned from its parent chain's end
-state), and under sequence parallelism this rank's :class:`~onepass.ulysses.comm.SequenceShard` to
-the attention wrapper (:mod:`onepass.ulysses.attention`) and the mixers (they gather the row). All
+state), and under sequence parallelism this rank's :class:`~onepass.parallel.comm.SequenceShard` to
+the attention wrapper (:mod:`onepass.parallel.attention`) and the mixers (they gather the row). All
 three are planned once per batch from the host rows (:func:`onepass.loss.forward_plan`) and travel
 as one :class:`ForwardPlan` under one model keyword, :data:`KWARG`, which HF hands through the decoder
 layers' ``**kwargs`` to every attention function and mixer. This module is the only one that knows
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onepass.layout.geometry import Chain
-from onepass.ulysses.comm import SequenceShard
+from onepass.parallel.comm import SequenceShard
 
 KWARG = "onepass_forward"  # the one model keyword of a one-pass forward: HF hands it to every attention layer and mixer
 

@@ -1,6 +1,6 @@
 """How a row and an attention layer's heads are cut over S sequence-parallel ranks, and what that moves.
 
-Why this module exists: Ulysses sequence parallelism (:mod:`onepass.ulysses`) is a layout
+Why this module exists: Ulysses sequence parallelism (:mod:`onepass.parallel`) is a layout
 decision before it is communication: which tokens a rank holds, which heads it computes inside
 attention, what padding makes the shards equal, and how many elements each all-to-all moves.
 Those are pure functions of the row length, the head counts and the degree, written once here

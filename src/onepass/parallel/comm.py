@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from onepass.ulysses.plan import HeadSplit
+from onepass.parallel.plan import HeadSplit
 
 
 class TorchGroup:
@@ -125,7 +125,7 @@ class _AllToAll(torch.autograd.Function):
 class SequenceShard:
     """This rank's place in a sequence-parallel group, and the exchanges a forward pass makes.
 
-    A model run with it (in its forward's record, :class:`onepass.ulysses.forward.ForwardPlan`) holds positions
+    A model run with it (in its forward's record, :class:`onepass.parallel.forward.ForwardPlan`) holds positions
     :meth:`local` of every row; its attention layers call :meth:`to_heads` / :meth:`to_sequence`,
     its recurrent mixers :meth:`gather_sequence`.
     """

@@ -9,9 +9,9 @@ mask built for the whole row (:func:`onepass.attention.attention_mask_for`, unch
 another all-to-all turns its ``[B, L, H/S, D]`` output back into this rank's positions with every
 head. Nothing of the mask, the segment plan or the kernels changes.
 
-A call whose forward record (:class:`onepass.ulysses.forward.ForwardPlan`) holds no shard, or that has
+A call whose forward record (:class:`onepass.parallel.forward.ForwardPlan`) holds no shard, or that has
 none (the plain N-pass reference, generation, a forward that holds the whole row), is the backend itself.
-Key/value heads follow :func:`onepass.ulysses.plan.head_split` (repeated when there are fewer than
+Key/value heads follow :func:`onepass.parallel.plan.head_split` (repeated when there are fewer than
 ranks); attention sinks (gpt-oss: one logit per query head, as the ``s_aux`` keyword or the module's
 ``sinks``) are sliced to the rank's heads.
 """
@@ -25,8 +25,8 @@ import torch
 
 from onepass.attention.backends import BACKENDS, SP_PREFIX
 from onepass.attention.cpu import register as register_onepass_cpu
-from onepass.ulysses.forward import take
-from onepass.ulysses.plan import SequenceParallelError, head_split
+from onepass.parallel.forward import take
+from onepass.parallel.plan import SequenceParallelError, head_split
 
 
 class _RankView:

@@ -20,9 +20,9 @@ from onepass.layout.tree import build_layout
 from onepass.layout.view import View
 from onepass.loss import batch_loss, layouts_to_batch
 from onepass.model.tiny import tiny_model
-from onepass.ulysses.comm import run_ranks
-from onepass.ulysses.forward import KWARG, ForwardPlan, take
-from onepass.ulysses.model import install
+from onepass.parallel.comm import run_ranks
+from onepass.parallel.forward import KWARG, ForwardPlan, take
+from onepass.parallel.model import install
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PLAIN = {"input_ids", "position_ids", "attention_mask", "logits_to_keep", "use_cache"}
@@ -94,10 +94,10 @@ def test_a_layer_takes_the_record_out_of_its_keywords():
 
 
 def test_only_the_contract_module_spells_the_keyword():
-    """The keyword is named once (onepass.ulysses.forward); no other module picks a onepass_* keyword out of
+    """The keyword is named once (onepass.parallel.forward); no other module picks a onepass_* keyword out of
     ``**kwargs`` (the side channels onepass_sp and onepass_chains are gone)."""
     src = Path(__file__).parents[2] / "src" / "onepass"
     spelled = {p.relative_to(src).as_posix() for p in src.rglob("*.py") if f'"{KWARG}"' in p.read_text()}
-    assert spelled == {"ulysses/forward.py"}
+    assert spelled == {"parallel/forward.py"}
     picked = re.compile(r"""kwargs\.(?:pop|get)\(\s*["']onepass_""")
     assert not [p.name for p in src.rglob("*.py") if picked.search(p.read_text())]

@@ -1,6 +1,6 @@
 """The all-to-all of sequence parallelism over real gloo ranks, on every torch onepass allows.
 
-tests/ulysses/test_layout.py runs the exchanges over simulated ranks (threads); this is the one
+tests/parallel/test_layout.py runs the exchanges over simulated ranks (threads); this is the one
 collective over a real ``torch.distributed`` group: 2 CPU processes, float64, what each rank receives
 and the gradient that comes back, held against the pieces by hand. On torch 2.11 (the floor, make
 test-min) gloo has no list ``all_to_all``: the exchange must go through ``all_to_all_single``.
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from onepass.ulysses.comm import SequenceShard, TorchGroup
+from onepass.parallel.comm import SequenceShard, TorchGroup
 
 SIZE = 2
 
