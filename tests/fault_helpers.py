@@ -11,14 +11,17 @@ from pathlib import Path
 
 import psutil
 
+import warm
+
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
        "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
 
 
 def onepass(*argv: str, env: dict | None = None, module: str = "onepass", **kw) -> subprocess.Popen:
-    """``python -m onepass ARGV`` (or a lighter entry point: ``module="onepass.prepare.data_cli"``), output piped."""
-    return subprocess.Popen([sys.executable, "-m", module, *argv], env={**ENV, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    """``python -m onepass ARGV`` (or a lighter entry point: ``module="onepass.prepare.data_cli"``), output piped;
+    started from tests/warm.py's server (torch and transformers already imported), as a command of its own."""
+    return warm.Popen([sys.executable, "-m", module, *argv], env={**ENV, **(env or {})},
+                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
 def dead_pid() -> int:

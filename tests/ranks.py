@@ -14,8 +14,12 @@ import os
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
+
+import warm
 
 
 def free_port() -> int:
@@ -31,16 +35,30 @@ def rank_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def run_ranks(cmd: Sequence[str], env: Mapping[str, str], *, timeout: float) -> subprocess.CompletedProcess:
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
+
+
+def run_ranks(cmd: Sequence[str], env: Mapping[str, str], *, timeout: float,
+              launcher: bool = False) -> subprocess.CompletedProcess:
     """Run ``cmd`` to the end; raise AssertionError with its output (and stacks) if it times out. An ``accelerate
-    launch`` gets a free main process port (torchrun ``--standalone`` picks its own)."""
+    launch`` gets a free main process port (torchrun ``--standalone`` picks its own).
+
+    ``torchrun --standalone --nproc_per_node N ARGS`` starts its N ranks from tests/warm.py's server, with the
+    environment torchrun gives them (the rank variables, a rendezvous on a free port, rank 0 holding the store),
+    unless ``launcher``: then torch's own launcher starts them, as a user's command does (one test per kind of
+    launch keeps it; the others pay 5-7 s of imports per rank less). A plain ``python ...`` (one process) is
+    started warm too; ``accelerate launch`` and other launchers as they are."""
     env = {**env, "PYTHONFAULTHANDLER": "1", "OMP_NUM_THREADS": "1"}
     cmd = list(cmd)
     if "accelerate.commands.launch" in cmd:
         at = cmd.index("accelerate.commands.launch") + 1
         cmd[at:at] = ["--main_process_port", str(free_port())]
-    proc = subprocess.Popen(list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    if not launcher and cmd[:len(TORCHRUN)] == TORCHRUN and os.environ.get(warm.COLD_ENV) is None:
+        return _warm_torchrun(cmd, env, timeout=timeout)
+    start = subprocess.Popen if launcher or cmd[1:3] in (["-m", "torch.distributed.run"],
+                                                        ["-m", "accelerate.commands.launch"]) else warm.Popen
+    proc = start(list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                 start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -53,6 +71,95 @@ def run_ranks(cmd: Sequence[str], env: Mapping[str, str], *, timeout: float) -> 
     finally:
         _signal_group(proc.pid, signal.SIGKILL)  # nothing of this launch outlives it
     return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
+
+
+def _warm_torchrun(cmd: list[str], env: Mapping[str, str], *, timeout: float) -> subprocess.CompletedProcess:
+    """torchrun's ranks without torchrun: each rank a warm command writing to the same two pipes (as torchrun's
+    ranks write to its own streams); when one fails the others are stopped (torchrun's agent does the same) and
+    the launch returns 1. A command warm.py cannot start warm runs under torchrun itself."""
+    world, args = int(cmd[len(TORCHRUN)]), cmd[len(TORCHRUN) + 1:]
+    port = free_port()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    ranks = []
+    try:
+        for rank in range(world):
+            rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                        "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
+                        "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world), "ROLE_NAME": "default",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": "none",
+                        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+                        "TORCHELASTIC_USE_AGENT_STORE": "False"}
+            proc = warm.Popen([sys.executable, *args], env=rank_env, stdout=out_w, stderr=err_w,
+                              start_new_session=True)
+            if not isinstance(proc, warm.Popen):  # started cold: torchrun starts them all, as asked
+                proc.kill()
+                proc.wait()
+                for each in ranks:
+                    each.kill()
+                    each.wait()
+                os.close(out_w), os.close(err_w), os.close(out_r), os.close(err_r)
+                return run_ranks(cmd, env, timeout=timeout, launcher=True)
+            ranks.append(proc)
+    finally:
+        if ranks:
+            os.close(out_w), os.close(err_w)
+    streams = {out_r: [], err_r: []}
+    reader = [threading.Thread(target=lambda fd=fd: streams[fd].append(os.fdopen(fd, errors="replace").read()),
+                               daemon=True) for fd in streams]
+    for t in reader:
+        t.start()
+    end = time.monotonic() + timeout
+    failed = None
+    try:
+        while any(p.poll() is None for p in ranks):
+            if time.monotonic() > end:
+                for p in ranks:
+                    for each in [p.pid, *[c.pid for c in _descendants(p.pid)]]:
+                        _kill(each, signal.SIGABRT)  # faulthandler: every rank prints its threads' stacks
+                time.sleep(10)
+                _stop(ranks)
+                for t in reader:
+                    t.join()
+                raise AssertionError(f"{cmd[:7]}... did not finish in {timeout:.0f} s; stacks of every process:\n"
+                                     f"{streams[err_r][0][-8000:]}\n{streams[out_r][0][-2000:]}") from None
+            if failed is None and any(p.returncode not in (None, 0) for p in ranks):
+                failed = time.monotonic()
+            if failed is not None and time.monotonic() - failed > 5:
+                _stop(ranks)  # what torchrun's agent does to the others when one rank fails
+            time.sleep(0.05)
+    finally:
+        _stop(ranks)
+    for t in reader:
+        t.join()
+    code = 0 if all(p.returncode == 0 for p in ranks) else 1
+    return subprocess.CompletedProcess(list(cmd), code, streams[out_r][0], streams[err_r][0])
+
+
+def _descendants(pid: int) -> list:
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop(ranks: list) -> None:
+    """Every rank and every process under it killed, and the ranks waited for."""
+    for p in ranks:
+        if p.poll() is None:
+            for each in [*_descendants(p.pid), p]:
+                _kill(each.pid, signal.SIGKILL)
+    for p in ranks:
+        p.wait()
 
 
 def _signal_group(pid: int, sig: int) -> None:

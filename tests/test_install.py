@@ -82,7 +82,10 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
 
     _run([sys.executable, "-m", "venv", str(venv)])
     assert "include-system-site-packages = false" in (venv / "pyvenv.cfg").read_text()
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    # --no-compile: no bytecode for the ~14k modules of the dependencies at install (about a third of this test's
+    # CPU); the few hundred modules a command imports are compiled (and cached) when it first imports them
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+           "--no-compile"]
     _run(pip + [TORCH_PIN])  # first, as a GPU user installs their CUDA torch first
     _run(pip + [f"{wheel}[qwen]"])
     built = time.monotonic() - start

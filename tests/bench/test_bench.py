@@ -15,6 +15,7 @@ from onepass.layout.flops import ModelShape, train_flops, visible_pairs
 from onepass.cli import main
 from onepass.layout.tree import build_layout
 from onepass.layout.view import View
+import warm
 
 
 def V(tokens, num_prompt):
@@ -99,8 +100,12 @@ def test_a_headline_within_the_bound_quotes_the_bound():
 
 
 @pytest.mark.e2e
-@pytest.mark.slow  # a whole benchmark run in fresh processes (still run by make test)
-def test_bench_writes_summary_table_and_plots(tmp_path):
+@pytest.mark.slow  # a whole benchmark run, each setting in a process of its own (still run by make test)
+def test_bench_writes_summary_table_and_plots(tmp_path, monkeypatch):
+    """Each setting timed in a warm process of its own (tests/warm.py: torch and transformers already imported),
+    not a spawned fresh one: the spawn itself is tests/bench/test_bench_trl.py's."""
+    monkeypatch.setattr(bench, "time_in_subprocess",
+                        lambda job, timer=None: warm.call(timer or bench.time_training, job, timeout=600))
     out = tmp_path / "bench"
     assert main(["bench", "--out", str(out), "--conversations", "4", "--repeats", "1",
                  "--settings", "n-pass-packed,one-pass-packed", "--max-tokens", "2048"]) == 0

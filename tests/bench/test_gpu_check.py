@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,7 @@ from onepass.bench.gpu_check import (
     junit_results,
     part_limits,
 )
+import warm
 
 ROOT = Path(__file__).parents[2]
 
@@ -215,7 +217,9 @@ def test_the_cuda_steps_rehearsed_on_cpu_record_what_they_measured(tmp_path, mon
     with CPU stand-ins for what needs CUDA: the varlen probe against its own reference (float32 and bfloat16),
     the CUDA tests of one file (they skip), the speed plan at the tiny shape on one short conversation
     (onepass_cpu for flex: it has no CPU backward), the float32 question with onepass_cpu for flex, verify on
-    sdpa. Real subprocesses, as there."""
+    sdpa. Real subprocesses, as there, started warm (tests/warm.py: torch and transformers already imported; the
+    cold start of gpu-check's commands is the test above's)."""
+    monkeypatch.setattr(gpu_check, "subprocess", types.SimpleNamespace(**{**vars(subprocess), "Popen": warm.Popen}))
     monkeypatch.setattr(gpu_check, "DEVICE", "cpu")
     monkeypatch.setattr(gpu_check, "VARLEN_INPUTS", "float32,bfloat16")
     monkeypatch.setattr(gpu_check, "VERIFY_RUNS", (("float64", "sdpa", 200),))

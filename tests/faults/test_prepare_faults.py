@@ -21,6 +21,7 @@ from fault_helpers import ENV, alive, dead_pid, descendants, kill9, onepass, wai
 
 from onepass.cli import main
 from onepass.prepare.pipeline import load_rows
+import warm
 
 TINY = ["--data", "builtin:mathchat", "--limit", "2", "--no-progress"]
 
@@ -77,7 +78,7 @@ def test_kill_between_the_two_renames_keeps_the_old_dataset(tmp_path):
               "    real(a, b)\nf.os.replace = replace\nfrom onepass.cli import main\n"
               f"sys.exit(main(['prepare', '--data', 'builtin:mathchat', '--limit', '3', '--no-progress', "
               f"'--out', {str(out)!r}]))\n")
-    proc = subprocess.run([sys.executable, "-c", script], env=ENV, capture_output=True, text=True)
+    proc = warm.run([sys.executable, "-c", script], env=ENV, capture_output=True, text=True)
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
     assert not out.exists() and any(p.name.startswith(".prepared.old-") for p in tmp_path.iterdir())
     from onepass.files import recover_dir
@@ -130,10 +131,9 @@ def test_kill_9_while_rows_stream_keeps_the_old_output_and_leaves_no_workers(tmp
     out = tmp_path / "prepared"
     assert main(["prepare", *TINY, "--out", str(out)]) == 0
     before = _prepared(out)
-    proc = subprocess.Popen([sys.executable, "-c", _STREAM, "prepare", "--data", "synthetic:mathchat-sync",
-                             "--limit", "400", "--num-proc", str(num_proc), "--no-progress", "--out", str(out)],
-                            env={**ENV, "TMPDIR": str(tmpdir)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = warm.Popen([sys.executable, "-c", _STREAM, "prepare", "--data", "synthetic:mathchat-sync",
+                       "--limit", "400", "--num-proc", str(num_proc), "--no-progress", "--out", str(out)],
+                      env={**ENV, "TMPDIR": str(tmpdir)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     def streaming():
         return any(tmp_path.glob(".prepared.tmp-*/.shard-*.arrow"))
 

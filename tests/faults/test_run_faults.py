@@ -28,6 +28,7 @@ from onepass.errors import OnePassError
 from onepass.train.checkpoint import list_checkpoints
 from onepass.train.config import load_config
 from onepass.train.run.loop import train
+import warm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -121,8 +122,8 @@ train(load_config(None, dict(tiny="qwen3", data="builtin:mathchat", limit=2, max
 def test_a_kill_while_pruning_leaves_no_half_checkpoint_and_the_next_run_cleans_up(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", _KILL_IN_PRUNING, str(out)], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = warm.run([sys.executable, "-c", _KILL_IN_PRUNING, str(out)], env=env, capture_output=True, text=True,
+                    timeout=300)
     assert proc.returncode == -9, proc.stderr[-3000:]
     names = sorted(p.name for p in (out / "checkpoints").iterdir())
     half = [n for n in names if n.startswith("step-") and not (out / "checkpoints" / n / "state.json").exists()]

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from strategies import synthetic_conversations
 from transformers import AutoTokenizer
+import warm
 
 SCRIPTS = Path(__file__).parent / "scripts"
 RENAMES = {"from trl import SFTConfig, SFTTrainer": "from onepass.train import OnePassConfig, OnePassTrainer",
@@ -88,8 +89,8 @@ def test_the_trl_original_runs_too(model_and_data, tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "trl_sft.py"), str(model_dir), str(data), str(out)],
-                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    proc = warm.run([sys.executable, str(SCRIPTS / "trl_sft.py"), str(model_dir), str(data), str(out)],
+                    env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     check_outputs(out)
 
@@ -136,8 +137,8 @@ def changed_lines(a: str, b: str) -> list[str]:
 def run_script(path: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run([sys.executable, str(path), *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return warm.run([sys.executable, str(path), *args], env=env, capture_output=True, text=True, timeout=timeout,
+                    check=False)
 
 
 @pytest.fixture(scope="module")

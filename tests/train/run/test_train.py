@@ -360,7 +360,9 @@ def test_torchrun_two_processes_give_the_same_losses_as_one(tmp_path, chats):
            "--per-device-train-batch-size", "1", "--max-steps", str(steps), "--learning-rate", "3e-3", "--seed", "0",
            "--device", "cpu",
            "--output-dir", str(out), "--no-progress", "--no-save-model"]
-    proc = run_ranks(cmd, env, timeout=300)  # one try; a hang is a failure with every process's stacks
+    # one try; a hang is a failure with every process's stacks. torch's own launcher: the one test of `torchrun
+    # onepass train` as a user runs it (the other torchrun tests start their ranks warm: tests/ranks.py)
+    proc = run_ranks(cmd, env, timeout=300, launcher=True)
     assert proc.returncode == 0, proc.stderr[-6000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["units_per_step"] == 2

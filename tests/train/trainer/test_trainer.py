@@ -27,6 +27,7 @@ from onepass.layout.tree import IGNORE, Layout
 
 from ranks import fsdp_refused, run_ranks
 from strategies import synthetic_conversations
+import warm
 
 HERE = Path(__file__).parent
 
@@ -202,8 +203,8 @@ def one_process(tmp_path_factory, datasets_):
     one.save_to_disk(str(data))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     script = str(HERE / "hf_trainer_script.py")
-    single = subprocess.run([sys.executable, script, str(data), str(root / "one"), "2", str(len(ids))],
-                            env=env, capture_output=True, text=True, timeout=300)
+    single = warm.run([sys.executable, script, str(data), str(root / "one"), "2", str(len(ids))],
+                      env=env, capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
     return root / "one", env, lambda tmp_path: [script, str(data), str(tmp_path / "two"), "1", str(len(ids))]
 
