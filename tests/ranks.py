@@ -36,6 +36,7 @@ def rank_env() -> dict[str, str]:
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
+ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
 
 
 def run_ranks(cmd: Sequence[str], env: Mapping[str, str], *, timeout: float,
@@ -46,15 +47,21 @@ def run_ranks(cmd: Sequence[str], env: Mapping[str, str], *, timeout: float,
     ``torchrun --standalone --nproc_per_node N ARGS`` starts its N ranks from tests/warm.py's server, with the
     environment torchrun gives them (the rank variables, a rendezvous on a free port, rank 0 holding the store),
     unless ``launcher``: then torch's own launcher starts them, as a user's command does (one test per kind of
-    launch keeps it; the others pay 5-7 s of imports per rank less). A plain ``python ...`` (one process) is
-    started warm too; ``accelerate launch`` and other launchers as they are."""
+    launch keeps it; the others pay 5-7 s of imports per rank less). An ``accelerate launch`` that hands its
+    ranks to torchrun (multi-process, FSDP) does the same with the environment accelerate's own code works out
+    for them; its other launchers (``--cpu``'s, DeepSpeed) run as they are. A plain ``python ...`` (one
+    process) is started warm too."""
     env = {**env, "PYTHONFAULTHANDLER": "1", "OMP_NUM_THREADS": "1"}
     cmd = list(cmd)
     if "accelerate.commands.launch" in cmd:
         at = cmd.index("accelerate.commands.launch") + 1
         cmd[at:at] = ["--main_process_port", str(free_port())]
-    if not launcher and cmd[:len(TORCHRUN)] == TORCHRUN and os.environ.get(warm.COLD_ENV) is None:
-        return _warm_torchrun(cmd, env, timeout=timeout)
+    if not launcher and os.environ.get(warm.COLD_ENV) is None:
+        if cmd[:len(TORCHRUN)] == TORCHRUN:
+            return _warm_ranks(cmd, int(cmd[len(TORCHRUN)]), env, cmd[len(TORCHRUN) + 1:], free_port(),
+                               timeout=timeout)
+        if cmd[:len(ACCELERATE)] == ACCELERATE and (ranks := _accelerate_ranks(cmd, env)) is not None:
+            return _warm_ranks(cmd, *ranks, timeout=timeout)
     start = subprocess.Popen if launcher or cmd[1:3] in (["-m", "torch.distributed.run"],
                                                         ["-m", "accelerate.commands.launch"]) else warm.Popen
     proc = start(list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -73,12 +80,35 @@ def run_ranks(cmd: Sequence[str], env: Mapping[str, str], *, timeout: float,
     return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
 
 
-def _warm_torchrun(cmd: list[str], env: Mapping[str, str], *, timeout: float) -> subprocess.CompletedProcess:
+def _accelerate_ranks(cmd: list[str], env: Mapping[str, str]) -> tuple | None:
+    """What ``accelerate launch`` would give torchrun (a multi-process or FSDP launch on one machine): the
+    number of processes, the environment and the command, worked out by accelerate's own launcher code
+    (its parser, its config file reading, :func:`accelerate.utils.prepare_multi_gpu_env`), and the port; None for
+    any other launch (``--cpu``'s simple launcher, DeepSpeed, ...) or anything accelerate refuses: those run
+    through accelerate itself."""
+    from unittest import mock
+
+    try:
+        from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+        from accelerate.utils import prepare_multi_gpu_env
+
+        args = launch_command_parser().parse_args(cmd[len(ACCELERATE):])
+        with mock.patch.dict(os.environ, env, clear=True):
+            args, _, _ = _validate_launch_command(args)
+            if args.cpu or args.use_deepspeed or not (args.use_fsdp or args.multi_gpu) or args.num_machines != 1:
+                return None
+            launched = prepare_multi_gpu_env(args)
+    except Exception:  # noqa: BLE001: accelerate's own launcher then says what it says
+        return None
+    script = [*(["-m"] if args.module else []), args.training_script, *args.training_script_args]
+    return int(args.num_processes), launched, script, int(args.main_process_port)
+
+
+def _warm_ranks(cmd: list[str], world: int, env: Mapping[str, str], args: list[str], port: int, *,
+                timeout: float) -> subprocess.CompletedProcess:
     """torchrun's ranks without torchrun: each rank a warm command writing to the same two pipes (as torchrun's
     ranks write to its own streams); when one fails the others are stopped (torchrun's agent does the same) and
-    the launch returns 1. A command warm.py cannot start warm runs under torchrun itself."""
-    world, args = int(cmd[len(TORCHRUN)]), cmd[len(TORCHRUN) + 1:]
-    port = free_port()
+    the launch returns 1. A command warm.py cannot start warm runs under its launcher."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     ranks = []

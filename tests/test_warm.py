@@ -13,11 +13,14 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import warm
-from ranks import TORCHRUN, rank_env, run_ranks
+from ranks import ACCELERATE, TORCHRUN, _accelerate_ranks, fsdp_refused, rank_env, run_ranks
+
+CONFIGS = Path(__file__).parents[1] / "configs"
 
 SEEN = """
 import json, os, sys, tempfile
@@ -94,7 +97,8 @@ keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "R
         "ROLE_NAME", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
 say = lambda record: os.write(1, (json.dumps(record) + "\n").encode())  # one write a line: ranks share stdout
 say({k: os.environ.get(k) for k in keys}
-    | {"has": sorted(k for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID") if k in os.environ)})
+    | {"has": sorted(k for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID") if k in os.environ)}
+    | {k: v for k, v in os.environ.items() if k.startswith(("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_"))})
 import torch.distributed as dist
 dist.init_process_group("gloo")
 t = __import__("torch").tensor([dist.get_rank() + 1.0])
@@ -106,16 +110,27 @@ sys.exit(3 if os.environ["RANK"] == sys.argv[1] else 0)
 
 
 @pytest.mark.multiprocess
-def test_warm_ranks_get_torchruns_environment_and_meet_over_gloo(tmp_path):
+@pytest.mark.parametrize("launch", ["torchrun", "accelerate-fsdp"])
+def test_warm_ranks_get_the_launchers_environment_and_meet_over_gloo(tmp_path, launch):
+    """The ranks tests/ranks.py starts warm see what torch's launcher (or accelerate's, with the shipped FSDP CPU
+    config: every ACCELERATE_* and FSDP_* variable) gives its ranks, and meet over gloo; one failing rank fails
+    the launch, as it does under the launcher."""
     (tmp_path / "rank.py").write_text(RANK)
-    cmd = [*TORCHRUN, "2", str(tmp_path / "rank.py"), "none"]
-    hot = run_ranks(cmd, rank_env(), timeout=120)
+    launcher = [*TORCHRUN, "2"] if launch == "torchrun" else [
+        *ACCELERATE, "--config_file", str(CONFIGS / "accelerate-fsdp-cpu.yaml"), "--num_processes", "2"]
+    cmd = [*launcher, str(tmp_path / "rank.py"), "none"]
     real = run_ranks(cmd, rank_env(), timeout=120, launcher=True)
+    if launch != "torchrun" and real.returncode != 0 and fsdp_refused(real):  # an accelerate before its CPU FSDP
+        return
+    assert launch == "torchrun" or _accelerate_ranks(cmd, rank_env()) is not None  # it is started warm
+    hot = run_ranks(cmd, rank_env(), timeout=120)
     assert hot.returncode == real.returncode == 0, hot.stderr[-3000:] + real.stderr[-3000:]
 
     def lines(proc):
         return sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")), key=str)
 
     assert lines(hot) == lines(real) and len(lines(hot)) == 4  # each rank's environment, and the sum 1 + 2
-    failed = run_ranks([*TORCHRUN, "2", str(tmp_path / "rank.py"), "1"], rank_env(), timeout=120)
+    if launch == "accelerate-fsdp":
+        assert lines(hot)[0]["ACCELERATE_USE_FSDP"] == "true"
+    failed = run_ranks([*launcher, str(tmp_path / "rank.py"), "1"], rank_env(), timeout=120)
     assert failed.returncode == 1  # one rank failed: the launch fails, as torchrun's does
