@@ -78,9 +78,9 @@ def test_a_signal_reaches_a_running_command_and_its_status_comes_back():
     proc.stdout.close()
 
 
-def test_what_the_preloaded_libraries_read_at_import_starts_cold():
-    """A command that changes an environment variable read at import (or asks for COLD_ENV) gets a fresh
-    interpreter: subprocess's Popen, not the server's fork."""
+def test_what_the_preloaded_libraries_read_at_import_starts_cold(monkeypatch):
+    """A command that changes an environment variable read at import (given, or inherited from a test that set it;
+    or asks for COLD_ENV) gets a fresh interpreter: subprocess's Popen, not the server's fork."""
     code = ["-c", "import os; print(os.environ['HF_HOME'])"]
     hot = warm.Popen([sys.executable, *code], env={**os.environ, "HF_HOME": "/elsewhere"}, stdout=subprocess.PIPE,
                      text=True)
@@ -89,6 +89,10 @@ def test_what_the_preloaded_libraries_read_at_import_starts_cold():
                       stdout=subprocess.DEVNULL)
     assert type(cold) is subprocess.Popen and cold.wait(timeout=60) == 0
     assert type(warm.Popen(["echo", "not python"], stdout=subprocess.DEVNULL)) is subprocess.Popen
+    monkeypatch.setenv("HF_HUB_CACHE", "/inherited")
+    inherited = warm.Popen([sys.executable, "-c", "import os; print(os.environ['HF_HUB_CACHE'])"],
+                           stdout=subprocess.PIPE, text=True)
+    assert type(inherited) is subprocess.Popen and inherited.communicate(timeout=60)[0] == "/inherited\n"
 
 
 RANK = r"""

@@ -253,10 +253,10 @@ def _cold_reason(args: Sequence[str], kw: Mapping) -> str | None:
     if isinstance(server, str):
         return server
     env = kw.get("env")
-    if env is not None:
-        for key in set(env) | set(server.env):
-            if key.startswith(_AT_IMPORT) and key not in _APPLIED and env.get(key) != server.env.get(key):
-                return f"{key} differs from the server's"
+    env = os.environ if env is None else env  # inherited: this process's now (a test may have set a variable)
+    for key in set(env) | set(server.env):
+        if key.startswith(_AT_IMPORT) and key not in _APPLIED and env.get(key) != server.env.get(key):
+            return f"{key} differs from the server's"
     return None
 
 
@@ -316,12 +316,10 @@ def _server() -> _Server | str:
 
 def _serve(fd: int):
     sock = socket.socket(fileno=fd)
-    for name in PRELOAD:
-        importlib.import_module(name)
-    for model in MODELS:
+    for name in [*PRELOAD, *(f"transformers.models.{m}.modeling_{m}" for m in MODELS)]:
         try:
-            importlib.import_module(f"transformers.models.{model}.modeling_{model}")
-        except ImportError:  # an older transformers without it: the command imports what it has
+            importlib.import_module(name)
+        except ImportError:  # a release without it (transformers 5.2 has no qwen3_5): the command imports its own
             pass
     threads = os.listdir("/proc/self/task")
     if len(threads) != 1:
