@@ -106,6 +106,30 @@ def test_accelerate_launch_cpu_with_two_processes_stops_in_one_line(tmp_path, ch
     assert not (tmp_path / "run").exists()
 
 
+_TWICE = """
+import sys
+from onepass.train.cli import main
+first = main([*sys.argv[2:], "--output-dir", sys.argv[1] + "/first"])
+print("FIRST", first, file=sys.stderr, flush=True)
+sys.exit(main([*sys.argv[2:], "--output-dir", sys.argv[1] + "/second"]))
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_second_run_in_a_launch_whose_group_has_ended_is_one_line(tmp_path, chats):
+    """`onepass train` ends its launch's process group when it returns (shutdown); a second run in the same
+    ranks used to die in its first collective with a traceback ("Default process group has not been
+    initialized": accelerate takes the ended group for started). Now: one line, before any work."""
+    (tmp_path / "twice.py").write_text(_TWICE)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(tmp_path / "twice.py"), str(tmp_path), "--tiny", "qwen3", "--data", str(chats), "--max-steps", "1",
+           "--device", "cpu", "--no-progress", "--no-save-model"]
+    proc = run_ranks(cmd, env(), timeout=300)
+    assert proc.returncode != 0 and proc.stderr.count("FIRST 0") == 2, proc.stderr[-3000:]
+    assert "onepass: error: this process already ended its launch's process group" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "second").exists()
+
+
 def fsdp_two_ranks(tmp_path, chats, name, steps, extra, *, launcher=False):
     out = tmp_path / name
     cmd = [*ACCELERATE, "--config_file", str(CONFIGS / "accelerate-fsdp-cpu.yaml"), "-m", "onepass.train.cli",

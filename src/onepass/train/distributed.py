@@ -227,6 +227,11 @@ def make_accelerator(*, cpu: bool, mixed_precision: str, env: Mapping[str, str] 
 
     env = os.environ if env is None else env
     check_launch(env)
+    if _GROUP_ENDED and int(env.get("WORLD_SIZE", "1")) > 1:
+        raise TrainConfigError(
+            "this process already ended its launch's process group (shutdown() after a run: `onepass train` "
+            "does it when it returns); a second multi-process run needs a launch of its own, or call train() "
+            "for each run and shutdown() once after the last")
     if cpu and asked_mode(env) == "fsdp":
         check_fsdp_accelerate()  # an older accelerate fails inside Accelerator() already
     with without_accelerate_parallelism():
@@ -358,11 +363,16 @@ def shutdown() -> None:
 
     import torch.distributed as dist
 
+    global _GROUP_ENDED
     if not (dist.is_available() and dist.is_initialized()):
         return
     gc.collect()
     dist.barrier()
     dist.destroy_process_group()
+    _GROUP_ENDED = True  # accelerate would take it for started in the next Accelerator: make_accelerator refuses
+
+
+_GROUP_ENDED = False  # shutdown() ended this process's group: a launch's ranks meet once (torchrun's store)
 
 
 __all__ = ["FSDP_ACCELERATE", "MODES", "Distributed", "accelerate_predates_fsdp", "asked_mode", "check_accelerate_config", "check_fsdp_accelerate", "check_launch", "describe", "honour_request", "make_accelerator",
