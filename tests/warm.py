@@ -47,14 +47,15 @@ COLD_ENV = "ONEPASS_TESTS_COLD"
 # with threads must not fork).
 PRELOAD = ("torch", "numpy", "jinja2", "safetensors", "tokenizers", "psutil", "transformers", "accelerate",
            "peft", "trl", "transformers.modeling_utils", "transformers.models.auto.modeling_auto",
-           "transformers.models.auto.tokenization_auto", "transformers.tokenization_utils_fast")
+           "transformers.models.auto.tokenization_auto", "transformers.tokenization_utils_fast", "matplotlib",
+           "matplotlib.pyplot")
 MODELS = ("qwen3", "qwen3_moe", "qwen3_5", "gpt_oss", "deepseek_v3", "nemotron_h", "falcon_h1", "llama")
 
 # Read by the preloaded libraries at import (or by the interpreter at start): a command whose value differs from
 # the server's is started cold. The others a command reads when it runs (ranks, ONEPASS_*, accelerate's ACCELERATE_*
 # and FSDP_*, ...).
 _AT_IMPORT = ("PYTHON", "HF_", "HUGGINGFACE", "TRANSFORMERS_", "TORCH_", "PYTORCH", "OMP_", "MKL_", "CUDA",
-              "TOKENIZERS_", "XDG_CACHE_HOME", "TRL_", "PEFT_", "LD_", "USE_")
+              "TOKENIZERS_", "XDG_CACHE_HOME", "TRL_", "PEFT_", "LD_", "USE_", "MPL")
 _APPLIED = {"PYTHONPATH", "PYTHONFAULTHANDLER", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE"}
 
 CPU_SECONDS = [0.0]  # CPU (user + sys) of the warm commands waited for, with their descendants: tests/cpuprof.py
