@@ -1,6 +1,7 @@
 """Run by tests/train/trainer/test_trainer.py alone, under ``torchrun`` or ``accelerate launch``: train 3 steps, write result.json.
 
 Usage: hf_trainer_script.py DATA_DIR OUT_DIR PER_DEVICE_BATCH VOCAB [FSDP, e.g. "full_shard auto_wrap"] [SP_SIZE]
+[stream: the saved dataset streamed, an IterableDataset]
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import torch
 
 
-def main(data: str, out: str, batch: int, vocab: int, fsdp: str = "", sp_size: str = "1") -> None:
+def main(data: str, out: str, batch: int, vocab: int, fsdp: str = "", sp_size: str = "1", stream: str = "") -> None:
     import datasets
     from transformers import TrainingArguments
 
@@ -33,7 +34,9 @@ def main(data: str, out: str, batch: int, vocab: int, fsdp: str = "", sp_size: s
                              dataloader_num_workers=0, fsdp=fsdp)
     if int(sp_size) > 1:  # each row split over sp_size ranks: OnePassConfig's own setting
         args = OnePassConfig(**{**args.to_dict(), "sp_size": int(sp_size)})
-    trainer = OnePassTrainer(model=model, args=args, train_dataset=datasets.load_from_disk(data))
+    dataset = datasets.load_from_disk(data)
+    trainer = OnePassTrainer(model=model, args=args,
+                             train_dataset=dataset.to_iterable_dataset() if stream == "stream" else dataset)
     trainer.train()
     state = trainer.accelerator.get_state_dict(trainer.model)  # gathered from every rank under FSDP
     if trainer.is_world_process_zero():

@@ -19,6 +19,7 @@ import torch
 
 from onepass.conversation.parse import parse_record
 from onepass.train.trainer.trainer import OnePassCollator, OnePassTrainer, conversation_dataset, rows_dataset
+from onepass.train.distributed import STREAM_ACCELERATE, accelerate_older_than
 from onepass.loss import view_loss_reference
 from onepass.model.precision import float64_norms
 from onepass.render import render_views
@@ -231,6 +232,29 @@ def test_torchrun_two_processes_match_one(tmp_path, one_process):
     assert two.returncode == 0, two.stderr[-6000:]
     a, b = _results_match(one, tmp_path)
     assert a["world_size"] == 1 and b["world_size"] == 2
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(accelerate_older_than(STREAM_ACCELERATE), reason=f"streams need accelerate>={STREAM_ACCELERATE}: "
+                    "OnePassTrainer refuses them in one line below (test_a_stream_refuses_an_accelerate_older_...)")
+def test_a_streamed_dataset_on_two_ranks_takes_the_steps_of_one_process(tmp_path, datasets_):
+    """An IterableDataset under DDP: each rank reads its share of the stream (dispatch_batches=False, as TRL),
+    so 2 ranks of batch 1 take the global batches of one process of batch 2, in order: the same 3 steps in
+    float64. (accelerate's own dispatcher would gather the batches on rank 0 and fail on the rows' host copy:
+    accelerate #4111, still so in 1.15.)"""
+    one, _, ids = datasets_
+    data = tmp_path / "data"
+    one.save_to_disk(str(data))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    script = str(HERE / "hf_trainer_script.py")
+    single = warm.run([sys.executable, script, str(data), str(tmp_path / "one"), "2", str(len(ids)), "", "1",
+                       "stream"], env=env, capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-3000:]
+    two = run_ranks([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script,
+                     str(data), str(tmp_path / "two"), "1", str(len(ids)), "", "1", "stream"], env, timeout=300)
+    assert two.returncode == 0, two.stderr[-6000:]
+    a, b = _results_match(tmp_path / "one", tmp_path)
+    assert a["world_size"] == 1 and b["world_size"] == 2 and b["distributed"]["mode"] == "ddp"
 
 
 @pytest.mark.multiprocess
