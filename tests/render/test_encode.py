@@ -136,3 +136,38 @@ def test_the_probe_is_redone_when_the_added_tokens_change(qwen3_tokenizer):
     assert piece_splitter(tok) is not None
     tok.backend_tokenizer.add_special_tokens([AddedToken("<y>", rstrip=True)])
     assert piece_splitter(tok) is None
+
+
+def test_vocab_size_is_len_and_the_render_never_builds_the_whole_vocabulary(qwen3_tokenizer):
+    """:func:`onepass.render.tokenizer.vocab_size` is ``len(tokenizer)`` (added tokens past the base vocabulary,
+    and one already inside it), and rendering and encoding conversations never asks the backend for its size with
+    the added tokens: tokenizers before 0.23 build the whole vocabulary to answer (66 ms for Qwen3's on 0.22.2,
+    transformers 5.2's), and the render asked once per view: `onepass prepare` of the bundled sample took 107 s
+    at make test-min's floor, 6 s on the lock."""
+    from tokenizers import AddedToken
+
+    from onepass.render.tokenizer import vocab_size
+
+    tok = _qwen_copy(qwen3_tokenizer, lambda b: None)
+    tok.chat_template = qwen3_tokenizer.chat_template
+    assert vocab_size(tok) == len(tok) == 151669
+    tok.add_tokens(["<a_new_token>"])
+    tok.backend_tokenizer.add_special_tokens([AddedToken("hello", special=True)])  # a token the vocabulary has
+    assert vocab_size(tok) == len(tok) == 151670
+
+    class Counting:  # the Rust backend, with its answers to get_vocab_size counted
+        def __init__(self, real):
+            self.real, self.whole = real, 0
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+        def get_vocab_size(self, with_added_tokens=True):
+            self.whole += bool(with_added_tokens)
+            return self.real.get_vocab_size(with_added_tokens=with_added_tokens)
+
+    tok._tokenizer = counting = Counting(tok._tokenizer)
+    convs = load_conversations("builtin:mathchat", limit=3).conversations
+    views = [v for c in convs for v in render_conversation(c, tok).views]
+    assert views and counting.whole == 0
+    assert encode_texts(tok, ["a<|im_end|>\nb"]) == encode_plain(tok, ["a<|im_end|>\nb"]) and counting.whole == 0

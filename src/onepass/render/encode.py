@@ -31,6 +31,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from onepass.render.tokenizer import vocab_size
+
 _PROBE_CONTEXTS = (("a", "b"), (" x", " y"), ("\n", "\n\n"), ("é ", "中文"), ("", " "), ("1", ""))
 _splitters: weakref.WeakKeyDictionary[Any, tuple[Any, re.Pattern[str] | None]] = weakref.WeakKeyDictionary()
 
@@ -42,7 +44,7 @@ def encode_plain(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
 
 def _fingerprint(tokenizer: Any) -> Any:
     backend = tokenizer.backend_tokenizer
-    return (backend.get_vocab_size(with_added_tokens=True), getattr(backend, "encode_special_tokens", None),
+    return (vocab_size(tokenizer), getattr(backend, "encode_special_tokens", None),
             getattr(tokenizer, "split_special_tokens", None))
 
 

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from onepass.render.encode import added_ends
+from onepass.render.tokenizer import vocab_size
 
 _GROWING_NORMALIZERS = {"Prepend"}
 _UNICODE_FORMS = {"NFC", "NFD", "NFKC", "NFKD"}
@@ -110,10 +111,9 @@ def longest_token(tokenizer: Any) -> tuple[int, bool] | None:
 def _per_tokenizer(store: weakref.WeakKeyDictionary, compute: Callable[[Any], Any], tokenizer: Any) -> Any:
     """``compute(tokenizer)``, kept in ``store`` while the tokenizer lives and its vocabulary size stays the
     same; None for a tokenizer that is not a HF fast one (no bound)."""
-    try:
-        key = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True)
-    except AttributeError:  # not a HF fast tokenizer: no bound
+    if getattr(tokenizer, "backend_tokenizer", None) is None:  # not a HF fast tokenizer: no bound
         return None
+    key = vocab_size(tokenizer)
     try:
         cached = store.get(tokenizer)
     except TypeError:  # not weakly referenceable: computed each time

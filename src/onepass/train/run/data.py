@@ -45,6 +45,7 @@ from onepass.prepare.guard_sample import ViewSample
 from onepass.layout.pack import pack_layouts
 from onepass.prepare.config import DataConfig
 from onepass.prepare.pipeline import INVALID, PrepareStats, load_rows
+from onepass.render.tokenizer import vocab_size
 from onepass.layout.row_check import check_rows
 from onepass.layout.share import Key, prefix_key, share_rows
 from onepass.train.core import sft_rows
@@ -180,6 +181,7 @@ def trl_units(records: Sequence[RawRecord], tokenizer: Any, config: DataConfig, 
     settings = SftSettings(text_field=TEXT_FIELD, template_kwargs=dict(config.template_kwargs),
                            template_date=config.template_date, max_length=None, truncate=False)
     units: list[Unit] = []
+    size = vocab_size(tokenizer) if records else 0  # the ids a tokenized record may hold: below it
     for raw in records:
         where = f"{raw.source} {raw.unit} {raw.index}"
         try:
@@ -190,7 +192,7 @@ def trl_units(records: Sequence[RawRecord], tokenizer: Any, config: DataConfig, 
         except (TypeError, ValueError) as e:  # e.g. a prompt and a completion both null
             stats.skip(INVALID, f"{where}: not a record of TRL's dataset types ({e})")
             continue
-        outside = _outside_vocab(row, len(tokenizer)) if "input_ids" in raw.record else None
+        outside = _outside_vocab(row, size) if "input_ids" in raw.record else None
         if outside is not None:  # tokenized by the user: its ids must be the tokenizer's
             stats.skip(INVALID, f"{where}: {outside}")
         elif config.max_tokens is not None and len(row) > config.max_tokens:
