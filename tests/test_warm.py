@@ -58,9 +58,14 @@ def test_a_warm_command_sees_what_a_fresh_interpreter_sees(forms, tmp_path, form
     assert proc.returncode == int(cmd[-1]) and proc.cpu is not None and proc.cpu > 0
 
 
-def test_a_traceback_and_a_death_by_signal_are_a_fresh_interpreters():
+def test_a_traceback_an_exit_and_a_death_by_signal_are_a_fresh_interpreters():
+    """Uncaught exceptions (KeyboardInterrupt: death by SIGINT), SIGKILL, sys.exit with a message, None or a
+    number past 255, a non-daemon thread and an atexit function: the same output and status warm and cold."""
     for code in ("def f():\n    raise ValueError('boom')\nf()", "import os, signal\nos.kill(os.getpid(), signal.SIGINT)",
-                 "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"):
+                 "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "import sys\nsys.exit('a message')",
+                 "import sys\nsys.exit(None)", "import sys\nsys.exit(300)",
+                 "import atexit, threading, time\natexit.register(print, 'at exit')\n"
+                 "threading.Thread(target=lambda: (time.sleep(0.5), print('thread'))).start()\nprint('main')"):
         cmd = [sys.executable, "-c", code]
         hot = warm.run(cmd, capture_output=True, text=True, timeout=120)
         cold = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

@@ -7,7 +7,8 @@ a third of ``make test``. Here one server per pytest process imports them once (
 no datasets, whose arrow allocator starts a thread, and no work that would start torch's thread pools), then
 forks a child per command. The child is the command as ``python`` would run it: its own argv, environment,
 working directory, stdin/stdout/stderr, session if asked, ``-m module``, ``-c code`` or a script, the
-interpreter's normal exit (non-daemon threads joined, atexit, exit status, death by signal).
+interpreter's exit (non-daemon threads joined, atexit, exit status, death by signal), less the teardown of the
+preloaded modules (a second of CPU a command, and nothing a command registers for its exit).
 
 What differs from a fresh interpreter, and why it does not matter to the tests that use it: the preloaded
 libraries read their environment at import (HF_HUB_OFFLINE and the other offline switches are the suite's
@@ -328,6 +329,9 @@ def _serve(fd: int):
         sock.send(f"the preloaded libraries started threads ({', '.join(names)}): a process with threads must "
                   "not fork".encode())
         return 1
+    import gc
+
+    gc.freeze()  # the preloaded objects out of every collection: a command's collections do not touch their pages
     sock.send(b"ready")
     children: dict[int, int] = {}
     while True:
@@ -367,8 +371,8 @@ def _reap(children: dict[int, int]) -> None:
 
 
 def _command(request: dict, fds: list[int]):
-    """In the forked child: become ``python ARGV`` in the request's environment, directory and streams; return
-    (or raise) as that interpreter's main would, so that the normal exit runs."""
+    """In the forked child: become ``python ARGV`` in the request's environment, directory and streams, run it,
+    and end as that interpreter would (:func:`_leave`); never returns."""
     stdin, stdout, stderr, status = fds
     os.close(status)
     if request["session"]:
@@ -408,20 +412,54 @@ def _command(request: dict, fds: list[int]):
     main = type(sys)("__main__")  # the command's own __main__, not this server's module
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
-    if argv[0] == "-m":
-        sys.path[0:1] = [os.getcwd(), *extra]
-        sys.argv = ["-m", *argv[2:]]
-        runpy._run_module_as_main(argv[1])  # what `python -m` calls (argv[0] becomes the module's file)
-    elif argv[0] == "-c":
-        sys.path[0:1] = ["", *extra]
-        sys.argv = ["-c", *argv[2:]]
-        exec(compile(argv[1], "<string>", "exec"), main.__dict__)
-    else:
-        script = os.path.abspath(argv[0])
-        sys.path[0:1] = [os.path.dirname(script), *extra]
-        sys.argv = list(argv)
-        runpy.run_path(script, run_name="__main__")
-    return 0
+    interrupted = False
+    try:
+        if argv[0] == "-m":
+            sys.path[0:1] = [os.getcwd(), *extra]
+            sys.argv = ["-m", *argv[2:]]
+            runpy._run_module_as_main(argv[1])  # what `python -m` calls (argv[0] becomes the module's file)
+        elif argv[0] == "-c":
+            sys.path[0:1] = ["", *extra]
+            sys.argv = ["-c", *argv[2:]]
+            exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+        else:
+            script = os.path.abspath(argv[0])
+            sys.path[0:1] = [os.path.dirname(script), *extra]
+            sys.argv = list(argv)
+            runpy.run_path(script, run_name="__main__")
+        code = 0
+    except SystemExit as e:  # as the interpreter reads it: None is 0, a number the status, else printed and 1
+        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+        if not isinstance(e.code, int) and e.code is not None:
+            print(e.code, file=sys.stderr)
+    except BaseException as e:  # noqa: BLE001: printed as the interpreter prints an uncaught exception
+        sys.excepthook(type(e), e, e.__traceback__)
+        code, interrupted = 1, isinstance(e, KeyboardInterrupt)
+    _leave(code, interrupted)
+
+
+def _leave(code: int, interrupted: bool) -> None:
+    """End as the interpreter ends a run (non-daemon threads joined, atexit's functions, the command's own
+    garbage collected, the streams flushed; killed by SIGINT after a KeyboardInterrupt), but without tearing
+    down the preloaded libraries' modules: that teardown writes to every object the server made, a copy of
+    most of its pages, about 1 s of CPU a command; what a run must do at exit is registered with atexit
+    (logging, multiprocessing, weakref.finalize, torch). multiprocessing's forked children end the same way."""
+    import atexit
+    import gc
+    import threading
+
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    gc.collect()  # the command's garbage only: the server's objects are frozen (gc.freeze in _serve)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe, a closed stream: nothing more to say
+            pass
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code & 0xFF)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--serve"]:
