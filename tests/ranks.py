@@ -144,9 +144,8 @@ def _warm_ranks(cmd: list[str], world: int, env: Mapping[str, str], args: list[s
     try:
         while any(p.poll() is None for p in ranks):
             if time.monotonic() > end:
-                for p in ranks:
-                    for each in [p.pid, *[c.pid for c in _descendants(p.pid)]]:
-                        _kill(each, signal.SIGABRT)  # faulthandler: every rank prints its threads' stacks
+                for p in ranks:  # each rank leads its own session, as torchrun's do
+                    _signal_group(p.pid, signal.SIGABRT)  # faulthandler: every rank prints its threads' stacks
                 time.sleep(10)
                 _stop(ranks)
                 for t in reader:
@@ -166,28 +165,11 @@ def _warm_ranks(cmd: list[str], world: int, env: Mapping[str, str], args: list[s
     return subprocess.CompletedProcess(list(cmd), code, streams[out_r][0], streams[err_r][0])
 
 
-def _descendants(pid: int) -> list:
-    import psutil
-
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _stop(ranks: list) -> None:
     """Every rank and every process under it killed, and the ranks waited for."""
     for p in ranks:
         if p.poll() is None:
-            for each in [*_descendants(p.pid), p]:
-                _kill(each.pid, signal.SIGKILL)
+            _signal_group(p.pid, signal.SIGKILL)
     for p in ranks:
         p.wait()
 
