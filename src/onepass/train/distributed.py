@@ -227,11 +227,6 @@ def make_accelerator(*, cpu: bool, mixed_precision: str, env: Mapping[str, str] 
 
     env = os.environ if env is None else env
     check_launch(env)
-    if _GROUP_ENDED and int(env.get("WORLD_SIZE", "1")) > 1:
-        raise TrainConfigError(
-            "this process already ended its launch's process group (shutdown() after a run: `onepass train` "
-            "does it when it returns); a second multi-process run needs a launch of its own, or call train() "
-            "for each run and shutdown() once after the last")
     if cpu and asked_mode(env) == "fsdp":
         check_fsdp_accelerate()  # an older accelerate fails inside Accelerator() already
     with without_accelerate_parallelism():
@@ -250,6 +245,11 @@ def honour_request(accelerator: Any, env: Mapping[str, str] | None = None, *, as
     sequence-parallel degree in effect).
     """
     env = os.environ if env is None else env
+    if _GROUP_ENDED and int(env.get("WORLD_SIZE", "1")) > 1:  # accelerate takes the ended group for started
+        raise TrainConfigError(
+            "this process already ended its launch's process group (shutdown() after a run: `onepass train` "
+            "does it when it returns); a second multi-process run needs a launch of its own, or train each "
+            "run in it and call shutdown() once after the last")
     asked = asked or asked_mode(env)
     if asked == "fsdp" and _kind(accelerator) == "MULTI_CPU":
         _fsdp_on_cpu(accelerator, str(accelerator.mixed_precision), fsdp_plugin_args)
@@ -369,7 +369,7 @@ def shutdown() -> None:
     gc.collect()
     dist.barrier()
     dist.destroy_process_group()
-    _GROUP_ENDED = True  # accelerate would take it for started in the next Accelerator: make_accelerator refuses
+    _GROUP_ENDED = True  # accelerate would take it for started in the next Accelerator: honour_request refuses
 
 
 _GROUP_ENDED = False  # shutdown() ended this process's group: a launch's ranks meet once (torchrun's store)

@@ -257,6 +257,35 @@ def test_a_streamed_dataset_on_two_ranks_takes_the_steps_of_one_process(tmp_path
     assert a["world_size"] == 1 and b["world_size"] == 2 and b["distributed"]["mode"] == "ddp"
 
 
+_TWICE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from hf_trainer_script import main
+from onepass.train.distributed import shutdown
+main(sys.argv[2], sys.argv[3] + "/first", 1, int(sys.argv[4]))
+shutdown()
+print("FIRST DONE", file=sys.stderr, flush=True)
+main(sys.argv[2], sys.argv[3] + "/second", 1, int(sys.argv[4]))
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_second_trainer_after_the_group_has_ended_is_refused_before_any_work(tmp_path, datasets_):
+    """OnePassTrainer after shutdown() in the same launch: the same one refusal as a second `onepass train`
+    (tests/train/test_distributed.py), when HF's accelerator is made, not a failure in the first collective."""
+    one, _, ids = datasets_
+    data = tmp_path / "data"
+    one.save_to_disk(str(data))
+    (tmp_path / "twice.py").write_text(_TWICE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    two = run_ranks([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                     str(tmp_path / "twice.py"), str(HERE), str(data), str(tmp_path), str(len(ids))], env, timeout=300)
+    assert two.returncode != 0 and two.stderr.count("FIRST DONE") == 2, two.stderr[-3000:]
+    assert "this process already ended its launch's process group" in two.stderr, two.stderr[-3000:]
+    assert "Default process group has not been initialized" not in two.stderr
+    assert (tmp_path / "first" / "result.json").exists() and not (tmp_path / "second").exists()
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.parametrize("launch", ["accelerate-config", "torchrun-fsdp-args"])
