@@ -25,6 +25,7 @@ from onepass.conversation.parse import parse_record
 from onepass.prepare.pipeline import PrepareConfig, prepare
 from onepass.render import RenderConfig, render_conversation, render_texts
 from onepass.render.preskip import History, Preskip, holds
+from onepass.render.encode import encode_plain, encode_texts
 from onepass.render.token_floor import parts_floor
 from onepass.prepare.template_report import TOOL_CHAIN_RECORDS
 from onepass.layout.tree import COLUMNS
@@ -200,6 +201,19 @@ def agent_records(n: int = 2) -> list[dict]:
     return out
 
 
+def token_counts(tokenizer, texts) -> dict[int, tuple[int, int]]:
+    """Each turn's (prompt, completion) token counts: the ids prepare trains (encode_texts: each piece between
+    added tokens encoded once, so the tools and history every prompt repeats are not encoded again per view),
+    checked on the conversation's longest prompt against the tokenizer's own call of the whole text (the
+    fast path's equality everywhere else: tests/render/test_encode.py)."""
+    if not texts:
+        return {}
+    ids = encode_texts(tokenizer, [t for _, text in texts for t in (text.prompt, text.completion)])
+    longest = max(range(len(texts)), key=lambda i: len(texts[i][1].prompt))
+    assert ids[2 * longest] == encode_plain(tokenizer, [texts[longest][1].prompt])[0]
+    return {k: (len(ids[2 * i]), len(ids[2 * i + 1])) for i, (k, _) in enumerate(texts)}
+
+
 @pytest.mark.parametrize(("name", "template", "eos", "settings"), SETTING_PARAMS)
 def test_the_floor_is_below_every_real_view_that_holds_its_messages(qwen3_tokenizer, name, template, eos, settings):
     """The pre-skip's floor is a true lower bound: on every vendored and shared template, on the real agent data
@@ -220,6 +234,7 @@ def test_the_floor_is_below_every_real_view_that_holds_its_messages(qwen3_tokeni
             pre._measure()
             texts = [(k, t) for k, t in views_module._iter_texts(conv, qwen3_tokenizer, config)  # every turn, rendered
                      if hasattr(t, "prompt")]  # not the template's own skip (a RenderError)
+            counts = token_counts(qwen3_tokenizer, texts)
             for k, text in texts:
                 prompt, completion, floors = text.prompt, text.completion, pre.floors(k)
                 rendered += 1
@@ -227,8 +242,7 @@ def test_the_floor_is_below_every_real_view_that_holds_its_messages(qwen3_tokeni
                                   parts_floor(qwen3_tokenizer, [pre.completion_part(k)]))
                 if not (holds(prompt, pre.prompt_parts(k)) and holds(completion, [pre.completion_part(k)])):
                     continue
-                encoded = qwen3_tokenizer([prompt, completion], add_special_tokens=False)["input_ids"]
-                real = [len(ids) for ids in encoded]
+                real = counts[k]
                 assert floors[0] <= real[0] and floors[1] <= real[1], (conv.at(k), floors, real)
                 checked += 1
                 floored += floors[0] > 1
@@ -243,7 +257,7 @@ def test_the_floor_is_below_every_real_view_that_holds_its_messages(qwen3_tokeni
             for k, text in texts:
                 if (u := hist.history_user(k)) is None or not hist._holds_history(k, u, text.prompt):
                     continue
-                real = len(qwen3_tokenizer(text.prompt, add_special_tokens=False)["input_ids"])
+                real = counts[k][0]
                 assert pre.floors(k)[0] <= hist.floors(k)[0] <= real, (conv.at(k), hist.floors(k), real)
                 histories += 1
         assert floored or not rendered  # views were checked, with floors that say something, where any rendered
