@@ -17,6 +17,16 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+import tokenizer_cache  # noqa: E402
+import warm  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each tokenizer folder read once per test process (ONEPASS_TESTS_COLD=1: every time); not in pytest-xdist's
+    controller, which runs no test."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        tokenizer_cache.install()
+
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -174,6 +184,10 @@ SLOW = {
         "test_models_and_configs_are_loaded_in_one_module_and_tokenizers_in_one",
         "test_one_dtype_table_and_one_conversion_to_a_torch_dtype",
     ],
+    "test_tokenizer_cache.py": [
+        "test_a_command_started_warm_finds_the_builtin_tokenizer_loaded",
+        "test_a_copy_is_what_a_fresh_load_gives",
+    ],
     "test_views_property.py": ["test_every_target_sees_exactly_its_view"],
     "train/test_hf_config.py": ["test_onepass_config_imports_without_trl"],
     "train/trainer/test_trainer.py": [
@@ -276,6 +290,24 @@ def qwen3_tokenizer():
     from onepass.render.tokenizer import load_tokenizer
 
     return load_tokenizer("builtin:qwen3")
+
+
+def _builtin_tokenizer_folder() -> list[str]:
+    """The built-in Qwen3 tokenizer's folder (built if need be): what tests/warm.py's server loads first."""
+    from onepass.render.tokenizer import load_tokenizer
+
+    return [load_tokenizer("builtin:qwen3").name_or_path]
+
+
+warm.TOKENIZERS = _builtin_tokenizer_folder
+
+
+@pytest.fixture(autouse=True)
+def _shared_tokenizers_unchanged():
+    """A test that changed a Rust tokenizer every load of its folder shares fails (tests/tokenizer_cache.py)."""
+    yield
+    if (line := tokenizer_cache.check()) is not None:
+        pytest.fail(line)
 
 
 @pytest.fixture

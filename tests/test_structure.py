@@ -342,10 +342,11 @@ TEST_FOLDERS_OF_NO_STAGE = {"faults", "fixtures", "__pycache__"}
 """faults/: the fault cases of issue 44, which cross every stage (docs/faults.md); fixtures/: data, not tests."""
 PACKAGE_WIDE_TESTS = {"test_equivalence", "test_architectures", "test_share_exactness", "test_views_property",
                       "test_real_templates", "test_prepared_rows_unchanged", "test_structure", "test_layers",
-                      "test_code_map", "test_install", "test_warm"}
+                      "test_code_map", "test_install", "test_warm", "test_tokenizer_cache"}
 """The tests at the top of tests/ that check the whole package (the loss equals N-pass's, views equal the template's,
 prepared rows stay byte-identical, the package's shape) or the suite's own machinery (test_warm: a command started
-warm is the command), beside the tests of the top modules (``test_<module>``)."""
+warm is the command; test_tokenizer_cache: a tokenizer loaded once is the tokenizer), beside the tests of the top
+modules (``test_<module>``)."""
 
 
 def test_the_tests_mirror_the_stages():

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
 COLD_ENV = "ONEPASS_TESTS_COLD"
@@ -51,6 +51,10 @@ PRELOAD = ("torch", "numpy", "jinja2", "safetensors", "tokenizers", "psutil", "t
            "transformers.models.auto.tokenization_auto", "transformers.tokenization_utils_fast", "matplotlib",
            "matplotlib.pyplot")
 MODELS = ("qwen3", "qwen3_moe", "qwen3_5", "gpt_oss", "deepseek_v3", "nemotron_h", "falcon_h1", "llama")
+# The tokenizer folders the server loads before it forks (tests/tokenizer_cache.py: a command's load of one is a
+# copy): tests/conftest.py names the built-in Qwen3 tokenizer's, which it builds first if need be.
+TOKENIZERS: Callable[[], list[str]] = list
+TOKENIZERS_ENV = "ONEPASS_TESTS_TOKENIZERS"
 
 # Read by the preloaded libraries at import (or by the interpreter at start): a command whose value differs from
 # the server's is started cold. The others a command reads when it runs (ranks, ONEPASS_*, accelerate's ACCELERATE_*
@@ -270,8 +274,10 @@ class _Server:
     def __init__(self):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.env = dict(os.environ)
+        preload = {TOKENIZERS_ENV: os.pathsep.join(TOKENIZERS())}
         self.proc = subprocess.Popen([sys.executable, __file__, "--serve", str(theirs.fileno())],
-                                     pass_fds=[theirs.fileno()], env=self.env, stdin=subprocess.DEVNULL)
+                                     pass_fds=[theirs.fileno()], env={**self.env, **preload},
+                                     stdin=subprocess.DEVNULL)
         theirs.close()
         self.sock = ours
         self.lock = threading.Lock()
@@ -323,6 +329,10 @@ def _serve(fd: int):
             importlib.import_module(name)
         except ImportError:  # a release without it (transformers 5.2 has no qwen3_5): the command imports its own
             pass
+    import tokenizer_cache  # tests/: each tokenizer folder read once; the ones the commands load, read here
+
+    tokenizer_cache.install()
+    tokenizer_cache.preload(os.environ.get(TOKENIZERS_ENV, ""))
     threads = os.listdir("/proc/self/task")
     if len(threads) != 1:
         names = sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in threads if int(t) != os.getpid())
