@@ -138,6 +138,28 @@ def test_a_change_to_the_shared_rust_tokenizer_is_named_and_read_again(folder):
     assert tokenizer_cache.check() is None
 
 
+def test_the_folders_used_least_lately_are_let_go(folder, tmp_path):
+    """At most KEEP first loads are kept (the suite loads many folders it saved once), the latest used."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    if not getattr(AutoTokenizer.from_pretrained, "_reads_once", False):
+        pytest.skip("ONEPASS_TESTS_COLD=1: nothing is kept")
+    others = [shutil.copytree(folder, tmp_path / f"copy{i}") for i in range(tokenizer_cache.KEEP)]
+    AutoTokenizer.from_pretrained(folder)
+    for other in others[:-1]:
+        AutoTokenizer.from_pretrained(other)
+    read = tokenizer_cache.COUNTS["read"]
+    AutoTokenizer.from_pretrained(folder)  # used again: now the latest
+    AutoTokenizer.from_pretrained(others[-1])  # one more folder: the one used least lately goes
+    assert tokenizer_cache.COUNTS["read"] == read + 1 and len(tokenizer_cache._loads) <= tokenizer_cache.KEEP
+    AutoTokenizer.from_pretrained(folder)
+    assert tokenizer_cache.COUNTS["read"] == read + 1  # still kept
+    AutoTokenizer.from_pretrained(others[0])
+    assert tokenizer_cache.COUNTS["read"] == read + 2  # let go, read again
+
+
 _CHILD = """
 import json, sys
 sys.path.insert(0, sys.argv[1])

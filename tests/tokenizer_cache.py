@@ -31,11 +31,15 @@ from __future__ import annotations
 import copy
 import json
 import os
+from collections import OrderedDict
 from typing import Any
 
 COLD_ENV = "ONEPASS_TESTS_COLD"
 
-_loads: dict[tuple, tuple[Any, tuple]] = {}  # key -> (the first load, never handed out; its Rust tokenizer's state)
+# key -> (the first load, never handed out; its Rust tokenizer's state), the most recently used last; at most KEEP
+# (a Qwen3 tokenizer holds ~100 MB, and tests load many folders they saved once into a temporary folder)
+_loads: OrderedDict[tuple, tuple[Any, tuple]] = OrderedDict()
+KEEP = 4
 COUNTS = {"read": 0, "copied": 0}
 _PER_CALL = ("truncation", "padding", "encode_special_tokens")  # set by transformers on every call
 _DEFAULTS = {"revision": None, "trust_remote_code": False}
@@ -128,7 +132,10 @@ def install() -> None:
                 return tokenizer  # not a Rust-backed tokenizer: as loaded
             _loads[key] = (_copy(tokenizer), _state(tokenizer._tokenizer))
             COUNTS["copied"] -= 1  # the kept first load is not a hand-out
+            while len(_loads) > KEEP:
+                _loads.popitem(last=False)
             return tokenizer
+        _loads.move_to_end(key)
         return _copy(entry[0])
 
     from_pretrained._reads_once = True  # type: ignore[attr-defined]
