@@ -69,8 +69,7 @@ def run_ranks(cmd: Sequence[str], env: Mapping[str, str], *, timeout: float,
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _signal_group(proc.pid, signal.SIGABRT)  # faulthandler: every rank prints its threads' stacks
-        time.sleep(10)
+        _until_gone(_signal_group(proc.pid, signal.SIGABRT), 10)  # faulthandler: each prints its stacks, dies
         _signal_group(proc.pid, signal.SIGKILL)  # then every writer of the pipes is gone: read them to the end
         out, err = proc.communicate()
         raise AssertionError(f"{cmd[:4]}... did not finish in {timeout:.0f} s; stacks of every process:\n"
@@ -144,9 +143,10 @@ def _warm_ranks(cmd: list[str], world: int, env: Mapping[str, str], args: list[s
     try:
         while any(p.poll() is None for p in ranks):
             if time.monotonic() > end:
+                aborted = []
                 for p in ranks:  # each rank leads its own session, as torchrun's do
-                    _signal_group(p.pid, signal.SIGABRT)  # faulthandler: every rank prints its threads' stacks
-                time.sleep(10)
+                    aborted += _signal_group(p.pid, signal.SIGABRT)  # faulthandler: each prints its stacks, dies
+                _until_gone(aborted, 10)
                 _stop(ranks)
                 for t in reader:
                     t.join()
@@ -174,15 +174,17 @@ def _stop(ranks: list) -> None:
         p.wait()
 
 
-def _signal_group(pid: int, sig: int) -> None:
+def _signal_group(pid: int, sig: int) -> list:
     """``sig`` to the launch and every process under it: its process group, and each descendant on its own
-    (torch elastic starts each rank in a session of its own, out of the launcher's group)."""
+    (torch elastic starts each rank in a session of its own, out of the launcher's group). Returns them
+    (psutil processes: the launch first)."""
     import psutil
 
     try:
-        procs = psutil.Process(pid).children(recursive=True)
+        root = psutil.Process(pid)
+        procs = root.children(recursive=True)
     except psutil.NoSuchProcess:
-        procs = []
+        root, procs = None, []
     try:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
@@ -192,6 +194,22 @@ def _signal_group(pid: int, sig: int) -> None:
             p.send_signal(sig)
         except psutil.NoSuchProcess:
             pass
+    return [root, *procs] if root is not None else procs
+
+
+def _until_gone(procs: list, seconds: float) -> None:
+    """Wait until every one of ``procs`` has ended (a zombie has: its stacks are written), at most ``seconds``."""
+    import psutil
+
+    def running(p) -> bool:
+        try:
+            return p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and any(running(p) for p in procs):
+        time.sleep(0.05)
 
 
 def fsdp_refused(proc: subprocess.CompletedProcess) -> bool:
