@@ -34,7 +34,7 @@ import os
 from collections import OrderedDict
 from typing import Any
 
-COLD_ENV = "ONEPASS_TESTS_COLD"
+from warm import COLD_ENV
 
 # key -> (the first load, never handed out; its Rust tokenizer's state), the most recently used last; at most KEEP
 # (a Qwen3 tokenizer holds ~100 MB, and tests load many folders they saved once into a temporary folder)
