@@ -102,6 +102,19 @@ def _put_back(backend: Any, state: tuple) -> None:
         backend.encode_special_tokens = split
 
 
+def _as_loaded(key: tuple) -> bool:
+    """Whether the Rust tokenizer of ``key``'s first load is as it was loaded: the per-call settings a call left
+    on it put back; an entry changed otherwise (vocabulary, added tokens, pipeline) dropped, and False."""
+    tokenizer, state = _loads[key]
+    now = _state(tokenizer._tokenizer)
+    if now[0] != state[0]:
+        del _loads[key]
+        return False
+    if now[1] != state[1]:
+        _put_back(tokenizer._tokenizer, state)
+    return True
+
+
 def install() -> None:
     """Wrap ``AutoTokenizer.from_pretrained`` (once per process; not with ``ONEPASS_TESTS_COLD=1``)."""
     if os.environ.get(COLD_ENV):
@@ -116,27 +129,18 @@ def install() -> None:
         key = _key(path, args, kwargs)
         if key is None:
             return real(path, *args, **kwargs)
-        entry = _loads.get(key)
-        if entry is not None:
-            tokenizer, state = entry
-            now = _state(tokenizer._tokenizer)
-            if now[0] != state[0]:  # changed by a copy's holder: read the files again
-                del _loads[key]
-                entry = None
-            elif now[1] != state[1]:
-                _put_back(tokenizer._tokenizer, state)
-        if entry is None:
-            tokenizer = real(path, *args, **kwargs)
-            COUNTS["read"] += 1
-            if getattr(tokenizer, "_tokenizer", None) is None:
-                return tokenizer  # not a Rust-backed tokenizer: as loaded
-            _loads[key] = (_copy(tokenizer), _state(tokenizer._tokenizer))
-            COUNTS["copied"] -= 1  # the kept first load is not a hand-out
-            while len(_loads) > KEEP:
-                _loads.popitem(last=False)
-            return tokenizer
-        _loads.move_to_end(key)
-        return _copy(entry[0])
+        if key in _loads and _as_loaded(key):  # else never loaded, or changed: read the files again
+            _loads.move_to_end(key)
+            return _copy(_loads[key][0])
+        tokenizer = real(path, *args, **kwargs)
+        COUNTS["read"] += 1
+        if getattr(tokenizer, "_tokenizer", None) is None:
+            return tokenizer  # not a Rust-backed tokenizer: as loaded
+        _loads[key] = (_copy(tokenizer), _state(tokenizer._tokenizer))
+        COUNTS["copied"] -= 1  # the kept first load is not a hand-out
+        while len(_loads) > KEEP:
+            _loads.popitem(last=False)
+        return tokenizer
 
     from_pretrained._reads_once = True  # type: ignore[attr-defined]
     AutoTokenizer.from_pretrained = staticmethod(from_pretrained)
@@ -156,14 +160,7 @@ def preload(folders: str) -> None:
 def check() -> str | None:
     """After a test: the per-call settings put back; the folders whose shared Rust tokenizer the test changed
     otherwise dropped and named (the test is failed with that line)."""
-    changed = []
-    for key, (tokenizer, state) in list(_loads.items()):
-        now = _state(tokenizer._tokenizer)
-        if now[0] != state[0]:
-            changed.append(key[0])
-            del _loads[key]
-        elif now[1] != state[1]:
-            _put_back(tokenizer._tokenizer, state)
+    changed = [key[0] for key in list(_loads) if not _as_loaded(key)]
     if not changed:
         return None
     return (f"the test changed the Rust tokenizer shared by every load of {', '.join(changed)} in this process "
